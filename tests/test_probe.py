@@ -1,0 +1,116 @@
+"Chapter 00 checks that need fakes or a subprocess: NVML answers for cards this machine does not have, nvidia-smi CSV, the CLI."
+import json, shutil, subprocess, sys
+from pathlib import Path
+import pynvml, pytest, torch
+from netlite_nb.probe import (FakeNVML, HardwareProfile, UnknownGPUError, _parse_smi_csv, device_memory, lookup_gpu, probe)
+
+FIXTURES = Path(__file__).parent / 'fixtures'
+no_smi = dict(smi_which=lambda name: None)  # keep the real machine's nvidia-smi (if any) out of faked probes
+
+
+def test_real_probe_is_cpu_only_here_and_creates_no_context():
+    hw = probe()
+    if not torch.cuda.is_available():
+        assert hw.device == 'cpu' and 'CPU' in hw.reason
+    assert not torch.cuda.is_initialized()
+    json.loads(hw.to_json())
+
+
+def test_gtx_1050_ti_through_nvml():
+    hw = probe(nvml=FakeNVML([('NVIDIA GeForce GTX 1050 Ti', 4 * 2**30, (6, 1))], driver='560.94', cuda=12060), **no_smi)
+    (g,) = hw.gpus
+    assert (g.name, g.total_memory, g.compute_capability) == ('NVIDIA GeForce GTX 1050 Ti', 4 * 2**30, '6.1')
+    assert g.fp16_fast is False and g.bf16_native is False          # Pascal: fp16 at 1/64 rate, bf16 emulated
+    assert (g.driver_version, g.runtime_version, g.source) == ('560.94', '12.6', 'nvml')
+    assert g.catalogue == 'GeForce GTX 1050 Ti' and g.arch == 'Pascal'
+    if not torch.version.cuda or not torch.cuda.is_available():
+        assert hw.device == 'cpu' and not g.usable and hw.notes    # this torch cannot drive it: the reason is recorded
+
+
+def test_rtx_3060_bf16_native():
+    hw = probe(nvml=FakeNVML([('NVIDIA GeForce RTX 3060', 12 * 2**30, (8, 6))]), **no_smi)
+    (g,) = hw.gpus
+    assert g.bf16_native is True and g.fp16_fast is True and g.compute_capability == '8.6'
+    assert g.total_memory == 12 * 2**30 and g.free_memory == 12 * 2**30 - 300 * 2**20
+    text, html = str(hw), hw._repr_html_()
+    assert 'RTX 3060' in text and 'native bf16 yes' in text and '<table>' in html
+
+
+def test_nvml_library_not_found_is_a_reason_not_an_exception():
+    err = pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    hw = probe(nvml=FakeNVML([], fail={'init': err}), **no_smi)
+    assert hw.gpus == [] and hw.device == 'cpu'
+    assert any('NVML unavailable' in n and 'LibraryNotFound' in n for n in hw.notes)
+
+
+def test_wsl_not_supported_fields_fall_back_to_the_catalogue():
+    err = pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    fake = FakeNVML([('NVIDIA GeForce RTX 4060 Laptop GPU', 8 * 2**30, (8, 9))], fail={'memory': err, 'cuda': err})
+    hw = probe(nvml=fake, **no_smi)
+    (g,) = hw.gpus
+    assert g.total_memory == lookup_gpu('RTX 4060 Laptop').memory_bytes and g.free_memory is None
+    assert g.runtime_version is None and g.compute_capability == '8.9'
+    assert any('NotSupported' in n for n in hw.notes) and any('catalogue' in n for n in hw.notes)
+
+
+def test_no_permission_on_one_device_keeps_the_others():
+    class Partial(FakeNVML):
+        def nvmlDeviceGetHandleByIndex(self, i):
+            if i == 0: raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+            return i
+    hw = probe(nvml=Partial([('x', 1, (6, 1)), ('NVIDIA GeForce GTX 1060 6GB', 6 * 2**30, (6, 1))]), **no_smi)
+    assert [g.name for g in hw.gpus] == ['NVIDIA GeForce GTX 1060 6GB']
+    assert any('NoPermission' in n for n in hw.notes)
+
+
+def test_nvidia_smi_fallback_from_captured_csv():
+    text = (FIXTURES / 'nvidia_smi_query.csv').read_text()
+    gpus = _parse_smi_csv(text)
+    assert [g.name for g in gpus] == ['NVIDIA GeForce GTX 1050 Ti', 'NVIDIA GeForce RTX 3060']
+    assert gpus[0].total_memory == 4096 * 2**20 and gpus[0].compute_capability == '6.1' and not gpus[0].fp16_fast
+    assert gpus[1].bf16_native and gpus[1].free_memory == 11815 * 2**20 and gpus[1].driver_version == '560.35.03'
+
+    err = pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+    ran = []
+    def run(cmd, **kw):
+        ran.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, stdout=text, stderr='')
+    hw = probe(nvml=FakeNVML([], fail={'init': err}), smi_run=run, smi_which=lambda n: '/usr/bin/nvidia-smi')
+    assert ran and ran[0][0] == 'nvidia-smi' and [g.source for g in hw.gpus] == ['nvidia-smi'] * 2
+
+
+def test_nvidia_smi_failure_is_recorded():
+    err = pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    run = lambda cmd, **kw: subprocess.CompletedProcess(cmd, 9, stdout='', stderr='NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver.')
+    hw = probe(nvml=FakeNVML([], fail={'init': err}), smi_run=run, smi_which=lambda n: '/usr/bin/nvidia-smi')
+    assert hw.gpus == [] and any('could not communicate' in n for n in hw.notes)
+
+
+@pytest.mark.parametrize('query,name', [('1050 ti', 'GeForce GTX 1050 Ti'), ('GTX 1050', 'GeForce GTX 1050'),
+    ('rtx 2060', 'GeForce RTX 2060'), ('NVIDIA GeForce RTX 3050 Laptop GPU', 'GeForce RTX 3050 Laptop'),
+    ('RX 550', 'Radeon RX 550'), ('intel uhd 620', 'Intel UHD Graphics 620'), ('Apple M4', 'Apple M4')])
+def test_catalogue_lookup(query, name):
+    assert lookup_gpu(query).name == name
+
+
+def test_unknown_gpu_lists_closest():
+    with pytest.raises(UnknownGPUError, match='Closest: .*GeForce GTX 1080'):
+        lookup_gpu('GTX 1080 Super')
+
+
+def test_profile_json_round_trip():
+    hw = probe(nvml=FakeNVML([('NVIDIA GeForce RTX 3060', 12 * 2**30, (8, 6))]), **no_smi)
+    assert HardwareProfile.from_dict(json.loads(hw.to_json())) == hw
+
+
+def test_device_memory_cpu():
+    r = device_memory('cpu')
+    assert r.used > 0 and r.peak_used >= r.used // 2 and r.total > r.used and r.current == r.used
+
+
+def test_cli_probe_json_in_a_fresh_process():
+    exe = shutil.which('netlite')
+    assert exe, 'the `netlite` console script is not installed: pip install -e .'
+    out = subprocess.run([exe, 'probe', '--json'], capture_output=True, text=True, check=True)
+    d = json.loads(out.stdout)
+    assert d['device'] and d['cpu']['threads'] >= 1
