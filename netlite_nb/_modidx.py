@@ -63,6 +63,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'netlite_nb.probe._system_memory': ('probe.html#_system_memory', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._torch_build': ('probe.html#_torch_build', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._try_lookup': ('probe.html#_try_lookup', 'netlite_nb/probe.py'),
+                                  'netlite_nb.probe._unexplained': ('probe.html#_unexplained', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._words': ('probe.html#_words', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._xpu_gpus': ('probe.html#_xpu_gpus', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._yn': ('probe.html#_yn', 'netlite_nb/probe.py'),

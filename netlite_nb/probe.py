@@ -55,7 +55,11 @@ class UnknownGPUError(LookupError):
     "A GPU name that is not in the catalogue."
 
 _SERIES = {'gtx', 'rtx', 'rx', 'arc'}  # people often leave these out: '1050 ti', '6600'
-_VARIANT = {'ti', 'super', 'xt', 'xtx', 'gre', 'pro', 'max', 'ultra', 'laptop'}  # a different card, not a detail
+_HARMLESS = {'gb', 'edition', 'founders', 'oc', 'desktop', 'series', 'design', 'core'}  # words that never change the card
+
+def _unexplained(extra:list[str])->bool:
+    "Does the query carry a word that no catalogue name explains? ('tie' in 'GTX 1050 Tie' is a typo, not a detail)"
+    return any(x.isalpha() and x not in _HARMLESS for x in extra)
 
 def lookup_gpu(name:str)->GPUSpec:
     "The catalogue entry for a loosely written GPU `name`; raises `UnknownGPUError` listing the closest names."
@@ -65,7 +69,7 @@ def lookup_gpu(name:str)->GPUSpec:
         w = _words(g.name)
         req = [x for x in w if x not in _SERIES]
         extra = [x for x in q if x not in w]
-        if q and all(x in q for x in req) and not _VARIANT & set(extra):  # an RTX 4070 Super is not an RTX 4070
+        if q and all(x in q for x in req) and not _unexplained(extra):  # an RTX 4070 Super is not an RTX 4070, a typo is no card
             scored.append((100*len(req) - len(extra), g))
     if not scored:  # the query is less specific than the names: '1050' -> GTX 1050, 'GTX 1060' -> ambiguous
         scored = [(-len([x for x in _words(g.name) if x not in q]), g) for g in gpu_catalogue() if q and all(x in _words(g.name) for x in q)]
