@@ -4,12 +4,12 @@
 
 # %% ../nbs/06_strategies.ipynb #c003
 from __future__ import annotations
-import copy, dataclasses, difflib, html, inspect, math, re, warnings
+import copy, dataclasses, difflib, html, inspect, math, re
 from dataclasses import dataclass, field, fields, asdict
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-import yaml
+import torch, yaml
 from .probe import GPUInfo, GPUSpec, HardwareProfile, UnknownGPUError, gpu_catalogue, lookup_gpu, probe
 
 # %% auto #0
@@ -324,6 +324,16 @@ def _cap_workers(s:Strategy, hw:HardwareProfile)->Strategy:
     return dataclasses.replace(s, num_workers=n, persistent_workers=s.persistent_workers and n > 0,
                                prefetch_factor=s.prefetch_factor if n > 0 else None)
 
+def _available_optimizer(s:Strategy)->Strategy:
+    "`s`, with 'adamw' instead of 'adamw8bit' when chapter 03's `AdamW8bit` is not installed."
+    if s.optimizer != 'adamw8bit': return s
+    try:
+        from netlite_nb.optim import AdamW8bit
+        return s
+    except ImportError:
+        return dataclasses.replace(s, optimizer='adamw', reason=s.reason + " 8-bit AdamW (chapter 03, netlite_nb.optim) is not "
+                                   "installed, so the optimizer state is kept in fp32 (adamw).")
+
 def _call(fn, *args, **kw):
     "Call `fn` with the keyword arguments it accepts (chapter 01's signatures may grow)."
     params = inspect.signature(fn).parameters
@@ -365,7 +375,7 @@ def pick_strategy(hw:HardwareProfile|None=None, # the probed machine; None: `pro
                        f"is on the CPU in fp32 (see the probe's notes for the PyTorch build the card needs).")
         elif s.device == 'cpu':
             s = dataclasses.replace(s, reason=f"{s.reason} That profile trains on the CPU; its notes say why.")
-    s = _cap_workers(s, hw)
+    s = _cap_workers(_available_optimizer(s), hw)
     if model is None or sample is None: return s
     return _size_with_planner(s, model, sample, hw, plan_gpu, plan_precision, loss_fn, batch_size, budget, min_micro_batch)
 
@@ -381,6 +391,16 @@ def split_batch(batch:int, # effective batch: samples per optimizer step
     return math.ceil(batch / lo), lo
 
 # %% ../nbs/06_strategies.ipynb #c043
+def _resize(batch, n:int):
+    "A batch of `n` samples shaped like `batch`, on the meta device (the planner only needs shapes and dtypes)."
+    if isinstance(batch, (tuple, list)): return type(batch)(_resize(t, n) for t in batch)
+    return torch.empty((n, *batch.shape[1:]), dtype=batch.dtype, device='meta') if isinstance(batch, torch.Tensor) else batch
+
+def _max_fit(B, model, sample, limit, checkpointing, target, kw)->tuple[int, Exception|None]:
+    "The most samples per micro-batch that fit (0 if not even one), and the planner's explanation when none does."
+    try: return _call(B.max_batch_size, model, sample, budget=limit, checkpointing=checkpointing, max_batch=target, **kw), None
+    except getattr(B, 'BudgetTooSmallError', ()) as e: return 0, e
+
 def _size_with_planner(s:Strategy, model, sample, hw, plan_gpu, precision, loss_fn, batch_size, budget, min_micro_batch)->Strategy:
     "`s` with micro_batch, accum_steps and checkpointing chosen by the chapter 01 planner for `model` on `sample`."
     target = batch_size or s.effective_batch
@@ -391,24 +411,22 @@ def _size_with_planner(s:Strategy, model, sample, hw, plan_gpu, precision, loss_
     limit = budget or s.budget_bytes or int(hw.memory.available * s.budget_fraction)
     kw = dict(loss_fn=loss_fn, optimizer=s.optimizer, precision=precision, device_or_gpu=plan_gpu)
     ck = s.checkpointing if isinstance(s.checkpointing, int) else None
-    n = _call(B.max_batch_size, model, sample, budget=limit, checkpointing=ck, **kw)
-    why = f"The planner fits {n} samples per micro-batch in {_gib(limit)}"
-    if s.checkpointing == 'auto':
-        if n < min(target, min_micro_batch):
-            n_ck = _call(B.max_batch_size, model, sample, budget=limit, checkpointing=1, **kw)
-            if n_ck > n:
-                why += f" without checkpointing and {n_ck} with it, so checkpointing is on"
-                n, ck = n_ck, 1
-    if n < 1:
-        warnings.warn(f"{s.name}: not even one sample of this model fits in {_gib(limit)}; ask chapter 01's fit_to_budget what would.")
-        n = 1
+    n, err = _max_fit(B, model, sample, limit, ck, target, kw)
+    why = f"The planner fits {n if n < target else f'all {target}'} samples per micro-batch in {_gib(limit)}"
+    if s.checkpointing == 'auto' and n < min(target, min_micro_batch):
+        try: n_ck, err_ck = _max_fit(B, model, sample, limit, 1, target, kw)  # 1: checkpoint every block
+        except ValueError: n_ck, err_ck = 0, None  # the model has no repeated blocks to checkpoint
+        if n_ck > n:
+            why += f" without activation checkpointing and {n_ck} with it, so checkpointing is on"
+            n, ck, err = n_ck, 1, err_ck
+    if n < 1: raise err or ConfigError(f"{s.name}: not even one sample of this model fits in {_gib(limit)}.")
     micro, accum = split_batch(target, n)
-    plan = _call(B.plan_memory, model, sample, micro_batch=micro, checkpointing=ck, budget=limit, **kw)
+    plan = _call(B.plan_memory, model, _resize(sample, micro * accum), micro_batch=micro, checkpointing=ck, budget=limit, **kw)
     why += f" ({precision}, {s.optimizer}): micro-batch {micro} × {accum} = {micro * accum} per optimizer step."
     return dataclasses.replace(s, micro_batch=micro, accum_steps=accum, checkpointing=ck, plan=plan,
                                reason=(s.reason + ' ' + why).strip())
 
-# %% ../nbs/06_strategies.ipynb #c054
+# %% ../nbs/06_strategies.ipynb #c056
 DATASETS = ('mnist_sample', 'mnist', 'fashion_mnist', 'cifar10', 'folder')
 QUANTIZE = (None, 'int8', 'fp16')
 
@@ -473,7 +491,7 @@ class RunConfig:
     def __str__(self): return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True, width=120)
     def _repr_html_(self): return f"<pre>{html.escape(str(self))}</pre>"
 
-# %% ../nbs/06_strategies.ipynb #c056
+# %% ../nbs/06_strategies.ipynb #c058
 def _set_dotted(raw:dict, item:str):
     "Apply one 'a.b.c=value' override to the raw configuration mapping."
     if '=' not in item: raise ConfigError(f"Override {item!r} must look like key=value, e.g. data.batch_size=64.")

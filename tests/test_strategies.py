@@ -11,6 +11,12 @@ no_smi = dict(smi_which=lambda name: None)
 GB = 2**30
 
 
+try:
+    from netlite_nb.optim import AdamW8bit
+    EIGHT_BIT = 'adamw8bit'
+except ImportError: EIGHT_BIT = 'adamw'   # chapter 03 not installed: pick_strategy falls back to plain AdamW
+
+
 def fake_probe(*gpus):
     return probe(nvml=FakeNVML(list(gpus)), **no_smi)
 
@@ -137,10 +143,20 @@ def test_pick_for_a_gtx_1050_ti():
         assert s.name == 'cpu' and s.device == 'cpu' and 'for_gpu=True' in s.reason
         r = pick_strategy(hw, for_gpu=True)             # planned for the card, run on the CPU
         assert (r.name, r.gpu, r.memory_gb, r.device, r.precision) == ('gtx_1050_ti', 'GeForce GTX 1050 Ti', 4, 'cpu', 'fp32')
-        assert r.budget_bytes == int(4 * GB * 0.8) and r.optimizer == 'adamw8bit' and r.alloc_conf is None
+        assert r.budget_bytes == int(4 * GB * 0.8) and r.optimizer == EIGHT_BIT and r.alloc_conf is None
     s = pick_strategy(usable(hw))
     assert (s.name, s.device, s.precision, s.memory_gb) == ('gtx_1050_ti', 'cuda', 'fp32', 4)
     assert s.alloc_conf == 'expandable_segments:True' and s.num_workers <= max(0, (hw.cpu.physical_cores or 1) - 1)
+
+
+def test_8bit_optimizer_only_when_chapter_03_is_installed(monkeypatch):
+    hw = usable(fake_probe(('NVIDIA GeForce GTX 1050 Ti', 4 * GB, (6, 1))))
+    monkeypatch.setitem(sys.modules, 'netlite_nb.optim', None)
+    s = pick_strategy(hw)
+    assert s.optimizer == 'adamw' and 'not installed' in s.reason
+    monkeypatch.setitem(sys.modules, 'netlite_nb.optim', types.SimpleNamespace(AdamW8bit=object))
+    assert pick_strategy(hw).optimizer == 'adamw8bit'
+    assert load_strategy('gtx_1050_ti').optimizer == 'adamw8bit'    # the profile itself describes the card
 
 
 def test_pick_for_an_rtx_3060_uses_the_probed_memory():
@@ -178,17 +194,21 @@ def test_pick_prefers_a_dedicated_card_for_planning():
 
 class FakePlanner(types.ModuleType):
     "Answers like chapter 01: `per_sample` bytes each, halved with checkpointing, after `fixed` bytes of weights and state."
-    def __init__(self, per_sample, fixed=100 * 2**20):
+    def __init__(self, per_sample, fixed=100 * 2**20, no_blocks=False):
         super().__init__('netlite_nb.budget')
-        self.per_sample, self.fixed, self.calls = per_sample, fixed, []
+        self.per_sample, self.fixed, self.calls, self.no_blocks = per_sample, fixed, [], no_blocks
+    class BudgetTooSmallError(ValueError): pass
     def max_batch_size(self, model, sample, budget=None, loss_fn=None, optimizer='adamw', precision='fp32',
-                       device_or_gpu=None, checkpointing=None):
+                       device_or_gpu=None, checkpointing=None, max_batch=2**16):
         self.calls.append(dict(budget=budget, precision=precision, optimizer=optimizer, checkpointing=checkpointing, device=device_or_gpu))
+        if checkpointing and self.no_blocks: raise ValueError("checkpointing needs an nn.Sequential or nn.ModuleList of blocks")
         per = self.per_sample // (4 if checkpointing else 1)
-        return max(0, (budget - self.fixed) // per)
+        n = (budget - self.fixed) // per
+        if n < 1: raise self.BudgetTooSmallError(f"Even a batch of 1 needs more than {budget} bytes. What would fit: bf16")
+        return min(n, max_batch)
     def plan_memory(self, model, batch, loss_fn=None, optimizer='adamw', precision='fp32', micro_batch=None,
                     device_or_gpu=None, checkpointing=None):
-        return types.SimpleNamespace(micro_batch=micro_batch, checkpointing=checkpointing, precision=precision)
+        return types.SimpleNamespace(batch_size=batch[0].shape[0], micro_batch=micro_batch, checkpointing=checkpointing, precision=precision)
 
 
 @pytest.fixture
@@ -211,8 +231,8 @@ def test_planner_raises_the_micro_batch_when_the_model_is_small(planner):
     hw = usable(fake_probe(('NVIDIA GeForce GTX 1050 Ti', 4 * GB, (6, 1))))
     s = pick_strategy(hw, model=MODEL, sample=SAMPLE)
     assert (s.micro_batch, s.accum_steps, s.checkpointing) == (128, 1, None)   # profile said 32 x 4; 128 fits
-    assert fake.calls[0]['budget'] == int(4 * GB * 0.8) and fake.calls[0]['optimizer'] == 'adamw8bit'
-    assert isinstance(fake.calls[0]['device'], GPUInfo) and s.plan.micro_batch == 128
+    assert fake.calls[0]['budget'] == int(4 * GB * 0.8) and fake.calls[0]['optimizer'] == EIGHT_BIT
+    assert isinstance(fake.calls[0]['device'], GPUInfo) and (s.plan.micro_batch, s.plan.batch_size) == (128, 128)
 
 
 def test_planner_splits_into_accumulation_when_memory_is_short(planner):
@@ -220,7 +240,7 @@ def test_planner_splits_into_accumulation_when_memory_is_short(planner):
     hw = usable(fake_probe(('NVIDIA GeForce GTX 1050 Ti', 4 * GB, (6, 1))))
     s = pick_strategy(hw, model=MODEL, sample=SAMPLE)
     assert s.micro_batch <= 31 and s.micro_batch * s.accum_steps == 128 and (s.micro_batch, s.accum_steps) == (16, 8)
-    assert s.checkpointing is None and 'micro-batch 16 × 8' in s.reason
+    assert s.checkpointing is None and 'micro-batch 16 × 8' in s.reason and s.plan.batch_size == 128
     s = pick_strategy(hw, model=MODEL, sample=SAMPLE, batch_size=96)
     assert s.micro_batch * s.accum_steps == 96 and s.micro_batch <= 31
 
@@ -233,6 +253,19 @@ def test_planner_turns_on_checkpointing_only_when_needed(planner):
     assert [c['checkpointing'] for c in fake.calls] == [None, 1] and 'checkpointing is on' in s.reason
     s = pick_strategy(hw, model=MODEL, sample=SAMPLE, min_micro_batch=4)
     assert s.checkpointing is None and s.micro_batch == 4 and s.accum_steps == 32
+
+
+def test_when_nothing_fits_the_planner_s_error_explains(planner):
+    planner(per_sample=16 * GB)                          # not one sample, even checkpointed
+    hw = usable(fake_probe(('NVIDIA GeForce GTX 1050 Ti', 4 * GB, (6, 1))))
+    with pytest.raises(ValueError, match='What would fit'): pick_strategy(hw, model=MODEL, sample=SAMPLE)
+
+
+def test_a_model_without_blocks_is_not_checkpointed(planner):
+    planner(per_sample=700 * 2**20, no_blocks=True)
+    hw = usable(fake_probe(('NVIDIA GeForce GTX 1050 Ti', 4 * GB, (6, 1))))
+    s = pick_strategy(hw, model=MODEL, sample=SAMPLE)
+    assert s.checkpointing is None and (s.micro_batch, s.accum_steps) == (4, 32)
 
 
 def test_planner_on_the_cpu_uses_available_ram(planner):
