@@ -178,6 +178,36 @@ def test_pick_for_a_gpu_missing_from_the_catalogue():
     assert s.device == 'cuda' and s.precision == 'bf16' and s.memory_gb == 20 and s.gpu is None
 
 
+def with_gpu(gpu:GPUInfo, device:str):
+    "A probe of this machine as if it had `gpu`, usable through `device` (Apple, Intel XPU and ROCm are found through torch)."
+    hw = fake_probe()
+    hw.gpus, hw.device = [gpu], device
+    return hw
+
+
+def test_pick_on_apple_silicon_uses_the_metal_limit():
+    m2 = GPUInfo(name='Apple M2 Pro', vendor='apple', backend='mps', total_memory=21 * GB, shared_memory=True, catalogue='Apple M2 Pro')
+    s = pick_strategy(with_gpu(m2, 'mps'))
+    assert (s.name, s.device, s.memory_gb, s.precision, s.pin_memory) == ('apple_m2_pro', 'mps', 21, 'fp32', False)
+    m5 = GPUInfo(name='Apple M5', vendor='apple', backend='mps', total_memory=24 * GB, shared_memory=True)   # not in the catalogue
+    s = pick_strategy(with_gpu(m5, 'mps'))
+    assert (s.name, s.device, s.memory_gb) == ('apple_m5', 'mps', 24) and 'apple_m' in s.reason
+
+
+def test_pick_on_intel_xpu_and_amd_rocm():
+    xe = GPUInfo(name='Intel(R) Iris(R) Xe Graphics', vendor='intel', backend='xpu', total_memory=7 * GB, shared_memory=True,
+                 catalogue='Intel Iris Xe Graphics')
+    s = pick_strategy(with_gpu(xe, 'xpu:0'))
+    assert (s.name, s.device, s.memory_gb, s.budget_fraction) == ('intel_iris_xe', 'xpu', 7, 0.6)
+    arc = GPUInfo(name='Intel(R) Arc(TM) A770 Graphics', vendor='intel', backend='xpu', total_memory=16 * GB, catalogue='Intel Arc A770')
+    s = pick_strategy(with_gpu(arc, 'xpu:0'))
+    assert (s.device, s.precision, s.memory_gb) == ('xpu', 'bf16', 16) and 'intel_arc' in s.reason
+    rx = GPUInfo(name='AMD Radeon RX 6600', vendor='amd', backend='cuda', total_memory=8 * GB, fp16_fast=True, bf16_native=False,
+                 catalogue='Radeon RX 6600')
+    s = pick_strategy(with_gpu(rx, 'cuda:0'))
+    assert (s.name, s.device, s.precision) == ('amd_rx_6600', 'cuda', 'fp16')
+
+
 def test_pick_with_no_gpu():
     hw = fake_probe()
     s = pick_strategy(hw)
