@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_strategies.ipynb #c003
 from __future__ import annotations
-import copy, dataclasses, difflib, html, inspect, math, re
+import copy, dataclasses, difflib, html, inspect, math, os, re
 from dataclasses import dataclass, field, fields, asdict
 from functools import lru_cache
 from importlib import resources
@@ -291,7 +291,7 @@ def strategy_for_gpu(gpu:str|GPUSpec|GPUInfo)->Strategy:
         title=f"{title} (from {p.name})", gpu=t['catalogue'], memory_gb=mem, precision=_precision_for(t, p.precision),
         alloc_conf=alloc, matches=[], aliases=[], reason=why + '.')
 
-def load_strategy(name:str, # a profile name, alias, GPU name ('gtx 1070'), or 'auto' (probe this machine)
+def load_strategy(name:str|Strategy, # a profile name, alias, GPU name ('gtx 1070'), or 'auto' (probe this machine)
                   **overrides)->Strategy:
     "A strategy by loose name; `overrides` replace fields. Unknown names raise `UnknownStrategyError` listing the closest."
     if isinstance(name, Strategy): s = name
@@ -564,9 +564,15 @@ def _validate_config(c:RunConfig):
     _check(t.early_stopping is None or t.early_stopping >= 1, "train.early_stopping is a patience in epochs, at least 1.")
     _check(e.quantize in QUANTIZE, f"export.quantize must be null, 'int8' or 'fp16', not {e.quantize!r}.")
 
-def save_config(cfg:RunConfig, path:str|Path)->Path:
-    "Write the fully resolved configuration as YAML (the `Trainer` saves one with every run); returns the path."
+def save_config(cfg:RunConfig|dict, # a resolved `RunConfig`, or any plain mapping (the `Trainer` adds what it decided)
+                path:str|Path)->Path:
+    "Write the configuration as YAML, atomically (a crash leaves the previous file intact); returns the path."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("# netlite_nb run configuration, fully resolved: load_config(this_file) reproduces it.\n" + str(cfg))
+    if isinstance(cfg, RunConfig): head, body = "# netlite_nb run configuration, fully resolved: load_config(this_file) reproduces it.\n", str(cfg)
+    elif isinstance(cfg, dict): head, body = "# netlite_nb run record\n", yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True, width=120)
+    else: raise TypeError(f"save_config writes a RunConfig or a dict, not {type(cfg).__name__}.")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(head + body)
+    os.replace(tmp, path)
     return path

@@ -390,5 +390,16 @@ def test_round_trip(tmp_path):
     assert load_config(save_config(derived, tmp_path / 'd.yaml')) == derived
 
 
+def test_save_config_writes_plain_mappings_atomically(tmp_path, monkeypatch):
+    path = save_config({'run': {'strategy': 'cpu'}, 'micro_batch': 32}, tmp_path / 'config.yaml')
+    assert yaml.safe_load(path.read_text()) == {'run': {'strategy': 'cpu'}, 'micro_batch': 32}
+    import netlite_nb.strategies as S
+    def crash(src, dst): raise KeyboardInterrupt
+    monkeypatch.setattr(S.os, 'replace', crash)
+    with pytest.raises(KeyboardInterrupt): save_config({'micro_batch': 64}, path)
+    assert yaml.safe_load(path.read_text())['micro_batch'] == 32            # the previous file is intact
+    with pytest.raises(TypeError): save_config(['not', 'a', 'config'], tmp_path / 'x.yaml')
+
+
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match='No run configuration'): load_config(tmp_path / 'nope.yaml')
