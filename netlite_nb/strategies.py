@@ -532,7 +532,7 @@ def load_config(src:str|Path|dict|None=None, # a YAML file, a mapping, or None f
         if not path.is_file(): raise FileNotFoundError(f"No run configuration at {str(path)!r}.")
         raw = yaml.safe_load(path.read_text()) or {}
     if not isinstance(raw, dict): raise ConfigError(f"A run configuration is a mapping of sections, not {type(raw).__name__}.")
-    for item in overrides: _set_dotted(raw, item)
+    for item in [overrides] if isinstance(overrides, str) else overrides: _set_dotted(raw, item)
     _check_keys(raw)
     sec = raw.get('strategy') or 'auto'
     sec = dict(sec) if isinstance(sec, dict) else {'name': sec}
