@@ -403,3 +403,22 @@ def test_save_config_writes_plain_mappings_atomically(tmp_path, monkeypatch):
 
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match='No run configuration'): load_config(tmp_path / 'nope.yaml')
+
+
+def test_with_chapter_01_s_planner():
+    "Cross-chapter: runs once the planner (chapter 01) is merged; the fake above checks the logic without it."
+    budget = pytest.importorskip('netlite_nb.budget')
+    if not hasattr(budget, 'max_batch_size'): pytest.skip('chapter 01 has no max_batch_size yet')
+    nn = torch.nn
+    block = lambda: nn.Sequential(nn.Conv2d(128, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU())
+    cnn = nn.Sequential(nn.Conv2d(3, 128, 3, padding=1), nn.ReLU(), *[block() for _ in range(8)],
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+    sample = (torch.randn(2, 3, 64, 64), torch.randint(0, 10, (2,)))
+    hw = fake_probe(('NVIDIA GeForce GTX 1050 Ti', 4 * GB, (6, 1)))
+    s = pick_strategy(hw, model=cnn, sample=sample, for_gpu=True)
+    assert s.effective_batch == 128 and 1 < s.accum_steps and s.plan is not None
+    assert s.plan.fits and s.plan.total <= s.budget_bytes and s.plan.micro_batch == s.micro_batch
+    m = 4 * s.micro_batch          # split_batch keeps micro-batches above half of what fits, so 4x cannot fit
+    bigger = budget.plan_memory(cnn, (torch.empty(m, 3, 64, 64, device='meta'), torch.empty(m, dtype=torch.long, device='meta')),
+                                optimizer=s.optimizer, device_or_gpu=hw.gpus[0], budget=s.budget_bytes)
+    assert not bigger.fits
