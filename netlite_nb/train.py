@@ -313,16 +313,19 @@ def warmup_cosine(opt:torch.optim.Optimizer, total_steps:int, warmup_steps:int=0
     return SequentialLR(opt, [warm, cos], milestones=[warmup_steps])
 
 # %% ../nbs/07_train.ipynb #c033
-class _DeferInterrupt:
-    "Hold back Ctrl-C while the optimizer, scheduler and counters move together, so a checkpoint never sees half a step."
+class _GracefulInterrupt:
+    "During `fit`: the first Ctrl-C finishes the optimizer step and stops with a checkpoint; a second one stops at once."
+    def __init__(self, trainer): self.t = trainer
     def __enter__(self):
-        self.hit, self.old = False, None
+        self.old, self.t._stop_requested = None, False
         if threading.current_thread() is threading.main_thread(): self.old = signal.signal(signal.SIGINT, self._handle)
         return self
-    def _handle(self, *a): self.hit = True
+    def _handle(self, signum, frame):
+        if self.t._stop_requested and not self.t._in_update: raise KeyboardInterrupt
+        self.t._stop_requested = True
+        print("Interrupted: finishing this optimizer step, then saving a checkpoint (interrupt again to stop at once).", file=sys.stderr)
     def __exit__(self, *exc):
         if self.old is not None: signal.signal(signal.SIGINT, self.old)
-        if self.hit and exc[0] is None: raise KeyboardInterrupt
 
 def _in_notebook()->bool:
     ip = sys.modules.get('IPython')
@@ -451,16 +454,16 @@ Trainer._resolve_sizes = _resolve_sizes
 # %% ../nbs/07_train.ipynb #c038
 def _compute_window(self:Trainer, batches:list)->tuple[torch.Tensor, int]:
     "Forward and backward every micro-batch of `batches` (weighted by its share of samples), then one optimizer step."
-    n_total = sum(len(yb) for _, yb in batches)
+    n_total = sum(yb.shape[0] for _, yb in batches)
     mb, total = self.micro_batch, None
     for xb, yb in batches:
         xb, yb = _to(xb, self.device), _to(yb, self.device)
-        for xc, yc in zip(xb.split(mb), yb.split(mb)):
+        for xc, yc in (zip(xb.split(mb), yb.split(mb)) if yb.shape[0] > mb else ((xb, yb),)):
             self.xb, self.yb = xc, yc
             self._call('before_batch')
             with self.precision.autocast():
                 loss = self.loss_fn(self.model(xc), yc)
-            w = len(yc) / n_total
+            w = yc.shape[0] / n_total
             scaled = loss * w if w != 1 else loss
             (self.scaler.scale(scaled) if self.precision.use_scaler else scaled).backward()
             self.loss = loss.detach()
@@ -646,7 +649,7 @@ def save_checkpoint(self:Trainer, run_dir=None)->Path:
              'micro_batch': self.micro_batch, 'window': self.window, 'loader_batch': self.loader_batch, 'elapsed': self._elapsed_now(),
              'run_start': getattr(self, '_run_start', 0), 'run_offset': getattr(self, '_run_offset', 0), 'total_steps': self.total_steps,
              'optimizer': self.opt.state_dict(), 'scheduler': self.scheduler.state_dict() if self.scheduler else None,
-             'scaler': self.scaler.state_dict(), 'rng': self._rng_window or rng_state(), 'rng_epoch': self._rng_epoch,
+             'scaler': self.scaler.state_dict(), 'rng': self._rng_now(), 'rng_epoch': self._rng_epoch,
              'gen_epoch': self._gen_epoch, 'history': self.history,
              'callbacks': {f"{i}:{type(c).__name__}": c.state_dict() for i, c in enumerate(self.callbacks) if hasattr(c, 'state_dict')}}
     st.save_model(self.model, str(tmp / 'model.safetensors'), metadata={'step': str(self.step)})
@@ -662,6 +665,16 @@ def save_checkpoint(self:Trainer, run_dir=None)->Path:
         if p != final: shutil.rmtree(p, ignore_errors=True)
     return final
 Trainer.save_checkpoint = save_checkpoint
+
+def _rng_now(self:Trainer)->dict:
+    "Random states for a checkpoint of the last finished step (rewinding torch's if a step was cut short)."
+    s = rng_state()
+    if self._rng_window is not None:
+        s['torch'] = self._rng_window[0]
+        if self._rng_window[1] is not None: s['cuda'] = self._rng_window[1]
+    return s
+Trainer._rng_now = _rng_now
+Trainer._stop_requested = False
 
 def load_checkpoint(self:Trainer, path)->Path:
     "Restore model, optimizer, scheduler, scaler, EMA, counters, random states and history from a checkpoint (or run directory)."
@@ -791,7 +804,7 @@ def fit(self:Trainer, epochs:int|None=None, # passes over the training data
     self.model.train()
     try:
         self._call('before_fit')
-        self._fit_epochs()
+        with _GracefulInterrupt(self): self._fit_epochs()
         if self.valid_data is not None and (not self.history or 'valid_loss' not in self.history[-1]): self.validate()
         if self.run_dir is not None: self.save_checkpoint()
     except KeyboardInterrupt:
@@ -829,18 +842,20 @@ def _fit_epochs(self:Trainer):
         if self.batch_in_epoch == 0: self._call('before_epoch')
         exhausted = False
         while self.step < self.total_steps and not self.stop:
-            self._rng_window = rng_state()  # where a resumed run restarts this step
+            # where a resumed run restarts this step if a second Ctrl-C lands mid-step (the data order and
+            # dropout draw from torch's generators, which are cheap to copy; Python's and NumPy's are not)
+            self._rng_window = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if self.device.type == 'cuda' else None)
             batches = list(itertools.islice(it, self.window))
             if not batches: exhausted = True; break
             loss, n = self._train_window(batches)
-            with _DeferInterrupt():
-                self.scheduler and self.scheduler.step()
-                if self.ema is not None: self.ema.update_parameters(self.model)
-                self.step += 1; self.samples += n; self.batch_in_epoch += len(batches)
-                self._loss_acc, self._loss_n, self._rng_window = self._loss_acc + loss, self._loss_n + 1, None
+            if self.scheduler is not None: self.scheduler.step()
+            if self.ema is not None: self.ema.update_parameters(self.model)
+            self.step += 1; self.samples += n; self.batch_in_epoch += len(batches)
+            self._loss_acc, self._loss_n, self._rng_window, self._in_update = self._loss_acc + loss, self._loss_n + 1, None, False
             self._log_step()
             self._call('after_step')
             if self.checkpoint_every and self.run_dir is not None and self.step % self.checkpoint_every == 0: self.save_checkpoint()
+            if self._stop_requested: raise KeyboardInterrupt
             if len(batches) < self.window or (spe_batches is not None and self.batch_in_epoch >= spe_batches): exhausted = True; break
         if exhausted:
             self.epoch += 1; self.batch_in_epoch = 0
