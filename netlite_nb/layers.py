@@ -158,7 +158,10 @@ class _ChunkedFFNFn(torch.autograd.Function):
     def forward(ctx, x, w1, b1, w2, b2, act, chunk):
         out = x.new_empty(x.shape[0], w2.shape[0])
         for i, j in _chunks(x.shape[0], chunk):
-            out[i:j] = F.linear(act(F.linear(x[i:j], w1, b1)), w2, b2)
+            a = act(F.linear(x[i:j], w1, b1))
+            # write straight into the output's rows: no per-chunk copy
+            if b2 is None: torch.mm(a, w2.t(), out=out[i:j])
+            else: torch.addmm(b2, a, w2.t(), out=out[i:j])
         ctx.save_for_backward(x, w1, b1, w2, b2)
         ctx.act, ctx.chunk = act, chunk
         return out
@@ -166,6 +169,7 @@ class _ChunkedFFNFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gout):
         x, w1, b1, w2, b2 = ctx.saved_tensors
+        gout = gout.contiguous()  # `.sum()` hands us a stride-0 expanded gradient, slow in matmuls
         gx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
         gw1, gw2 = torch.zeros_like(w1), torch.zeros_like(w2)
         gb1 = torch.zeros_like(b1) if b1 is not None else None
@@ -181,7 +185,7 @@ class _ChunkedFFNFn(torch.autograd.Function):
             del a, h
             gw1.addmm_(gh.t(), x[i:j])
             if gb1 is not None: gb1 += gh.sum(0)
-            if gx is not None: gx[i:j] = gh @ w1
+            if gx is not None: torch.mm(gh, w1, out=gx[i:j])
         return gx, gw1, gb1, gw2, gb2, None, None
 
 def _auto_ffn_chunk(rows:int, d:int, hidden:int)->int:
