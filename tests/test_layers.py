@@ -147,3 +147,12 @@ def test_onnx_export_of_converted_model_in_eval(tmp_path):
     out = ort.InferenceSession(str(tmp_path / 'm.onnx')).run(None, {'x': x.numpy()})[0]
     torch.testing.assert_close(torch.from_numpy(out), m(x), rtol=1e-4, atol=1e-5)
     assert time.perf_counter() - t0 < 60
+
+
+def test_onnx_dynamo_export_sees_plain_ops():
+    pytest.importorskip('onnxscript')
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16)),
+                      nn.Dropout(0.1), nn.Linear(16, 3))
+    convert_model(m, checkpoint=True).eval()
+    prog = torch.onnx.export(m, (torch.randn(4, 8),), dynamo=True, verbose=False)
+    assert {n.op_type for n in prog.model_proto.graph.node} == {'Gemm', 'Relu', 'Gelu'}
