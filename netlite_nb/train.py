@@ -5,7 +5,7 @@
 # %% ../nbs/07_train.ipynb #c003
 from __future__ import annotations
 import contextlib, gc, html, importlib, itertools, math, os, random, shutil, signal, sys, tempfile, threading, time, traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace as dataclasses_replace
 from pathlib import Path
 import numpy as np, torch, yaml
 from torch import nn
@@ -15,11 +15,12 @@ import safetensors.torch as st
 from .probe import MemoryReading, bf16_is_native, device_memory, fp16_is_fast, probe
 
 # %% auto #0
-__all__ = ['seed_everything', 'rng_state', 'set_rng_state', 'PrecisionPolicy', 'choose_precision', 'is_oom', 'free_memory',
-           'OOMReport', 'Callback', 'ProgressBar', 'TensorBoardLogger', 'EarlyStopping', 'InjectOOM',
+__all__ = ['DEMO', 'seed_everything', 'rng_state', 'set_rng_state', 'PrecisionPolicy', 'choose_precision', 'is_oom',
+           'free_memory', 'OOMReport', 'Callback', 'ProgressBar', 'TensorBoardLogger', 'EarlyStopping', 'InjectOOM',
            'SimulatedMemoryLimit', 'find_checkpoint', 'make_optimizer', 'warmup_cosine', 'Trainer', 'accum_steps',
-           'effective_batch', 'eval_model', 'validate', 'predict', 'save_checkpoint', 'load_checkpoint',
-           'resolved_config', 'fit', 'blobs', 'mlp', 'max_param_diff']
+           'effective_batch', 'eval_model', 'validate', 'predict', 'loader_generators', 'save_checkpoint',
+           'load_checkpoint', 'resolved_config', 'fit', 'blobs', 'mlp', 'max_param_diff', 'loaders_for',
+           'train_from_config', 'export_trained', 'DemoResult', 'run_demo']
 
 # %% ../nbs/07_train.ipynb #c006
 def _chapter(name:str):
@@ -360,7 +361,7 @@ class Trainer:
                  micro_batch:int|None=None, # most samples per forward pass; default the strategy's, else the loader batch
                  accum_steps:int|None=None, # micro-batches per optimizer step; effective batch = micro_batch × accum_steps
                  clip_grad:float|None=None, # max gradient norm (after unscaling)
-                 lr_schedule:str|None='cosine', # 'cosine' (warmup + cosine) or None (constant lr)
+                 lr_schedule:str|None='cosine', # 'cosine' (warmup + cosine), 'constant' (warmup, then constant) or None
                  warmup:float=0.05, # warmup length: a fraction of the run (<1) or a number of steps
                  min_lr_ratio:float=0.0,
                  ema:float|None=None, # EMA decay of the weights (e.g. 0.999); validation and predict then use the EMA model
@@ -529,27 +530,32 @@ def _budget_bytes(self:Trainer)->int|None:
     return int(total * 0.85) if total else None
 Trainer._budget_bytes = _budget_bytes
 
-def _sample(self:Trainer, n:int):
-    x, y = next(iter(self.train_data))
-    return x[:n], y[:n]
-Trainer._sample = _sample
+def _meta_batch(self:Trainer, n:int):
+    "A batch of `n` samples shaped like the training data, on the 'meta' device (the planner needs only shapes)."
+    if self._shapes is None:
+        x, y = next(iter(self.train_data))
+        self._shapes = [(t.shape[1:], t.dtype) for t in (x, y)]
+    return tuple(torch.empty((n, *sh), dtype=dt, device='meta') for sh, dt in self._shapes)
+Trainer._meta_batch = _meta_batch
+Trainer._shapes = None
 
 def _plan_and_suggest(self:Trainer, micro_batch:int, suggest:bool=False)->tuple[object, list, list]:
     "Chapter 01's `MemoryPlan` for this configuration (and `fit_to_budget` suggestions), or the reason there is none."
     budget = _chapter('budget')
     if budget is None: return None, [], ["no breakdown: chapter 01 (netlite_nb.budget) is not installed"]
     opt = self.opt_spec if isinstance(self.opt_spec, str) else type(self.opt)
-    target = getattr(self.strategy, 'gpu', None) or str(self.device)
+    target = self.device.type if self.device.type in ('cpu', 'cuda') else None
+    ck = getattr(self.strategy, 'checkpointing', None)
+    kw = dict(loss_fn=self.loss_fn, optimizer=opt, precision=self.precision.name, device_or_gpu=target,
+              checkpointing=ck if isinstance(ck, int) else None)
     try:
-        batch = self._sample(micro_batch)
-        plan = budget.plan_memory(self.model, batch, loss_fn=self.loss_fn, optimizer=opt, precision=self.precision.name,
-                                  micro_batch=micro_batch, device_or_gpu=target)
+        batch = self._meta_batch(self.effective_batch)  # the planner takes the batch per optimizer step
+        plan = budget.plan_memory(self.model, batch, micro_batch=micro_batch, budget=self._budget_bytes(), **kw)
     except Exception as e: return None, [], [f"the planner could not plan this configuration: {type(e).__name__}: {e}"]
     sugg, notes = [], []
     if suggest:
         try:
-            for c in budget.fit_to_budget(self.model, batch, budget=self._budget_bytes(), loss_fn=self.loss_fn, optimizer=opt,
-                                          precision=self.precision.name, device_or_gpu=target)[:3]:
+            for c in budget.fit_to_budget(self.model, self._meta_batch(micro_batch), budget=self._budget_bytes(), **kw)[:3]:
                 sugg.append((c.description, c.saving))
         except Exception as e: notes.append(f"no suggestions: {type(e).__name__}: {e}")
     return plan, sugg, notes
@@ -633,9 +639,16 @@ def predict(self:Trainer, x, # a tensor of inputs, or an iterable of batches (x 
 Trainer.predict = predict
 
 # %% ../nbs/07_train.ipynb #c046
-def _gen_of(loader):
-    g = getattr(loader, 'generator', None)
-    return g if isinstance(g, torch.Generator) else None
+_GEN_PATHS = ('generator', 'sampler.generator', 'transform.gen', 'loader.generator', 'loader.sampler.generator')
+
+def loader_generators(loader)->list[torch.Generator]:
+    "The `torch.Generator`s a loader draws its order and augmentations from (DataLoader, chapter 04's TensorLoader, SeededAugment)."
+    found = []
+    for path in _GEN_PATHS:
+        o = loader
+        for a in path.split('.'): o = getattr(o, a, None)
+        if isinstance(o, torch.Generator) and all(o is not g for g in found): found.append(o)
+    return found
 
 def save_checkpoint(self:Trainer, run_dir=None)->Path:
     "Write a checkpoint of the current optimizer step atomically into `run_dir` (default the trainer's); returns its path."
@@ -769,7 +782,15 @@ def _setup_run(self:Trainer, epochs, steps, resume):
         if self._ckpt is not None:
             self.opt.load_state_dict(self._ckpt['optimizer'])
             if self._ckpt['scheduler'] is not None: self.scheduler.load_state_dict(self._ckpt['scheduler'])
-    elif self.lr_schedule is not None: raise ValueError(f"lr_schedule must be 'cosine' or None, not {self.lr_schedule!r}.")
+    elif self.lr_schedule == 'constant':
+        for g, lr in zip(self.opt.param_groups, self._base_lrs): g['lr'] = lr; g.pop('initial_lr', None)
+        w = int(self.warmup if self.warmup >= 1 else self.warmup * steps_total)
+        if w > 0:
+            self.scheduler = LinearLR(self.opt, start_factor=1 / (w + 1), end_factor=1.0, total_iters=w)
+            if self._ckpt is not None:
+                self.opt.load_state_dict(self._ckpt['optimizer'])
+                if self._ckpt['scheduler'] is not None: self.scheduler.load_state_dict(self._ckpt['scheduler'])
+    elif self.lr_schedule is not None: raise ValueError(f"lr_schedule must be 'cosine', 'constant' (after warmup) or None, not {self.lr_schedule!r}.")
     if self.want_plan and self.plan is None:
         state = rng_state()
         self.plan, _, notes = self._plan_and_suggest(self.micro_batch)
@@ -820,15 +841,15 @@ Trainer.fit = fit
 
 def _epoch_iter(self:Trainer):
     "An iterator over this epoch's batches, rebuilt at the saved position when resuming mid-epoch."
-    gen = _gen_of(self.train_data)
+    gens = loader_generators(self.train_data)
     if self._ckpt is not None and self.batch_in_epoch > 0:
         set_rng_state(self._ckpt['rng_epoch'])
-        if gen is not None and self._ckpt['gen_epoch'] is not None: gen.set_state(self._ckpt['gen_epoch'])
+        for g, state in zip(gens, self._ckpt['gen_epoch'] or []): g.set_state(state)
         it = iter(self.train_data)
         for _ in range(self.batch_in_epoch): next(it)
         set_rng_state(self._ckpt['rng'])
     else:
-        self._rng_epoch, self._gen_epoch = rng_state(), (gen.get_state() if gen is not None else None)
+        self._rng_epoch, self._gen_epoch = rng_state(), [g.get_state() for g in gens]
         it = iter(self.train_data)
     self._ckpt = None
     return it
@@ -889,3 +910,123 @@ def _accum_run(micro:int, accum:int, steps:int, n:int=200, seed:int=0, weighting
 def max_param_diff(a:nn.Module, b:nn.Module)->float:
     "Largest absolute difference between the parameters of two models of the same architecture."
     return max((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters()))
+
+# %% ../nbs/07_train.ipynb #c076
+def _need(name:str, what:str):
+    m = _chapter(name)
+    if m is None: raise ImportError(f"{what} needs chapter netlite_nb.{name}, which is not installed in this version of netlite_nb.")
+    return m
+
+def loaders_for(data_cfg, strategy, seed:int=0):
+    "Chapter 04 `DataLoaders` for a chapter 06 `DataConfig` (name, root, augment) and strategy."
+    data = _need('data', 'loading data')
+    kw = dict(batch_size=strategy.micro_batch, strategy=strategy, augment=data_cfg.augment, seed=seed)
+    if data_cfg.name == 'mnist_sample': return data.mnist_sample_loaders(**kw)
+    if data_cfg.name == 'folder': tr, va = data.image_folder(data_cfg.root, seed=seed)
+    else: tr, va = data.load_dataset(data_cfg.name, root=data_cfg.root or 'data')
+    return data.make_loaders(tr, va, **kw)
+
+def _timestamp()->str: return time.strftime('%Y%m%d-%H%M%S')
+
+def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path, or a mapping
+                      overrides=(), # dotted overrides, e.g. ['train.epochs=1', 'data.batch_size=64']
+                      run_dir=None, # default: `train.checkpoint_dir`/MODEL-TIMESTAMP
+                      resume=None, # a run or checkpoint directory to continue
+                      callbacks=(), progress:bool|None=None, verbose:bool=True)->Trainer:
+    "Build data, model and `Trainer` from a run configuration, train, and export if the configuration asks."
+    strategies, models = _need('strategies', 'a run configuration'), _need('models', 'building a model by name')
+    cfg = config if isinstance(config, strategies.RunConfig) else strategies.load_config(config, list(overrides))
+    s, t = cfg.strategy, cfg.train
+    dls = loaders_for(cfg.data, s, seed=t.seed)
+    if t.seed is not None: seed_everything(t.seed, t.deterministic)  # the model's initial weights come from the seed too
+    model = models.create_model(cfg.model.name, num_classes=dls.num_classes, in_channels=dls.input_shape[0], **cfg.model.kwargs)
+    if run_dir is None and resume is not None: run_dir = find_checkpoint(resume).parent
+    if run_dir is None and t.checkpoint_dir: run_dir = Path(t.checkpoint_dir) / f"{cfg.model.name}-{_timestamp()}"
+    cbs = list(callbacks) + ([EarlyStopping(patience=t.early_stopping)] if t.early_stopping else [])
+    trainer = Trainer(model, dls, strategy=s, optimizer=cfg.optim.name, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
+                      micro_batch=s.micro_batch, accum_steps=s.accum_steps, clip_grad=t.grad_clip, ema=t.ema,
+                      lr_schedule='cosine' if cfg.schedule.cosine else 'constant', warmup=cfg.schedule.warmup,
+                      seed=t.seed, deterministic=t.deterministic, run_dir=run_dir, callbacks=cbs, progress=progress,
+                      verbose=verbose, config=cfg.to_dict())
+    trainer.data = dls
+    trainer.fit(epochs=None if t.steps else t.epochs, steps=t.steps, resume=resume)
+    if cfg.export.onnx and not trainer.interrupted:
+        trainer.export_report = export_trained(trainer, dls, cfg.export.onnx, quantize=cfg.export.quantize, opset=cfg.export.opset)
+    return trainer
+
+def export_trained(trainer:Trainer, dls, path, quantize:str|None='int8', opset:int|None=None):
+    "Export the trained (EMA, if on) model with chapter 09 and return its `ExportReport` (None, with a note, if chapter 09 is absent)."
+    export = _chapter('export')
+    if export is None:
+        trainer.notes.append('export skipped: chapter 09 (netlite_nb.export) is not installed'); return None
+    return export.export_onnx(trainer.eval_model, dls.one_batch(), path, opset=opset, quantize=quantize,
+                              calibration=dls.train if quantize == 'int8' else None, valid=dls.valid)
+
+# %% ../nbs/07_train.ipynb #c078
+@dataclass
+class DemoResult:
+    "What `netlite demo` did and measured."
+    device:str
+    strategy:str
+    precision:str
+    micro_batch:int
+    accum_steps:int
+    epochs:int
+    steps:int
+    accuracy:float          # on the 1,000 held-out images
+    valid_loss:float
+    train_seconds:float     # `fit` alone
+    total_seconds:float     # probe to summary, including loading and export
+    checkpoint:str
+    plan_peak:int|None=None
+    export:object=None      # chapter 09 `ExportReport`, when it ran
+    notes:list=field(default_factory=list)
+
+    def rows(self)->list[tuple[str,str]]:
+        r = [('Device', f"{self.device}, strategy {self.strategy}, {self.precision}"),
+             ('Batch', f"micro-batch {self.micro_batch} × {self.accum_steps}; {self.epochs} epochs, {self.steps} optimizer steps"),
+             ('Held-out accuracy', f"{100*self.accuracy:.2f}% on 1,000 images (loss {self.valid_loss:.4f})"),
+             ('Time', f"training {self.train_seconds:.1f} s, whole demo {self.total_seconds:.1f} s"),
+             ('Checkpoint', self.checkpoint)]
+        if self.plan_peak: r.insert(2, ('Planned peak', _fmt_bytes(self.plan_peak)))
+        if self.export is not None: r.append(('Export', str(self.export).splitlines()[0] if str(self.export) else repr(self.export)))
+        return r + [('Note', n) for n in self.notes]
+    def __str__(self):
+        rows = self.rows(); w = max(len(k) for k, _ in rows)
+        return '\n'.join(f"{k:<{w}}  {v}" for k, v in rows)
+    def _repr_html_(self):
+        trs = ''.join(f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(k)}</th><td style='text-align:left'>{html.escape(v)}</td></tr>"
+                      for k, v in self.rows())
+        return f"<div><b>netlite demo</b><table>{trs}</table></div>"
+
+DEMO = dict(model='netlite_tiny', epochs=4, batch_size=64, lr=3e-3, ema=None, augment=False)
+
+def run_demo(run_dir='runs/demo', # where the checkpoint, config.yaml and the ONNX files go
+             epochs:int|None=None, # default `DEMO['epochs']`
+             steps:int|None=None, # stop after this many optimizer steps instead (quick checks)
+             seed:int=0, device:str|None=None, # default: the strategy's
+             export:bool=True, # export ONNX + INT8 with chapter 09 when it is installed
+             progress:bool|None=None, verbose:bool=True, callbacks=())->DemoResult:
+    "Probe → strategy → plan → train netlite_tiny on the MNIST sample → evaluate → checkpoint → export → summary."
+    t0 = time.perf_counter()
+    data, models, strategies = _need('data', 'the demo'), _need('models', 'the demo'), _need('strategies', 'the demo')
+    hw = probe()
+    seed_everything(seed)
+    train_ds, valid_ds = data.mnist_sample()
+    model = models.create_model(DEMO['model'], num_classes=10, in_channels=1)
+    sample = (train_ds.x[:DEMO['batch_size']], train_ds.y[:DEMO['batch_size']])
+    strat = strategies.pick_strategy(hw, model=model, sample=sample, batch_size=DEMO['batch_size'])
+    if device is not None: strat = dataclasses_replace(strat, device=device)
+    dls = data.mnist_sample_loaders(batch_size=strat.micro_batch, strategy=strat, augment=DEMO['augment'], seed=seed)
+    cfg = {'model': {'name': DEMO['model'], 'kwargs': {}}, 'data': {'name': 'mnist_sample', 'batch_size': DEMO['batch_size']},
+           'demo': {k: v for k, v in DEMO.items()}, 'seed': seed}
+    trainer = Trainer(model, dls, strategy=strat, lr=DEMO['lr'], ema=DEMO['ema'], run_dir=run_dir, seed=seed,
+                      callbacks=callbacks, progress=progress, verbose=verbose, config=cfg)
+    trainer.fit(epochs=None if steps else (epochs or DEMO['epochs']), steps=steps)
+    m = trainer.last_metrics
+    ck = find_checkpoint(trainer.run_dir)
+    rep = export_trained(trainer, dls, Path(run_dir) / 'netlite_tiny_int8.onnx', quantize='int8') if export and not trainer.interrupted else None
+    train_s = trainer._elapsed
+    return DemoResult(str(trainer.device), strat.name, trainer.precision.name, trainer.micro_batch, trainer.accum_steps,
+                      trainer.epoch, trainer.step, m.get('accuracy', float('nan')), m.get('valid_loss', float('nan')),
+                      train_s, time.perf_counter() - t0, str(ck), getattr(trainer.plan, 'peak', None), rep, list(trainer.notes))
