@@ -42,3 +42,45 @@ def _probe(args):
     hw = probe()
     print(hw.to_json() if args.json else hw)
 _probe.add_arguments = lambda p: p.add_argument('--json', action='store_true', help='print JSON (for bug reports)')
+
+# %% ../nbs/10_cli.ipynb #c012
+from .train import run_demo, train_from_config
+
+@command('demo', 'Train netlite_tiny on the embedded MNIST sample on this machine, evaluate it, checkpoint and export it: the whole book in one command.')
+def _demo(args):
+    r = run_demo(run_dir=args.out, epochs=args.epochs, steps=args.steps, seed=args.seed, device=args.device,
+                 export=not args.no_export, progress=False if args.quiet else None, verbose=not args.quiet)
+    print(r)
+    return 130 if 'interrupted' in r.checkpoint else 0
+
+def _demo_args(p):
+    p.add_argument('--out', default='runs/demo', help='run directory for the checkpoint, config.yaml and ONNX files (default runs/demo)')
+    p.add_argument('--epochs', type=int, default=None, help='passes over the 4,000 training images (default: the demo recipe)')
+    p.add_argument('--steps', type=int, default=None, help='stop after this many optimizer steps (a quick check)')
+    p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--device', default=None, help="override the strategy's device, e.g. cpu")
+    p.add_argument('--no-export', action='store_true', help='skip the ONNX export')
+    p.add_argument('--quiet', action='store_true', help='no progress bar or run description, just the summary')
+_demo.add_arguments = _demo_args
+
+# %% ../nbs/10_cli.ipynb #c016
+@command('train', 'Train from a run configuration (YAML): strategy, model, data, optimizer, schedule, epochs; --set overrides; --resume continues.')
+def _train(args):
+    try:
+        t = train_from_config(args.config, overrides=args.set, run_dir=args.out, resume=args.resume,
+                              progress=False if args.quiet else None, verbose=not args.quiet)
+    except (ValueError, LookupError, FileNotFoundError, ImportError) as e:
+        print(f"netlite train: {e}", file=sys.stderr); return 2
+    m = t.last_metrics
+    print(f"{t.step} optimizer steps, {t.epoch} epochs" + (f"; valid loss {m['valid_loss']:.4f}" if 'valid_loss' in m else '')
+          + (f", accuracy {100*m['accuracy']:.2f}%" if 'accuracy' in m else '') + f"; run directory {t.run_dir}")
+    if getattr(t, 'export_report', None) is not None: print(t.export_report)
+    return 130 if t.interrupted else 0
+
+def _train_args(p):
+    p.add_argument('config', help='the run configuration, a YAML file')
+    p.add_argument('--set', action='append', default=[], metavar='KEY=VALUE', help='override a key, e.g. --set train.epochs=2 (repeatable)')
+    p.add_argument('--out', default=None, help='run directory (default: train.checkpoint_dir/MODEL-TIMESTAMP)')
+    p.add_argument('--resume', default=None, metavar='RUN_DIR', help='continue the run saved in RUN_DIR')
+    p.add_argument('--quiet', action='store_true', help='no progress bar or run description')
+_train.add_arguments = _train_args
