@@ -550,7 +550,7 @@ def plot_plans(plans:list[MemoryPlan]|MemoryPlan, # one plan or several to compa
     import matplotlib.pyplot as plt
     plans = [plans] if isinstance(plans, MemoryPlan) else list(plans)
     labels = labels or [f"batch {p.batch_size}, {p.precision}" for p in plans]
-    fig, ax = (None, ax) if ax is not None else plt.subplots(figsize=(8, 0.7 + 0.55 * len(plans)))
+    fig, ax = (None, ax) if ax is not None else plt.subplots(figsize=(8, 1.6 + 0.5 * len(plans)))
     seen = set()
     for i, p in enumerate(plans):
         left = 0
@@ -567,7 +567,7 @@ def plot_plans(plans:list[MemoryPlan]|MemoryPlan, # one plan or several to compa
     if fig is not None: fig.tight_layout()
     return fig or ax.figure
 
-# %% ../nbs/01_budget.ipynb #c050
+# %% ../nbs/01_budget.ipynb #c051
 class BudgetTooSmallError(ValueError):
     "Not even one sample per step fits the memory budget."
 
@@ -624,7 +624,7 @@ def _too_small(model, sample, budget, target, p1, kw)->str:
     if fixes: return msg + " What would fit: " + '; '.join(f"{c.description} ({fmt_bytes(c.new_plan.total)})" for c in fixes)
     return msg + " None of the changes this planner knows (precision, checkpointing, 8-bit optimizer, chunked layers) makes it fit: use a smaller model or a bigger device."
 
-# %% ../nbs/01_budget.ipynb #c054
+# %% ../nbs/01_budget.ipynb #c055
 @dataclass
 class Change:
     "One proposed change to a training run, with what re-planning says it saves."
@@ -637,7 +637,7 @@ class Change:
     def fits(self)->bool|None: return self.new_plan.fits
     def __str__(self):
         return (f"{self.description}: saves {fmt_bytes(self.saving)} -> {fmt_bytes(self.new_plan.total)}"
-                f" ({'fits' if self.fits else 'does not fit'}; about {100*self.slowdown:.0f}% slower)")
+                f" ({'fits' if self.fits else 'does not fit'}; " + (f"about {100*self.slowdown:.0f}% slower)" if self.slowdown else "no slower)"))
     __repr__ = __str__
 
 def _levers(target:Target, precision, optimizer, checkpointing, transform, model)->list[tuple[str, dict, float]]:
@@ -704,7 +704,7 @@ def fit_to_budget(model:nn.Module, # the model to plan for
                 if acc: out.append(acc)
     return sorted(out, key=lambda c: (not c.fits, c.slowdown if c.fits else -c.saving))
 
-# %% ../nbs/01_budget.ipynb #c061
+# %% ../nbs/01_budget.ipynb #c062
 def _is_oom(e:BaseException)->bool:
     return isinstance(e, torch.OutOfMemoryError) or 'out of memory' in str(e).lower()
 
@@ -766,7 +766,7 @@ def find_batch_size(model:nn.Module, # the model; a copy is moved to `device`
         b = min(b - 1, int(b * backoff))
     raise BudgetTooSmallError(f"Not even a batch of 1 trains on {device}: the model, gradients and optimizer state do not fit.")
 
-# %% ../nbs/01_budget.ipynb #c066
+# %% ../nbs/01_budget.ipynb #c067
 def _gpu_choices()->list[str]:
     return ['cpu'] + [g.name for g in gpu_catalogue() if g.vendor in ('nvidia', 'amd')]
 
