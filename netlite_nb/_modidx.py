@@ -58,6 +58,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._shapes': ('budget.html#_shapes', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._simulate_cuda': ('budget.html#_simulate_cuda', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._split_batch': ('budget.html#_split_batch', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._strategy_defaults': ('budget.html#_strategy_defaults', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._too_small': ('budget.html#_too_small', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._try_batch': ('budget.html#_try_batch', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.budget_widget': ('budget.html#budget_widget', 'netlite_nb/budget.py'),
