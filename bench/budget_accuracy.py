@@ -1,7 +1,8 @@
 """How close is `plan_memory` to a real step? Predicted peak vs. the measured peak of a fresh process, on CPU (and CUDA when present).
 
     python bench/budget_accuracy.py            # accuracy table: 3 models x 3 batch sizes
-    python bench/budget_accuracy.py --budgets  # max_batch_size at 0.5/1/2 GB budgets, checked by measurement
+    python bench/budget_accuracy.py --budgets  # max_batch_size at 0.5/1/2 GiB budgets, checked by measurement
+    python bench/budget_accuracy.py --gemm     # the CPU BLAS workspace a tensor trace cannot see
 
 CPU measurement: each case runs in a fresh `python` process with glibc told to serve every allocation above 64 KiB with its own
 mmap (MALLOC_MMAP_THRESHOLD_ fixed, which also stops glibc raising the threshold as blocks are freed) and one arena
@@ -54,9 +55,10 @@ def _hwm()->int:
 
 def _steps(model, opt, x, y, n=2):
     for _ in range(n):
-        loss = F.cross_entropy(model(x), y)
+        out = model(x)  # held through backward, as a loop that also computes accuracy does (and as the planner traces)
+        loss = F.cross_entropy(out, y)
         loss.backward()
-        del loss
+        del out, loss
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -98,6 +100,16 @@ def accuracy_table():
             print(f"{name:<12}{bs:>6}{p/2**20:>10.1f}Mi{m/2**20:>10.1f}Mi{100*errs[-1]:>+7.1f}%", flush=True)
     print(f"max |error| {100*max(abs(e) for e in errs):.1f}%")
 
+def gemm_workspace()->float:
+    "MiB a single large CPU matmul allocates beyond its output (the BLAS library's packing buffers): invisible to any tensor trace."
+    torch.set_num_threads(1)
+    a, w = torch.randn(1024, 4096), torch.randn(4096, 4096)
+    a[:2] @ w  # load the kernels
+    base = _rss()
+    with open('/proc/self/clear_refs', 'w') as f: f.write('5')
+    c = a @ w
+    return (_hwm() - base - c.nbytes) / 2**20
+
 def budgets_table(budgets=(0.5, 1, 2)):
     from netlite_nb.budget import max_batch_size
     print(f"{'model':<12}{'budget':>8}{'solved':>8}{'measured@b':>12}{'measured@b+1':>14}  ok")
@@ -112,8 +124,14 @@ def budgets_table(budgets=(0.5, 1, 2)):
 if __name__ == '__main__':
     ap = argparse.ArgumentParser()
     ap.add_argument('--measure', nargs=2)
+    ap.add_argument('--gemm-child', action='store_true', help=argparse.SUPPRESS)
     ap.add_argument('--budgets', action='store_true')
+    ap.add_argument('--gemm', action='store_true', help='measure the CPU BLAS workspace of one 1024x4096 @ 4096x4096 matmul')
     a = ap.parse_args()
     if a.measure: print(measure(a.measure[0], int(a.measure[1])))
+    elif a.gemm_child: print(gemm_workspace())
     elif a.budgets: budgets_table()
+    elif a.gemm:
+        out = subprocess.run([sys.executable, __file__, '--gemm-child'], env={**os.environ, **ENV}, capture_output=True, text=True, check=True)
+        print(f"CPU matmul workspace beyond the output: {float(out.stdout):.1f} MiB")
     else: accuracy_table()

@@ -482,6 +482,16 @@ def _simulate_cuda(tr:AllocationTracker, workspace:int)->CachingAllocatorSim:
         elif blocks.get(id(rec)) is not None: sim.free(blocks.pop(id(rec)))
     return sim
 
+def _strategy_defaults(s, precision, optimizer, micro_batch, checkpointing, device_or_gpu, budget):
+    "Take from strategy `s` (duck-typed: chapter 06 comes later) whatever the caller left at its default."
+    g = lambda k, d=None: getattr(s, k, d)
+    return (g('precision') or precision if precision == 'fp32' else precision,
+            g('optimizer') or optimizer if optimizer == 'adamw' else optimizer,
+            micro_batch or g('micro_batch'),
+            checkpointing if checkpointing is not None else g('checkpointing'),
+            device_or_gpu if device_or_gpu is not None else (g('gpu') or (g('device') if g('device') in ('cpu', 'cuda') else None)),
+            budget if budget is not None else g('budget_bytes'))
+
 def plan_memory(model:nn.Module, # the model to plan for; never run, moved or changed
                 batch, # (x, y) or x, a real batch or one on the 'meta' device; its first dimension is the batch size
                 loss_fn:Callable|None=None, # loss_fn(output, y); default: cross-entropy / MSE / mean output
@@ -492,8 +502,12 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
                 checkpointing=None, # None, True (each block), 'auto' (sqrt(n) segments), k, or a callable model -> model
                 budget:int|None=None, # bytes the run may use; default: the device's memory
                 transform:Callable|None=None, # model -> model applied before tracing (memory-saving layers of chapter 02)
+                strategy=None, # a chapter 06 `Strategy`: fills in the arguments above that were left at their defaults
                )->MemoryPlan:
     "Predict the peak memory of a training step of `model` on `batch` by tracing it on fake tensors."
+    if strategy is not None:
+        precision, optimizer, micro_batch, checkpointing, device_or_gpu, budget = _strategy_defaults(
+            strategy, precision, optimizer, micro_batch, checkpointing, device_or_gpu, budget)
     target = resolve_target(device_or_gpu)
     b = _batch_size(batch)
     t = trace_step(model, batch, loss_fn, optimizer, precision, micro_batch, checkpointing, transform, cuda=target.kind == 'cuda')
@@ -550,7 +564,7 @@ def plot_plans(plans:list[MemoryPlan]|MemoryPlan, # one plan or several to compa
     import matplotlib.pyplot as plt
     plans = [plans] if isinstance(plans, MemoryPlan) else list(plans)
     labels = labels or [f"batch {p.batch_size}, {p.precision}" for p in plans]
-    fig, ax = (None, ax) if ax is not None else plt.subplots(figsize=(8, 0.7 + 0.55 * len(plans)))
+    fig, ax = (None, ax) if ax is not None else plt.subplots(figsize=(8, 1.6 + 0.5 * len(plans)))
     seen = set()
     for i, p in enumerate(plans):
         left = 0
@@ -567,12 +581,12 @@ def plot_plans(plans:list[MemoryPlan]|MemoryPlan, # one plan or several to compa
     if fig is not None: fig.tight_layout()
     return fig or ax.figure
 
-# %% ../nbs/01_budget.ipynb #c050
+# %% ../nbs/01_budget.ipynb #c051
 class BudgetTooSmallError(ValueError):
     "Not even one sample per step fits the memory budget."
 
 def _plan_kw(kw:dict)->dict:
-    return {k: v for k, v in kw.items() if k in ('loss_fn', 'optimizer', 'precision', 'checkpointing', 'transform')}
+    return {k: v for k, v in kw.items() if k in ('loss_fn', 'optimizer', 'precision', 'checkpointing', 'transform', 'strategy')}
 
 def max_batch_size(model:nn.Module, # the model to plan for
                    sample, # a batch (x, y) or x of any size: only its shapes after the first dimension and dtypes are used
@@ -582,7 +596,9 @@ def max_batch_size(model:nn.Module, # the model to plan for
                    micro_of:int|None=None, # solve for the micro-batch of gradient accumulation over batches of this size
                    **kw, # passed to `plan_memory`: loss_fn, optimizer, precision, checkpointing, transform
                   )->int:
-    "The largest batch size whose traced training step fits `budget`: doubling, then interpolating between traced sizes."
+    "The largest batch size whose traced training step fits `budget`: extrapolating, then interpolating between traced sizes."
+    if kw.get('strategy') is not None:
+        *_, device_or_gpu, budget = _strategy_defaults(kw['strategy'], 'fp32', 'adamw', None, None, device_or_gpu, budget)
     target = resolve_target(device_or_gpu)
     budget = budget if budget is not None else target.memory
     if budget is None: raise ValueError("max_batch_size needs a budget: pass budget= (bytes) or a device_or_gpu with known memory.")
@@ -624,7 +640,7 @@ def _too_small(model, sample, budget, target, p1, kw)->str:
     if fixes: return msg + " What would fit: " + '; '.join(f"{c.description} ({fmt_bytes(c.new_plan.total)})" for c in fixes)
     return msg + " None of the changes this planner knows (precision, checkpointing, 8-bit optimizer, chunked layers) makes it fit: use a smaller model or a bigger device."
 
-# %% ../nbs/01_budget.ipynb #c054
+# %% ../nbs/01_budget.ipynb #c055
 @dataclass
 class Change:
     "One proposed change to a training run, with what re-planning says it saves."
@@ -637,7 +653,7 @@ class Change:
     def fits(self)->bool|None: return self.new_plan.fits
     def __str__(self):
         return (f"{self.description}: saves {fmt_bytes(self.saving)} -> {fmt_bytes(self.new_plan.total)}"
-                f" ({'fits' if self.fits else 'does not fit'}; about {100*self.slowdown:.0f}% slower)")
+                f" ({'fits' if self.fits else 'does not fit'}; " + (f"about {100*self.slowdown:.0f}% slower)" if self.slowdown else "no slower)"))
     __repr__ = __str__
 
 def _levers(target:Target, precision, optimizer, checkpointing, transform, model)->list[tuple[str, dict, float]]:
@@ -668,8 +684,12 @@ def fit_to_budget(model:nn.Module, # the model to plan for
                   device_or_gpu=None, # None, 'cpu', 'cuda', a catalogue name or a GPUInfo
                   loss_fn=None, optimizer='adamw', precision='fp32', checkpointing=None, transform=None,
                   levers:list|tuple=(), # more (description, plan_memory overrides, slowdown) to consider
+                  strategy=None, # a chapter 06 `Strategy` supplying what is left at its default
                  )->list[Change]:
     "Changes that make a training step fit `budget`, each re-planned: those that fit first, cheapest (least slowdown) first."
+    if strategy is not None:
+        precision, optimizer, _, checkpointing, device_or_gpu, budget = _strategy_defaults(
+            strategy, precision, optimizer, None, checkpointing, device_or_gpu, budget)
     target = resolve_target(device_or_gpu)
     budget = budget if budget is not None else target.memory
     kw = dict(loss_fn=loss_fn, optimizer=optimizer, precision=precision, checkpointing=checkpointing, transform=transform)
@@ -686,7 +706,7 @@ def fit_to_budget(model:nn.Module, # the model to plan for
         # smaller kernels keep the device less busy; a rough 10% per halving of the micro-batch
         return change(f"{desc_prefix}gradient accumulation: {steps} micro-batches of {micro}", {**over, 'micro_batch': micro},
                       slow0 + 0.1 * math.log2(b / micro))
-    singles = [change(*lv) for lv in sorted(_levers(target, precision, optimizer, checkpointing, transform, model), key=lambda l: l[2])]
+    singles = [change(*lv) for lv in sorted([*_levers(target, precision, optimizer, checkpointing, transform, model), *levers], key=lambda l: l[2])]
     out = [c for c in singles if c.saving > 0]
     if base.fits is not None and not base.fits and b > 1:
         acc = accumulation({})
@@ -704,7 +724,7 @@ def fit_to_budget(model:nn.Module, # the model to plan for
                 if acc: out.append(acc)
     return sorted(out, key=lambda c: (not c.fits, c.slowdown if c.fits else -c.saving))
 
-# %% ../nbs/01_budget.ipynb #c061
+# %% ../nbs/01_budget.ipynb #c062
 def _is_oom(e:BaseException)->bool:
     return isinstance(e, torch.OutOfMemoryError) or 'out of memory' in str(e).lower()
 
@@ -766,7 +786,7 @@ def find_batch_size(model:nn.Module, # the model; a copy is moved to `device`
         b = min(b - 1, int(b * backoff))
     raise BudgetTooSmallError(f"Not even a batch of 1 trains on {device}: the model, gradients and optimizer state do not fit.")
 
-# %% ../nbs/01_budget.ipynb #c066
+# %% ../nbs/01_budget.ipynb #c067
 def _gpu_choices()->list[str]:
     return ['cpu'] + [g.name for g in gpu_catalogue() if g.vendor in ('nvidia', 'amd')]
 

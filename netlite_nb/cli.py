@@ -44,6 +44,48 @@ def _probe(args):
 _probe.add_arguments = lambda p: p.add_argument('--json', action='store_true', help='print JSON (for bug reports)')
 
 # %% ../nbs/10_cli.ipynb #c012
+def _cli_model(name:str):
+    "A small MNIST-shaped model and a batch of one sample for `netlite plan`."
+    import torch
+    from torch import nn
+    if name == 'mlp': m = nn.Sequential(nn.Flatten(), nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    elif name == 'cnn':
+        m = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64),
+                          nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+    else: raise ValueError(f"unknown model {name!r}: use 'mlp' or 'cnn'")
+    return m, (torch.empty(1, 1, 28, 28, device='meta'), torch.empty(1, dtype=torch.long, device='meta'))
+
+@command('plan', 'Predict the memory of a training step on a GPU (or the CPU) and say whether it fits.')
+def _plan(args):
+    from netlite_nb.budget import plan_memory, max_batch_size, fit_to_budget, _resize, BudgetTooSmallError
+    from netlite_nb.probe import UnknownGPUError
+    try:
+        model, sample = _cli_model(args.model)
+        kw = dict(optimizer=args.optimizer, precision=args.precision, checkpointing='auto' if args.checkpointing else None)
+        plan = plan_memory(model, _resize(sample, args.batch_size), device_or_gpu=args.gpu, micro_batch=args.micro_batch, **kw)
+    except (UnknownGPUError, ValueError) as e:
+        print(f"netlite plan: {e}", file=sys.stderr); return 2
+    print(plan)
+    if args.suggest:
+        try: print(f"largest batch that fits: {max_batch_size(model, sample, device_or_gpu=args.gpu, **kw)}")
+        except BudgetTooSmallError as e: print(e)
+        if plan.fits is False:
+            for c in fit_to_budget(model, _resize(sample, args.batch_size), device_or_gpu=args.gpu, **kw): print(f"  - {c}")
+    return 0 if plan.fits is not False else 1
+
+def _plan_args(p):
+    p.add_argument('--model', default='mlp', help="model name: 'mlp' or 'cnn' (MNIST-shaped)")
+    p.add_argument('--batch-size', type=int, default=64)
+    p.add_argument('--gpu', default='cpu', help="a GPU name from the catalogue, e.g. 'gtx 1050 ti'; 'cuda' for this machine's GPU; 'cpu'")
+    p.add_argument('--precision', default='fp32', choices=['fp32', 'fp16', 'bf16'])
+    p.add_argument('--optimizer', default='adamw', choices=['sgd', 'adamw', 'adamw8bit'])
+    p.add_argument('--micro-batch', type=int, default=None, help='samples per forward/backward (gradient accumulation)')
+    p.add_argument('--checkpointing', action='store_true', help='checkpoint activations of about sqrt(n) block segments')
+    p.add_argument('--suggest', action='store_true', help='also print the largest batch that fits and changes that would make it fit')
+_plan.add_arguments = _plan_args
+
+# %% ../nbs/10_cli.ipynb #c012
 from .train import run_demo, train_from_config
 
 @command('demo', 'Train netlite_tiny on the embedded MNIST sample on this machine, evaluate it, checkpoint and export it: the whole book in one command.')
