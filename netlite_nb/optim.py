@@ -167,6 +167,7 @@ class AdamW8bit(torch.optim.Optimizer):
     def load_state_dict(self, state_dict:dict):
         "Load a state saved by `state_dict`, checking that every parameter's state has the parameter's shape."
         groups, saved = self.param_groups, state_dict['param_groups']
+        want = {}  # dtype of every saved state tensor, by parameter
         if len(groups) != len(saved):
             raise ValueError(f"The saved optimizer state has {len(saved)} parameter groups but this optimizer has {len(groups)}. "
                              "Build the optimizer with the same parameter groups as the one that was saved.")
@@ -180,10 +181,11 @@ class AdamW8bit(torch.optim.Optimizer):
                     raise ValueError(f"Optimizer state for parameter {_describe(g, i, p)} was saved for shape {tuple(st['shape'])}, "
                                      f"but the parameter now has shape {tuple(p.shape)}. Load it into the same architecture, "
                                      "or start a fresh optimizer for a changed model (moments cannot be reshaped meaningfully).")
+                if st: want[p] = {k: v.dtype for k, v in st.items() if isinstance(v, torch.Tensor)}
         super().load_state_dict(state_dict)
-        for st in self.state.values():  # the base class casts float state to the parameter's dtype; scales stay fp32
-            for k in ('exp_avg_absmax', 'exp_avg_sq_absmax'):
-                if k in st: st[k] = st[k].float()
+        # The base class casts all state to the parameter's dtype (uint8 codes would become 4-byte floats): undo that.
+        for p, dts in want.items():
+            for k, dt in dts.items(): self.state[p][k] = self.state[p][k].to(dt)
 
 def state_bytes(opt:torch.optim.Optimizer)->int:
     "Bytes of tensors held in an optimizer's state."
