@@ -42,3 +42,38 @@ def _probe(args):
     hw = probe()
     print(hw.to_json() if args.json else hw)
 _probe.add_arguments = lambda p: p.add_argument('--json', action='store_true', help='print JSON (for bug reports)')
+
+# %% ../nbs/10_cli.ipynb #c012
+from pathlib import Path
+
+@command('export', 'Export a checkpoint to ONNX (optionally INT8 or FP16), verified against PyTorch with ONNX Runtime.')
+def _export(args):
+    from netlite_nb.export import ExportError, export_onnx, model_from_checkpoint  # ONNX and its runtime load only for this command
+    from netlite_nb.data import mnist_sample, mnist_sample_loaders
+    try:
+        model, info = model_from_checkpoint(args.checkpoint, args.model)
+        shape = tuple(getattr(model, 'input_shape', (1, 28, 28)))
+        if shape != (1, 28, 28):
+            raise ValueError(f"`netlite export` verifies on the embedded MNIST sample (1×28×28 digits), but this model takes {shape}. "
+                             f"Export it from Python with export_onnx(model, sample, path, calibration=..., valid=...).")
+        out = args.out or info['weights'].parent / f"{info['name']}.onnx"
+        quantize = 'int8' if args.int8 else 'fp16' if args.fp16 else None
+        dls = mnist_sample_loaders(batch_size=64)
+        report = export_onnx(model, next(iter(dls.train))[0], out, opset=args.opset, dynamic_batch=not args.static_batch,
+                             quantize=quantize, calibration=dls.train if quantize == 'int8' else None, valid=mnist_sample()[1])
+    except (ExportError, OSError, ValueError) as e:
+        print(f"netlite export: {e}", file=sys.stderr)
+        return 1
+    print(report)
+    return 0
+
+def _export_args(p):
+    p.add_argument('checkpoint', help='a run directory, a checkpoint directory (step-*) or a .safetensors file')
+    p.add_argument('--model', help="chapter 05 model name, when the checkpoint has no config.yaml naming it")
+    q = p.add_mutually_exclusive_group()
+    q.add_argument('--int8', action='store_true', help='static INT8 (QDQ, per channel), calibrated on the MNIST sample')
+    q.add_argument('--fp16', action='store_true', help='half precision, for GPUs with fast fp16')
+    p.add_argument('--out', '-o', type=Path, help='the .onnx file to write (default: NAME.onnx next to the weights)')
+    p.add_argument('--opset', type=int, help="ONNX opset (default: the exporter's)")
+    p.add_argument('--static-batch', action='store_true', help='fix the batch size to that of the sample (64)')
+_export.add_arguments = _export_args

@@ -11,7 +11,8 @@ import numpy as np, torch, torch.nn as nn
 import onnx, onnxruntime as ort
 
 # %% auto #0
-__all__ = ['ExportError', 'onnx_session', 'run_onnx', 'calibration_batches', 'quantize_int8', 'ExportReport', 'export_onnx']
+__all__ = ['ExportError', 'onnx_session', 'run_onnx', 'calibration_batches', 'quantize_int8', 'ExportReport', 'export_onnx',
+           'model_from_checkpoint']
 
 # %% ../nbs/09_export.ipynb #c007
 class ExportError(RuntimeError):
@@ -411,3 +412,49 @@ def export_onnx(model:nn.Module,              # the trained model; it is not mod
         raise ExportError(f"The exported file does not compute what PyTorch computes ({bad}). Is there randomness or a "
                           f"Python branch on tensor values in forward?\n{r}")
     return r
+
+# %% ../nbs/09_export.ipynb #c059
+def _weights_file(path)->Path:
+    "The `model.safetensors` that `path` (a .safetensors file, a checkpoint directory or a run directory) names."
+    p = Path(path)
+    if p.is_file():
+        if p.suffix != '.safetensors': raise ValueError(f"{str(p)!r} is not a .safetensors file or a checkpoint directory.")
+        return p
+    if not p.is_dir(): raise FileNotFoundError(f"No checkpoint at {str(p)!r}.")
+    if (p/'model.safetensors').is_file(): return p/'model.safetensors'
+    latest = p/'latest'
+    if latest.is_file() and (p/latest.read_text().strip()/'model.safetensors').is_file(): return p/latest.read_text().strip()/'model.safetensors'
+    found = sorted(p.glob('step-*/model.safetensors'))
+    if not found: raise FileNotFoundError(f"No checkpoint in {str(p)!r}: looked for model.safetensors, latest and step-*/model.safetensors.")
+    return found[-1]
+
+def _model_config(weights:Path)->dict:
+    "The `model:` section of the run configuration next to a checkpoint (in its folder or the run directory above)."
+    import yaml
+    for d in (weights.parent, weights.parent.parent):
+        if (d/'config.yaml').is_file():
+            cfg = yaml.safe_load((d/'config.yaml').read_text()) or {}
+            for sec in (cfg.get('run') or {}, cfg):  # chapter 07 nests the user's configuration under `run:`
+                m = sec.get('model') if isinstance(sec, dict) else None
+                if isinstance(m, dict) and isinstance(m.get('name'), str): return m
+    return {}
+
+def model_from_checkpoint(path,                 # a run directory, a checkpoint directory or a .safetensors file
+                          name:str|None=None,   # chapter 05 model name; None: from the run's config.yaml
+                          **kwargs,             # passed to `create_model`, over the configuration's `model.kwargs`
+                         )->tuple[nn.Module, dict]:
+    "Rebuild the model a chapter 07 checkpoint holds; returns (model in eval mode, what was loaded)."
+    from netlite_nb.models import create_model
+    import safetensors.torch as st
+    w = _weights_file(path)
+    cfg = _model_config(w)
+    name = name or cfg.get('name')
+    if not name:
+        raise ValueError(f"Which model are the weights in {str(w)!r} for? No config.yaml with `model: {{name: ...}}` next to it; "
+                         f"pass the name (`--model netlite_tiny` on the command line).")
+    kw = {**(cfg.get('kwargs') or {}), **kwargs}
+    model = create_model(name, **kw)
+    try: st.load_model(model, str(w), device='cpu')
+    except RuntimeError as e:
+        raise ValueError(f"The weights in {str(w)!r} do not fit create_model({name!r}, **{kw}): {str(e).splitlines()[0][:300]}") from None
+    return model.eval(), {'weights': w, 'name': name, 'kwargs': kw}
