@@ -85,7 +85,7 @@ def _plan_args(p):
     p.add_argument('--suggest', action='store_true', help='also print the largest batch that fits and changes that would make it fit')
 _plan.add_arguments = _plan_args
 
-# %% ../nbs/10_cli.ipynb #c012
+# %% ../nbs/10_cli.ipynb #35cc18e5
 from .train import run_demo, train_from_config
 
 @command('demo', 'Train netlite_tiny on the embedded MNIST sample on this machine, evaluate it, checkpoint and export it: the whole book in one command.')
@@ -126,3 +126,38 @@ def _train_args(p):
     p.add_argument('--resume', default=None, metavar='RUN_DIR', help='continue the run saved in RUN_DIR')
     p.add_argument('--quiet', action='store_true', help='no progress bar or run description')
 _train.add_arguments = _train_args
+
+# %% ../nbs/10_cli.ipynb #c012
+from pathlib import Path
+
+@command('export', 'Export a checkpoint to ONNX (optionally INT8 or FP16), verified against PyTorch with ONNX Runtime.')
+def _export(args):
+    from netlite_nb.export import ExportError, export_onnx, model_from_checkpoint  # ONNX and its runtime load only for this command
+    from netlite_nb.data import mnist_sample, mnist_sample_loaders
+    try:
+        model, info = model_from_checkpoint(args.checkpoint, args.model)
+        shape = tuple(getattr(model, 'input_shape', (1, 28, 28)))
+        if shape != (1, 28, 28):
+            raise ValueError(f"`netlite export` verifies on the embedded MNIST sample (1×28×28 digits), but this model takes {shape}. "
+                             f"Export it from Python with export_onnx(model, sample, path, calibration=..., valid=...).")
+        out = args.out or info['weights'].parent / f"{info['name']}.onnx"
+        quantize = 'int8' if args.int8 else 'fp16' if args.fp16 else None
+        dls = mnist_sample_loaders(batch_size=64)
+        report = export_onnx(model, next(iter(dls.train))[0], out, opset=args.opset, dynamic_batch=not args.static_batch,
+                             quantize=quantize, calibration=dls.train if quantize == 'int8' else None, valid=mnist_sample()[1])
+    except (ExportError, OSError, ValueError) as e:
+        print(f"netlite export: {e}", file=sys.stderr)
+        return 1
+    print(report)
+    return 0
+
+def _export_args(p):
+    p.add_argument('checkpoint', help='a run directory, a checkpoint directory (step-*) or a .safetensors file')
+    p.add_argument('--model', help="chapter 05 model name, when the checkpoint has no config.yaml naming it")
+    q = p.add_mutually_exclusive_group()
+    q.add_argument('--int8', action='store_true', help='static INT8 (QDQ, per channel), calibrated on the MNIST sample')
+    q.add_argument('--fp16', action='store_true', help='half precision, for GPUs with fast fp16')
+    p.add_argument('--out', '-o', type=Path, help='the .onnx file to write (default: NAME.onnx next to the weights)')
+    p.add_argument('--opset', type=int, help="ONNX opset (default: the exporter's)")
+    p.add_argument('--static-batch', action='store_true', help='fix the batch size to that of the sample (64)')
+_export.add_arguments = _export_args
