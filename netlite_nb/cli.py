@@ -93,7 +93,7 @@ def _demo(args):
     r = run_demo(run_dir=args.out, epochs=args.epochs, steps=args.steps, seed=args.seed, device=args.device,
                  export=not args.no_export, progress=False if args.quiet else None, verbose=not args.quiet)
     print(r)
-    return 130 if 'interrupted' in r.checkpoint else 0
+    return 130 if r.interrupted else 0
 
 def _demo_args(p):
     p.add_argument('--out', default='runs/demo', help='run directory for the checkpoint, config.yaml and ONNX files (default runs/demo)')
@@ -127,7 +127,7 @@ def _train_args(p):
     p.add_argument('--quiet', action='store_true', help='no progress bar or run description')
 _train.add_arguments = _train_args
 
-# %% ../nbs/10_cli.ipynb #c012
+# %% ../nbs/10_cli.ipynb #37ab7724
 from pathlib import Path
 
 @command('export', 'Export a checkpoint to ONNX (optionally INT8 or FP16), verified against PyTorch with ONNX Runtime.')

@@ -983,6 +983,7 @@ class DemoResult:
     plan_peak:int|None=None
     export:object=None      # chapter 09 `ExportReport`, when it ran
     notes:list=field(default_factory=list)
+    interrupted:bool=False  # stopped by Ctrl-C (the checkpoint holds the last finished step)
 
     def rows(self)->list[tuple[str,str]]:
         r = [('Device', f"{self.device}, strategy {self.strategy}, {self.precision}"),
@@ -1001,7 +1002,7 @@ class DemoResult:
                       for k, v in self.rows())
         return f"<div><b>netlite demo</b><table>{trs}</table></div>"
 
-DEMO = dict(model='netlite_tiny', epochs=4, batch_size=64, lr=3e-3, ema=None, augment=False)
+DEMO = dict(model='netlite_tiny', epochs=4, batch_size=64, lr=4e-3, weight_decay=0.05, warmup=0.2, label_smoothing=0.05, ema=None, augment=False)
 
 def run_demo(run_dir='runs/demo', # where the checkpoint, config.yaml and the ONNX files go
              epochs:int|None=None, # default `DEMO['epochs']`
@@ -1022,7 +1023,8 @@ def run_demo(run_dir='runs/demo', # where the checkpoint, config.yaml and the ON
     dls = data.mnist_sample_loaders(batch_size=strat.micro_batch, strategy=strat, augment=DEMO['augment'], seed=seed)
     cfg = {'model': {'name': DEMO['model'], 'kwargs': {}}, 'data': {'name': 'mnist_sample', 'batch_size': DEMO['batch_size']},
            'demo': {k: v for k, v in DEMO.items()}, 'seed': seed}
-    trainer = Trainer(model, dls, strategy=strat, lr=DEMO['lr'], ema=DEMO['ema'], run_dir=run_dir, seed=seed,
+    trainer = Trainer(model, dls, strategy=strat, lr=DEMO['lr'], weight_decay=DEMO['weight_decay'], warmup=DEMO['warmup'],
+                      loss_fn=nn.CrossEntropyLoss(label_smoothing=DEMO['label_smoothing']), ema=DEMO['ema'], run_dir=run_dir, seed=seed,
                       callbacks=callbacks, progress=progress, verbose=verbose, config=cfg)
     trainer.fit(epochs=None if steps else (epochs or DEMO['epochs']), steps=steps)
     m = trainer.last_metrics
@@ -1031,4 +1033,5 @@ def run_demo(run_dir='runs/demo', # where the checkpoint, config.yaml and the ON
     train_s = trainer._elapsed
     return DemoResult(str(trainer.device), strat.name, trainer.precision.name, trainer.micro_batch, trainer.accum_steps,
                       trainer.epoch, trainer.step, m.get('accuracy', float('nan')), m.get('valid_loss', float('nan')),
-                      train_s, time.perf_counter() - t0, str(ck), getattr(trainer.plan, 'peak', None), rep, list(trainer.notes))
+                      train_s, time.perf_counter() - t0, str(ck), getattr(trainer.plan, 'peak', None), rep, list(trainer.notes),
+                      trainer.interrupted)
