@@ -792,6 +792,9 @@ def _setup_run(self:Trainer, epochs, steps, resume):
                 self.opt.load_state_dict(self._ckpt['optimizer'])
                 if self._ckpt['scheduler'] is not None: self.scheduler.load_state_dict(self._ckpt['scheduler'])
     elif self.lr_schedule is not None: raise ValueError(f"lr_schedule must be 'cosine', 'constant' (after warmup) or None, not {self.lr_schedule!r}.")
+    sp = getattr(self.strategy, 'plan', None)  # chapter 06 sized the strategy with the planner: reuse that plan if it is this run's
+    if self.want_plan and self.plan is None and sp is not None and (getattr(sp, 'micro_batch', None), getattr(sp, 'batch_size', None)) == (self.micro_batch, self.effective_batch):
+        self.plan = sp
     if self.want_plan and self.plan is None:
         state = rng_state()
         self.plan, _, notes = self._plan_and_suggest(self.micro_batch)
@@ -1002,7 +1005,7 @@ class DemoResult:
                       for k, v in self.rows())
         return f"<div><b>netlite demo</b><table>{trs}</table></div>"
 
-DEMO = dict(model='netlite_tiny', epochs=4, batch_size=64, lr=4e-3, weight_decay=0.05, warmup=0.2, label_smoothing=0.05, ema=None, augment=False)
+DEMO = dict(model='netlite_tiny', epochs=8, batch_size=64, lr=4e-3, weight_decay=0.05, warmup=0.2, label_smoothing=0.05, ema=None, augment=True)
 
 def run_demo(run_dir='runs/demo', # where the checkpoint, config.yaml and the ONNX files go
              epochs:int|None=None, # default `DEMO['epochs']`
