@@ -995,7 +995,12 @@ class DemoResult:
              ('Time', f"training {self.train_seconds:.1f} s, whole demo {self.total_seconds:.1f} s"),
              ('Checkpoint', self.checkpoint)]
         if self.plan_peak: r.insert(2, ('Planned peak', _fmt_bytes(self.plan_peak)))
-        if self.export is not None: r.append(('Export', str(self.export).splitlines()[0] if str(self.export) else repr(self.export)))
+        e = self.export
+        if e is not None:
+            acc = getattr(e, 'accuracy', None) or {}
+            r.append(('Export', f"{getattr(e, 'path', '?')} ({getattr(e, 'precision', '?')}, {_fmt_bytes(getattr(e, 'size', None))})"
+                      + (f"; ONNX Runtime accuracy {acc[e.precision]:.2f}% vs PyTorch {acc['pytorch']:.2f}%" if e.precision in acc and 'pytorch' in acc else '')
+                      + (f"; top-1 agreement {e.agreement[e.precision]:.1f}%" if e.precision in (getattr(e, 'agreement', None) or {}) else '')))
         return r + [('Note', n) for n in self.notes]
     def __str__(self):
         rows = self.rows(); w = max(len(k) for k, _ in rows)
