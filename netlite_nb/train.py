@@ -469,7 +469,8 @@ def _compute_window(self:Trainer, batches:list)->tuple[torch.Tensor, int]:
             scaled = loss * w if w != 1 else loss
             (self.scaler.scale(scaled) if self.precision.use_scaler else scaled).backward()
             self.loss = loss.detach()
-            total = self.loss * w if total is None else total + self.loss * w
+            part = self.loss * w if w != 1 else self.loss
+            total = part if total is None else total + part
             self._call('after_backward'); self._call('after_batch')
     self._in_update = True
     if self.clip_grad:
