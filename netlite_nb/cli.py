@@ -42,3 +42,122 @@ def _probe(args):
     hw = probe()
     print(hw.to_json() if args.json else hw)
 _probe.add_arguments = lambda p: p.add_argument('--json', action='store_true', help='print JSON (for bug reports)')
+
+# %% ../nbs/10_cli.ipynb #c012
+def _cli_model(name:str):
+    "A small MNIST-shaped model and a batch of one sample for `netlite plan`."
+    import torch
+    from torch import nn
+    if name == 'mlp': m = nn.Sequential(nn.Flatten(), nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    elif name == 'cnn':
+        m = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64),
+                          nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+    else: raise ValueError(f"unknown model {name!r}: use 'mlp' or 'cnn'")
+    return m, (torch.empty(1, 1, 28, 28, device='meta'), torch.empty(1, dtype=torch.long, device='meta'))
+
+@command('plan', 'Predict the memory of a training step on a GPU (or the CPU) and say whether it fits.')
+def _plan(args):
+    from netlite_nb.budget import plan_memory, max_batch_size, fit_to_budget, _resize, BudgetTooSmallError
+    from netlite_nb.probe import UnknownGPUError
+    try:
+        model, sample = _cli_model(args.model)
+        kw = dict(optimizer=args.optimizer, precision=args.precision, checkpointing='auto' if args.checkpointing else None)
+        plan = plan_memory(model, _resize(sample, args.batch_size), device_or_gpu=args.gpu, micro_batch=args.micro_batch, **kw)
+    except (UnknownGPUError, ValueError) as e:
+        print(f"netlite plan: {e}", file=sys.stderr); return 2
+    print(plan)
+    if args.suggest:
+        try: print(f"largest batch that fits: {max_batch_size(model, sample, device_or_gpu=args.gpu, **kw)}")
+        except BudgetTooSmallError as e: print(e)
+        if plan.fits is False:
+            for c in fit_to_budget(model, _resize(sample, args.batch_size), device_or_gpu=args.gpu, **kw): print(f"  - {c}")
+    return 0 if plan.fits is not False else 1
+
+def _plan_args(p):
+    p.add_argument('--model', default='mlp', help="model name: 'mlp' or 'cnn' (MNIST-shaped)")
+    p.add_argument('--batch-size', type=int, default=64)
+    p.add_argument('--gpu', default='cpu', help="a GPU name from the catalogue, e.g. 'gtx 1050 ti'; 'cuda' for this machine's GPU; 'cpu'")
+    p.add_argument('--precision', default='fp32', choices=['fp32', 'fp16', 'bf16'])
+    p.add_argument('--optimizer', default='adamw', choices=['sgd', 'adamw', 'adamw8bit'])
+    p.add_argument('--micro-batch', type=int, default=None, help='samples per forward/backward (gradient accumulation)')
+    p.add_argument('--checkpointing', action='store_true', help='checkpoint activations of about sqrt(n) block segments')
+    p.add_argument('--suggest', action='store_true', help='also print the largest batch that fits and changes that would make it fit')
+_plan.add_arguments = _plan_args
+
+# %% ../nbs/10_cli.ipynb #35cc18e5
+from .train import run_demo, train_from_config
+
+@command('demo', 'Train netlite_tiny on the embedded MNIST sample on this machine, evaluate it, checkpoint and export it: the whole book in one command.')
+def _demo(args):
+    r = run_demo(run_dir=args.out, epochs=args.epochs, steps=args.steps, seed=args.seed, device=args.device,
+                 export=not args.no_export, progress=False if args.quiet else None, verbose=not args.quiet)
+    print(r)
+    return 130 if r.interrupted else 0
+
+def _demo_args(p):
+    p.add_argument('--out', default='runs/demo', help='run directory for the checkpoint, config.yaml and ONNX files (default runs/demo)')
+    p.add_argument('--epochs', type=int, default=None, help='passes over the 4,000 training images (default: the demo recipe)')
+    p.add_argument('--steps', type=int, default=None, help='stop after this many optimizer steps (a quick check)')
+    p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--device', default=None, help="override the strategy's device, e.g. cpu")
+    p.add_argument('--no-export', action='store_true', help='skip the ONNX export')
+    p.add_argument('--quiet', action='store_true', help='no progress bar or run description, just the summary')
+_demo.add_arguments = _demo_args
+
+# %% ../nbs/10_cli.ipynb #c016
+@command('train', 'Train from a run configuration (YAML): strategy, model, data, optimizer, schedule, epochs; --set overrides; --resume continues.')
+def _train(args):
+    try:
+        t = train_from_config(args.config, overrides=args.set, run_dir=args.out, resume=args.resume,
+                              progress=False if args.quiet else None, verbose=not args.quiet)
+    except (ValueError, LookupError, FileNotFoundError, ImportError) as e:
+        print(f"netlite train: {e}", file=sys.stderr); return 2
+    m = t.last_metrics
+    print(f"{t.step} optimizer steps, {t.epoch} epochs" + (f"; valid loss {m['valid_loss']:.4f}" if 'valid_loss' in m else '')
+          + (f", accuracy {100*m['accuracy']:.2f}%" if 'accuracy' in m else '') + f"; run directory {t.run_dir}")
+    if getattr(t, 'export_report', None) is not None: print(t.export_report)
+    return 130 if t.interrupted else 0
+
+def _train_args(p):
+    p.add_argument('config', help='the run configuration, a YAML file')
+    p.add_argument('--set', action='append', default=[], metavar='KEY=VALUE', help='override a key, e.g. --set train.epochs=2 (repeatable)')
+    p.add_argument('--out', default=None, help='run directory (default: train.checkpoint_dir/MODEL-TIMESTAMP)')
+    p.add_argument('--resume', default=None, metavar='RUN_DIR', help='continue the run saved in RUN_DIR')
+    p.add_argument('--quiet', action='store_true', help='no progress bar or run description')
+_train.add_arguments = _train_args
+
+# %% ../nbs/10_cli.ipynb #37ab7724
+from pathlib import Path
+
+@command('export', 'Export a checkpoint to ONNX (optionally INT8 or FP16), verified against PyTorch with ONNX Runtime.')
+def _export(args):
+    from netlite_nb.export import ExportError, export_onnx, model_from_checkpoint  # ONNX and its runtime load only for this command
+    from netlite_nb.data import mnist_sample, mnist_sample_loaders
+    try:
+        model, info = model_from_checkpoint(args.checkpoint, args.model)
+        shape = tuple(getattr(model, 'input_shape', (1, 28, 28)))
+        if shape != (1, 28, 28):
+            raise ValueError(f"`netlite export` verifies on the embedded MNIST sample (1×28×28 digits), but this model takes {shape}. "
+                             f"Export it from Python with export_onnx(model, sample, path, calibration=..., valid=...).")
+        out = args.out or info['weights'].parent / f"{info['name']}.onnx"
+        quantize = 'int8' if args.int8 else 'fp16' if args.fp16 else None
+        dls = mnist_sample_loaders(batch_size=64)
+        report = export_onnx(model, next(iter(dls.train))[0], out, opset=args.opset, dynamic_batch=not args.static_batch,
+                             quantize=quantize, calibration=dls.train if quantize == 'int8' else None, valid=mnist_sample()[1])
+    except (ExportError, OSError, ValueError) as e:
+        print(f"netlite export: {e}", file=sys.stderr)
+        return 1
+    print(report)
+    return 0
+
+def _export_args(p):
+    p.add_argument('checkpoint', help='a run directory, a checkpoint directory (step-*) or a .safetensors file')
+    p.add_argument('--model', help="chapter 05 model name, when the checkpoint has no config.yaml naming it")
+    q = p.add_mutually_exclusive_group()
+    q.add_argument('--int8', action='store_true', help='static INT8 (QDQ, per channel), calibrated on the MNIST sample')
+    q.add_argument('--fp16', action='store_true', help='half precision, for GPUs with fast fp16')
+    p.add_argument('--out', '-o', type=Path, help='the .onnx file to write (default: NAME.onnx next to the weights)')
+    p.add_argument('--opset', type=int, help="ONNX opset (default: the exporter's)")
+    p.add_argument('--static-batch', action='store_true', help='fix the batch size to that of the sample (64)')
+_export.add_arguments = _export_args

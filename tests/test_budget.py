@@ -1,0 +1,157 @@
+"Chapter 01 checks: the tracer against hand arithmetic and a real process, categories, phases, precision, bad input, the solvers, the CLI."
+import gc, os, subprocess, sys, weakref
+from pathlib import Path
+import pytest, torch
+from torch import nn
+from netlite_nb.budget import (BudgetTooSmallError, CUDA_CONTEXT_BYTES, ShapeMismatchError, _resize, find_batch_size, fit_to_budget,
+                               max_batch_size, plan_memory, trace_step)
+from netlite_nb.probe import UnknownGPUError, lookup_gpu
+
+ROOT = Path(__file__).resolve().parents[1]
+MNIST = (torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,)))
+
+def mlp(): return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+
+def cnn(): return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1, groups=16),
+                                nn.Conv2d(16, 32, 1), nn.BatchNorm2d(32), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+def nparams(m): return sum(p.numel() for p in m.parameters())
+
+
+def test_plain_sgd_step_by_hand():
+    # y = x @ W.T, loss = mean(y); SGD without momentum updates in place. Live at the peak (backward, computing dW):
+    # W, x, y (the loop still holds the output), dL/dy (expanded from the scalar seed into its own 64x256 storage),
+    # dW, and two scalars: the loss and its gradient seed.
+    m = nn.Linear(512, 256, bias=False)
+    x = torch.randn(64, 512)
+    p = plan_memory(m, x, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+    W, X, G = 256 * 512 * 4, 64 * 512 * 4, 64 * 256 * 4
+    assert p.peak == W + X + G + G + W + 4 + 4
+    assert p.breakdown['optimizer'] == 0 and p.peak_phase == 'backward'
+
+
+def test_adamw_state_is_8_bytes_per_parameter_and_peaks_in_the_step():
+    m = mlp()
+    p = plan_memory(m, MNIST)
+    assert p.peak_phase == 'optimizer'
+    assert p.breakdown['optimizer'] == 8 * nparams(m)
+    assert p.breakdown['weights'] == p.breakdown['gradients'] == 4 * nparams(m)
+
+
+def test_optimizer_as_class_callable_and_plugged_in_8bit_state():
+    class Fake8bit(torch.optim.Optimizer):
+        "Stands in for chapter 03's AdamW8bit: one uint8 state byte per parameter."
+        def __init__(self, params, lr=1e-3): super().__init__(params, dict(lr=lr))
+        @torch.no_grad()
+        def step(self):
+            for g in self.param_groups:
+                for p in g['params']:
+                    st = self.state[p]
+                    if not st: st['q'] = torch.zeros_like(p, dtype=torch.uint8)
+                    p.add_(p.grad, alpha=-g['lr'])
+    m = mlp()
+    assert plan_memory(m, MNIST, optimizer=Fake8bit).breakdown['optimizer'] == nparams(m)
+    sgd = plan_memory(m, MNIST, optimizer=torch.optim.SGD)
+    assert sgd.breakdown['optimizer'] == 0 and sgd.optimizer == 'SGD'
+    assert plan_memory(m, MNIST, optimizer='sgd').breakdown['optimizer'] == 4 * nparams(m)  # momentum buffer
+
+
+def test_categories_sum_to_total_and_phases_are_recorded():
+    for dev in (None, 'cpu', 'gtx 1050 ti', 'rtx 4090'):
+        p = plan_memory(cnn(), MNIST, device_or_gpu=dev)
+        assert sum(p.breakdown.values()) == p.total
+        assert p.total >= p.reserved >= p.peak
+    p = plan_memory(cnn(), MNIST, device_or_gpu='gtx 1050 ti')
+    assert p.total - p.reserved == CUDA_CONTEXT_BYTES and p.reserved % (2 * 2**20) == 0  # segments are 2 MiB multiples
+    assert p.peak_phase == 'backward' and p.breakdown['activations'] > 0
+    phases = {r.phase for r in trace_step(cnn(), MNIST).tracker.allocs}
+    assert {'forward', 'loss', 'backward', 'optimizer'} <= phases
+
+
+def test_real_cpu_process_within_5_percent():
+    "One case of bench/budget_accuracy.py: a fresh process's peak RSS for the same two steps."
+    sys.path.insert(0, str(ROOT / 'bench'))
+    import budget_accuracy as B
+    pred, meas = B.predicted('cnn', 16), B.measured('cnn', 16)
+    assert abs(pred - meas) / meas < 0.05, (pred, meas)
+
+
+def test_precision_effects():
+    m = mlp()
+    b = _resize(MNIST, 256)
+    f32, b16, f16 = (plan_memory(m, b, precision=p) for p in ('fp32', 'bf16', 'fp16'))
+    assert b16.breakdown['weights'] == f32.breakdown['weights']             # fp32 master weights stay
+    assert b16.by_module['2'] * 2 == f32.by_module['2']                    # half-size saved activations
+    cats = {r.category for r in trace_step(m, b, precision='bf16').tracker.allocs}
+    assert 'weight copies' in cats
+    assert f16.by_module['4'] * 2 == f32.by_module['4']
+    # autocast also saves a bf16 copy of the fp32 input for the first matmul: an activation fp32 training does not have
+    assert b16.by_module['1'] == 256 * 784 * 2
+    assert any('GradScaler' in n for n in f16.notes)
+    with pytest.raises(ValueError, match="precision"): plan_memory(m, b, precision='fp8')
+
+
+def test_checkpointing_and_micro_batches_save_activations():
+    blocks = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.GELU()) for _ in range(8)], nn.Linear(256, 10))
+    x = (torch.randn(512, 256), torch.randint(0, 10, (512,)))
+    base = plan_memory(blocks, x, optimizer='sgd')
+    ck = plan_memory(blocks, x, optimizer='sgd', checkpointing='auto')
+    assert ck.peak < base.peak and ck.saved_activations < base.saved_activations
+    mb = plan_memory(blocks, x, optimizer='sgd', micro_batch=128)
+    assert mb.micro_batch == 128 and mb.peak < base.peak
+
+
+def test_bad_inputs_say_what_is_wrong():
+    with pytest.raises(ShapeMismatchError, match=r"layer `1` \(Linear\).*\(8, 900\).*last dimension 784"):
+        plan_memory(mlp(), torch.randn(8, 1, 30, 30))
+    with pytest.raises(ShapeMismatchError, match=r"layer `0` \(Conv2d\).*1 channels"):
+        plan_memory(cnn(), torch.randn(8, 3, 28, 28))
+    with pytest.raises(UnknownGPUError, match="Closest"):
+        plan_memory(mlp(), MNIST, device_or_gpu='rtx 3061')
+    with pytest.raises(BudgetTooSmallError, match="Even a batch of 1"):
+        max_batch_size(mlp(), MNIST, budget=2**20)
+
+
+def test_max_batch_size_is_monotonic_and_tight():
+    m = cnn()
+    sizes = [max_batch_size(m, MNIST, budget=mb * 2**20) for mb in (32, 64, 128)]
+    assert sizes[0] < sizes[1] < sizes[2]
+    b = sizes[1]
+    assert plan_memory(m, _resize(MNIST, b), budget=64 * 2**20).fits
+    assert not plan_memory(m, _resize(MNIST, b + 1), budget=64 * 2**20).fits
+
+
+def test_fit_to_budget_proposes_a_plan_that_fits():
+    m = cnn()
+    batch = _resize(MNIST, 512)
+    budget = plan_memory(m, batch).total // 3
+    changes = fit_to_budget(m, batch, budget=budget)
+    assert changes and changes[0].fits and changes[0].new_plan.total <= budget
+    assert all(c.saving > 0 for c in changes)
+    acc = [c for c in changes if 'accumulation' in c.description]
+    assert acc and acc[0].new_plan.micro_batch < 512 and acc[0].new_plan.batch_size == 512
+    pascal = fit_to_budget(m, batch, budget=budget, device_or_gpu='gtx 1050 ti')
+    assert any('slow on this GPU' in c.description for c in pascal)   # fp16 on Pascal is offered with its warning
+
+
+def test_find_batch_size_backs_off_and_frees_the_failed_attempt():
+    held = []
+    def attempt(b):
+        if held: assert held[-1]() is None, "the previous attempt's tensors are still alive"
+        t = torch.empty(b, 1024)
+        held.append(weakref.ref(t))
+        if b > 20: raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {b} MiB")
+    assert find_batch_size(cnn(), MNIST, device='cpu', start=50, try_batch=attempt) == 20
+    assert find_batch_size(cnn(), MNIST, device='cpu', start=4) == 4   # the real check: 2 steps + eval on the CPU
+
+
+def test_cli_plan():
+    env = {**os.environ, 'PYTHONPATH': str(ROOT)}
+    cmd = [sys.executable, '-c', 'import sys; from netlite_nb.cli import main; sys.exit(main(sys.argv[1:]))']
+    r = subprocess.run(cmd + ['plan', '--model', 'cnn', '--batch-size', '64', '--gpu', 'gtx 1050 ti'], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert 'GeForce GTX 1050 Ti' in r.stdout and 'CUDA context' in r.stdout and 'fits' in r.stdout
+    r = subprocess.run(cmd + ['plan', '--model', 'cnn', '--batch-size', '4096', '--gpu', 'mx450', '--suggest'], capture_output=True, text=True, env=env)
+    assert r.returncode == 1 and 'does NOT fit' in r.stdout and 'largest batch that fits' in r.stdout
+    r = subprocess.run(cmd + ['plan', '--gpu', 'rtx 3061'], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and 'Closest' in r.stderr
