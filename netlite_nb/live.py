@@ -134,10 +134,11 @@ def _new_figure(figsize=(10, 3.2), dpi=80)->tuple[Figure, tuple]:
 
 # %% ../nbs/08_live.ipynb #c019
 def _mark_events(ax, events):
-    for step, kind, text in events:
-        ax.axvline(step, color='tab:red' if kind == 'oom' else 'tab:purple', ls=':', lw=1.2)
-        ax.annotate(text, (step, 1), xycoords=('data', 'axes fraction'), xytext=(2, -10), textcoords='offset points',
-                    fontsize=7, color='tab:red' if kind == 'oom' else 'tab:purple', va='top')
+    for i, (step, kind, text) in enumerate(events):
+        color = 'tab:red' if kind == 'oom' else 'tab:purple'
+        ax.axvline(step, color=color, ls=':', lw=1.2)
+        ax.annotate(text, (step, 1), xycoords=('data', 'axes fraction'), xytext=(2, -4 - 9*(i % 4)), textcoords='offset points',
+                    fontsize=7, color=color, va='top')
 
 def _draw_loss(ax, train:Downsampled|None, valid:Downsampled|None, events=()):
     "Train and validation loss over steps; metrics such as accuracy on a right-hand axis."
@@ -149,17 +150,18 @@ def _draw_loss(ax, train:Downsampled|None, valid:Downsampled|None, events=()):
         metrics = [m for m in valid.names if m not in ('step', 'valid_loss')]
     ax.set_xlabel('step'); ax.set_title('loss', fontsize=10); ax.grid(alpha=.3)
     _mark_events(ax, events)
-    handles, labels = ax.get_legend_handles_labels()
+    handles, labels, top = *ax.get_legend_handles_labels(), ax
     if metrics:
         ax2 = ax._netlite_twin if hasattr(ax, '_netlite_twin') else ax.twinx()
         ax._netlite_twin = ax2
         ax2.clear()
+        ax2.yaxis.tick_right(); ax2.yaxis.set_label_position('right')  # clear() moves a twin's axis back to the left
         for m, c in zip(metrics, ('tab:green', 'tab:olive', 'tab:cyan', 'tab:pink')):
             ax2.plot(valid.column('step'), valid.column(m), 's--', ms=3, lw=1, color=c, label=m)
         ax2.set_ylabel(', '.join(metrics), fontsize=8)
         h2, l2 = ax2.get_legend_handles_labels()
-        handles, labels = handles + h2, labels + l2
-    if handles: ax.legend(handles, labels, fontsize=7, loc='upper right')
+        handles, labels, top = handles + h2, labels + l2, ax2
+    if handles: top.legend(handles, labels, fontsize=7, loc='upper right')  # on the twin, else its lines cover the legend
 
 def _draw_memory(ax, mem:Downsampled|None, total=None, plan_peak=None, events=()):
     "Memory over steps (GB): allocated, reserved, peak; the device total and the plan's predicted peak as lines."
@@ -184,7 +186,7 @@ def _draw_memory(ax, mem:Downsampled|None, total=None, plan_peak=None, events=()
     ax.set_ylim(bottom=0)
     ax.set_xlabel('step'); ax.set_title(title, fontsize=10); ax.grid(alpha=.3)
     _mark_events(ax, events)
-    if ax.get_legend_handles_labels()[0]: ax.legend(fontsize=7, loc='lower right')
+    if ax.get_legend_handles_labels()[0]: ax.legend(fontsize=7, loc='best', ncol=2)
 
 # %% ../nbs/08_live.ipynb #c021
 _NOT_METRICS = {'step', 'epoch', 'time', 'samples', 'lr', 'loss', 'valid_loss'}
