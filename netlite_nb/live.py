@@ -182,8 +182,9 @@ def _draw_memory(ax, mem:Downsampled|None, total=None, plan_peak=None, events=()
     title = 'memory (GB)'
     if total and (not top or total <= 4 * top):
         ax.axhline(total / _GB, color='0.3', lw=1.5, label=f'device total {_fmt_bytes(total)}')
+        top = max(top, total)
     elif total: title += f' · device total {_fmt_bytes(total)}'
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, top / _GB * 1.3 if top else None)  # headroom for the legend
     ax.set_xlabel('step'); ax.set_title(title, fontsize=10); ax.grid(alpha=.3)
     _mark_events(ax, events)
     if ax.get_legend_handles_labels()[0]: ax.legend(fontsize=7, loc='best', ncol=2)
@@ -344,12 +345,13 @@ class LiveDashboard(Callback):
             self.bar.close()
             print(self.header(trainer, html_=False))
             return
-        png = self._render(trainer, title=True)
         if self.shown == 'widget':
-            self.image.value = png
+            self.image.value = self._render(trainer)
             self.head.value = self.header(trainer)
-            if self.handle is not None: self.handle.update(self._bundle(png), raw=True)
+            # viewers without widgets get the same picture with the header as its title
+            if self.handle is not None: self.handle.update(self._bundle(self._render(trainer, title=True)), raw=True)
         else:
+            png = self._render(trainer, title=True)
             from IPython.display import Image
             _display(Image(png))
 
