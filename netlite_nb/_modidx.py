@@ -102,6 +102,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'netlite_nb.live.LiveDashboard.after_batch': ('live.html#livedashboard.after_batch', 'netlite_nb/live.py'),
                                  'netlite_nb.live.LiveDashboard.after_epoch': ('live.html#livedashboard.after_epoch', 'netlite_nb/live.py'),
                                  'netlite_nb.live.LiveDashboard.after_fit': ('live.html#livedashboard.after_fit', 'netlite_nb/live.py'),
+                                 'netlite_nb.live.LiveDashboard.after_step': ('live.html#livedashboard.after_step', 'netlite_nb/live.py'),
                                  'netlite_nb.live.LiveDashboard.after_validate': ( 'live.html#livedashboard.after_validate',
                                                                                    'netlite_nb/live.py'),
                                  'netlite_nb.live.LiveDashboard.before_fit': ('live.html#livedashboard.before_fit', 'netlite_nb/live.py'),

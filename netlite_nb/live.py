@@ -8,27 +8,12 @@ import base64, collections, html, io, math, sys, time
 import numpy as np
 from matplotlib.figure import Figure
 from .probe import device_memory, MemoryReading
+from .train import Callback
 
 # %% auto #0
 __all__ = ['Downsampled', 'frontend', 'plot_history', 'plot_memory', 'LiveDashboard']
 
-# %% ../nbs/08_live.ipynb #c004
-try: from netlite_nb.train import Callback
-except ImportError:  # chapter 07 not merged yet: the same no-op protocol, so the dashboard plugs in unchanged
-    class Callback:
-        "No-op training callback; each method gets the trainer."
-        def before_fit(self, trainer): pass
-        def after_fit(self, trainer): pass
-        def before_epoch(self, trainer): pass
-        def after_epoch(self, trainer): pass
-        def before_batch(self, trainer): pass
-        def after_batch(self, trainer): pass
-        def after_backward(self, trainer): pass
-        def after_step(self, trainer): pass
-        def after_validate(self, trainer): pass
-        def on_oom(self, trainer, report): pass
-
-# %% ../nbs/08_live.ipynb #c008
+# %% ../nbs/08_live.ipynb #c007
 _REDUCE = ('mean', 'max', 'last')
 
 class Downsampled:
@@ -93,7 +78,7 @@ class Downsampled:
 
     def __repr__(self): return f"Downsampled({len(self)} rows of {self.count} points, stride {self.stride}, capacity {self.capacity})"
 
-# %% ../nbs/08_live.ipynb #c013
+# %% ../nbs/08_live.ipynb #c012
 def _ipython():
     try: from IPython import get_ipython
     except ImportError: return None
@@ -109,7 +94,7 @@ def frontend(shell=None)->str:
     if 'TerminalInteractiveShell' in classes: return 'text'
     return 'static'
 
-# %% ../nbs/08_live.ipynb #c017
+# %% ../nbs/08_live.ipynb #c016
 _GB = 2**30
 
 def _fmt_bytes(b)->str:
@@ -132,7 +117,7 @@ def _new_figure(figsize=(10, 3.2), dpi=80)->tuple[Figure, tuple]:
     fig._repr_png_ = lambda: _png(fig)  # shows in any IPython, with or without matplotlib's inline backend
     return fig, axes
 
-# %% ../nbs/08_live.ipynb #c019
+# %% ../nbs/08_live.ipynb #c018
 def _mark_events(ax, events):
     for i, (step, kind, text) in enumerate(events):
         color = 'tab:red' if kind == 'oom' else 'tab:purple'
@@ -189,7 +174,7 @@ def _draw_memory(ax, mem:Downsampled|None, total=None, plan_peak=None, events=()
     _mark_events(ax, events)
     if ax.get_legend_handles_labels()[0]: ax.legend(fontsize=7, loc='best', ncol=2)
 
-# %% ../nbs/08_live.ipynb #c021
+# %% ../nbs/08_live.ipynb #c020
 _NOT_METRICS = {'step', 'epoch', 'time', 'samples', 'lr', 'loss', 'valid_loss'}
 
 def _records(history)->list:
@@ -240,7 +225,7 @@ def plot_memory(history,         # `trainer.history` (list of dict records) or a
     fig._repr_png_ = lambda: _png(fig)
     return fig
 
-# %% ../nbs/08_live.ipynb #c027
+# %% ../nbs/08_live.ipynb #c026
 def _display(obj, **kw):
     "IPython's display, or None where there is no IPython shell (`display` returns None there: never used as a handle)."
     if _ipython() is None: return None
@@ -277,8 +262,8 @@ class LiveDashboard(Callback):
         self.total = self._device_total(trainer)
         self._read_memory(trainer)
         if self.shown == 'widget': self._open_widget(trainer)
-        elif self.shown == 'text':
-            from tqdm.std import tqdm
+        elif self.shown == 'text' and not any(type(c).__name__ == 'ProgressBar' for c in getattr(trainer, 'callbacks', ())):
+            from tqdm.std import tqdm  # the Trainer's own bar, when it has one, is enough
             self.bar = tqdm(total=getattr(trainer, 'total_steps', None), unit='step', dynamic_ncols=True, leave=True)
 
     def _device_total(self, trainer):
@@ -309,6 +294,8 @@ class LiveDashboard(Callback):
                 self.train.add(step=self.step, loss=r['loss'], lr=r.get('lr'))
                 self.rate.append((r.get('time', self.clock()), self.step, r.get('samples')))
         self.seen = len(h)
+        step = getattr(trainer, 'step', None)  # the Trainer's own count is current; records come every `log_every` steps
+        if isinstance(step, int): self.step = step
         mb = getattr(trainer, 'micro_batch', None)
         if mb != self.micro_batch:
             if self.micro_batch is not None and mb is not None:
@@ -322,7 +309,9 @@ class LiveDashboard(Callback):
         if self.bar is not None: self.bar.update(max(0, self.step - self.bar.n))
         if force or (now - self.last_draw >= self.wait and self.step - self.last_draw_step >= self.every): self._redraw(trainer)
 
-    def after_batch(self, trainer): self._tick(trainer)
+    def after_step(self, trainer): self._tick(trainer)
+    def after_batch(self, trainer):  # after each micro-batch's backward: near the step's memory peak
+        if self.clock() - self.last_mem >= self.interval / 5: self._read_memory(trainer)
     def after_validate(self, trainer): self._tick(trainer, force=True)
     def after_epoch(self, trainer): self._tick(trainer)
 
@@ -330,28 +319,26 @@ class LiveDashboard(Callback):
         "Show the chapter 07 OOM report and mark the step on the plots."
         self._ingest(trainer)
         self.oom = report
-        self.events.append((self.step, 'oom', 'out of memory'))
+        self.events.append((getattr(report, 'step', None) or self.step, 'oom', 'out of memory'))
         self._read_memory(trainer)
         if self.shown == 'widget': self.oom_box.value = self._oom_html(report)
-        elif self.shown == 'text': self.bar.write(str(report))
-        else: print(report)
+        elif not getattr(trainer, 'verbose', False): print(report)  # a verbose Trainer prints the report itself
         self._tick(trainer, force=True)
 
     def after_fit(self, trainer):
         self._ingest(trainer)
         self._read_memory(trainer)
         if self.shown == 'text':
-            self.bar.set_postfix_str(self._postfix(), refresh=False)
-            self.bar.close()
+            if self.bar is not None:
+                self.bar.set_postfix_str(self._postfix(), refresh=False)
+                self.bar.close()
             print(self.header(trainer, html_=False))
             return
+        png = self._render(trainer, title=True)  # titled with the header: the picture must stand alone in a saved notebook
         if self.shown == 'widget':
-            self.image.value = self._render(trainer)
-            self.head.value = self.header(trainer)
-            # viewers without widgets get the same picture with the header as its title
-            if self.handle is not None: self.handle.update(self._bundle(self._render(trainer, title=True)), raw=True)
+            self.image.value, self.head.value = png, self.header(trainer)
+            if self.handle is not None: self.handle.update(self._bundle(png), raw=True)
         else:
-            png = self._render(trainer, title=True)
             from IPython.display import Image
             _display(Image(png))
 
@@ -373,7 +360,8 @@ class LiveDashboard(Callback):
         r = self.reading
         cur = r.current if r is not None else None
         of = f" of {_fmt_bytes(self.total)}" if self.total else ''
-        parts = [f"{getattr(trainer, 'device', 'cpu')} · {getattr(trainer, 'precision', None) or 'fp32'}",
+        precision = getattr(trainer, 'precision', None)
+        parts = [f"{getattr(trainer, 'device', 'cpu')} · {getattr(precision, 'name', precision) or 'fp32'}",
                  f"epoch {self.epoch if self.epoch is not None else '–'}",
                  f"step {self.step}" + (f"/{total_steps}" if total_steps else ''),
                  f"{samples_s:,.0f} samples/s" if samples_s is not None else '– samples/s',
