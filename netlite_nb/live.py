@@ -390,7 +390,7 @@ class LiveDashboard(Callback):
         if self.shown == 'widget':
             self.image.value = self._render(trainer)
             self.head.value = self.header(trainer)
-        elif self.shown == 'text': self.bar.set_postfix_str(self._postfix(), refresh=False)
+        elif self.bar is not None: self.bar.set_postfix_str(self._postfix(), refresh=False)
         # 'static': nobody is watching; the picture comes once, at the end
         self.redraws += 1
         cost = self.clock() - t

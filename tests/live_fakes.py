@@ -1,48 +1,22 @@
-"Stand-ins for chapter 08's tests: a toy trainer with the chapter 07 `Trainer`'s attributes and callback order, a fake clock, a fake GPU reader."
-import time, types
+"Stand-ins for chapter 08's tests: synthetic data for the real Trainer, a fake clock, a fake GPU reader, a fake trainer for throttling checks."
+import types
 import torch
 from torch import nn
-from netlite_nb.probe import MemoryReading, device_memory
+from netlite_nb.probe import MemoryReading
 
 GB = 2**30
 
 
-class ToyTrainer:
-    "The chapter 07 `Trainer`'s attributes and callback order on a synthetic 10-class problem (until chapter 07 is merged)."
-    def __init__(self, callbacks=(), n=2048, bs=64, seed=0, delay=0.0):
-        g = torch.Generator().manual_seed(seed)
-        self.x = torch.randn(n, 20, generator=g)
-        self.y = (self.x @ torch.randn(20, 10, generator=g)).argmax(1)
-        self.model = nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 10))
-        self.opt = torch.optim.AdamW(self.model.parameters(), 3e-3)
-        self.callbacks, self.bs, self.delay, self.history = list(callbacks), bs, delay, []
-        self.device, self.precision, self.plan, self.micro_batch, self.accum_steps = 'cpu', 'fp32', None, bs, 1
+def synthetic_data(n=2048, bs=64, seed=0):
+    "A (train, valid) pair of batch lists: a linear 10-class problem the Trainer learns in seconds on a CPU."
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 20, generator=g)
+    y = (x @ torch.randn(20, 10, generator=g)).argmax(1)
+    k = n * 3 // 4
+    return [(x[i:i + bs], y[i:i + bs]) for i in range(0, k, bs)], [(x[k:], y[k:])]
 
-    def _cb(self, name, *a):
-        for c in self.callbacks: getattr(c, name)(self, *a)
 
-    def fit(self, epochs=3):
-        self.total_steps, step, t0, seen = epochs * (len(self.x) // self.bs), 0, time.perf_counter(), 0
-        self._cb('before_fit')
-        for epoch in range(epochs):
-            self._cb('before_epoch')
-            for i in range(0, len(self.x) - self.bs + 1, self.bs):
-                self._cb('before_batch')
-                loss = nn.functional.cross_entropy(self.model(self.x[i:i + self.bs]), self.y[i:i + self.bs])
-                loss.backward(); self._cb('after_backward')
-                self.opt.step(); self.opt.zero_grad(); self._cb('after_step')
-                if self.delay: time.sleep(self.delay)
-                step += 1; seen += self.bs
-                m = device_memory('cpu')
-                self.history.append(dict(step=step, epoch=epoch, loss=loss.item(), lr=3e-3, time=time.perf_counter() - t0,
-                                         samples=seen, mem=m.current, mem_peak=m.peak))
-                self._cb('after_batch')
-            with torch.no_grad(): out = self.model(self.x[-512:])
-            self.history.append(dict(step=step, epoch=epoch, valid_loss=nn.functional.cross_entropy(out, self.y[-512:]).item(),
-                                     accuracy=(out.argmax(1) == self.y[-512:]).float().mean().item()))
-            self._cb('after_validate'); self._cb('after_epoch')
-        self._cb('after_fit')
-        return self.history
+def small_model(): return nn.Sequential(nn.Linear(20, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
 class FakeClock:

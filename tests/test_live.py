@@ -1,5 +1,5 @@
 "Chapter 08 checks outside the notebook: the widget mode as a frontend sees it, the display fallbacks, bounded memory (tracemalloc)."
-import base64, gc, io, sys, tracemalloc, warnings
+import base64, gc, io, re, sys, tracemalloc, warnings
 from pathlib import Path
 import pytest
 import matplotlib.pyplot as plt
@@ -7,7 +7,8 @@ import netlite_nb.live as live
 from netlite_nb.live import LiveDashboard, plot_history, plot_memory, frontend
 
 sys.path.insert(0, str(Path(__file__).parent))
-from live_fakes import GB, FakeClock, ToyTrainer, fake_reader, fake_trainer, run_steps
+from live_fakes import GB, FakeClock, fake_reader, fake_trainer, run_steps, small_model, synthetic_data
+from netlite_nb.train import Trainer, InjectOOM
 
 PNG = b'\x89PNG\r\n\x1a\n'
 
@@ -55,7 +56,7 @@ def test_widget_mode_updates_one_image_in_place(shown):
     (final, kw), = d.handle.updates
     assert kw == {'raw': True}
     png = base64.b64decode(final['image/png'])     # what nbconvert/papermill/GitHub show
-    assert png[:8] == PNG and png != d.image.value   # the same plots, titled with the header
+    assert png[:8] == PNG and png == bytes(d.image.value)   # the widget and the saved notebook show the same final picture
     assert final['application/vnd.jupyter.widget-view+json'] == bundle['application/vnd.jupyter.widget-view+json']
 
 
@@ -104,27 +105,38 @@ def test_failing_memory_reader_does_not_stop_training():
     assert d.step == 50 and 'memory –' in d.header(tr, html_=False)
 
 
-def test_real_training_loop_text_mode(capsys):
-    d = LiveDashboard(interval=0.05, mode='text')
-    tr = ToyTrainer(callbacks=[d])
+def test_real_trainer_in_a_terminal_uses_its_bar_not_a_second_one(capsys):
+    d = LiveDashboard(mode='text')
+    tr = Trainer(small_model(), synthetic_data(), callbacks=[d], verbose=False)   # no IPython: the Trainer adds its ProgressBar
     tr.fit(2)
-    err = capsys.readouterr()
-    assert '64/64' in err.err and 'loss' in err.err
-    assert 'cpu · fp32' in err.out and 'samples/s' in err.out
-    assert d.train.count == 64 and d.valid.count == 2 and d.reading.used > 0
+    out = capsys.readouterr()
+    bars = [seg for seg in re.split(r'[\r\n]+', out.err) if '/48' in seg]
+    assert d.bar is None and bars and all(b.startswith('train:') for b in bars), out.err   # one bar, the Trainer's
+    assert 'cpu · fp32' in out.out and 'step 48/48' in out.out and 'samples/s' in out.out
+    assert d.train.count == 5 and d.valid.count == 2 and d.reading.used > 0   # log_every=10: records at 10,20,30,40,48
 
 
-def test_real_training_loop_widget_mode_reads_real_memory(shown):
+def test_real_trainer_text_mode_bar_when_the_trainer_has_none(capsys):
+    d = LiveDashboard(mode='text', interval=0.01)
+    Trainer(small_model(), synthetic_data(), callbacks=[d], progress=False, verbose=False, log_every=1).fit(1)
+    err = capsys.readouterr().err
+    assert '24/24' in err and 'loss' in err and 'mem' in err, err
+
+
+def test_real_trainer_widget_mode_with_oom_recovery(shown):
     d = LiveDashboard(interval=0.0, mode='widget', max_overhead=1.0)
-    tr = ToyTrainer(callbacks=[d])
+    tr = Trainer(small_model(), synthetic_data(), callbacks=[d, InjectOOM([10])], progress=False, verbose=False, log_every=1)
     tr.fit(1)
     assert d.redraws >= 3 and d.reading.source == 'process RSS' and d.reading.used > 50 * 2**20
-    assert 'memory 0 B' not in d.head.value
+    assert 'memory 0 B' not in d.head.value and 'step 24/24' in d.head.value
+    assert 'Out-of-memory report' in d.oom_box.value and 'micro-batch 64 -&gt; 32' in d.oom_box.value
+    assert [(s, k) for s, k, _ in d.events] == [(10, 'oom'), (10, 'micro_batch')]
+    assert len(shown) == 1
 
 
 def test_no_pyplot_figures_left_open():
     n = len(plt.get_fignums())
-    hist = ToyTrainer().fit(1)
+    hist = Trainer(small_model(), synthetic_data(), progress=False, verbose=False, log_every=1).fit(1).history
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         for _ in range(21):   # pyplot warns when a 21st figure is opened
