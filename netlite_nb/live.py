@@ -172,7 +172,7 @@ def _draw_memory(ax, mem:Downsampled|None, total=None, plan_peak=None, events=()
     ax.set_ylim(0, top / _GB * 1.3 if top else None)  # headroom for the legend
     ax.set_xlabel('step'); ax.set_title(title, fontsize=10); ax.grid(alpha=.3)
     _mark_events(ax, events)
-    if ax.get_legend_handles_labels()[0]: ax.legend(fontsize=7, loc='best', ncol=2)
+    if ax.get_legend_handles_labels()[0]: ax.legend(fontsize=7, loc='upper left', ncol=3)  # a fixed place: 'best' costs a search per redraw
 
 # %% ../nbs/08_live.ipynb #c020
 _NOT_METRICS = {'step', 'epoch', 'time', 'samples', 'lr', 'loss', 'valid_loss'}
@@ -226,6 +226,8 @@ def plot_memory(history,         # `trainer.history` (list of dict records) or a
     return fig
 
 # %% ../nbs/08_live.ipynb #c026
+_BLANK_PNG = base64.b64decode('iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII=')
+
 def _display(obj, **kw):
     "IPython's display, or None where there is no IPython shell (`display` returns None there: never used as a handle)."
     if _ipython() is None: return None
@@ -334,11 +336,12 @@ class LiveDashboard(Callback):
                 self.bar.close()
             print(self.header(trainer, html_=False))
             return
+        if self.shown == 'static' and _ipython() is None: return  # a script asked for 'static': there is nowhere to show it
         png = self._render(trainer, title=True)  # titled with the header: the picture must stand alone in a saved notebook
         if self.shown == 'widget':
             self.image.value, self.head.value = png, self.header(trainer)
             if self.handle is not None: self.handle.update(self._bundle(png), raw=True)
-        else:
+        elif _ipython() is not None:
             from IPython.display import Image
             _display(Image(png))
 
@@ -413,7 +416,7 @@ class LiveDashboard(Callback):
         import ipywidgets as W
         self._trainer_ref = trainer
         self.head = W.HTML(self.header(trainer))
-        self.image = W.Image(value=self._render(trainer), format='png')
+        self.image = W.Image(value=_BLANK_PNG, format='png')  # the first redraw fills it: no render before training starts
         self.oom_box = W.HTML('')
         self.widget = W.VBox([self.head, self.image, self.oom_box])
         for w, c in ((self.head, 'netlite-live-header'), (self.image, 'netlite-live-plot'), (self.oom_box, 'netlite-live-oom'), (self.widget, 'netlite-live')):
