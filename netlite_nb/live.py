@@ -314,7 +314,7 @@ class LiveDashboard(Callback):
     def after_step(self, trainer): self._tick(trainer)
     def after_batch(self, trainer):  # after each micro-batch's backward: near the step's memory peak
         if self.clock() - self.last_mem >= self.interval / 5: self._read_memory(trainer)
-    def after_validate(self, trainer): self._tick(trainer, force=True)
+    def after_validate(self, trainer): self._tick(trainer)  # throttled too: a validation every few steps must not force redraws
     def after_epoch(self, trainer): self._tick(trainer)
 
     def on_oom(self, trainer, report):
