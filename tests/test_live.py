@@ -1,0 +1,166 @@
+"Chapter 08 checks outside the notebook: the widget mode as a frontend sees it, the display fallbacks, bounded memory (tracemalloc)."
+import base64, gc, io, re, sys, tracemalloc, warnings
+from pathlib import Path
+import pytest
+import matplotlib.pyplot as plt
+import netlite_nb.live as live
+from netlite_nb.live import LiveDashboard, plot_history, plot_memory, frontend
+
+sys.path.insert(0, str(Path(__file__).parent))
+from live_fakes import GB, FakeClock, fake_reader, fake_trainer, run_steps, small_model, synthetic_data
+from netlite_nb.train import Trainer, InjectOOM
+
+PNG = b'\x89PNG\r\n\x1a\n'
+
+
+class FakeHandle:
+    def __init__(self): self.updates = []
+    def update(self, obj, **kw): self.updates.append((obj, kw))
+
+
+@pytest.fixture
+def shown(monkeypatch):
+    "Record what the dashboard displays, as if an IPython kernel were there."
+    calls = []
+    def fake_display(obj, **kw):
+        calls.append((obj, kw))
+        return FakeHandle() if kw.get('display_id') else None
+    monkeypatch.setattr(live, '_display', fake_display)
+    monkeypatch.setattr(live, '_ipython', lambda: object())
+    return calls
+
+
+def test_no_ipython_means_text_mode():
+    assert frontend() == 'text'     # pytest runs without an IPython shell
+
+
+def test_widget_mode_updates_one_image_in_place(shown):
+    clock, tr = FakeClock(), fake_trainer()
+    d = LiveDashboard(mode='widget', clock=clock, reader=fake_reader())
+    d.before_fit(tr)
+    assert len(shown) == 1, 'one output per run'
+    bundle, kw = shown[0]
+    assert kw == {'raw': True, 'display_id': True}
+    assert bundle['application/vnd.jupyter.widget-view+json']['model_id'] == d.widget.model_id
+    assert 'image/png' not in bundle and 'cuda:0 · fp16' in bundle['text/plain']
+    images = [d.image.value]
+    for _ in range(10):
+        run_steps(d, tr, 20, clock, dt=0.05)   # 1 s per 20 steps: at least one redraw each time
+        images.append(d.image.value)
+    assert len(set(images)) == 11 and all(v[:8] == PNG for v in images)
+    assert 10 <= d.redraws <= 20     # at most one per 0.5 s of fake time
+    assert 'class="netlite-mem"' in d.head.value and 'memory 1.50 GB (peak 1.60 GB) of 4.00 GB' in d.head.value
+    d.after_fit(tr)
+    assert 'step 200/1000' in d.head.value
+    assert len(shown) == 1, 'no new output at the end either'
+    (final, kw), = d.handle.updates
+    assert kw == {'raw': True}
+    png = base64.b64decode(final['image/png'])     # what nbconvert/papermill/GitHub show
+    assert png[:8] == PNG and png == bytes(d.image.value)   # the widget and the saved notebook show the same final picture
+    assert final['application/vnd.jupyter.widget-view+json'] == bundle['application/vnd.jupyter.widget-view+json']
+
+
+def test_widget_mode_oom_report_shows_in_the_widget(shown):
+    class Report:
+        def _repr_html_(self): return '<b>CUDA out of memory</b> at step 10'
+        def __str__(self): return 'CUDA out of memory at step 10'
+    clock, tr = FakeClock(), fake_trainer()
+    d = LiveDashboard(mode='widget', clock=clock, reader=fake_reader())
+    d.before_fit(tr)
+    run_steps(d, tr, 10, clock, dt=0.01)
+    before = d.image.value
+    d.on_oom(tr, Report())
+    assert '<b>CUDA out of memory</b>' in d.oom_box.value
+    assert d.image.value != before           # redrawn at once with the marker
+    tr.micro_batch = 32
+    run_steps(d, tr, 5, clock, dt=0.01)
+    assert [e[1] for e in d.events] == ['oom', 'micro_batch'] and d.events[1][0] == 11
+
+
+def test_static_mode_shows_one_png_at_the_end(shown):
+    clock, tr = FakeClock(), fake_trainer()
+    d = LiveDashboard(mode='static', clock=clock, reader=fake_reader())
+    d.before_fit(tr)
+    run_steps(d, tr, 300, clock, dt=0.05)
+    assert shown == [] and d.fig is None     # nothing drawn while nobody watches
+    d.after_fit(tr)
+    (img, kw), = shown
+    assert img.data[:8] == PNG and kw == {}
+
+
+def test_display_returning_none_never_raises(monkeypatch):
+    "Where display() gives no handle (no IPython, or an old frontend), every mode still completes."
+    monkeypatch.setattr(live, '_display', lambda obj, **kw: None)
+    for mode in ('widget', 'static', 'text', 'auto'):
+        clock, tr = FakeClock(), fake_trainer()
+        d = LiveDashboard(mode=mode, clock=clock, reader=fake_reader())
+        d.before_fit(tr); run_steps(d, tr, 50, clock, dt=0.1); d.on_oom(tr, 'oom'); d.after_fit(tr)
+
+
+def test_failing_memory_reader_does_not_stop_training():
+    def broken(device): raise RuntimeError('driver went away')
+    clock, tr = FakeClock(), fake_trainer()
+    d = LiveDashboard(mode='static', clock=clock, reader=broken)
+    d.before_fit(tr); run_steps(d, tr, 50, clock, dt=0.1); d.after_fit(tr)
+    assert d.step == 50 and 'memory –' in d.header(tr, html_=False)
+
+
+def test_real_trainer_in_a_terminal_uses_its_bar_not_a_second_one(capsys):
+    d = LiveDashboard(mode='text')
+    tr = Trainer(small_model(), synthetic_data(), callbacks=[d], verbose=False)   # no IPython: the Trainer adds its ProgressBar
+    tr.fit(2)
+    out = capsys.readouterr()
+    bars = [seg for seg in re.split(r'[\r\n]+', out.err) if '/48' in seg]
+    assert d.bar is None and bars and all(b.startswith('train:') for b in bars), out.err   # one bar, the Trainer's
+    assert 'cpu · fp32' in out.out and 'step 48/48' in out.out and 'samples/s' in out.out
+    assert d.train.count == 5 and d.valid.count == 2 and d.reading.used > 0   # log_every=10: records at 10,20,30,40,48
+
+
+def test_real_trainer_text_mode_bar_when_the_trainer_has_none(capsys):
+    d = LiveDashboard(mode='text', interval=0.01)
+    Trainer(small_model(), synthetic_data(), callbacks=[d], progress=False, verbose=False, log_every=1).fit(1)
+    err = capsys.readouterr().err
+    assert '24/24' in err and 'loss' in err and 'mem' in err, err
+
+
+def test_real_trainer_widget_mode_with_oom_recovery(shown):
+    d = LiveDashboard(interval=0.0, mode='widget', max_overhead=1.0)
+    tr = Trainer(small_model(), synthetic_data(), callbacks=[d, InjectOOM([10])], progress=False, verbose=False, log_every=1)
+    tr.fit(1)
+    assert d.redraws >= 3 and d.reading.source == 'process RSS' and d.reading.used > 50 * 2**20
+    assert 'memory 0 B' not in d.head.value and 'step 24/24' in d.head.value
+    assert 'Out-of-memory report' in d.oom_box.value and 'micro-batch 64 -&gt; 32' in d.oom_box.value
+    assert [(s, k) for s, k, _ in d.events] == [(10, 'oom'), (10, 'micro_batch')]
+    assert len(shown) == 1
+
+
+def test_no_pyplot_figures_left_open():
+    n = len(plt.get_fignums())
+    hist = Trainer(small_model(), synthetic_data(), progress=False, verbose=False, log_every=1).fit(1).history
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        for _ in range(21):   # pyplot warns when a 21st figure is opened
+            plot_history(hist); plot_memory(hist, total=4 * GB)
+            d = LiveDashboard(mode='static', reader=fake_reader())
+            tr = fake_trainer(); d.before_fit(tr); run_steps(d, tr, 3); d.after_fit(tr)
+    assert len(plt.get_fignums()) == n
+
+
+def test_memory_is_bounded_after_100k_steps():
+    "The dashboard's own memory after 100,000 steps is within 1 MB of after 1,000 (the trainer's history is not its memory)."
+    clock, tr = FakeClock(), fake_trainer()
+    d = LiveDashboard(mode='static', clock=clock, reader=fake_reader())
+    gc.collect(); tracemalloc.start()
+    try:
+        d.before_fit(tr)
+        run_steps(d, tr, 1_000, clock, dt=0.001)
+        del tr.history[:-10]; d.seen = len(tr.history)
+        gc.collect(); after_1k = tracemalloc.get_traced_memory()[0]
+        for _ in range(99):
+            run_steps(d, tr, 1_000, clock, dt=0.001)
+            del tr.history[:-10]; d.seen = len(tr.history)
+        gc.collect(); after_100k = tracemalloc.get_traced_memory()[0]
+    finally: tracemalloc.stop()
+    assert d.train.count == 100_000 and d.step == 100_000
+    assert len(d.train) <= d.capacity + 1 and d.train.stride >= 128
+    assert abs(after_100k - after_1k) < 2**20, (after_1k, after_100k)
