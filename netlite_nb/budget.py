@@ -766,6 +766,9 @@ def find_batch_size(model:nn.Module, # the model; a copy is moved to `device`
                    )->int:
     "The largest batch size that really trains on `device`, starting from the planner's answer and backing off on OOM."
     device = torch.device(device)
+    if start is None and device.type == 'cpu' and try_batch is None:
+        raise ValueError("On the CPU an allocation that does not fit swaps or gets the process killed instead of raising, "
+                         "so find_batch_size cannot back off there: pass start= (e.g. from max_batch_size with a budget).")
     if start is None:
         start = max_batch_size(model, sample, device_or_gpu=str(device) if device.type in ('cpu', 'cuda') else None, **_plan_kw(kw))
     attempt = try_batch or (lambda b: _try_batch(model, sample, b, device, **{k: v for k, v in kw.items() if k in ('loss_fn', 'optimizer', 'precision')}))
