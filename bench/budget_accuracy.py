@@ -2,6 +2,7 @@
 
     python bench/budget_accuracy.py            # accuracy table: 3 models x 3 batch sizes
     python bench/budget_accuracy.py --budgets  # max_batch_size at 0.5/1/2 GiB budgets, checked by measurement
+                                               # (--models cnn transformer --gib 0.5 1 to run a part)
     python bench/budget_accuracy.py --gemm     # the CPU BLAS workspace a tensor trace cannot see
 
 CPU measurement: each case runs in a fresh `python` process with glibc told to serve every allocation above 64 KiB with its own
@@ -110,27 +111,29 @@ def gemm_workspace()->float:
     c = a @ w
     return (_hwm() - base - c.nbytes) / 2**20
 
-def budgets_table(budgets=(0.5, 1, 2)):
+def budgets_table(models=tuple(MODELS), budgets=(0.5, 1, 2)):
     from netlite_nb.budget import max_batch_size
-    print(f"{'model':<12}{'budget':>8}{'solved':>8}{'measured@b':>12}{'measured@b+1':>14}  ok")
-    for name in MODELS:
+    print(f"{'model':<12}{'budget':>8}{'solved':>8}{'predicted@b':>13}{'measured@b':>12}{'measured@b+1':>14}  ok")
+    for name in models:
         for gb in budgets:
             model, batch = make(name, 2)
             b = max_batch_size(model, batch, budget=int(gb * 2**30), optimizer='adamw')
-            m0, m1 = measured(name, b), measured(name, b + 1)
+            p0, m0, m1 = predicted(name, b), measured(name, b), measured(name, b + 1)
             ok = m0 <= gb * 2**30 < m1
-            print(f"{name:<12}{gb:>6.1f}Gi{b:>8}{m0/2**20:>10.1f}Mi{m1/2**20:>12.1f}Mi  {'yes' if ok else 'NO'}", flush=True)
+            print(f"{name:<12}{gb:>6.1f}Gi{b:>8}{p0/2**20:>11.1f}Mi{m0/2**20:>10.1f}Mi{m1/2**20:>12.1f}Mi  {'yes' if ok else 'NO'}", flush=True)
 
 if __name__ == '__main__':
     ap = argparse.ArgumentParser()
     ap.add_argument('--measure', nargs=2)
     ap.add_argument('--gemm-child', action='store_true', help=argparse.SUPPRESS)
     ap.add_argument('--budgets', action='store_true')
+    ap.add_argument('--models', nargs='+', default=list(MODELS), help='models for --budgets')
+    ap.add_argument('--gib', nargs='+', type=float, default=[0.5, 1, 2], help='budgets in GiB for --budgets')
     ap.add_argument('--gemm', action='store_true', help='measure the CPU BLAS workspace of one 1024x4096 @ 4096x4096 matmul')
     a = ap.parse_args()
     if a.measure: print(measure(a.measure[0], int(a.measure[1])))
     elif a.gemm_child: print(gemm_workspace())
-    elif a.budgets: budgets_table()
+    elif a.budgets: budgets_table(a.models, a.gib)
     elif a.gemm:
         out = subprocess.run([sys.executable, __file__, '--gemm-child'], env={**os.environ, **ENV}, capture_output=True, text=True, check=True)
         print(f"CPU matmul workspace beyond the output: {float(out.stdout):.1f} MiB")

@@ -16,8 +16,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from .probe import GPUInfo, GPUSpec, UnknownGPUError, lookup_gpu, gpu_catalogue
 
 # %% auto #0
-__all__ = ['kMinBlockSize', 'kSmallSize', 'kSmallBuffer', 'kLargeBuffer', 'kMinLargeAlloc', 'kRoundLarge', 'CUDA_CONTEXT_BYTES',
-           'TENSOR_TERMS', 'DEVICE_TERMS', 'COLORS', 'Allocation', 'AllocationTracker', 'ShapeMismatchError',
+__all__ = ['CUDA_CONTEXT_BYTES', 'TENSOR_TERMS', 'COLORS', 'Allocation', 'AllocationTracker', 'ShapeMismatchError',
            'default_loss', 'Trace', 'trace_step', 'fmt_bytes', 'CachingAllocatorSim', 'cublas_workspace_bytes',
            'Target', 'resolve_target', 'MemoryPlan', 'plan_memory', 'plot_plans', 'BudgetTooSmallError',
            'max_batch_size', 'Change', 'fit_to_budget', 'find_batch_size', 'budget_widget']
@@ -303,15 +302,16 @@ def fmt_bytes(n:int|float|None)->str:
     return f"{int(n)} B"
 
 _MB = 2**20
-# PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp), default settings
-kMinBlockSize, kSmallSize, kSmallBuffer, kLargeBuffer, kMinLargeAlloc, kRoundLarge = 512, _MB, 2*_MB, 20*_MB, 10*_MB, 2*_MB
+# PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, default settings): kMinBlockSize, kSmallSize,
+# kSmallBuffer, kLargeBuffer, kMinLargeAlloc, kRoundLarge
+_MIN_BLOCK, _SMALL_SIZE, _SMALL_BUFFER, _LARGE_BUFFER, _MIN_LARGE_ALLOC, _ROUND_LARGE = 512, _MB, 2*_MB, 20*_MB, 10*_MB, 2*_MB
 
-def _round_size(n:int)->int: return kMinBlockSize * max(1, math.ceil(n / kMinBlockSize))
+def _round_size(n:int)->int: return _MIN_BLOCK * max(1, math.ceil(n / _MIN_BLOCK))
 
 def _segment_size(n:int)->int:
-    if n <= kSmallSize: return kSmallBuffer
-    if n < kMinLargeAlloc: return kLargeBuffer
-    return kRoundLarge * math.ceil(n / kRoundLarge)
+    if n <= _SMALL_SIZE: return _SMALL_BUFFER
+    if n < _MIN_LARGE_ALLOC: return _LARGE_BUFFER
+    return _ROUND_LARGE * math.ceil(n / _ROUND_LARGE)
 
 class CachingAllocatorSim:
     "A model of PyTorch's CUDA caching allocator: rounds requests, carves them from cached segments, never returns segments."
@@ -321,7 +321,7 @@ class CachingAllocatorSim:
 
     def malloc(self, n:int)->tuple:
         size = _round_size(n)
-        pool = 'small' if size <= kSmallSize else 'large'
+        pool = 'small' if size <= _SMALL_SIZE else 'large'
         best = None
         for si, seg in enumerate(self.segments):
             for bi, blk in enumerate(seg):
@@ -333,7 +333,7 @@ class CachingAllocatorSim:
         si, bi, _ = best
         seg = self.segments[si]; blk = seg[bi]
         rest = blk[0] - size
-        if rest >= (kMinBlockSize if pool == 'small' else kSmallSize + 1):  # split only a remainder worth keeping
+        if rest >= (_MIN_BLOCK if pool == 'small' else _SMALL_SIZE + 1):  # split only a remainder worth keeping
             blk[0] = size
             seg.insert(bi+1, [rest, True, pool])
         blk[1] = False
@@ -395,7 +395,6 @@ def resolve_target(device_or_gpu)->Target:
 
 # %% ../nbs/01_budget.ipynb #c029
 TENSOR_TERMS = ('weights', 'weight copies', 'gradients', 'optimizer', 'activations', 'temporaries', 'batch')
-DEVICE_TERMS = ('cuBLAS workspace', 'allocator rounding', 'allocator cache', 'CUDA context')
 
 @dataclass
 class MemoryPlan:
@@ -767,6 +766,9 @@ def find_batch_size(model:nn.Module, # the model; a copy is moved to `device`
                    )->int:
     "The largest batch size that really trains on `device`, starting from the planner's answer and backing off on OOM."
     device = torch.device(device)
+    if start is None and device.type == 'cpu' and try_batch is None:
+        raise ValueError("On the CPU an allocation that does not fit swaps or gets the process killed instead of raising, "
+                         "so find_batch_size cannot back off there: pass start= (e.g. from max_batch_size with a budget).")
     if start is None:
         start = max_batch_size(model, sample, device_or_gpu=str(device) if device.type in ('cpu', 'cuda') else None, **_plan_kw(kw))
     attempt = try_batch or (lambda b: _try_batch(model, sample, b, device, **{k: v for k, v in kw.items() if k in ('loss_fn', 'optimizer', 'precision')}))
