@@ -133,6 +133,7 @@ def test_bad_input_messages():
     with pytest.raises(ValueError, match=r'`2\.weight`.*model\.to'): f(torch.randn(5, 4))
 
 
+@pytest.mark.filterwarnings('ignore::DeprecationWarning')
 def test_onnx_export_of_converted_model_in_eval(tmp_path):
     onnx = pytest.importorskip('onnx'); ort = pytest.importorskip('onnxruntime')
     torch.manual_seed(0)
@@ -156,3 +157,27 @@ def test_onnx_dynamo_export_sees_plain_ops():
     convert_model(m, checkpoint=True).eval()
     prog = torch.onnx.export(m, (torch.randn(4, 8),), dynamo=True, verbose=False)
     assert {n.op_type for n in prog.model_proto.graph.node} == {'Gemm', 'Relu', 'Gelu'}
+
+
+@pytest.mark.parametrize('which', ['ffn', 'ce'])
+def test_autocast_bf16_matches_plain_under_autocast(which):
+    torch.manual_seed(0)
+    x = torch.randn(300, 32, requires_grad=True); y = torch.randint(0, 50, (300,))
+    if which == 'ffn':
+        ours = ChunkedFFN(32, 128, chunk_size=64); plain = lambda x: nn.Sequential.forward(ours, x)
+        run = lambda f: (f(x).float() ** 2).mean()
+        params = list(ours.parameters())
+    else:
+        head = nn.Linear(32, 50); params = list(head.parameters())
+        ours = lambda x: chunked_linear_cross_entropy(x, head.weight, head.bias, y, chunk_size=64)
+        plain = lambda x: F.cross_entropy(head(x).float(), y)
+        run = lambda f: f(x)
+    grads = []
+    for f in (ours, plain):
+        x.grad = None
+        for p in params: p.grad = None
+        with torch.autocast('cpu', dtype=torch.bfloat16): l = run(f)
+        l.backward()
+        grads.append([x.grad.clone()] + [p.grad.clone() for p in params])
+        assert all(p.grad.dtype == torch.float32 for p in params)
+    for a, b in zip(*grads): torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-3)
