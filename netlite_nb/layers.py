@@ -503,6 +503,7 @@ def _swap(parent:nn.Module, path:str, s:ConversionSummary, relu, dropout, ffn, c
             _swap(m, p, s, relu, dropout, ffn, chunk_size)
 
 def _checkpoint_top(m:nn.Module, path:str, k, s:ConversionSummary):
+    if isinstance(m, CheckpointedSequential): return  # converted before: never nest checkpoints
     if type(m) is nn.Sequential and len(m) >= 2:
         m.__class__, m.k = CheckpointedSequential, k  # same children, same state_dict keys
         s.swapped.append((path, 'Sequential', f'CheckpointedSequential(k={m.segment_size})'))
