@@ -349,8 +349,9 @@ class ChunkedLinearCrossEntropy(nn.Module):
 def pack_bits(mask:torch.Tensor)->torch.Tensor:
     "A boolean tensor packed 8 elements per byte (flattened, zero-padded to a multiple of 8)."
     flat = mask.reshape(-1)
+    if flat.dtype != torch.bool: flat = flat.bool()
     if flat.numel() % 8: flat = torch.cat([flat, flat.new_zeros(8 - flat.numel() % 8)])
-    cols = flat.view(-1, 8).to(torch.uint8)
+    cols = flat.view(-1, 8).view(torch.uint8)  # a bool is a byte: reinterpret, no copy
     out = cols[:, 0].clone()
     for i in range(1, 8): out |= cols[:, i] << i
     return out
@@ -360,8 +361,9 @@ def unpack_bits(packed:torch.Tensor, # from `pack_bits`
                )->torch.Tensor:
     "The boolean tensor that `pack_bits` packed."
     shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
-    bits = (packed[:, None] >> shifts) & 1
-    return bits.view(-1)[:math.prod(shape)].view(shape).bool()
+    bits = packed[:, None] >> shifts
+    bits &= 1
+    return bits.view(-1)[:math.prod(shape)].view(shape).view(torch.bool)  # 0/1 bytes are valid bools: no copy
 
 # %% ../nbs/02_layers.ipynb #c046
 class _BitReLUFn(torch.autograd.Function):
@@ -513,7 +515,7 @@ def _checkpoint_top(m:nn.Module, path:str, k, s:ConversionSummary):
 def convert_model(model:nn.Module, # changed in place
                   relu:bool=True, # nn.ReLU -> BitReLU
                   ffn:bool=True, # Sequential(Linear, act, Linear) -> ChunkedFFN
-                  checkpoint:int|bool|None=None, # None/False: no checkpointing; k: blocks per segment; True: √n
+                  checkpoint:int|bool|str|None=None, # None/False: none; k: modules per segment; True or 'auto': √n
                   dropout:bool=True, # nn.Dropout -> BitDropout
                   chunk_size:int|None=None, # rows per chunk for the ChunkedFFNs (None: per batch)
                  )->nn.Module:
@@ -521,9 +523,9 @@ def convert_model(model:nn.Module, # changed in place
     s = ConversionSummary()
     _swap(model, '', s, relu, dropout, ffn, chunk_size)
     if checkpoint is not None and checkpoint is not False:
-        k = None if checkpoint is True else checkpoint
-        if k is not None and (not isinstance(k, int) or k <= 0):
-            raise ValueError(f"`checkpoint` must be None, True (√n) or a positive number of blocks per segment, got {checkpoint!r}.")
+        k = None if checkpoint is True or checkpoint == 'auto' else checkpoint
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k <= 0):
+            raise ValueError(f"`checkpoint` must be None, True or 'auto' (√n), or a positive number of modules per segment, got {checkpoint!r}.")
         _checkpoint_top(model, '', k, s)
     model.netlite_conversion = s
     return model
