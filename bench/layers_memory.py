@@ -81,6 +81,21 @@ CASES = ['ffn', 'ce', 'relu', 'dropout', 'mlp', 'checkpoint', 'cnn']
 RSS_CASES = ['ffn', 'ce', 'checkpoint']
 
 
+def _peak_rss():
+    "Peak resident set of this process since exec (or since `_reset_peak_rss`), in bytes."
+    try:  # Linux: VmHWM belongs to this process image (ru_maxrss would include the parent's RSS from before exec)
+        for line in open('/proc/self/status'):
+            if line.startswith('VmHWM:'): return int(line.split()[1]) * 1024
+    except OSError: pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == 'darwin' else 1024)
+
+
+def _reset_peak_rss():
+    try:
+        with open('/proc/self/clear_refs', 'w') as f: f.write('5')  # Linux >= 4.0: reset VmHWM to the current RSS
+    except OSError: pass
+
+
 def rss_child(case, index, small):
     "Run in a fresh process: peak RSS growth (bytes) of one training step of implementation `index` of `case`."
     import psutil
@@ -88,10 +103,10 @@ def rss_child(case, index, small):
     wfn, wins, _ = list(build(case, True).values())[index]
     wfn(*wins).sum().backward()
     fn, ins, ps = list(build(case, small).values())[index]
+    _reset_peak_rss()
     before = psutil.Process().memory_info().rss
     fn(*ins).sum().backward()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    print(json.dumps(max(0, peak - before)))
+    print(json.dumps(max(0, _peak_rss() - before)))
 
 
 def rss(case, index, small):

@@ -89,7 +89,7 @@ def measure_step(fn, # callable: inputs -> tensor (a loss or an output)
     for t in leaves: t.grad = None
     return StepMeasurement(name, saved, mt.peak, sorted(times)[len(times)//2])
 
-@dataclass
+@dataclass(repr=False)
 class MemoryComparison:
     "Several `StepMeasurement`s of the same job; ratios are relative to the first (the plain PyTorch baseline)."
     rows:list
@@ -112,6 +112,8 @@ class MemoryComparison:
         head, body = self._table()
         w = [max(len(str(x)) for x in col) for col in zip(head, *body)]
         return '\n'.join('  '.join(str(x).ljust(n) for x, n in zip(row, w)) for row in [head, *body])
+
+    __repr__ = __str__
 
     def _repr_html_(self):
         head, body = self._table()
@@ -148,6 +150,18 @@ def _check_device(x:torch.Tensor, **params):
 
 def _chunks(rows:int, size:int): return [(i, min(i + size, rows)) for i in range(0, rows, size)]
 
+def _autocast_cast(x:torch.Tensor, *ts):
+    "Under autocast, cast the tensors to its dtype once, so the Function runs (and recomputes) in one precision."
+    dev = x.device.type
+    if not torch.is_autocast_enabled(dev): return ts
+    d = torch.get_autocast_dtype(dev)
+    return tuple(t.to(d) if t is not None and t.is_floating_point() else t for t in ts)
+
+def _acc_add_mm(acc:torch.Tensor, a:torch.Tensor, b:torch.Tensor):
+    "acc += a @ b, with `acc` possibly in higher precision than a and b (fp16 chunks, fp32 gradient sum)."
+    if acc.dtype == a.dtype: acc.addmm_(a, b)
+    else: acc += a @ b
+
 def _call_act(act, h:torch.Tensor)->torch.Tensor:
     # An in-place activation would overwrite the leaf we differentiate with respect to.
     if getattr(act, 'inplace', False): act = copy.copy(act); act.inplace = False
@@ -169,24 +183,25 @@ class _ChunkedFFNFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gout):
         x, w1, b1, w2, b2 = ctx.saved_tensors
-        gout = gout.contiguous()  # `.sum()` hands us a stride-0 expanded gradient, slow in matmuls
         gx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
-        gw1, gw2 = torch.zeros_like(w1), torch.zeros_like(w2)
-        gb1 = torch.zeros_like(b1) if b1 is not None else None
-        gb2 = torch.zeros_like(b2) if b2 is not None else None
+        acc = torch.promote_types(w1.dtype, torch.float32)  # sum the chunks' weight gradients in fp32 at least
+        gw1, gw2 = torch.zeros_like(w1, dtype=acc), torch.zeros_like(w2, dtype=acc)
+        gb1 = torch.zeros_like(b1, dtype=acc) if b1 is not None else None
+        gb2 = torch.zeros_like(b2, dtype=acc) if b2 is not None else None
         for i, j in _chunks(x.shape[0], ctx.chunk):
-            g = gout[i:j]
+            g = gout[i:j].contiguous()  # `.sum()` hands us a stride-0 expanded gradient, slow in matmuls
             with torch.enable_grad():
                 h = F.linear(x[i:j], w1, b1).detach().requires_grad_()
                 a = _call_act(ctx.act, h)
-            gw2.addmm_(g.t(), a.detach())
+            _acc_add_mm(gw2, g.t(), a.detach())
             if gb2 is not None: gb2 += g.sum(0)
             gh, = torch.autograd.grad(a, h, g @ w2)
             del a, h
-            gw1.addmm_(gh.t(), x[i:j])
+            _acc_add_mm(gw1, gh.t(), x[i:j])
             if gb1 is not None: gb1 += gh.sum(0)
             if gx is not None: torch.mm(gh, w1, out=gx[i:j])
-        return gx, gw1, gb1, gw2, gb2, None, None
+        cast = lambda g, p: None if g is None else g.to(p.dtype)
+        return gx, cast(gw1, w1), cast(gb1, b1), cast(gw2, w2), cast(gb2, b2), None, None
 
 def _auto_ffn_chunk(rows:int, d:int, hidden:int)->int:
     # a chunk's hidden activation about 1/8 of the input, but no slivers under 128 rows that waste the matmul units
@@ -223,7 +238,8 @@ class ChunkedFFN(nn.Sequential):
         x2 = x.reshape(-1, x.shape[-1])
         chunk = _auto_ffn_chunk(x2.shape[0], fc1.in_features, fc1.out_features) if self.chunk_size is None else self.chunk_size
         _check_chunk(chunk, x2.shape[0])
-        y = _ChunkedFFNFn.apply(x2, fc1.weight, fc1.bias, fc2.weight, fc2.bias, act, chunk)
+        args = _autocast_cast(x, x2, fc1.weight, fc1.bias, fc2.weight, fc2.bias)
+        with torch.autocast(x.device.type, enabled=False): y = _ChunkedFFNFn.apply(*args, act, chunk)
         return y.view(*x.shape[:-1], y.shape[-1])
 
     def extra_repr(self): return f"chunk_size={self.chunk_size}"
@@ -296,7 +312,9 @@ def chunked_linear_cross_entropy(x:torch.Tensor, # inputs (..., in_features)
         raise ValueError(f"`target` has {t2.shape[0]} entries but the input has {x2.shape[0]} rows; they must match.")
     chunk = _auto_ce_chunk(x2.shape[0], weight.shape[0]) if chunk_size is None else chunk_size
     _check_chunk(chunk, x2.shape[0])
-    return _ChunkedLinearCEFn.apply(x2, weight, bias, t2, ignore_index, float(label_smoothing), reduction, chunk)
+    x2, weight, bias = _autocast_cast(x, x2, weight, bias)
+    with torch.autocast(x.device.type, enabled=False):
+        return _ChunkedLinearCEFn.apply(x2, weight, bias, t2, ignore_index, float(label_smoothing), reduction, chunk)
 
 # %% ../nbs/02_layers.ipynb #c034
 class ChunkedLinearCrossEntropy(nn.Module):
@@ -331,8 +349,9 @@ class ChunkedLinearCrossEntropy(nn.Module):
 def pack_bits(mask:torch.Tensor)->torch.Tensor:
     "A boolean tensor packed 8 elements per byte (flattened, zero-padded to a multiple of 8)."
     flat = mask.reshape(-1)
+    if flat.dtype != torch.bool: flat = flat.bool()
     if flat.numel() % 8: flat = torch.cat([flat, flat.new_zeros(8 - flat.numel() % 8)])
-    cols = flat.view(-1, 8).to(torch.uint8)
+    cols = flat.view(-1, 8).view(torch.uint8)  # a bool is a byte: reinterpret, no copy
     out = cols[:, 0].clone()
     for i in range(1, 8): out |= cols[:, i] << i
     return out
@@ -342,8 +361,9 @@ def unpack_bits(packed:torch.Tensor, # from `pack_bits`
                )->torch.Tensor:
     "The boolean tensor that `pack_bits` packed."
     shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
-    bits = (packed[:, None] >> shifts) & 1
-    return bits.view(-1)[:math.prod(shape)].view(shape).bool()
+    bits = packed[:, None] >> shifts
+    bits &= 1
+    return bits.view(-1)[:math.prod(shape)].view(shape).view(torch.bool)  # 0/1 bytes are valid bools: no copy
 
 # %% ../nbs/02_layers.ipynb #c046
 class _BitReLUFn(torch.autograd.Function):
@@ -485,6 +505,7 @@ def _swap(parent:nn.Module, path:str, s:ConversionSummary, relu, dropout, ffn, c
             _swap(m, p, s, relu, dropout, ffn, chunk_size)
 
 def _checkpoint_top(m:nn.Module, path:str, k, s:ConversionSummary):
+    if isinstance(m, CheckpointedSequential): return  # converted before: never nest checkpoints
     if type(m) is nn.Sequential and len(m) >= 2:
         m.__class__, m.k = CheckpointedSequential, k  # same children, same state_dict keys
         s.swapped.append((path, 'Sequential', f'CheckpointedSequential(k={m.segment_size})'))
@@ -494,7 +515,7 @@ def _checkpoint_top(m:nn.Module, path:str, k, s:ConversionSummary):
 def convert_model(model:nn.Module, # changed in place
                   relu:bool=True, # nn.ReLU -> BitReLU
                   ffn:bool=True, # Sequential(Linear, act, Linear) -> ChunkedFFN
-                  checkpoint:int|bool|None=None, # None/False: no checkpointing; k: blocks per segment; True: √n
+                  checkpoint:int|bool|str|None=None, # None/False: none; k: modules per segment; True or 'auto': √n
                   dropout:bool=True, # nn.Dropout -> BitDropout
                   chunk_size:int|None=None, # rows per chunk for the ChunkedFFNs (None: per batch)
                  )->nn.Module:
@@ -502,9 +523,9 @@ def convert_model(model:nn.Module, # changed in place
     s = ConversionSummary()
     _swap(model, '', s, relu, dropout, ffn, chunk_size)
     if checkpoint is not None and checkpoint is not False:
-        k = None if checkpoint is True else checkpoint
-        if k is not None and (not isinstance(k, int) or k <= 0):
-            raise ValueError(f"`checkpoint` must be None, True (√n) or a positive number of blocks per segment, got {checkpoint!r}.")
+        k = None if checkpoint is True or checkpoint == 'auto' else checkpoint
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k <= 0):
+            raise ValueError(f"`checkpoint` must be None, True or 'auto' (√n), or a positive number of modules per segment, got {checkpoint!r}.")
         _checkpoint_top(model, '', k, s)
     model.netlite_conversion = s
     return model

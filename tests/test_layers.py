@@ -1,5 +1,5 @@
 "Chapter 02 (layers): cross-checks against plain PyTorch that are heavier than the notebook's, and ONNX export."
-import copy, time
+import copy
 import pytest, torch, torch.nn as nn, torch.nn.functional as F
 from netlite_nb.layers import (ChunkedFFN, ChunkedLinearCrossEntropy, BitReLU, BitDropout, CheckpointedSequential,
                                chunked_linear_cross_entropy, checkpoint_every, convert_model, saved_bytes, MemoryTracker,
@@ -118,11 +118,16 @@ def test_convert_model_keeps_weights_and_eval_is_plain():
     m.eval(); ref.eval()
     x = torch.randn(7, 8)
     assert torch.equal(m(x), ref(x))
-    m.train(); ref.train()
-    x.requires_grad_()
-    torch.manual_seed(1); (m(x) ** 2).sum().backward(); gm = x.grad.clone(); x.grad = None
-    torch.manual_seed(1); (ref(x) ** 2).sum().backward()
-    assert gm.shape == x.grad.shape  # dropout masks differ between implementations; values are checked in eval
+    # training mode (without dropout, whose masks differ between implementations): same values and gradients
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16)),
+                      nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+    ref = copy.deepcopy(m); convert_model(m, checkpoint=2)
+    x = torch.randn(7, 8, requires_grad=True)
+    ym = m(x); (ym ** 2).sum().backward(); gm = [x.grad.clone()] + [p.grad for p in m.parameters()]; x.grad = None
+    yr = ref(x); (yr ** 2).sum().backward(); gr = [x.grad] + [p.grad for p in ref.parameters()]
+    torch.testing.assert_close(ym, yr)
+    for a, b in zip(gm, gr): torch.testing.assert_close(a, b)
+    for a, b in zip(m.buffers(), ref.buffers()): torch.testing.assert_close(a, b)
 
 
 def test_bad_input_messages():
@@ -133,6 +138,7 @@ def test_bad_input_messages():
     with pytest.raises(ValueError, match=r'`2\.weight`.*model\.to'): f(torch.randn(5, 4))
 
 
+@pytest.mark.filterwarnings('ignore::DeprecationWarning')
 def test_onnx_export_of_converted_model_in_eval(tmp_path):
     onnx = pytest.importorskip('onnx'); ort = pytest.importorskip('onnxruntime')
     torch.manual_seed(0)
@@ -140,13 +146,11 @@ def test_onnx_export_of_converted_model_in_eval(tmp_path):
                       nn.Dropout(0.1), nn.Linear(16, 3))
     convert_model(m, checkpoint=True).eval()
     x = torch.randn(4, 8)
-    t0 = time.perf_counter()
     torch.onnx.export(m, (x,), tmp_path / 'm.onnx', dynamo=False, input_names=['x'])
     ops = {n.op_type for n in onnx.load(tmp_path / 'm.onnx').graph.node}
     assert ops <= {'Gemm', 'Relu', 'Gelu', 'Erf', 'Mul', 'Add', 'Div', 'Constant', 'MatMul', 'Identity'}, ops
     out = ort.InferenceSession(str(tmp_path / 'm.onnx')).run(None, {'x': x.numpy()})[0]
     torch.testing.assert_close(torch.from_numpy(out), m(x), rtol=1e-4, atol=1e-5)
-    assert time.perf_counter() - t0 < 60
 
 
 def test_onnx_dynamo_export_sees_plain_ops():
@@ -156,3 +160,27 @@ def test_onnx_dynamo_export_sees_plain_ops():
     convert_model(m, checkpoint=True).eval()
     prog = torch.onnx.export(m, (torch.randn(4, 8),), dynamo=True, verbose=False)
     assert {n.op_type for n in prog.model_proto.graph.node} == {'Gemm', 'Relu', 'Gelu'}
+
+
+@pytest.mark.parametrize('which', ['ffn', 'ce'])
+def test_autocast_bf16_matches_plain_under_autocast(which):
+    torch.manual_seed(0)
+    x = torch.randn(300, 32, requires_grad=True); y = torch.randint(0, 50, (300,))
+    if which == 'ffn':
+        ours = ChunkedFFN(32, 128, chunk_size=64); plain = lambda x: nn.Sequential.forward(ours, x)
+        run = lambda f: (f(x).float() ** 2).mean()
+        params = list(ours.parameters())
+    else:
+        head = nn.Linear(32, 50); params = list(head.parameters())
+        ours = lambda x: chunked_linear_cross_entropy(x, head.weight, head.bias, y, chunk_size=64)
+        plain = lambda x: F.cross_entropy(head(x).float(), y)
+        run = lambda f: f(x)
+    grads = []
+    for f in (ours, plain):
+        x.grad = None
+        for p in params: p.grad = None
+        with torch.autocast('cpu', dtype=torch.bfloat16): l = run(f)
+        l.backward()
+        grads.append([x.grad.clone()] + [p.grad.clone() for p in params])
+        assert all(p.grad.dtype == torch.float32 for p in params)
+    for a, b in zip(*grads): torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-3)
