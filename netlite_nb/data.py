@@ -407,13 +407,15 @@ class TensorLoader:
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def __iter__(self):
-        n = len(self.y)
-        idx = torch.randperm(n, generator=self.generator).to(self.device) if self.shuffle else None
+        if self.shuffle:  # one gather per epoch (a second copy of the data), then every batch is a contiguous slice
+            p = torch.randperm(len(self.y), generator=self.generator).to(self.device)
+            x, y = self.x[p], self.y[p]
+        else: x, y = self.x, self.y
         for i in range(len(self)):
             s = slice(i * self.batch_size, (i + 1) * self.batch_size)
-            b = idx[s] if idx is not None else s
-            xb = _as_float(self.x[b])
-            yield (self.transform(xb) if self.transform else xb), self.y[b]
+            xb = _as_float(x[s])
+            if x is self.x and xb.untyped_storage().data_ptr() == x.untyped_storage().data_ptr(): xb = xb.clone()  # never a view of the dataset itself
+            yield (self.transform(xb) if self.transform else xb), y[s]
 
     def __repr__(self)->str:
         return f"TensorLoader({len(self.y)} items on {self.device}, batch {self.batch_size}, {len(self)} batches{', shuffled' if self.shuffle else ''})"
