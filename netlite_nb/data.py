@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader, Dataset
 # %% auto #0
 __all__ = ['LabeledTensors', 'DataCheckError', 'mnist_sample', 'DataReport', 'check_dataset', 'DatasetNotFoundError',
            'load_dataset', 'FolderDataset', 'stratified_split', 'image_folder', 'digit_augment', 'cifar_augment',
-           'SeededAugment', 'LoaderSettings', 'in_notebook', 'loader_settings', 'TensorLoader', 'DeviceLoader',
-           'DataLoaders', 'make_loaders', 'mnist_sample_loaders']
+           'SeededAugment', 'BatchAugment', 'LoaderSettings', 'in_notebook', 'loader_settings', 'TensorLoader',
+           'DeviceLoader', 'DataLoaders', 'make_loaders', 'mnist_sample_loaders']
 
 # %% ../nbs/04_data.ipynb #c006
 def _as_float(x:torch.Tensor)->torch.Tensor:
@@ -293,14 +293,48 @@ class SeededAugment:
             return torch.stack([self.transform(x) for x in xb])
     def __repr__(self)->str: return f"SeededAugment({self.transform})"
 
-def _augment_for(augment, input_shape, seed)->SeededAugment|None:
-    "`augment`: False/None, True (digits or CIFAR recipe chosen by the channels), a transform, or a `SeededAugment`."
+# %% ../nbs/04_data.ipynb #c037
+class BatchAugment:
+    "Per-image random rotation, shift and horizontal flip of a whole batch in one `grid_sample`, from a seeded generator."
+    def __init__(self, degrees:float=0., # rotate by up to ± this many degrees
+                 translate:float=0., # shift by up to this fraction of the size (bilinear), like `RandomAffine(translate=...)`
+                 shift_px:int=0, # or shift by up to this many whole pixels with zero fill, like `RandomCrop(padding=shift_px)`
+                 flip:bool=False, # mirror half of the images left-right
+                 seed:int=0):
+        self.degrees, self.translate, self.shift_px, self.flip = degrees, translate, shift_px, flip
+        self.gen = torch.Generator().manual_seed(seed)
+    @classmethod
+    def digits(cls, seed=0): return cls(degrees=10, translate=0.1, seed=seed)
+    @classmethod
+    def cifar(cls, seed=0): return cls(shift_px=4, flip=True, seed=seed)
+
+    def params(self, n:int, h:int, w:int)->torch.Tensor:
+        "The [n, 2, 3] affine matrices (normalised coordinates) of the next batch."
+        g = self.gen
+        a = (torch.rand(n, generator=g) * 2 - 1) * math.radians(self.degrees)
+        if self.shift_px: t = torch.randint(-self.shift_px, self.shift_px + 1, (n, 2), generator=g) * torch.tensor([2 / w, 2 / h])
+        else: t = (torch.rand(n, 2, generator=g) * 2 - 1) * 2 * self.translate
+        sx = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0) if self.flip else torch.ones(n)
+        cos, sin = a.cos(), a.sin()
+        return torch.stack([torch.stack([cos * sx, -sin, t[:, 0]], 1), torch.stack([sin * sx, cos, t[:, 1]], 1)], 1)
+
+    def __call__(self, xb:torch.Tensor)->torch.Tensor:
+        theta = self.params(len(xb), xb.shape[-2], xb.shape[-1]).to(xb)
+        grid = torch.nn.functional.affine_grid(theta, list(xb.shape), align_corners=False)
+        mode = 'nearest' if self.shift_px and not self.degrees else 'bilinear'  # whole-pixel shifts and flips are exact
+        return torch.nn.functional.grid_sample(xb, grid, mode=mode, padding_mode='zeros', align_corners=False)
+    def __repr__(self)->str: return f"BatchAugment(degrees={self.degrees}, translate={self.translate}, shift_px={self.shift_px}, flip={self.flip})"
+
+def _augment_for(augment, input_shape, seed, batched:bool)->Callable|None:
+    "`augment`: False/None, True (digits or CIFAR recipe chosen by the channels), a per-image transform, or a batch callable."
     if not augment: return None
-    if isinstance(augment, SeededAugment): return augment
-    if augment is True: augment = digit_augment() if input_shape[0] == 1 else cifar_augment(input_shape[-1])
+    if isinstance(augment, (SeededAugment, BatchAugment)): return augment
+    if augment is True:
+        if batched: return BatchAugment.digits(seed) if input_shape[0] == 1 else BatchAugment.cifar(seed)
+        augment = digit_augment() if input_shape[0] == 1 else cifar_augment(input_shape[-1])
     return SeededAugment(augment, seed)
 
-# %% ../nbs/04_data.ipynb #c037
+# %% ../nbs/04_data.ipynb #c041
 @dataclass
 class LoaderSettings:
     "The machine-dependent `DataLoader` options, and why each was chosen."
@@ -352,7 +386,7 @@ def loader_settings(strategy=None, # a chapter-06 `Strategy` (or any object with
     pf = (get('prefetch_factor') or 2) if nw else None
     return LoaderSettings(device, nw, bool(pin), pw, pf, why)
 
-# %% ../nbs/04_data.ipynb #c043
+# %% ../nbs/04_data.ipynb #c047
 class TensorLoader:
     "Batches of an in-memory dataset that lives on `device`: one indexing op per batch, seeded shuffling."
     def __init__(self, data, # a `LabeledTensors` or an (x, y) pair of tensors
@@ -384,7 +418,7 @@ class TensorLoader:
     def __repr__(self)->str:
         return f"TensorLoader({len(self.y)} items on {self.device}, batch {self.batch_size}, {len(self)} batches{', shuffled' if self.shuffle else ''})"
 
-# %% ../nbs/04_data.ipynb #c049
+# %% ../nbs/04_data.ipynb #c053
 class DeviceLoader:
     "A `DataLoader` whose batches come out on `device`, augmented by `transform` (the path for data read from files)."
     def __init__(self, loader:DataLoader, device='cpu', transform:Callable|None=None):
@@ -443,8 +477,8 @@ def make_loaders(train_ds, valid_ds, # datasets of (x, y): `LabeledTensors`, `Fo
     bs = batch_size or getattr(strategy, 'micro_batch', None) or 64
     vbs = valid_batch_size or 2 * bs
     shape = tuple(getattr(train_ds, 'input_shape', None) or train_ds[0][0].shape)
-    tfm = _augment_for(augment, shape, seed)
     if resident is None: resident = _resident_ok(train_ds, dev, max_resident_bytes) and _resident_ok(valid_ds, dev, max_resident_bytes)
+    tfm = _augment_for(augment, shape, seed, batched=resident)
     if resident:
         train = TensorLoader(train_ds, bs, shuffle=True, seed=seed, device=dev, transform=tfm)
         valid = TensorLoader(valid_ds, vbs, shuffle=False, device=dev)

@@ -1,0 +1,144 @@
+"Chapter 04 through the reader's code paths: files in torchvision's exact on-disk formats, folders of PNGs, loaders."
+import gzip, hashlib, pickle, struct, warnings
+from pathlib import Path
+import numpy as np, pytest, torch
+from PIL import Image
+import torchvision.datasets as tvd
+from netlite_nb.data import (mnist_sample, load_dataset, image_folder, check_dataset, make_loaders, mnist_sample_loaders,
+                             TensorLoader, DataLoaders, DataCheckError, DatasetNotFoundError, LabeledTensors, loader_settings)
+
+def write_idx(path:Path, arr:np.ndarray):
+    "An IDX file as LeCun's MNIST distributes them: magic (0, 0, type 0x08 = ubyte, ndim), big-endian dims, data."
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(struct.pack('>BBBB', 0, 0, 0x08, arr.ndim) + struct.pack(f'>{arr.ndim}I', *arr.shape) + arr.astype(np.uint8).tobytes())
+
+def make_mnist_files(root:Path, folder='MNIST', n_train=30, n_test=10, seed=0):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for split, n in (('train', n_train), ('t10k', n_test)):
+        x, y = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), np.arange(n) % 10
+        write_idx(root / folder / 'raw' / f'{split}-images-idx3-ubyte', x)
+        write_idx(root / folder / 'raw' / f'{split}-labels-idx1-ubyte', y)
+        out[split] = (x, y)
+    return out
+
+CIFAR_NAMES = ['airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck']
+
+def make_cifar_files(root:Path, n=8, seed=0):
+    "The python-pickle CIFAR-10 layout: data_batch_1..5 and test_batch ({'data': uint8 [n, 3072] (R, G, B planes), 'labels'}), batches.meta."
+    rng = np.random.default_rng(seed)
+    d = root / 'cifar-10-batches-py'; d.mkdir(parents=True)
+    batches = {}
+    for name in [f'data_batch_{i}' for i in range(1, 6)] + ['test_batch']:
+        data, labels = rng.integers(0, 256, (n, 3072), dtype=np.uint8), [int(v) for v in rng.integers(0, 10, n)]
+        (d / name).write_bytes(pickle.dumps({'batch_label': name.encode(), 'data': data, 'labels': labels}))
+        batches[name] = (data, labels)
+    (d / 'batches.meta').write_bytes(pickle.dumps({'label_names': CIFAR_NAMES, 'num_cases_per_batch': n, 'num_vis': 3072}))
+    return batches
+
+def md5(p:Path)->str: return hashlib.md5(p.read_bytes()).hexdigest()
+
+@pytest.mark.parametrize('name,folder', [('mnist', 'MNIST'), ('fashion_mnist', 'FashionMNIST')])
+def test_idx_files_load_through_torchvision(tmp_path, name, folder):
+    ref = make_mnist_files(tmp_path, folder)
+    tr, va = load_dataset(name, root=tmp_path)
+    assert (len(tr), len(va)) == (30, 10) and tr.input_shape == (1, 28, 28) and tr.x.dtype == torch.uint8
+    assert torch.equal(tr.x[:, 0], torch.from_numpy(ref['train'][0])) and torch.equal(va.y, torch.from_numpy(ref['t10k'][1]).long())
+    assert tr.num_classes == 10 and tr.classes == getattr(tvd, folder).classes  # torchvision's names, e.g. '0 - zero'
+    x, y = tr[3]
+    assert x.dtype == torch.float32 and 0 <= float(x.min()) and float(x.max()) <= 1 and int(y) == 3
+    dls = make_loaders(tr, va, batch_size=8)
+    xb, yb = next(iter(dls.train))
+    assert xb.shape == (8, 1, 28, 28) and dls.classes == tr.classes
+
+def test_missing_dataset_says_where_and_how(tmp_path):
+    with pytest.raises(DatasetNotFoundError) as e: load_dataset('mnist', root=tmp_path)
+    msg = str(e.value)
+    assert str(tmp_path / 'MNIST' / 'raw') in msg and 'train-images-idx3-ubyte' in msg and 'download=True' in msg
+    make_mnist_files(tmp_path)
+    (tmp_path / 'MNIST' / 'raw' / 't10k-labels-idx1-ubyte').unlink()
+    with pytest.raises(DatasetNotFoundError, match='Missing: t10k-labels-idx1-ubyte'): load_dataset('mnist', root=tmp_path)
+
+def test_cifar_pickles_load_through_torchvision(tmp_path, monkeypatch):
+    ref = make_cifar_files(tmp_path)
+    d = tmp_path / 'cifar-10-batches-py'
+    # torchvision verifies every file's MD5 against the real CIFAR-10's: our tiny fixture must be rejected ...
+    with pytest.raises(DatasetNotFoundError, match='rejected the files'): load_dataset('cifar10', root=tmp_path)
+    # ... so the test registers the fixture's own checksums; torchvision still checks them and parses the same way
+    monkeypatch.setattr(tvd.CIFAR10, 'train_list', [[f'data_batch_{i}', md5(d / f'data_batch_{i}')] for i in range(1, 6)])
+    monkeypatch.setattr(tvd.CIFAR10, 'test_list', [['test_batch', md5(d / 'test_batch')]])
+    monkeypatch.setattr(tvd.CIFAR10, 'meta', {'filename': 'batches.meta', 'key': 'label_names', 'md5': md5(d / 'batches.meta')})
+    tr, va = load_dataset('cifar10', root=tmp_path)
+    assert (len(tr), len(va)) == (40, 8) and tr.input_shape == (3, 32, 32) and tr.classes == CIFAR_NAMES
+    data, labels = ref['data_batch_2']
+    img = data[0].reshape(3, 32, 32)                      # channel planes R, G, B; rows of 32
+    assert torch.equal(tr.x[8], torch.from_numpy(img)) and int(tr.y[8]) == labels[0]
+    assert torch.equal(va.y, torch.tensor(ref['test_batch'][1]))
+    (d / 'data_batch_3').write_bytes(b'corrupt')           # a damaged file fails the checksum
+    with pytest.raises(DatasetNotFoundError, match='rejected'): load_dataset('cifar10', root=tmp_path)
+
+def test_image_folder_pngs(tmp_path):
+    rng = np.random.default_rng(0)
+    for c, n in [('cat', 6), ('dog', 4), ('emu', 5)]:
+        (tmp_path / c).mkdir()
+        for i in range(n): Image.fromarray(rng.integers(0, 256, (40 + i, 50, 3), dtype=np.uint8)).save(tmp_path / c / f'{i}.png')
+    (tmp_path / 'dog' / 'truncated.png').write_bytes((tmp_path / 'dog' / '0.png').read_bytes()[:60])
+    (tmp_path / 'emu' / 'page.jpg').write_text('<html>404</html>')
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        tr, va = image_folder(tmp_path, size=24, valid_pct=0.25, seed=1)
+    msgs = [str(m.message) for m in w if 'unreadable' in str(m.message)]
+    assert len(msgs) == 1 and 'Skipped 2' in msgs[0] and 'truncated.png' in msgs[0] and 'page.jpg' in msgs[0]
+    assert tr.classes == va.classes == ['cat', 'dog', 'emu'] and len(tr) + len(va) == 15   # nothing else lost
+    assert torch.bincount(va.targets).tolist() == [2, 1, 1] and all(torch.bincount(tr.targets) > 0)
+    x, y = tr[0]
+    assert x.shape == (3, 24, 24) and x.dtype == torch.float32
+    with pytest.warns(UserWarning, match='Skipped 2'): tr2, va2 = image_folder(tmp_path, size=24, valid_pct=0.25, seed=1)
+    assert [s for s, _ in va2.samples] == [s for s, _ in va.samples]           # the split is seeded
+    with pytest.warns(UserWarning): g, _ = image_folder(tmp_path, size=16, channels=1)
+    assert g[0][0].shape == (1, 16, 16)
+    dls = make_loaders(tr, va, batch_size=4, augment=True)
+    xb, yb = next(iter(dls.train))
+    assert xb.shape == (4, 3, 24, 24) and dls.num_classes == 3 and dls.input_shape == (3, 24, 24)
+    with pytest.raises(DatasetNotFoundError, match='one sub-folder per class'): image_folder(tmp_path / 'missing')
+    (tmp_path / 'empty').mkdir()
+    with pytest.raises(DatasetNotFoundError): image_folder(tmp_path / 'empty')
+
+def test_sample_split_is_fixed_and_disjoint():
+    tr, va = mnist_sample()
+    d = np.load(Path(__file__).parents[1] / 'netlite_nb' / 'mnist_5k.npz')
+    assert set(d['train_idx'].tolist()).isdisjoint(d['valid_idx'].tolist()) and len(d['train_idx']) + len(d['valid_idx']) == 5000
+    assert torch.equal(va.x, torch.from_numpy(d['images'][d['valid_idx']]).unsqueeze(1).float() / 255)
+    assert str(d['source_sha256']) == '846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d'
+
+def test_check_dataset_names_the_item():
+    tr, _ = mnist_sample()
+    x, y = tr.x[::40].clone(), tr.y[::40].clone()
+    y[12] = -1
+    with pytest.raises(DataCheckError, match=r'Label of item 12 is -1'): check_dataset((x, y), num_classes=10)
+    with pytest.raises(DataCheckError, match='whole class numbers'): check_dataset((x, torch.full((100,), 0.5)))
+    with pytest.raises(DataCheckError, match=r"Class 6 \('6'\), 7 \('7'\), 8 \('8'\), 9 \('9'\) has no items"):
+        check_dataset(LabeledTensors(x[:60], tr.y[::40][:60], [str(i) for i in range(10)]))
+    x2, y2 = tr.x[:1100], tr.y[:1100]           # 400 zeros, 400 ones, 300 twos
+    r = check_dataset((x2, y2))
+    assert r.counts == [400, 400, 300] and abs(r.imbalance - 400 / 300) < 1e-9 and 'imbalance 1.3×' in str(r)
+
+def test_loaders_follow_the_strategy():
+    class S: device, num_workers, pin_memory, persistent_workers, prefetch_factor, micro_batch = 'cpu', 2, True, True, 3, 32
+    dls = mnist_sample_loaders(strategy=S())
+    assert isinstance(dls, DataLoaders) and dls.batch_size == 32 and isinstance(dls.train, TensorLoader)
+    s = loader_settings(S(), notebook=False, system='Linux')
+    assert (s.num_workers, s.pin_memory, s.prefetch_factor) == (2, False, 3)
+    tr, va = mnist_sample()
+    dl = make_loaders(tr, va, strategy=S(), resident=False)        # the DataLoader path takes the strategy's workers
+    assert dl.train.loader.num_workers == 2 and dl.train.loader.prefetch_factor == 3
+    xb, yb = next(iter(dl.train))
+    assert xb.shape == (32, 1, 28, 28)
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
+def test_tensor_loader_on_cuda():
+    dls = mnist_sample_loaders(device='cuda', augment=True)
+    xb, yb = next(iter(dls.train))
+    assert xb.is_cuda and yb.is_cuda and xb.shape == (64, 1, 28, 28)
+    a, b = [torch.cat([y for _, y in TensorLoader(mnist_sample()[0], 64, shuffle=True, seed=s, device=d)]).cpu() for s, d in ((3, 'cuda'), (3, 'cpu'))]
+    assert torch.equal(a, b)                                     # the order depends on the seed, not the device
