@@ -24,8 +24,8 @@ class ExportError(RuntimeError):
 def _check_output_path(path)->Path:
     "`path` as a `Path`, after checking that its folder exists and can be written to."
     path = Path(path)
-    if path.suffix != '.onnx': raise ValueError(f"The output path {str(path)!r} should end in '.onnx'.")
     if path.is_dir(): raise IsADirectoryError(f"The output path {str(path)!r} is a folder; give a file name such as {str(path / 'model.onnx')!r}.")
+    if path.suffix != '.onnx': raise ValueError(f"The output path {str(path)!r} should end in '.onnx'.")
     folder = path.parent
     if not folder.is_dir():
         raise FileNotFoundError(f"The output folder {str(folder)!r} does not exist. Create it first (mkdir -p {folder}) "
@@ -413,7 +413,7 @@ def export_onnx(model:nn.Module,              # the trained model; it is not mod
                           f"Python branch on tensor values in forward?\n{r}")
     return r
 
-# %% ../nbs/09_export.ipynb #c059
+# %% ../nbs/09_export.ipynb #c062
 def _weights_file(path)->Path:
     "The `model.safetensors` that `path` (a .safetensors file, a checkpoint directory or a run directory) names."
     p = Path(path)
