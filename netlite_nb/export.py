@@ -181,12 +181,16 @@ def run_onnx(sess_or_path, x)->np.ndarray:
 
 # %% ../nbs/09_export.ipynb #c021
 def _xs_of(data):
-    "Input batches from a loader of (x, y) batches, a `DataLoaders` (its `.valid`), a tensor, or an (x, y) pair."
-    if hasattr(data, 'valid') and not torch.is_tensor(data): data = data.valid
-    if hasattr(data, 'x') and hasattr(data, 'y'): data = data.x  # a dataset of tensors, e.g. `mnist_sample()[1]`
-    if torch.is_tensor(data) or isinstance(data, np.ndarray): yield from (data[i:i+128] for i in range(0, len(data), 128)); return
+    "Input batches from a loader of (x, y) batches, a `DataLoaders` (its `.train`), a dataset of tensors (`.x`), a tensor or an (x, y) pair."
+    if hasattr(data, 'train') and hasattr(data, 'valid'): data = data.train
+    if hasattr(data, 'x') and hasattr(data, 'y') and not hasattr(data, 'batch_size'): data = data.x  # a dataset, e.g. `mnist_sample()[0]`
     if isinstance(data, (tuple, list)) and len(data) == 2 and torch.is_tensor(data[0]) and torch.is_tensor(data[1]) and len(data[0]) == len(data[1]) > 16:
-        yield from _xs_of(data[0]); return
+        data = data[0]
+    if torch.is_tensor(data) or isinstance(data, np.ndarray):
+        # datasets are often stored sorted by class (the MNIST sample is): calibrate on a seeded shuffle, not on the first classes
+        idx = np.random.default_rng(0).permutation(len(data))
+        for i in range(0, len(data), 128): yield data[torch.as_tensor(idx[i:i+128]) if torch.is_tensor(data) else idx[i:i+128]]
+        return
     for b in data: yield b[0] if isinstance(b, (tuple, list)) else b
 
 def calibration_batches(data, input_shape:tuple, max_batches:int=8, min_samples:int=128)->list[np.ndarray]:
@@ -261,7 +265,7 @@ class _Half(nn.Module):
 def _labelled(valid):
     "(x, y) batches from an (x, y) pair of tensors, a loader of (x, y) batches or a `DataLoaders` (its `.valid`)."
     if hasattr(valid, 'valid') and not isinstance(valid, (tuple, list)): valid = valid.valid
-    if hasattr(valid, 'x') and hasattr(valid, 'y'): valid = (valid.x, valid.y)  # a dataset of tensors, e.g. `mnist_sample()[1]`
+    if hasattr(valid, 'x') and hasattr(valid, 'y') and not hasattr(valid, 'batch_size'): valid = (valid.x, valid.y)  # a dataset, e.g. `mnist_sample()[1]`
     if isinstance(valid, (tuple, list)) and len(valid) == 2 and torch.is_tensor(valid[0]) and len(valid[0]) == len(valid[1]):
         x, y = valid
         for i in range(0, len(x), 256): yield x[i:i+256], y[i:i+256]
