@@ -156,6 +156,11 @@ class _Noisy(nn.Module):
     def forward(self, x): return self.lin(x) + torch.rand(x.shape[0], 10)
 
 
+class _FixedBatch(nn.Module):
+    def __init__(self): super().__init__(); self.lin = nn.Linear(784, 10)
+    def forward(self, x): return self.lin(x.view(64, -1))
+
+
 def test_exporter_errors_are_condensed_and_fallbacks_recorded(data, tmp_path):
     dls, valid, x = data
     with pytest.raises(ExportError) as e:
@@ -167,6 +172,10 @@ def test_exporter_errors_are_condensed_and_fallbacks_recorded(data, tmp_path):
     r = export_onnx(_Branchy().eval(), x, tmp_path/'b.onnx', measure_speed=False)
     assert r.exporter == 'torchscript' and 'tensor' in r.fallback_reason and 'torch.where' in r.fallback_reason
     assert any('TorchScript' in n for n in r.notes)
+    with pytest.raises(ExportError, match='batch dimension cannot be dynamic') as e:  # no TorchScript fallback that bakes in 64
+        export_onnx(_FixedBatch().eval(), x, tmp_path/'f.onnx')
+    assert 'dynamic_batch=False' in str(e.value)
+    assert export_onnx(_FixedBatch().eval(), x, tmp_path/'f.onnx', dynamic_batch=False, measure_speed=False).input_shape == (64, 1, 28, 28)
     with pytest.raises(ExportError, match='does not compute what PyTorch computes'):
         export_onnx(_Noisy(), x, tmp_path/'n.onnx', measure_speed=False)
 
