@@ -177,6 +177,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.export._Half.__init__': ('export.html#_half.__init__', 'netlite_nb/export.py'),
                                    'netlite_nb.export._Half.forward': ('export.html#_half.forward', 'netlite_nb/export.py'),
                                    'netlite_nb.export._batch_dims': ('export.html#_batch_dims', 'netlite_nb/export.py'),
+                                   'netlite_nb.export._check_batch_of_one': ('export.html#_check_batch_of_one', 'netlite_nb/export.py'),
                                    'netlite_nb.export._check_output_path': ('export.html#_check_output_path', 'netlite_nb/export.py'),
                                    'netlite_nb.export._compare': ('export.html#_compare', 'netlite_nb/export.py'),
                                    'netlite_nb.export._condense': ('export.html#_condense', 'netlite_nb/export.py'),

@@ -24,8 +24,8 @@ class ExportError(RuntimeError):
 def _check_output_path(path)->Path:
     "`path` as a `Path`, after checking that its folder exists and can be written to."
     path = Path(path)
-    if path.suffix != '.onnx': raise ValueError(f"The output path {str(path)!r} should end in '.onnx'.")
     if path.is_dir(): raise IsADirectoryError(f"The output path {str(path)!r} is a folder; give a file name such as {str(path / 'model.onnx')!r}.")
+    if path.suffix != '.onnx': raise ValueError(f"The output path {str(path)!r} should end in '.onnx'.")
     folder = path.parent
     if not folder.is_dir():
         raise FileNotFoundError(f"The output folder {str(folder)!r} does not exist. Create it first (mkdir -p {folder}) "
@@ -71,7 +71,7 @@ def _condense(e:Exception, step:str, ep=None, log:str='')->str:
     op = re.search(r"No ONNX function found for <OpOverload\(op='([\w.]+)', overload='(\w+)'\)", msg)
     if op is None: op = re.search(r"Exporting the operator '([\w:.]+)' to ONNX opset version (\d+) is not supported", msg)
     node = re.search(r"Error when translating node %(\w+)", msg)
-    where = re.search(r'File "([^"]+)", line (\d+), in \w+\n\s+(.+)', msg.split('The following call raised this error:')[-1])
+    where = re.search(r'File "([^"]+)", line (\d+), in \w+(?:\n[ \t]+(\S[^\n]*))?', msg.split('The following call raised this error:')[-1])
     if op:
         what, key = f"operation `{op[1]}` has no ONNX translation", 'no-onnx'
         mod = _module_of(ep, node[1], op[1]) if (ep is not None and node) else _scope_of(log, op[1])
@@ -84,7 +84,7 @@ def _condense(e:Exception, step:str, ep=None, log:str='')->str:
         summary = re.search(r"## Exception summary\s+<class '[\w.]*?(\w+)'>: ([^\n]+)", msg)
         first = f"{summary[1]}: {summary[2]}" if summary else f"{type(e).__name__}: {msg.strip().splitlines()[0] if msg.strip() else ''}"
         what, key = first[:300], 'other'
-    if where and key != 'no-onnx': what += f" at {Path(where[1]).name}:{where[2]} `{where[3].strip()}`"
+    if where and key != 'no-onnx': what += f" at {Path(where[1]).name}:{where[2]}" + (f" `{where[3].strip()}`" if where[3] else '')
     return f"{step} failed: {what}. Try: {_ADVICE[key]}"
 
 # %% ../nbs/09_export.ipynb #c012
@@ -155,6 +155,7 @@ def _export_file(model:nn.Module, x:torch.Tensor, path:Path, opset:int|None, dyn
         _export_dynamo(model, x, path, opset, dynamic)
         used, reason = 'dynamo', None
     except ExportError as e:
+        if 'batch dimension cannot be dynamic' in str(e): raise  # TorchScript would bake the batch size in behind a dynamic-looking input
         try: _export_torchscript(model, x, path, opset, dynamic)
         except ExportError as e2:
             raise ExportError(f"Both exporters failed.\n- dynamo: {e}\n- TorchScript: {e2}", e.details + '\n\n' + e2.details) from None
@@ -163,7 +164,7 @@ def _export_file(model:nn.Module, x:torch.Tensor, path:Path, opset:int|None, dyn
     onnx.checker.check_model(str(path), full_check=True)
     return used, reason
 
-# %% ../nbs/09_export.ipynb #c019
+# %% ../nbs/09_export.ipynb #c021
 def onnx_session(path, threads:int|None=None)->ort.InferenceSession:
     "An ONNX Runtime CPU session for the file at `path`; a file that does not load raises `ExportError`."
     so = ort.SessionOptions()
@@ -179,14 +180,18 @@ def run_onnx(sess_or_path, x)->np.ndarray:
     x = x.detach().cpu().float().numpy() if torch.is_tensor(x) else np.asarray(x, dtype=np.float32)
     return sess.run(None, {sess.get_inputs()[0].name: x})[0]
 
-# %% ../nbs/09_export.ipynb #c021
+# %% ../nbs/09_export.ipynb #c023
 def _xs_of(data):
-    "Input batches from a loader of (x, y) batches, a `DataLoaders` (its `.valid`), a tensor, or an (x, y) pair."
-    if hasattr(data, 'valid') and not torch.is_tensor(data): data = data.valid
-    if hasattr(data, 'x') and hasattr(data, 'y'): data = data.x  # a dataset of tensors, e.g. `mnist_sample()[1]`
-    if torch.is_tensor(data) or isinstance(data, np.ndarray): yield from (data[i:i+128] for i in range(0, len(data), 128)); return
+    "Input batches from a loader of (x, y) batches, a `DataLoaders` (its `.train`), a dataset of tensors (`.x`), a tensor or an (x, y) pair."
+    if hasattr(data, 'train') and hasattr(data, 'valid'): data = data.train
+    if hasattr(data, 'x') and hasattr(data, 'y') and not hasattr(data, 'batch_size'): data = data.x  # a dataset, e.g. `mnist_sample()[0]`
     if isinstance(data, (tuple, list)) and len(data) == 2 and torch.is_tensor(data[0]) and torch.is_tensor(data[1]) and len(data[0]) == len(data[1]) > 16:
-        yield from _xs_of(data[0]); return
+        data = data[0]
+    if torch.is_tensor(data) or isinstance(data, np.ndarray):
+        # datasets are often stored sorted by class (the MNIST sample is): calibrate on a seeded shuffle, not on the first classes
+        idx = np.random.default_rng(0).permutation(len(data))
+        for i in range(0, len(data), 128): yield data[torch.as_tensor(idx[i:i+128]) if torch.is_tensor(data) else idx[i:i+128]]
+        return
     for b in data: yield b[0] if isinstance(b, (tuple, list)) else b
 
 def calibration_batches(data, input_shape:tuple, max_batches:int=8, min_samples:int=128)->list[np.ndarray]:
@@ -205,7 +210,7 @@ def calibration_batches(data, input_shape:tuple, max_batches:int=8, min_samples:
                          f"(e.g. 4 batches of 32). Pass a loader with more batches, such as the validation loader.")
     return out
 
-# %% ../nbs/09_export.ipynb #c025
+# %% ../nbs/09_export.ipynb #c027
 from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
                                       quantize_dynamic, quantize_static)
 from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -251,17 +256,17 @@ def quantize_int8(src, dst, calib:list[np.ndarray]|None=None)->str:
     _tidy(dst)
     return f"static QDQ (uint8 activations, int8 weights per channel; {len(calib)} calibration batches, {sum(map(len, calib))} samples)"
 
-# %% ../nbs/09_export.ipynb #c027
+# %% ../nbs/09_export.ipynb #c029
 class _Half(nn.Module):
     "Runs `model` in fp16 behind a float32 interface."
     def __init__(self, model:nn.Module): super().__init__(); self.model = copy.deepcopy(model).half()
     def forward(self, x): return self.model(x.half()).float()
 
-# %% ../nbs/09_export.ipynb #c029
+# %% ../nbs/09_export.ipynb #c031
 def _labelled(valid):
     "(x, y) batches from an (x, y) pair of tensors, a loader of (x, y) batches or a `DataLoaders` (its `.valid`)."
     if hasattr(valid, 'valid') and not isinstance(valid, (tuple, list)): valid = valid.valid
-    if hasattr(valid, 'x') and hasattr(valid, 'y'): valid = (valid.x, valid.y)  # a dataset of tensors, e.g. `mnist_sample()[1]`
+    if hasattr(valid, 'x') and hasattr(valid, 'y') and not hasattr(valid, 'batch_size'): valid = (valid.x, valid.y)  # a dataset, e.g. `mnist_sample()[1]`
     if isinstance(valid, (tuple, list)) and len(valid) == 2 and torch.is_tensor(valid[0]) and len(valid[0]) == len(valid[1]):
         x, y = valid
         for i in range(0, len(x), 256): yield x[i:i+256], y[i:i+256]
@@ -285,6 +290,16 @@ def _compare(model, sessions:dict, x_sample, valid, max_batches:int=40)->tuple[d
     acc = {k: 100 * v / n_lab for k, v in correct.items()} if n_lab else {}
     return diff, acc, {k: 100 * v / n for k, v in agree.items()}, n
 
+def _check_batch_of_one(model, sessions:dict, x):
+    "A file that declares a dynamic batch must also run, and match, on a batch of one."
+    with torch.no_grad(): ref = model(x[:1]).numpy()
+    for p, s in sessions.items():
+        try: out = run_onnx(s, x[:1])
+        except Exception as e:
+            raise ExportError(f"The {p} file declares a dynamic batch but fails on a batch of 1 ({str(e).splitlines()[0][:200]}). "
+                              f"Try: {_ADVICE['batch']}", str(e)) from None
+        if out.shape != ref.shape: raise ExportError(f"The {p} file returns shape {out.shape} for a batch of 1, PyTorch {ref.shape}. Try: {_ADVICE['batch']}")
+
 def _latency(sess, x1:np.ndarray, batches=(1, 64), budget_s:float=0.25)->dict[int, float]:
     "Median ONNX Runtime latency in ms for each batch size, built by repeating one input."
     name, res = sess.get_inputs()[0].name, {}
@@ -297,7 +312,7 @@ def _latency(sess, x1:np.ndarray, batches=(1, 64), budget_s:float=0.25)->dict[in
         res[b] = 1000 * float(np.median(times))
     return res
 
-# %% ../nbs/09_export.ipynb #c031
+# %% ../nbs/09_export.ipynb #c033
 def _mb(n): return f"{n/2**20:.2f} MB" if n >= 2**20 else f"{n/1024:.1f} KB"
 
 @dataclass
@@ -365,7 +380,7 @@ def _report_html(self:ExportReport)->str:
 ExportReport.__str__ = _report_str
 ExportReport._repr_html_ = _report_html
 
-# %% ../nbs/09_export.ipynb #c033
+# %% ../nbs/09_export.ipynb #c035
 def export_onnx(model:nn.Module,              # the trained model; it is not modified
                 sample,                       # a batch of real inputs `x` (or an `(x, y)` batch), as the model takes them
                 path,                         # where to write the `.onnx` file to ship
@@ -394,6 +409,7 @@ def export_onnx(model:nn.Module,              # the trained model; it is not mod
         with torch.no_grad(): scale = max(1.0, float(m(x).abs().max()))
         files['fp16'], tol['fp16'] = path, 1e-2 * scale
     sessions = {p: onnx_session(f) for p, f in files.items()}
+    if dynamic_batch: _check_batch_of_one(m, sessions, x)
     diff, acc, agree, n = _compare(m, sessions, x, valid)
     proto = onnx.load(str(path), load_external_data=False)
     opset_used = next(o.version for o in proto.opset_import if o.domain in ('', 'ai.onnx'))
@@ -413,7 +429,7 @@ def export_onnx(model:nn.Module,              # the trained model; it is not mod
                           f"Python branch on tensor values in forward?\n{r}")
     return r
 
-# %% ../nbs/09_export.ipynb #c059
+# %% ../nbs/09_export.ipynb #c064
 def _weights_file(path)->Path:
     "The `model.safetensors` that `path` (a .safetensors file, a checkpoint directory or a run directory) names."
     p = Path(path)
