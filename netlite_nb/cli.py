@@ -44,24 +44,20 @@ def _probe(args):
 _probe.add_arguments = lambda p: p.add_argument('--json', action='store_true', help='print JSON (for bug reports)')
 
 # %% ../nbs/10_cli.ipynb #c012
-def _cli_model(name:str):
-    "A small MNIST-shaped model and a batch of one sample for `netlite plan`."
+def _cli_model(name:str, in_channels:int=1, size:int=28):
+    "A chapter 05 model and a one-sample batch on the meta device (no memory is used) for `netlite plan`."
     import torch
-    from torch import nn
-    if name == 'mlp': m = nn.Sequential(nn.Flatten(), nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
-    elif name == 'cnn':
-        m = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64),
-                          nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(),
-                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
-    else: raise ValueError(f"unknown model {name!r}: use 'mlp' or 'cnn'")
-    return m, (torch.empty(1, 1, 28, 28, device='meta'), torch.empty(1, dtype=torch.long, device='meta'))
+    from netlite_nb.models import create_model
+    m = create_model(name, num_classes=10, in_channels=in_channels)
+    return m, (torch.empty(1, in_channels, size, size, device='meta'), torch.empty(1, dtype=torch.long, device='meta'))
 
 @command('plan', 'Predict the memory of a training step on a GPU (or the CPU) and say whether it fits.')
 def _plan(args):
     from netlite_nb.budget import plan_memory, max_batch_size, fit_to_budget, _resize, BudgetTooSmallError
     from netlite_nb.probe import UnknownGPUError
     try:
-        model, sample = _cli_model(args.model)
+        c, h, w = (int(v) for v in args.input.lower().split('x'))
+        model, sample = _cli_model(args.model, c, h)
         kw = dict(optimizer=args.optimizer, precision=args.precision, checkpointing='auto' if args.checkpointing else None)
         plan = plan_memory(model, _resize(sample, args.batch_size), device_or_gpu=args.gpu, micro_batch=args.micro_batch, **kw)
     except (UnknownGPUError, ValueError) as e:
@@ -75,7 +71,8 @@ def _plan(args):
     return 0 if plan.fits is not False else 1
 
 def _plan_args(p):
-    p.add_argument('--model', default='mlp', help="model name: 'mlp' or 'cnn' (MNIST-shaped)")
+    p.add_argument('--model', default='mlp', help="a chapter 05 model name: mlp, netlite_tiny, netlite_small, resnet, vit_tiny")
+    p.add_argument('--input', default='1x28x28', help="one sample's shape, CxHxW: 1x28x28 (MNIST) or 3x32x32 (CIFAR-10)")
     p.add_argument('--batch-size', type=int, default=64)
     p.add_argument('--gpu', default='cpu', help="a GPU name from the catalogue, e.g. 'gtx 1050 ti'; 'cuda' for this machine's GPU; 'cpu'")
     p.add_argument('--precision', default='fp32', choices=['fp32', 'fp16', 'bf16'])

@@ -148,10 +148,12 @@ def test_find_batch_size_backs_off_and_frees_the_failed_attempt():
 def test_cli_plan():
     env = {**os.environ, 'PYTHONPATH': str(ROOT)}
     cmd = [sys.executable, '-c', 'import sys; from netlite_nb.cli import main; sys.exit(main(sys.argv[1:]))']
-    r = subprocess.run(cmd + ['plan', '--model', 'cnn', '--batch-size', '64', '--gpu', 'gtx 1050 ti'], capture_output=True, text=True, env=env)
+    r = subprocess.run(cmd + ['plan', '--model', 'netlite_tiny', '--batch-size', '64', '--gpu', 'gtx 1050 ti'], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert 'GeForce GTX 1050 Ti' in r.stdout and 'CUDA context' in r.stdout and 'fits' in r.stdout
-    r = subprocess.run(cmd + ['plan', '--model', 'cnn', '--batch-size', '4096', '--gpu', 'mx450', '--suggest'], capture_output=True, text=True, env=env)
+    r = subprocess.run(cmd + ['plan', '--model', 'netlite_tiny', '--batch-size', '4096', '--gpu', 'mx450', '--suggest'], capture_output=True, text=True, env=env)
     assert r.returncode == 1 and 'does NOT fit' in r.stdout and 'largest batch that fits' in r.stdout
     r = subprocess.run(cmd + ['plan', '--gpu', 'rtx 3061'], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and 'Closest' in r.stderr
+    r = subprocess.run(cmd + ['plan', '--model', 'resnet5'], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and 'Available: mlp' in r.stderr

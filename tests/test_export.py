@@ -80,7 +80,6 @@ def test_netlite_tiny_folds_batchnorm_and_int8_runs_integer_kernels(data, tmp_pa
 @pytest.mark.slow
 def test_trained_netlite_tiny_int8_loses_at_most_one_point(request, data, tmp_path):
     "Trains netlite_tiny for two epochs on the CPU (minutes): `pytest -m slow tests/test_export.py`."
-    if 'slow' not in (request.config.option.markexpr or ''): pytest.skip('slow: run with -m slow')
     dls, valid, x = data
     tiny = _fit(create_model('netlite_tiny'), dls, epochs=2)
     r = export_onnx(tiny, x, tmp_path/'t.onnx', quantize='int8', calibration=dls.train, valid=valid)

@@ -64,5 +64,4 @@ def test_onnx_export_matches(name, c, s):
 @pytest.mark.slow
 @pytest.mark.parametrize('name,c,s', CASES)
 def test_onnx_export_whole_zoo(name, c, s, request):
-    if 'slow' not in (request.config.getoption('markexpr') or ''): pytest.skip('exports 10 models (~20 s each on 2 cores): run with -m slow')
     assert _onnx_max_diff(create_model(name, in_channels=c), c, s) < 1e-4

@@ -222,7 +222,6 @@ def test_cli_train_config_and_resume(tmp_path):
 @needs_demo
 @pytest.mark.slow
 def test_demo_reaches_target_accuracy(tmp_path, request):
-    if 'slow' not in (request.config.getoption('markexpr') or ''): pytest.skip('about 90 s on 2 cores: run with -m slow')
     from netlite_nb.train import run_demo
     r = run_demo(run_dir=tmp_path / 'demo', progress=False)
     print(r)
