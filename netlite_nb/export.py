@@ -4,11 +4,12 @@
 
 # %% ../nbs/09_export.ipynb #c003
 from __future__ import annotations
-import contextlib, copy, ctypes, html, io, logging, os, re, sys, tempfile, time, warnings
+import contextlib, copy, ctypes, io, logging, os, re, sys, tempfile, time, warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
 import onnx, onnxruntime as ort
+from .probe import rows_html, rows_text
 
 # %% auto #0
 __all__ = ['ExportError', 'onnx_session', 'run_onnx', 'calibration_batches', 'quantize_int8', 'ExportReport', 'export_onnx',
@@ -367,18 +368,8 @@ def _report_rows(r:ExportReport)->list[tuple[str, str]]:
     rows += [('note', n) for n in r.notes]
     return rows
 
-def _report_str(self:ExportReport)->str:
-    rows = _report_rows(self)
-    w = max(len(k) for k, _ in rows)
-    return '\n'.join(f"{k:<{w}}  {v}" for k, v in rows)
-
-def _report_html(self:ExportReport)->str:
-    trs = ''.join(f"<tr><th style='text-align:left;padding-right:1em;vertical-align:top'>{html.escape(k)}</th>"
-                  f"<td style='text-align:left'>{html.escape(v)}</td></tr>" for k, v in _report_rows(self))
-    return f"<div><b>ONNX export</b><table>{trs}</table></div>"
-
-ExportReport.__str__ = _report_str
-ExportReport._repr_html_ = _report_html
+ExportReport.__str__ = lambda self: rows_text(_report_rows(self))
+ExportReport._repr_html_ = lambda self: rows_html(_report_rows(self), 'ONNX export')
 
 # %% ../nbs/09_export.ipynb #c035
 def export_onnx(model:nn.Module,              # the trained model; it is not modified

@@ -12,7 +12,8 @@ import psutil, torch
 
 # %% auto #0
 __all__ = ['GPUSpec', 'gpu_catalogue', 'UnknownGPUError', 'lookup_gpu', 'fp16_is_fast', 'bf16_is_native', 'GPUInfo', 'CPUInfo',
-           'SystemMemory', 'TorchBuild', 'HardwareProfile', 'probe', 'FakeNVML', 'MemoryReading', 'device_memory']
+           'SystemMemory', 'TorchBuild', 'HardwareProfile', 'probe', 'rows_text', 'rows_html', 'FakeNVML',
+           'MemoryReading', 'device_memory']
 
 # %% ../nbs/00_probe.ipynb #c007
 @dataclass(frozen=True)
@@ -416,18 +417,19 @@ def _profile_rows(p:HardwareProfile)->list[tuple[str,str]]:
     rows += [('Note', n) for n in p.notes]
     return rows
 
-def _profile_str(self:HardwareProfile)->str:
-    rows = _profile_rows(self)
-    w = max(len(k) for k, _ in rows)
+def rows_text(rows:list[tuple[str,str]])->str:
+    "Aligned `key  value` lines: how every result of the book prints in a terminal."
+    w = max((len(k) for k, _ in rows), default=0)
     return '\n'.join(f"{k:<{w}}  {v}" for k, v in rows)
 
-def _profile_html(self:HardwareProfile)->str:
+def rows_html(rows:list[tuple[str,str]], title:str='')->str:
+    "A key/value HTML table: how every result of the book shows in a notebook."
     trs = ''.join(f"<tr><th style='text-align:left;padding-right:1em;vertical-align:top'>{html.escape(k)}</th>"
-                  f"<td style='text-align:left'>{html.escape(v)}</td></tr>" for k, v in _profile_rows(self))
-    return f"<div><b>Hardware profile</b><table>{trs}</table></div>"
+                  f"<td style='text-align:left'>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f"<div>{f'<b>{html.escape(title)}</b>' if title else ''}<table>{trs}</table></div>"
 
-HardwareProfile.__str__ = _profile_str
-HardwareProfile._repr_html_ = _profile_html
+HardwareProfile.__str__ = lambda self: rows_text(_profile_rows(self))
+HardwareProfile._repr_html_ = lambda self: rows_html(_profile_rows(self), 'Hardware profile')
 
 # %% ../nbs/00_probe.ipynb #c037
 class FakeNVML:

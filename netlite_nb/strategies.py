@@ -10,7 +10,7 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 import torch, yaml
-from .probe import GPUInfo, GPUSpec, HardwareProfile, UnknownGPUError, gpu_catalogue, lookup_gpu, probe
+from .probe import GPUInfo, GPUSpec, HardwareProfile, UnknownGPUError, gpu_catalogue, lookup_gpu, probe, rows_html, rows_text
 
 # %% auto #0
 __all__ = ['DEVICES', 'PRECISIONS', 'OPTIMIZERS', 'DATASETS', 'QUANTIZE', 'ConfigError', 'UnknownStrategyError', 'Strategy',
@@ -182,18 +182,8 @@ def _strategy_rows(s:Strategy)->list[tuple[str,str]]:
     if s.notes: rows.append(('Notes', s.notes))
     return rows
 
-def _strategy_str(self:Strategy)->str:
-    rows = _strategy_rows(self)
-    w = max(len(k) for k, _ in rows)
-    return '\n'.join(f"{k:<{w}}  {v}" for k, v in rows)
-
-def _strategy_html(self:Strategy)->str:
-    trs = ''.join(f"<tr><th style='text-align:left;padding-right:1em;vertical-align:top'>{html.escape(k)}</th>"
-                  f"<td style='text-align:left'>{html.escape(v)}</td></tr>" for k, v in _strategy_rows(self))
-    return f"<div><table>{trs}</table></div>"
-
-Strategy.__str__ = _strategy_str
-Strategy._repr_html_ = _strategy_html
+Strategy.__str__ = lambda self: rows_text(_strategy_rows(self))
+Strategy._repr_html_ = lambda self: rows_html(_strategy_rows(self))
 
 # %% ../nbs/06_strategies.ipynb #c015
 def _slug(name:str)->str:

@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_train.ipynb #c003
 from __future__ import annotations
-import contextlib, gc, html, importlib, itertools, math, os, random, shutil, signal, sys, tempfile, threading, time, traceback
+import contextlib, gc, importlib, itertools, math, os, random, shutil, signal, sys, tempfile, threading, time, traceback
 from dataclasses import dataclass, field, replace as dataclasses_replace
 from pathlib import Path
 import numpy as np, torch, yaml
@@ -12,7 +12,7 @@ from torch import nn
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 import safetensors.torch as st
-from .probe import MemoryReading, bf16_is_native, device_memory, fp16_is_fast, probe
+from .probe import MemoryReading, bf16_is_native, device_memory, fp16_is_fast, probe, rows_html, rows_text
 
 # %% auto #0
 __all__ = ['DEMO', 'seed_everything', 'rng_state', 'set_rng_state', 'PrecisionPolicy', 'choose_precision', 'is_oom',
@@ -156,13 +156,8 @@ class OOMReport:
         if self.action: r.append(('Action', self.action))
         r += [('Note', n) for n in self.notes]
         return r
-    def __str__(self):
-        rows = self.rows(); w = max(len(k) for k, _ in rows)
-        return '\n'.join(f"{k:<{w}}  {v}" for k, v in rows)
-    def _repr_html_(self):
-        trs = ''.join(f"<tr><th style='text-align:left;padding-right:1em;vertical-align:top'>{html.escape(k)}</th>"
-                      f"<td style='text-align:left'>{html.escape(v)}</td></tr>" for k, v in self.rows())
-        return f"<div><b>Out-of-memory report</b><table>{trs}</table></div>"
+    def __str__(self): return rows_text(self.rows())
+    def _repr_html_(self): return rows_html(self.rows(), 'Out-of-memory report')
 
 # %% ../nbs/07_train.ipynb #c021
 _HOOKS = ('before_fit', 'after_fit', 'before_epoch', 'after_epoch', 'before_batch', 'after_batch',
@@ -1003,13 +998,8 @@ class DemoResult:
                       + (f"; ONNX Runtime accuracy {acc[e.precision]:.2f}% vs PyTorch {acc['pytorch']:.2f}%" if e.precision in acc and 'pytorch' in acc else '')
                       + (f"; top-1 agreement {e.agreement[e.precision]:.1f}%" if e.precision in (getattr(e, 'agreement', None) or {}) else '')))
         return r + [('Note', n) for n in self.notes]
-    def __str__(self):
-        rows = self.rows(); w = max(len(k) for k, _ in rows)
-        return '\n'.join(f"{k:<{w}}  {v}" for k, v in rows)
-    def _repr_html_(self):
-        trs = ''.join(f"<tr><th style='text-align:left;padding-right:1em'>{html.escape(k)}</th><td style='text-align:left'>{html.escape(v)}</td></tr>"
-                      for k, v in self.rows())
-        return f"<div><b>netlite demo</b><table>{trs}</table></div>"
+    def __str__(self): return rows_text(self.rows())
+    def _repr_html_(self): return rows_html(self.rows(), 'netlite demo')
 
 DEMO = dict(model='netlite_tiny', epochs=8, batch_size=64, lr=4e-3, weight_decay=0.05, warmup=0.2, label_smoothing=0.05, ema=None, augment=True)
 
