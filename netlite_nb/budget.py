@@ -13,13 +13,13 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only, tree_flatten
 from torch._subclasses.fake_tensor import FakeTensorMode
-from .probe import GPUInfo, GPUSpec, UnknownGPUError, lookup_gpu, gpu_catalogue
+from .probe import GPUInfo, GPUSpec, UnknownGPUError, fmt_bytes, lookup_gpu, gpu_catalogue
 
 # %% auto #0
 __all__ = ['CUDA_CONTEXT_BYTES', 'TENSOR_TERMS', 'COLORS', 'Allocation', 'AllocationTracker', 'ShapeMismatchError',
-           'default_loss', 'Trace', 'trace_step', 'fmt_bytes', 'CachingAllocatorSim', 'cublas_workspace_bytes',
-           'Target', 'resolve_target', 'MemoryPlan', 'plan_memory', 'plot_plans', 'BudgetTooSmallError',
-           'max_batch_size', 'Change', 'fit_to_budget', 'find_batch_size', 'budget_widget']
+           'default_loss', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes', 'Target',
+           'resolve_target', 'MemoryPlan', 'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'max_batch_size',
+           'Change', 'fit_to_budget', 'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -294,13 +294,6 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
     return Trace(tr, sum(p.numel() for p in model.parameters()), n_micro, accum)
 
 # %% ../nbs/01_budget.ipynb #c021
-def fmt_bytes(n:int|float|None)->str:
-    "Bytes for people: '1.50 GiB', '12.0 MiB', '512 B'."
-    if n is None: return '?'
-    for unit, k in (('GiB', 2**30), ('MiB', 2**20), ('KiB', 2**10)):
-        if abs(n) >= k: return f"{n/k:.2f} {unit}" if unit == 'GiB' else f"{n/k:.1f} {unit}"
-    return f"{int(n)} B"
-
 _MB = 2**20
 # PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, default settings): kMinBlockSize, kSmallSize,
 # kSmallBuffer, kLargeBuffer, kMinLargeAlloc, kRoundLarge

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
 import onnx, onnxruntime as ort
-from .probe import rows_html, rows_text
+from .probe import fmt_bytes, rows_html, rows_text
 
 # %% auto #0
 __all__ = ['ExportError', 'onnx_session', 'run_onnx', 'calibration_batches', 'quantize_int8', 'ExportReport', 'export_onnx',
@@ -314,8 +314,6 @@ def _latency(sess, x1:np.ndarray, batches=(1, 64), budget_s:float=0.25)->dict[in
     return res
 
 # %% ../nbs/09_export.ipynb #c033
-def _mb(n): return f"{n/2**20:.2f} MB" if n >= 2**20 else f"{n/1024:.1f} KB"
-
 @dataclass
 class ExportReport:
     "What `export_onnx` wrote and measured."
@@ -353,8 +351,8 @@ class ExportReport:
         return all(t is None or self.max_abs_diff[p] <= t for p, t in self.tolerance.items())
 
 def _report_rows(r:ExportReport)->list[tuple[str, str]]:
-    rows = [('file', f"{r.path} ({_mb(r.size)}, {r.precision})")]
-    if r.fp32_path: rows.append(('fp32 reference', f"{r.fp32_path} ({_mb(r.fp32_size)}); {r.precision} is {100*r.size_ratio:.0f}% of it"))
+    rows = [('file', f"{r.path} ({fmt_bytes(r.size)}, {r.precision})")]
+    if r.fp32_path: rows.append(('fp32 reference', f"{r.fp32_path} ({fmt_bytes(r.fp32_size)}); {r.precision} is {100*r.size_ratio:.0f}% of it"))
     rows += [('exporter', r.exporter + (f" (fallback: {r.fallback_reason})" if r.fallback_reason else '')),
              ('opset', str(r.opset)), ('input', f"({', '.join(map(str, r.input_shape))}) float32")]
     if r.quantization: rows.append(('quantization', r.quantization))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import base64, collections, html, io, math, sys, time
 import numpy as np
 from matplotlib.figure import Figure
-from .probe import device_memory, MemoryReading
+from .probe import device_memory, fmt_bytes, MemoryReading
 from .train import Callback
 
 # %% auto #0
@@ -97,12 +97,6 @@ def frontend(shell=None)->str:
 # %% ../nbs/08_live.ipynb #c016
 _GB = 2**30
 
-def _fmt_bytes(b)->str:
-    if b is None or b != b: return '–'
-    for unit, size in (('GB', 2**30), ('MB', 2**20), ('KB', 2**10)):
-        if abs(b) >= size: return f"{b/size:.2f} {unit}" if unit == 'GB' else f"{b/size:.0f} {unit}"
-    return f"{b:.0f} B"
-
 def _png(fig:Figure, dpi=None)->bytes:
     "The figure as PNG bytes, through the Agg canvas (no GUI, no pyplot)."
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -161,14 +155,14 @@ def _draw_memory(ax, mem:Downsampled|None, total=None, plan_peak=None, events=()
             ax.plot(x, y / _GB, style, lw=1.2, label=label)
             top = max(top, np.nanmax(y))
     if plan_peak:
-        ax.axhline(plan_peak / _GB, color='tab:orange', ls='-.', lw=1.2, label=f'plan: peak {_fmt_bytes(plan_peak)}')
+        ax.axhline(plan_peak / _GB, color='tab:orange', ls='-.', lw=1.2, label=f'plan: peak {fmt_bytes(plan_peak)}')
         top = max(top, plan_peak)
     # The CPU's total is the machine's RAM: drawn, it would flatten the curves; then the title says it.
     title = 'memory (GB)'
     if total and (not top or total <= 4 * top):
-        ax.axhline(total / _GB, color='0.3', lw=1.5, label=f'device total {_fmt_bytes(total)}')
+        ax.axhline(total / _GB, color='0.3', lw=1.5, label=f'device total {fmt_bytes(total)}')
         top = max(top, total)
-    elif total: title += f' · device total {_fmt_bytes(total)}'
+    elif total: title += f' · device total {fmt_bytes(total)}'
     ax.set_ylim(0, top / _GB * 1.3 if top else None)  # headroom for the legend
     ax.set_xlabel('step'); ax.set_title(title, fontsize=10); ax.grid(alpha=.3)
     _mark_events(ax, events)
@@ -362,14 +356,14 @@ class LiveDashboard(Callback):
         if total_steps and steps_s: eta = time.strftime('%H:%M:%S', time.gmtime(max(0, total_steps - self.step) / steps_s))
         r = self.reading
         cur = r.current if r is not None else None
-        of = f" of {_fmt_bytes(self.total)}" if self.total else ''
+        of = f" of {fmt_bytes(self.total)}" if self.total else ''
         precision = getattr(trainer, 'precision', None)
         parts = [f"{getattr(trainer, 'device', 'cpu')} · {getattr(precision, 'name', precision) or 'fp32'}",
                  f"epoch {self.epoch if self.epoch is not None else '–'}",
                  f"step {self.step}" + (f"/{total_steps}" if total_steps else ''),
                  f"{samples_s:,.0f} samples/s" if samples_s is not None else '– samples/s',
                  f"ETA {eta}"]
-        mem = f"memory {_fmt_bytes(cur)} (peak {_fmt_bytes(self.peak)}){of}"
+        mem = f"memory {fmt_bytes(cur)} (peak {fmt_bytes(self.peak)}){of}"
         if not html_: return ' · '.join(parts + [mem])
         return ('<div style="font-family:monospace;font-size:12px">' + ' · '.join(html.escape(p) for p in parts)
                 + f' · <span class="netlite-mem" title="{html.escape(r.source if r else "")}">{html.escape(mem)}</span></div>')
@@ -377,7 +371,7 @@ class LiveDashboard(Callback):
     def _postfix(self)->str:
         loss = self.train.column('loss')[-1] if len(self.train) else math.nan
         cur = self.reading.current if self.reading is not None else None
-        return f"loss {loss:.4f} · mem {_fmt_bytes(cur)} · peak {_fmt_bytes(self.peak)}"
+        return f"loss {loss:.4f} · mem {fmt_bytes(cur)} · peak {fmt_bytes(self.peak)}"
 
     def _render(self, trainer, title=False)->bytes:
         if self.fig is None: self.fig, self.axes = _new_figure(self.figsize, self.dpi)

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 from torch import nn
 import torch.nn.functional as F
+from .probe import fmt_bytes
 
 # %% auto #0
 __all__ = ['MODELS', 'InputShapeError', 'ZooModel', 'register', 'UnknownModelError', 'list_models', 'create_model', 'MLP', 'mlp',
@@ -229,15 +230,14 @@ class ModelSummary:
     def _lines(self)->list[str]:
         w = max([len(r.name) for r in self.rows] + [5])
         out = [f"{self.model} on input {list(self.input_shape)}", f"{'layer':<{w}}  {'type':<16} {'output':<20} {'params':>10} {'activations':>12}"]
-        out += [f"{r.name:<{w}}  {r.kind:<16} {str(list(r.output_shape)):<20} {r.params:>10,} {_mb(r.activation_bytes):>12}" for r in self.rows]
-        out.append(f"total: {self.params:,} parameters ({self.trainable:,} trainable, {_mb(self.param_bytes)}), "
-                   f"activations {_mb(self.activation_bytes)} for this batch, output {list(self.output_shape)}")
+        out += [f"{r.name:<{w}}  {r.kind:<16} {str(list(r.output_shape)):<20} {r.params:>10,} {fmt_bytes(r.activation_bytes):>12}" for r in self.rows]
+        out.append(f"total: {self.params:,} parameters ({self.trainable:,} trainable, {fmt_bytes(self.param_bytes)}), "
+                   f"activations {fmt_bytes(self.activation_bytes)} for this batch, output {list(self.output_shape)}")
         return out
     def __str__(self)->str: return '\n'.join(self._lines())
     __repr__ = __str__
     def _repr_html_(self)->str: return f"<pre>{html.escape(str(self))}</pre>"
 
-def _mb(n:int)->str: return f"{n/2**20:.2f} MB" if n >= 2**17 else f"{n/2**10:.1f} KB"
 
 def _out_tensor(o):
     while isinstance(o, (tuple, list)) and o: o = o[0]

@@ -12,7 +12,7 @@ import psutil, torch
 
 # %% auto #0
 __all__ = ['GPUSpec', 'gpu_catalogue', 'UnknownGPUError', 'lookup_gpu', 'fp16_is_fast', 'bf16_is_native', 'GPUInfo', 'CPUInfo',
-           'SystemMemory', 'TorchBuild', 'HardwareProfile', 'probe', 'rows_text', 'rows_html', 'FakeNVML',
+           'SystemMemory', 'TorchBuild', 'HardwareProfile', 'probe', 'fmt_bytes', 'rows_text', 'rows_html', 'FakeNVML',
            'MemoryReading', 'device_memory']
 
 # %% ../nbs/00_probe.ipynb #c007
@@ -365,7 +365,7 @@ def _recommend(gpus:list[GPUInfo], cpu:CPUInfo)->tuple[str, str]:
     dedicated = [g for g in usable if not g.shared_memory]
     if dedicated:
         g = max(dedicated, key=lambda g: g.total_memory or 0)
-        return _device_of(g), f"{g.name} has {_gb(g.total_memory)} of its own memory and this PyTorch build can use it."
+        return _device_of(g), f"{g.name} has {fmt_bytes(g.total_memory)} of its own memory and this PyTorch build can use it."
     if usable:
         g = usable[0]
         return _device_of(g), f"{g.name} shares system memory but runs PyTorch ({g.backend}); it is usually faster than {cpu.threads} CPU threads for convolutions."
@@ -393,14 +393,19 @@ def probe(nvml=None, # an NVML module (default: `pynvml`); tests pass a fake one
     return HardwareProfile(gpus=gpus, cpu=cpu, memory=_system_memory(), torch=build, device=device, reason=reason, notes=notes)
 
 # %% ../nbs/00_probe.ipynb #c032
-def _gb(n)->str: return '?' if n is None else f"{n/2**30:.1f} GiB"
+def fmt_bytes(n:int|float|None)->str:
+    "Bytes for people, in the binary units `torch.cuda` and `nvidia-smi` use: '1.50 GiB', '12.0 MiB', '512 B'."
+    if n is None or n != n: return '?'  # unknown, or NaN (a gap in a memory series)
+    for unit, k in (('GiB', 2**30), ('MiB', 2**20), ('KiB', 2**10)):
+        if abs(n) >= k: return f"{n/k:.2f} {unit}" if unit == 'GiB' else f"{n/k:.1f} {unit}"
+    return f"{int(n)} B"
 
 def _yn(x)->str: return '?' if x is None else ('yes' if x else 'no')
 
 def _profile_rows(p:HardwareProfile)->list[tuple[str,str]]:
     rows = [('Recommended device', f"{p.device} — {p.reason}")]
     for g in p.gpus:
-        rows.append((f"GPU {g.index} ({g.backend})", f"{g.name}: {_gb(g.total_memory)} total, {_gb(g.free_memory)} free"
+        rows.append((f"GPU {g.index} ({g.backend})", f"{g.name}: {fmt_bytes(g.total_memory)} total, {fmt_bytes(g.free_memory)} free"
                      + (" (shared with the system)" if g.shared_memory else "")))
         rows.append(('', f"arch {g.arch or '?'}" + (f", compute capability {g.compute_capability}" if g.compute_capability else "")
                      + f", fast fp16 {_yn(g.fp16_fast)}, native bf16 {_yn(g.bf16_native)}"
@@ -409,7 +414,7 @@ def _profile_rows(p:HardwareProfile)->list[tuple[str,str]]:
     if not p.gpus: rows.append(('GPU', 'none found'))
     c, m, t = p.cpu, p.memory, p.torch
     rows.append(('CPU', f"{c.model}: {c.physical_cores or '?'} cores, {c.threads or '?'} threads" + (f", up to {c.max_freq_mhz:.0f} MHz" if c.max_freq_mhz else "")))
-    rows.append(('System memory', f"{_gb(m.total)} total, {_gb(m.available)} available, swap {_gb(m.swap_total)}"))
+    rows.append(('System memory', f"{fmt_bytes(m.total)} total, {fmt_bytes(m.available)} available, swap {fmt_bytes(m.swap_total)}"))
     be = ', '.join(k for k, v in t.backends.items() if v)
     rows.append(('PyTorch', f"{t.version}" + (f", CUDA {t.cuda}" if t.cuda else "") + (f", HIP {t.hip}" if t.hip else "") + f"; usable backends: {be}"))
     if t.arch_list: rows.append(('', 'kernels for ' + ' '.join(t.arch_list)))

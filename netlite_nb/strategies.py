@@ -10,7 +10,7 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 import torch, yaml
-from .probe import GPUInfo, GPUSpec, HardwareProfile, UnknownGPUError, gpu_catalogue, lookup_gpu, probe, rows_html, rows_text
+from .probe import GPUInfo, GPUSpec, HardwareProfile, UnknownGPUError, gpu_catalogue, fmt_bytes, lookup_gpu, probe, rows_html, rows_text
 
 # %% auto #0
 __all__ = ['DEVICES', 'PRECISIONS', 'OPTIMIZERS', 'DATASETS', 'QUANTIZE', 'ConfigError', 'UnknownStrategyError', 'Strategy',
@@ -163,13 +163,11 @@ def _validate(s:Strategy):
                f"{w}: {spec.name} ({spec.arch}) has no native bf16, so bf16 would be emulated and slower than fp32; use fp16 or fp32.")
 
 # %% ../nbs/06_strategies.ipynb #c011
-def _gib(b)->str: return '—' if b is None else f"{b/2**30:.1f} GiB"
-
 def _strategy_rows(s:Strategy)->list[tuple[str,str]]:
     ck = {None: 'off', 'auto': 'when needed'}.get(s.checkpointing, f"every {s.checkpointing} blocks")
     rows = [('Strategy', f"{s.name} — {s.title}" if s.title else s.name),
             ('Device', s.device + (f" (planned for {s.gpu})" if s.gpu and s.device == 'cpu' and s.memory_gb else f" ({s.gpu})" if s.gpu else '')),
-            ('Memory budget', f"{_gib(s.budget_bytes)} of {s.memory_gb:g} GB ({s.budget_fraction:.0%})" if s.memory_gb
+            ('Memory budget', f"{fmt_bytes(s.budget_bytes)} of {s.memory_gb:g} GB ({s.budget_fraction:.0%})" if s.memory_gb
                               else f"{s.budget_fraction:.0%} of the available system RAM"),
             ('Precision', s.precision),
             ('Batch', f"micro-batch {s.micro_batch} × {s.accum_steps} accumulation = {s.effective_batch} per step"),
@@ -402,14 +400,14 @@ def _size_with_planner(s:Strategy, model, sample, hw, plan_gpu, precision, loss_
     kw = dict(loss_fn=loss_fn, optimizer=s.optimizer, precision=precision, device_or_gpu=plan_gpu)
     ck = s.checkpointing if isinstance(s.checkpointing, int) else None
     n, err = _max_fit(B, model, sample, limit, ck, target, kw)
-    why = f"The planner fits {n if n < target else f'all {target}'} samples per micro-batch in {_gib(limit)}"
+    why = f"The planner fits {n if n < target else f'all {target}'} samples per micro-batch in {fmt_bytes(limit)}"
     if s.checkpointing == 'auto' and n < min(target, min_micro_batch):
         try: n_ck, err_ck = _max_fit(B, model, sample, limit, 1, target, kw)  # 1: checkpoint every block
         except ValueError: n_ck, err_ck = 0, None  # the model has no repeated blocks to checkpoint
         if n_ck > n:
             why += f" without activation checkpointing and {n_ck} with it, so checkpointing is on"
             n, ck, err = n_ck, 1, err_ck
-    if n < 1: raise err or ConfigError(f"{s.name}: not even one sample of this model fits in {_gib(limit)}.")
+    if n < 1: raise err or ConfigError(f"{s.name}: not even one sample of this model fits in {fmt_bytes(limit)}.")
     micro, accum = split_batch(target, n)
     plan = _call(B.plan_memory, model, _resize(sample, micro * accum), micro_batch=micro, checkpointing=ck, budget=limit, **kw)
     why += f" ({precision}, {s.optimizer}): micro-batch {micro} × {accum} = {micro * accum} per optimizer step."

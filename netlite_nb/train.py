@@ -12,7 +12,7 @@ from torch import nn
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 import safetensors.torch as st
-from .probe import MemoryReading, bf16_is_native, device_memory, fp16_is_fast, probe, rows_html, rows_text
+from .probe import MemoryReading, bf16_is_native, device_memory, fmt_bytes, fp16_is_fast, probe, rows_html, rows_text
 
 # %% auto #0
 __all__ = ['DEMO', 'seed_everything', 'rng_state', 'set_rng_state', 'PrecisionPolicy', 'choose_precision', 'is_oom',
@@ -120,12 +120,6 @@ def free_memory(device='cpu'):
     elif t == 'xpu' and hasattr(torch, 'xpu'): torch.xpu.empty_cache()
 
 # %% ../nbs/07_train.ipynb #c019
-def _fmt_bytes(n)->str:
-    if n is None: return '?'
-    for unit, k in (('GiB', 2**30), ('MiB', 2**20), ('KiB', 2**10)):
-        if abs(n) >= k: return f"{n/k:.2f} {unit}"
-    return f"{n} B"
-
 @dataclass
 class OOMReport:
     "What happened when a training step ran out of memory, and what to do about it."
@@ -145,14 +139,14 @@ class OOMReport:
         r = [('Out of memory', f"optimizer step {self.step} (epoch {self.epoch}), micro-batch {self.micro_batch} × {self.accum_steps} accumulation"),
              ('Error', self.error.splitlines()[0][:300])]
         if m is not None:
-            if m.allocated is not None: r.append(('Measured', f"allocated {_fmt_bytes(m.allocated)}, reserved {_fmt_bytes(m.reserved)}, "
-                                                   f"peak allocated {_fmt_bytes(m.peak_allocated)}, total {_fmt_bytes(m.total)} ({m.source})"))
-            else: r.append(('Measured', f"in use {_fmt_bytes(m.used)}, peak {_fmt_bytes(m.peak_used)}, total {_fmt_bytes(m.total)} ({m.source})"))
+            if m.allocated is not None: r.append(('Measured', f"allocated {fmt_bytes(m.allocated)}, reserved {fmt_bytes(m.reserved)}, "
+                                                   f"peak allocated {fmt_bytes(m.peak_allocated)}, total {fmt_bytes(m.total)} ({m.source})"))
+            else: r.append(('Measured', f"in use {fmt_bytes(m.used)}, peak {fmt_bytes(m.peak_used)}, total {fmt_bytes(m.total)} ({m.source})"))
         if self.plan is not None:
             bd = getattr(self.plan, 'breakdown', {}) or {}
-            r.append(('Planned (chapter 01)', f"peak {_fmt_bytes(getattr(self.plan, 'peak', None))}: "
-                      + ', '.join(f"{k} {_fmt_bytes(v)}" for k, v in bd.items() if v)))
-        for d, s in self.suggestions[:3]: r.append(('Would fit', f"{d} (saves {_fmt_bytes(s)})"))
+            r.append(('Planned (chapter 01)', f"peak {fmt_bytes(getattr(self.plan, 'peak', None))}: "
+                      + ', '.join(f"{k} {fmt_bytes(v)}" for k, v in bd.items() if v)))
+        for d, s in self.suggestions[:3]: r.append(('Would fit', f"{d} (saves {fmt_bytes(s)})"))
         if self.action: r.append(('Action', self.action))
         r += [('Note', n) for n in self.notes]
         return r
@@ -193,7 +187,7 @@ class ProgressBar(Callback):
         self.bar.update(1)
         r = t.last_record
         if r is not None and r['step'] == t.step:
-            self.bar.set_postfix(loss=f"{r['loss']:.4f}", samples_s=f"{r.get('samples_per_s') or 0:.0f}", mem=_fmt_bytes(r['mem']), refresh=False)
+            self.bar.set_postfix(loss=f"{r['loss']:.4f}", samples_s=f"{r.get('samples_per_s') or 0:.0f}", mem=fmt_bytes(r['mem']), refresh=False)
     def after_fit(self, t):
         if getattr(self, 'bar', None) is not None: self.bar.close(); self.bar = None
 
@@ -807,7 +801,7 @@ def _describe(self:Trainer)->str:
              f"{self.total_steps - self.step} optimizer steps",
              f"optimizer {type(self.opt).__name__} lr {self.lr:g}" + (f", warmup+cosine" if self.lr_schedule else '')
              + (f", EMA {self.ema_decay}" if self.ema else '') + (f", clip {self.clip_grad}" if self.clip_grad else '')]
-    if self.plan is not None: lines.append(f"plan (chapter 01): peak {_fmt_bytes(getattr(self.plan, 'peak', None))}")
+    if self.plan is not None: lines.append(f"plan (chapter 01): peak {fmt_bytes(getattr(self.plan, 'peak', None))}")
     return '\n'.join(lines + [f"note: {n}" for n in self.notes])
 Trainer._describe = _describe
 
@@ -990,11 +984,11 @@ class DemoResult:
              ('Held-out accuracy', f"{100*self.accuracy:.2f}% on 1,000 images (loss {self.valid_loss:.4f})"),
              ('Time', f"training {self.train_seconds:.1f} s, whole demo {self.total_seconds:.1f} s"),
              ('Checkpoint', self.checkpoint)]
-        if self.plan_peak: r.insert(2, ('Planned peak', _fmt_bytes(self.plan_peak)))
+        if self.plan_peak: r.insert(2, ('Planned peak', fmt_bytes(self.plan_peak)))
         e = self.export
         if e is not None:
             acc = getattr(e, 'accuracy', None) or {}
-            r.append(('Export', f"{getattr(e, 'path', '?')} ({getattr(e, 'precision', '?')}, {_fmt_bytes(getattr(e, 'size', None))})"
+            r.append(('Export', f"{getattr(e, 'path', '?')} ({getattr(e, 'precision', '?')}, {fmt_bytes(getattr(e, 'size', None))})"
                       + (f"; ONNX Runtime accuracy {acc[e.precision]:.2f}% vs PyTorch {acc['pytorch']:.2f}%" if e.precision in acc and 'pytorch' in acc else '')
                       + (f"; top-1 agreement {e.agreement[e.precision]:.1f}%" if e.precision in (getattr(e, 'agreement', None) or {}) else '')))
         return r + [('Note', n) for n in self.notes]

@@ -139,7 +139,7 @@ def test_dashboard_updates_in_a_real_browser(jupyter_server):
             assert page.locator('.netlite-live').count() == 1, 'exactly one dashboard per run'
             assert len(srcs) >= 4, f"the plot image changed only {len(srcs) - 1} times during the run (want >= 3)"
             mem = page.inner_text('.netlite-mem')
-            m = re.search(r'memory ([\d.]+) (B|KB|MB|GB)', mem)
+            m = re.search(r'memory ([\d.]+) (B|KiB|MiB|GiB)', mem)
             assert m and float(m[1]) > 0, f"the memory readout shows no memory: {mem!r}"
             head = page.inner_text('.netlite-live-header')
             assert 'cpu · fp32' in head and 'step 126/126' in head, head

@@ -49,7 +49,7 @@ def test_widget_mode_updates_one_image_in_place(shown):
         images.append(d.image.value)
     assert len(set(images)) == 11 and all(v[:8] == PNG for v in images)
     assert 10 <= d.redraws <= 20     # at most one per 0.5 s of fake time
-    assert 'class="netlite-mem"' in d.head.value and 'memory 1.50 GB (peak 1.60 GB) of 4.00 GB' in d.head.value
+    assert 'class="netlite-mem"' in d.head.value and 'memory 1.50 GiB (peak 1.60 GiB) of 4.00 GiB' in d.head.value
     d.after_fit(tr)
     assert 'step 200/1000' in d.head.value
     assert len(shown) == 1, 'no new output at the end either'
@@ -102,7 +102,7 @@ def test_failing_memory_reader_does_not_stop_training():
     clock, tr = FakeClock(), fake_trainer()
     d = LiveDashboard(mode='static', clock=clock, reader=broken)
     d.before_fit(tr); run_steps(d, tr, 50, clock, dt=0.1); d.after_fit(tr)
-    assert d.step == 50 and 'memory –' in d.header(tr, html_=False)
+    assert d.step == 50 and 'memory ?' in d.header(tr, html_=False)
 
 
 def test_real_trainer_in_a_terminal_uses_its_bar_not_a_second_one(capsys):
