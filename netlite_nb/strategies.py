@@ -86,8 +86,6 @@ class Strategy:
         return cls(**_typed(cls, d, 'strategy', skip=('plan',)))
 
 # %% ../nbs/06_strategies.ipynb #c009
-_TYPES = {'int': int, 'float': float, 'str': str, 'bool': bool, 'dict': dict, 'list': list, 'None': type(None)}
-
 def _lookup_or_error(name, what):
     try: return lookup_gpu(name)
     except UnknownGPUError as e: raise ConfigError(f"{what}: {e}") from None

@@ -184,3 +184,16 @@ def test_autocast_bf16_matches_plain_under_autocast(which):
         grads.append([x.grad.clone()] + [p.grad.clone() for p in params])
         assert all(p.grad.dtype == torch.float32 for p in params)
     for a, b in zip(*grads): torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-3)
+
+
+def test_chunked_ce_from_linear_shares_the_head_and_matches_plain():
+    torch.manual_seed(0)
+    head = nn.Linear(16, 50)
+    x, y = torch.randn(64, 16), torch.randint(0, 50, (64,))
+    ce = ChunkedLinearCrossEntropy.from_linear(head, label_smoothing=0.1, chunk_size=16)
+    assert ce.head is head and ce.logits(x).shape == (64, 50)
+    loss = ce(x, y); loss.backward()
+    g = head.weight.grad.clone(); head.weight.grad = None
+    ref = F.cross_entropy(head(x), y, label_smoothing=0.1); ref.backward()
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g, head.weight.grad, rtol=1e-4, atol=1e-6)
