@@ -16,7 +16,7 @@ from .probe import GPUInfo, GPUSpec, HardwareProfile, UnknownGPUError, gpu_catal
 __all__ = ['DEVICES', 'PRECISIONS', 'OPTIMIZERS', 'DATASETS', 'QUANTIZE', 'ConfigError', 'UnknownStrategyError', 'Strategy',
            'list_strategies', 'strategy_table', 'strategy_for_gpu', 'load_strategy', 'pick_strategy', 'split_batch',
            'ModelConfig', 'DataConfig', 'OptimConfig', 'ScheduleConfig', 'TrainConfig', 'ExportConfig', 'RunConfig',
-           'load_config', 'save_config']
+           'load_config', 'save_config', 'size_config']
 
 # %% ../nbs/06_strategies.ipynb #c007
 DEVICES = ('cuda', 'mps', 'xpu', 'cpu')
@@ -41,7 +41,7 @@ class Strategy:
     precision:str='fp32'             # compute precision: 'fp32', 'fp16' (autocast + GradScaler) or 'bf16' (autocast)
     micro_batch:int=64               # samples per forward/backward pass
     accum_steps:int=1                # micro-batches per optimizer step
-    checkpointing:str|int|None=None  # None: never; 'auto': when the planner says so; k: checkpoint every k blocks
+    checkpointing:str|int|None=None  # None: not planned (OOM recovery may still switch it on); 'auto': when the planner says so; k: every k blocks
     chunk_size:int|None=None         # rows per chunk in chunked layers (chapter 02); None: no chunking
     optimizer:str='adamw'            # 'adamw', 'adamw8bit' (chapter 03) or 'sgd'
     lr:float=1e-3                    # peak learning rate for the effective batch
@@ -469,6 +469,7 @@ class RunConfig:
     schedule:ScheduleConfig=field(default_factory=ScheduleConfig)
     train:TrainConfig=field(default_factory=TrainConfig)
     export:ExportConfig=field(default_factory=ExportConfig)
+    size_for_model:bool=field(default=False, compare=False)  # `strategy: auto` left micro_batch/accum_steps open: `size_config` sizes them
 
     def to_dict(self)->dict:
         "Plain data, in the order of the schema (what `save_config` writes)."
@@ -532,7 +533,8 @@ def load_config(src:str|Path|dict|None=None, # a YAML file, a mapping, or None f
     if o.name is None: o.name = s.optimizer
     if o.lr is None: o.lr = s.lr
     s = _split_batch(dataclasses.replace(s, optimizer=o.name, lr=o.lr), d.batch_size)
-    cfg = RunConfig(strategy=s, **parts)
+    open_split = _slug(name) == 'auto' and not {'micro_batch', 'accum_steps'} & set(sec)  # the planner sizes it once the model exists
+    cfg = RunConfig(strategy=s, **parts, size_for_model=open_split)
     _validate_config(cfg)
     return cfg
 
@@ -562,3 +564,19 @@ def save_config(cfg:RunConfig|dict, # a resolved `RunConfig`, or any plain mappi
     tmp.write_text(head + body)
     os.replace(tmp, path)
     return path
+
+# %% ../nbs/06_strategies.ipynb #4199df8a
+def size_config(cfg:RunConfig, # from `load_config`
+                model, # the model the run trains
+                sample, # a batch for `model`, (x, y) or x: only the shapes after the first dimension and the dtypes matter
+                hw:HardwareProfile|None=None, # the probe (None: probe this machine); used for the GPU to plan for and the free RAM
+                loss_fn=None, # passed to the planner (default: its own)
+                min_micro_batch:int=8, # below this many samples per micro-batch, checkpoint instead (with `checkpointing: auto`)
+               )->RunConfig:
+    "`cfg` with the micro-batch, accumulation and checkpointing sized by the chapter 01 planner for `model`, when `strategy: auto` left them open."
+    if not cfg.size_for_model: return cfg
+    s = cfg.strategy
+    hw = hw if hw is not None else probe()
+    plan_gpu = (hw.gpu or s.gpu or 'cpu') if s.device != 'cpu' else 'cpu'
+    sized = _size_with_planner(s, model, sample, hw, plan_gpu, s.precision, loss_fn, cfg.data.batch_size, None, min_micro_batch)
+    return dataclasses.replace(cfg, strategy=sized, size_for_model=False)

@@ -18,9 +18,9 @@ from .probe import MemoryReading, bf16_is_native, device_memory, fmt_bytes, fp16
 __all__ = ['DEMO', 'seed_everything', 'rng_state', 'set_rng_state', 'PrecisionPolicy', 'choose_precision', 'is_oom',
            'free_memory', 'OOMReport', 'Callback', 'ProgressBar', 'TensorBoardLogger', 'EarlyStopping', 'InjectOOM',
            'SimulatedMemoryLimit', 'find_checkpoint', 'make_optimizer', 'warmup_cosine', 'Trainer', 'accum_steps',
-           'effective_batch', 'eval_model', 'validate', 'predict', 'loader_generators', 'save_checkpoint',
-           'load_checkpoint', 'resolved_config', 'fit', 'blobs', 'mlp', 'max_param_diff', 'loaders_for',
-           'train_from_config', 'export_trained', 'DemoResult', 'run_demo']
+           'effective_batch', 'eval_model', 'enable_checkpointing', 'validate', 'predict', 'loader_generators',
+           'save_checkpoint', 'load_checkpoint', 'resolved_config', 'fit', 'blobs', 'mlp', 'max_param_diff',
+           'datasets_for', 'loaders_for', 'train_from_config', 'export_trained', 'DemoResult', 'run_demo']
 
 # %% ../nbs/07_train.ipynb #c006
 def _chapter(name:str):
@@ -133,10 +133,12 @@ class OOMReport:
     suggestions:list=field(default_factory=list)  # (description, bytes saved) from chapter 01 `fit_to_budget`
     action:str=''                 # what the trainer did
     notes:list=field(default_factory=list)
+    checkpointing:object=None     # the trainer's activation checkpointing when it failed (None: off)
 
     def rows(self)->list[tuple[str,str]]:
         m = self.memory
-        r = [('Out of memory', f"optimizer step {self.step} (epoch {self.epoch}), micro-batch {self.micro_batch} × {self.accum_steps} accumulation"),
+        ck = '' if self.checkpointing is None else ', activation checkpointing on'
+        r = [('Out of memory', f"optimizer step {self.step} (epoch {self.epoch}), micro-batch {self.micro_batch} × {self.accum_steps} accumulation{ck}"),
              ('Error', self.error.splitlines()[0][:300])]
         if m is not None:
             if m.allocated is not None: r.append(('Measured', f"allocated {fmt_bytes(m.allocated)}, reserved {fmt_bytes(m.reserved)}, "
@@ -242,14 +244,24 @@ class InjectOOM(Callback):
             if self.cpu: raise RuntimeError(f"DefaultCPUAllocator: can't allocate memory: you tried to allocate 1073741824 bytes (injected at step {s})")
             raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 1.00 GiB (injected at step {s})")
 
+def _checkpointed_modules(model:nn.Module)->list[nn.Module]:
+    "The chapter 02 `CheckpointedSequential`s inside `model` (none when chapter 02 is not installed)."
+    layers = _chapter('layers')
+    return [] if layers is None else [m for m in model.modules() if isinstance(m, layers.CheckpointedSequential)]
+
 class SimulatedMemoryLimit(nn.Module):
-    "Wrap `model` so a micro-batch of more than `limit` samples raises `torch.OutOfMemoryError`."
-    def __init__(self, model:nn.Module, limit:int):
-        super().__init__(); self.model, self.limit = model, limit
+    "Wrap `model` so a micro-batch of more than `limit` samples (`checkpointed_limit` once it is checkpointed) raises `torch.OutOfMemoryError`."
+    def __init__(self, model:nn.Module, limit:int,
+                 checkpointed_limit:int|None=None, # samples that fit in training once chapter 02 checkpointing runs in `model`; None: `limit`
+                ):
+        super().__init__(); self.model, self.limit, self.checkpointed_limit = model, limit, checkpointed_limit
     def forward(self, x):
         fake = x.is_meta or type(x).__name__ == 'FakeTensor'  # the chapter 01 planner traces on fake tensors: let it see the model
-        if x.shape[0] > self.limit and not fake:
-            raise torch.OutOfMemoryError(f"CUDA out of memory (simulated: a micro-batch of {x.shape[0]} > the {self.limit} samples that fit)")
+        ck = self.checkpointed_limit is not None and self.training and bool(_checkpointed_modules(self.model))
+        limit = self.checkpointed_limit if ck else self.limit
+        if x.shape[0] > limit and not fake:
+            raise torch.OutOfMemoryError(f"CUDA out of memory (simulated: a micro-batch of {x.shape[0]} > the {limit} samples that fit"
+                                         f"{' with checkpointing' if ck else ''})")
         return self.model(x)
 
 # %% ../nbs/07_train.ipynb #c027
@@ -360,7 +372,8 @@ class Trainer:
                  run_dir=None, # where checkpoints and config.yaml go; None: only an interrupt writes one (to a temp dir)
                  checkpoint_every:int|None=None, # optimizer steps between checkpoints (with `run_dir`)
                  keep_checkpoints:int=2,
-                 auto_recover_oom:bool|None=None, # halve the micro-batch on OOM; default the strategy's, else True
+                 auto_recover_oom:bool|None=None, # on OOM, halve the micro-batch or switch on checkpointing; default the strategy's, else True
+                 min_micro_batch:int=8, # on OOM, switch on checkpointing rather than halve the micro-batch below this
                  log_every:int=10, # optimizer steps per history record
                  progress:bool|None=None, # tqdm bar; default on outside notebooks
                  tensorboard:bool=False, # log to TensorBoard when `tensorboard` is installed
@@ -388,6 +401,7 @@ class Trainer:
         self.run_dir = Path(run_dir) if run_dir else None
         self.checkpoint_every, self.keep_checkpoints = checkpoint_every, keep_checkpoints
         self.auto_recover_oom = auto_recover_oom if auto_recover_oom is not None else (getattr(s, 'auto_recover_oom', True) if s else True)
+        self.min_micro_batch = min_micro_batch
         self.log_every, self.verbose, self.want_plan, self.user_config = log_every, verbose, plan, config
         self._micro_req = micro_batch or (s.micro_batch if s else None)
         self._accum_req = accum_steps or (s.accum_steps if s else None)
@@ -395,6 +409,10 @@ class Trainer:
         self.step, self.epoch, self.samples, self.batch_in_epoch, self.total_steps = 0, 0, 0, 0, 0
         self.history, self.last_record, self.last_metrics, self.oom_reports, self.plan = [], None, {}, [], None
         self.stop, self.interrupted, self.notes = False, False, []
+        self.checkpointing, self.checkpointed = None, []
+        ck = getattr(s, 'checkpointing', None)  # an int when chapter 06 (or its planner) decided to checkpoint
+        if isinstance(ck, int) and not isinstance(ck, bool) and not self.enable_checkpointing(ck):
+            self.notes.append(f"the strategy asks for activation checkpointing ({ck} modules per segment), but {self._why_no_checkpointing()}")
         self.xb = self.yb = self.loss = None
         self._elapsed, self._rng_epoch, self._gen_epoch, self._rng_window, self._in_update = 0.0, None, None, None, False
         cbs = list(callbacks)
@@ -442,6 +460,25 @@ def _resolve_sizes(self:Trainer):
     self.window, self.micro_batch = max(1, round(target / lb)), mb
 Trainer._resolve_sizes = _resolve_sizes
 
+# %% ../nbs/07_train.ipynb #63b0dff3
+def enable_checkpointing(self:Trainer, k:int|bool=True, # modules per checkpointed segment; True: about √n of each nn.Sequential
+                        )->bool:
+    "Switch on chapter 02's activation checkpointing in the trainer's model, in place; False when there is nothing to checkpoint."
+    if self.checkpointing is not None: return True
+    layers = _chapter('layers')
+    if layers is None: return False
+    swapped = layers.convert_model(self.model, relu=False, ffn=False, dropout=False, checkpoint=k).netlite_conversion.swapped
+    if not swapped: return False
+    self.checkpointing, self.checkpointed = k, [f"{p or 'the model'} → {new}" for p, _, new in swapped]
+    return True
+Trainer.enable_checkpointing = enable_checkpointing
+
+def _why_no_checkpointing(self:Trainer)->str:
+    if _chapter('layers') is None: return "chapter 02 (netlite_nb.layers), which does the checkpointing, is not installed"
+    if _checkpointed_modules(self.model): return "the model's nn.Sequentials are checkpointed already"
+    return "the model has no plain nn.Sequential of two or more modules to checkpoint"
+Trainer._why_no_checkpointing = _why_no_checkpointing
+
 # %% ../nbs/07_train.ipynb #c038
 def _compute_window(self:Trainer, batches:list)->tuple[torch.Tensor, int]:
     "Forward and backward every micro-batch of `batches` (weighted by its share of samples), then one optimizer step."
@@ -473,14 +510,24 @@ Trainer._compute_window = _compute_window
 
 def _oom_report(self:Trainer, error:str)->OOMReport:
     "Measure, plan and suggest for the configuration that just failed."
-    r = OOMReport(self.step + 1, self.epoch, self.micro_batch, self.accum_steps, error, device_memory(self.device))
+    r = OOMReport(self.step + 1, self.epoch, self.micro_batch, self.accum_steps, error, device_memory(self.device), checkpointing=self.checkpointing)
     r.plan, r.suggestions, notes = _plan_and_suggest(self, self.micro_batch, suggest=True)
     r.notes += notes
     return r
 Trainer._oom_report = _oom_report
 
+def _oom_remedy(self:Trainer)->tuple[str, int|None]:
+    "By the rule above: (what is done, '' if nothing can be; the halved micro-batch, or None when checkpointing was switched on)."
+    if self.checkpointing is None and (self.micro_batch == 1 or self.micro_batch // 2 < self.min_micro_batch) and self.enable_checkpointing():
+        return f"activation checkpointing switched on ({'; '.join(self.checkpointed)}), micro-batch {self.micro_batch} × {self.accum_steps} kept", None
+    if self.micro_batch == 1: return '', None
+    new = self.micro_batch // 2
+    return (f"micro-batch {self.micro_batch} -> {new}, accumulation {self.accum_steps} -> {self.window * math.ceil(self.loader_batch / new)} "
+            f"(effective batch {self.effective_batch} unchanged)"), new
+Trainer._oom_remedy = _oom_remedy
+
 def _train_window(self:Trainer, batches:list):
-    "One optimizer step over `batches`, retried with a smaller micro-batch after an out-of-memory error."
+    "One optimizer step over `batches`, retried with less memory (`_oom_remedy`) after an out-of-memory error."
     while True:
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state(self.device) if self.device.type == 'cuda' else None
@@ -495,19 +542,17 @@ def _train_window(self:Trainer, batches:list):
         free_memory(self.device)
         report = self._oom_report(error)
         self.oom_reports.append(report)
-        recover = self.auto_recover_oom and self.micro_batch > 1 and not self._in_update
-        if recover:
-            new = max(1, self.micro_batch // 2)
-            report.action = (f"micro-batch {self.micro_batch} -> {new}, accumulation {self.accum_steps} -> "
-                             f"{self.window * math.ceil(self.loader_batch / new)} (effective batch {self.effective_batch} unchanged); "
-                             f"retrying optimizer step {self.step + 1}")
-        else:
-            report.action = ('stopped: the optimizer step itself ran out of memory (its state did not fit); see the suggestions' if self._in_update
-                             else 'stopped: auto_recover_oom is off' if not self.auto_recover_oom else 'stopped: the micro-batch is already 1')
+        # checkpointing is switched on here; a halved micro-batch only after the callbacks, which see the step as it failed
+        done, new = self._oom_remedy() if self.auto_recover_oom and not self._in_update else ('', None)
+        if done: report.action = f"{done}; retrying optimizer step {self.step + 1}"
+        else: report.action = ('stopped: the optimizer step itself ran out of memory (its state did not fit); see the suggestions' if self._in_update
+                               else 'stopped: auto_recover_oom is off' if not self.auto_recover_oom
+                               else f"stopped: the micro-batch is already 1 and {self._why_no_checkpointing()}")
         self._call('on_oom', report)
         self.log(str(report))
-        if not recover: raise torch.OutOfMemoryError(f"{error}\n\n{report}") from None
-        self.micro_batch = new
+        if not done: raise torch.OutOfMemoryError(f"{error}\n\n{report}") from None
+        if new is not None: self.micro_batch = new
+        self._save_config()  # config.yaml says how the run continues
         torch.set_rng_state(rng)  # the retry draws the same dropout masks
         if cuda_rng is not None: torch.cuda.set_rng_state(cuda_rng, self.device)
 Trainer._train_window = _train_window
@@ -524,11 +569,20 @@ Trainer._budget_bytes = _budget_bytes
 def _meta_batch(self:Trainer, n:int):
     "A batch of `n` samples shaped like the training data, on the 'meta' device (the planner needs only shapes)."
     if self._shapes is None:
+        # drawing a batch advances the loader's generators (and maybe the global ones): put them back, or the
+        # shuffle of the next epoch would differ from the one a run without this look would see
+        gens = loader_generators(self.train_data)
+        saved, gen_states = rng_state(), [g.get_state() for g in gens]
         x, y = next(iter(self.train_data))
+        set_rng_state(saved)
+        for g, s in zip(gens, gen_states): g.set_state(s)
         self._shapes = [(t.shape[1:], t.dtype) for t in (x, y)]
     return tuple(torch.empty((n, *sh), dtype=dt, device='meta') for sh, dt in self._shapes)
 Trainer._meta_batch = _meta_batch
 Trainer._shapes = None
+
+def _as_checkpointed(m:nn.Module)->nn.Module: return m
+_as_checkpointed.__name__ = 'on (in the model)'  # what the planner's MemoryPlan shows as its checkpointing
 
 def _plan_and_suggest(self:Trainer, micro_batch:int, suggest:bool=False)->tuple[object, list, list]:
     "Chapter 01's `MemoryPlan` for this configuration (and `fit_to_budget` suggestions), or the reason there is none."
@@ -536,9 +590,9 @@ def _plan_and_suggest(self:Trainer, micro_batch:int, suggest:bool=False)->tuple[
     if budget is None: return None, [], ["no breakdown: chapter 01 (netlite_nb.budget) is not installed"]
     opt = self.opt_spec if isinstance(self.opt_spec, str) else type(self.opt)
     target = self.device.type if self.device.type in ('cpu', 'cuda') else None
-    ck = getattr(self.strategy, 'checkpointing', None)
+    # a model that checkpoints itself (chapter 02) is traced as it is; the planner must not add checkpointing of its own
     kw = dict(loss_fn=self.loss_fn, optimizer=opt, precision=self.precision.name, device_or_gpu=target,
-              checkpointing=ck if isinstance(ck, int) else None)
+              checkpointing=_as_checkpointed if _checkpointed_modules(self.model) else None)
     try:
         batch = self._meta_batch(self.effective_batch)  # the planner takes the batch per optimizer step
         plan = budget.plan_memory(self.model, batch, micro_batch=micro_batch, budget=self._budget_bytes(), **kw)
@@ -651,6 +705,7 @@ def save_checkpoint(self:Trainer, run_dir=None)->Path:
     shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
     state = {'format': 1, 'step': self.step, 'epoch': self.epoch, 'batch_in_epoch': self.batch_in_epoch, 'samples': self.samples,
              'micro_batch': self.micro_batch, 'window': self.window, 'loader_batch': self.loader_batch, 'elapsed': self._elapsed_now(),
+             'checkpointing': self.checkpointing,
              'run_start': getattr(self, '_run_start', 0), 'run_offset': getattr(self, '_run_offset', 0), 'total_steps': self.total_steps,
              'optimizer': self.opt.state_dict(), 'scheduler': self.scheduler.state_dict() if self.scheduler else None,
              'scaler': self.scaler.state_dict(), 'rng': self._rng_now(), 'rng_epoch': self._rng_epoch,
@@ -689,6 +744,9 @@ def load_checkpoint(self:Trainer, path)->Path:
     self.opt.load_state_dict(s['optimizer'])
     self.scaler.load_state_dict(s['scaler'])
     for k in ('step', 'epoch', 'batch_in_epoch', 'samples', 'micro_batch', 'window', 'loader_batch', 'total_steps'): setattr(self, k, s[k])
+    ck_k = s.get('checkpointing')  # switched on by the run (strategy or out-of-memory recovery): continue the same way
+    if ck_k is not None and not self.enable_checkpointing(ck_k):
+        self.notes.append(f"the checkpoint was trained with activation checkpointing, which cannot be switched on here: {self._why_no_checkpointing()}")
     self._run_start, self._run_offset, self._elapsed, self._ckpt = s['run_start'], s['run_offset'], s['elapsed'], s
     self.history = list(s['history'])
     self._rng_epoch, self._gen_epoch = s['rng_epoch'], s['gen_epoch']
@@ -725,6 +783,7 @@ def resolved_config(self:Trainer)->dict:
                      'valid_batches': len(self.valid_data) if hasattr(self.valid_data, '__len__') else None},
             'device': str(self.device), 'precision': self.precision.name, 'precision_reason': self.precision.reason,
             'micro_batch': self.micro_batch, 'accum_steps': self.accum_steps, 'effective_batch': self.effective_batch,
+            'checkpointing': self.checkpointing,
             'optimizer': {'class': type(self.opt).__name__, **{k: list(v) if isinstance(v, tuple) else v for k, v in g.items()}},
             'loss_fn': type(self.loss_fn).__name__, 'lr_schedule': self.lr_schedule, 'warmup': self.warmup, 'min_lr_ratio': self.min_lr_ratio,
             'total_steps': self.total_steps, 'clip_grad': self.clip_grad, 'ema': self.ema_decay, 'seed': self.seed,
@@ -753,7 +812,8 @@ def _setup_run(self:Trainer, epochs, steps, resume):
     self._resolve_sizes()
     if resume is not None:
         ck = self.load_checkpoint(resume)
-        self.log(f"resumed from {ck} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})")
+        self.log(f"resumed from {ck} at step {self.step} (epoch {self.epoch}, batch {self.batch_in_epoch})"
+                 + (", with activation checkpointing on, as the run had it" if self._ckpt.get('checkpointing') is not None else ''))
     else:
         # a run that starts mid-epoch (after an earlier `fit(steps=...)`) counts that epoch's finished steps as done
         self._run_start, self._run_offset, self._ckpt = self.step, math.ceil(self.batch_in_epoch / self.window), None
@@ -801,6 +861,7 @@ def _describe(self:Trainer)->str:
              f"{self.total_steps - self.step} optimizer steps",
              f"optimizer {type(self.opt).__name__} lr {self.lr:g}" + (f", warmup+cosine" if self.lr_schedule else '')
              + (f", EMA {self.ema_decay}" if self.ema else '') + (f", clip {self.clip_grad}" if self.clip_grad else '')]
+    if self.checkpointing is not None: lines.insert(3, f"activation checkpointing: {'; '.join(self.checkpointed)}")
     if self.plan is not None: lines.append(f"plan (chapter 01): peak {fmt_bytes(getattr(self.plan, 'peak', None))}")
     return '\n'.join(lines + [f"note: {n}" for n in self.notes])
 Trainer._describe = _describe
@@ -911,14 +972,29 @@ def _need(name:str, what:str):
     if m is None: raise ImportError(f"{what} needs chapter netlite_nb.{name}, which is not installed in this version of netlite_nb.")
     return m
 
-def loaders_for(data_cfg, strategy, seed:int=0):
-    "Chapter 04 `DataLoaders` for a chapter 06 `DataConfig` (name, root, augment) and strategy."
+def datasets_for(data_cfg, seed:int=0)->tuple:
+    "The chapter 04 (train, valid) datasets a chapter 06 `DataConfig` names."
     data = _need('data', 'loading data')
-    kw = dict(batch_size=strategy.micro_batch, strategy=strategy, augment=data_cfg.augment, seed=seed)
-    if data_cfg.name == 'mnist_sample': return data.mnist_sample_loaders(**kw)
-    if data_cfg.name == 'folder': tr, va = data.image_folder(data_cfg.root, seed=seed)
-    else: tr, va = data.load_dataset(data_cfg.name, root=data_cfg.root or 'data')
-    return data.make_loaders(tr, va, **kw)
+    if data_cfg.name == 'mnist_sample': return data.mnist_sample()
+    if data_cfg.name == 'folder': return data.image_folder(data_cfg.root, seed=seed)
+    return data.load_dataset(data_cfg.name, root=data_cfg.root or 'data')
+
+def loaders_for(data_cfg, strategy, seed:int=0,
+                datasets:tuple|None=None, # the (train, valid) pair, when already loaded; default `datasets_for(data_cfg)`
+               ):
+    "Chapter 04 `DataLoaders` for a chapter 06 `DataConfig` (name, root, augment) and strategy: loader batch = its micro-batch."
+    tr, va = datasets or datasets_for(data_cfg, seed)
+    return _need('data', 'loading data').make_loaders(tr, va, batch_size=strategy.micro_batch, strategy=strategy, augment=data_cfg.augment, seed=seed)
+
+def _meta_sample(dls)->tuple:
+    "One sample shaped like the data, on the 'meta' device (the planner needs only shapes and dtypes)."
+    return torch.empty((1, *dls.input_shape), device='meta'), torch.empty(1, dtype=torch.long, device='meta')
+
+def _split_of_run(cfg, resume):
+    "`cfg` with the strategy's micro-batch × accumulation set to the loader batch × window of the run saved at `resume`."
+    s = torch.load(find_checkpoint(resume) / 'state.pt', map_location='cpu', weights_only=True, mmap=True)  # mmap: no tensor is read
+    split = dataclasses_replace(cfg.strategy, micro_batch=s['loader_batch'], accum_steps=s['window'])
+    return dataclasses_replace(cfg, strategy=split, size_for_model=False)
 
 def _timestamp()->str: return time.strftime('%Y%m%d-%H%M%S')
 
@@ -931,10 +1007,16 @@ def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path, or a mapp
     strategies = _need('strategies', 'a run configuration')
     cfg = config if isinstance(config, strategies.RunConfig) else strategies.load_config(config, list(overrides))
     models = _need('models', 'building a model by name')
-    s, t = cfg.strategy, cfg.train
-    dls = loaders_for(cfg.data, s, seed=t.seed)
+    if resume is not None: cfg = _split_of_run(cfg, resume)
+    t, ds = cfg.train, datasets_for(cfg.data, seed=cfg.train.seed)
+    dls = loaders_for(cfg.data, cfg.strategy, seed=t.seed, datasets=ds)
     if t.seed is not None: seed_everything(t.seed, t.deterministic)  # the model's initial weights come from the seed too
     model = models.create_model(cfg.model.name, num_classes=dls.num_classes, in_channels=dls.input_shape[0], **cfg.model.kwargs)
+    if cfg.size_for_model:  # `strategy: auto` left the split to the planner: size it for this model and data
+        sized = strategies.size_config(cfg, model, _meta_sample(dls))
+        if sized.strategy.micro_batch != cfg.strategy.micro_batch: dls = loaders_for(cfg.data, sized.strategy, seed=t.seed, datasets=ds)
+        cfg = sized
+    s = cfg.strategy
     if run_dir is None and resume is not None: run_dir = find_checkpoint(resume).parent
     if run_dir is None and t.checkpoint_dir: run_dir = Path(t.checkpoint_dir) / f"{cfg.model.name}-{_timestamp()}"
     cbs = list(callbacks) + ([EarlyStopping(patience=t.early_stopping)] if t.early_stopping else [])

@@ -92,9 +92,99 @@ def test_oom_recovery_keeps_every_update_and_sample(inject):
     assert len(t.opt.norms) == len(ok.opt.norms) == 24                   # no optimizer step lost or repeated
     assert [s for s, _ in losses(t)] == list(range(1, 25))
     assert t.effective_batch == 64 and t.micro_batch * (t.accum_steps) == 64 and t.oom_reports
-    assert all(r.action.startswith('micro-batch') for r in t.oom_reports)
+    # halved down to 8; a failure at 8 (halving would go below min_micro_batch) switches on checkpointing instead
+    assert all(r.action.startswith('activation checkpointing' if r.micro_batch // 2 < 8 else 'micro-batch') for r in t.oom_reports)
     m2 = t.model.model if isinstance(t.model, SimulatedMemoryLimit) else t.model
     assert max_param_diff(ok.model, m2) < 1e-5                           # same data, same dropout masks
+
+
+def bn_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(20, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.3),
+                         nn.Linear(32, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10)).double()
+
+
+def bn_run(cbs=(), run_dir=None, resume=None, optimizer=StepCounter, **kw):
+    dl = DataLoader(blobs(256, dtype=torch.float64), 32, shuffle=True, generator=torch.Generator().manual_seed(0))
+    return Trainer(bn_net(), dl, optimizer=optimizer, callbacks=cbs, run_dir=run_dir, log_every=1, **{**KW, **kw}).fit(epochs=2, resume=resume)
+
+
+def state_equal(a, b): return list(a.state_dict()) == list(b.state_dict()) and all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+@pytest.mark.skipif(not has('layers'), reason='chapter 02 not merged')
+def test_oom_below_min_micro_batch_checkpoints_and_changes_no_number():
+    ok = bn_run(micro_batch=8)
+    t = bn_run([InjectOOM({3})], micro_batch=8)
+    assert (t.step, t.samples, len(t.opt.norms)) == (ok.step, ok.samples, len(ok.opt.norms)) == (16, 512, 16)
+    assert (t.micro_batch, t.accum_steps, t.checkpointing) == (8, 4, True) and type(t.model).__name__ == 'CheckpointedSequential'
+    assert t.oom_reports[0].action.startswith('activation checkpointing switched on') and 'micro-batch 8 × 4 kept' in t.oom_reports[0].action
+    assert state_equal(ok.model, t.model)      # weights and BatchNorm running statistics: the same computation, bit for bit
+    assert t.model[1].num_batches_tracked.item() == 16 * 4       # one update per micro-batch, none for the recomputation
+    assert len(t.opt.state) == len(list(t.model.parameters())) and all(p in t.opt.state for p in t.model.parameters())
+
+
+def test_oom_report_does_not_move_the_loader_s_shuffle():
+    "The report peeks at a training batch for its shapes; the loader's own generator must not advance, or epoch 2 reshuffles differently."
+    def run(cbs=()):
+        torch.manual_seed(0); m = mlp(dropout=0.0).double()
+        dl = DataLoader(blobs(256, dtype=torch.float64), 32, shuffle=True, generator=torch.Generator().manual_seed(0))
+        return Trainer(m, dl, callbacks=cbs, min_micro_batch=1, **KW).fit(epochs=2)
+    ok, t = run(), run([InjectOOM({3})])
+    assert t.micro_batch == 16 and max_param_diff(ok.model, t.model) < 1e-12
+
+
+@pytest.mark.skipif(not has('layers'), reason='chapter 02 not merged')
+def test_checkpointing_then_halving_with_8bit_state_kept():
+    if not has('optim'): pytest.skip('chapter 03 not merged')
+    # checkpoint at 8, then halve to 4: the 8-bit optimizer state survives both (same parameter objects)
+    t = bn_run([InjectOOM({3, 6})], micro_batch=8, optimizer='adamw8bit')
+    assert [r.action.split(' ')[0] for r in t.oom_reports] == ['activation', 'micro-batch']
+    assert (t.step, t.micro_batch, t.accum_steps, t.checkpointing) == (16, 4, 8, True)
+    assert type(t.opt).__name__ == 'AdamW8bit' and all(p in t.opt.state for p in t.model.parameters())
+
+
+@pytest.mark.skipif(not has('layers'), reason='chapter 02 not merged')
+def test_simulated_card_halves_then_checkpoints():
+    def run(model): torch.manual_seed(0); return Trainer(model, loaders(bs=64), log_every=1, **KW).fit(epochs=1)
+    torch.manual_seed(0); ok = run(mlp(dropout=0.2))
+    torch.manual_seed(0); t = run(SimulatedMemoryLimit(mlp(dropout=0.2), 4, checkpointed_limit=16))
+    assert [r.micro_batch for r in t.oom_reports] == [64, 32, 16, 8] and (t.micro_batch, t.accum_steps, t.checkpointing) == (8, 8, True)
+    assert (t.step, t.samples) == (ok.step, ok.samples) and max_param_diff(ok.model, t.model.model) < 1e-5
+    # a model with nothing to checkpoint keeps halving, as before
+    lin = Trainer(SimulatedMemoryLimit(nn.Linear(20, 10), 4, checkpointed_limit=16), loaders(bs=64), **KW).fit(steps=2)
+    assert (lin.micro_batch, lin.checkpointing) == (4, None)
+
+
+@pytest.mark.skipif(not has('layers'), reason='chapter 02 not merged')
+def test_micro_batch_one_checkpoints_before_it_stops():
+    t = Trainer(mlp(), loaders(bs=4), micro_batch=1, callbacks=[InjectOOM({2, 4})], **KW)
+    with pytest.raises(torch.OutOfMemoryError, match='micro-batch is already 1 and the model'): t.fit(steps=5)
+    assert t.step == 3 and t.checkpointing is True and t.oom_reports[0].action.startswith('activation checkpointing')
+    t = Trainer(nn.Linear(20, 10), loaders(bs=4), micro_batch=1, callbacks=[InjectOOM({2})], **KW)
+    with pytest.raises(torch.OutOfMemoryError, match='no plain nn.Sequential'): t.fit(steps=3)
+
+
+@pytest.mark.skipif(not has('layers'), reason='chapter 02 not merged')
+def test_resume_after_the_switch_continues_checkpointed(tmp_path):
+    full = bn_run([InjectOOM({3})], micro_batch=8, run_dir=tmp_path / 'full')
+    assert yaml.safe_load((tmp_path / 'full' / 'config.yaml').read_text())['checkpointing'] is True   # rewritten after the switch
+    bn_run([InjectOOM({3}), Sigint(9)], micro_batch=8, run_dir=tmp_path / 'cut')
+    assert torch.load(find_checkpoint(tmp_path / 'cut') / 'state.pt', weights_only=True)['checkpointing'] is True
+    res = bn_run(micro_batch=8, run_dir=tmp_path / 'cut', resume=tmp_path / 'cut')
+    assert res.checkpointing is True and type(res.model).__name__ == 'CheckpointedSequential' and res.micro_batch == 8
+    assert losses(res) == losses(full) and state_equal(res.model, full.model)
+
+
+@pytest.mark.skipif(not (has('layers') and has('strategies')), reason='chapters 02 and 06 not merged')
+def test_strategy_checkpointing_is_applied_and_planned_as_is():
+    from netlite_nb.strategies import load_strategy
+    s = load_strategy('cpu', checkpointing=2, micro_batch=64)
+    t = Trainer(mlp(), loaders(), strategy=s, device='cpu', progress=False, verbose=False)
+    assert t.checkpointing == 2 and type(t.model).__name__ == 'CheckpointedSequential' and t.model.k == 2
+    t.fit(steps=2)
+    if has('budget'): assert t.plan is not None and t.plan.checkpointing == 'on (in the model)'
+    assert t.resolved_config()['checkpointing'] == 2
 
 
 def test_oom_in_the_optimizer_step_is_not_retried():
@@ -217,6 +307,42 @@ def test_cli_train_config_and_resume(tmp_path):
     assert find_checkpoint(tmp_path / 'run').name == 'step-0000008'
     r = netlite('train', str(cfg), '--set', 'train.epoch=1')
     assert r.returncode != 0 and 'epochs' in r.stderr      # unknown keys name the closest valid one (chapter 06)
+
+
+SMALL = ("strategy: {name: auto, device: cpu, precision: fp32, memory_gb: 0.005, budget_fraction: 0.5}\n"
+         "model: {name: mlp}\ndata: {name: mnist_sample, batch_size: 128}\ntrain: {steps: 2}\n")
+
+
+@needs_demo
+def test_cli_train_auto_sizes_the_batch_for_the_model(tmp_path):
+    cfg = tmp_path / 'small.yaml'
+    cfg.write_text(SMALL)
+    r = netlite('train', str(cfg), '--quiet', '--out', str(tmp_path / 'run'))
+    assert r.returncode == 0, r.stderr[-3000:]
+    saved = yaml.safe_load((tmp_path / 'run' / 'config.yaml').read_text())
+    s = saved['run']['strategy']
+    assert s['micro_batch'] < 128 and s['micro_batch'] * s['accum_steps'] == 128 == saved['effective_batch']
+    assert (saved['micro_batch'], saved['accum_steps']) == (s['micro_batch'], s['accum_steps']) and 'planner fits' in s['reason']
+    r = netlite('train', str(cfg), '--quiet', '--set', 'train.steps=3', '--resume', str(tmp_path / 'run'))   # keeps the run's split
+    assert r.returncode == 0, r.stderr[-3000:]
+    again = yaml.safe_load((tmp_path / 'run' / 'config.yaml').read_text())
+    assert (again['micro_batch'], again['accum_steps']) == (saved['micro_batch'], saved['accum_steps'])
+    assert find_checkpoint(tmp_path / 'run').name == 'step-0000003'
+
+
+@needs_demo
+def test_train_from_config_sizes_only_what_the_file_left_open(tmp_path):
+    from netlite_nb.train import train_from_config
+    small = yaml.safe_load(SMALL)
+    t = train_from_config(small, run_dir=tmp_path / 'a', progress=False, verbose=False)
+    assert t.micro_batch < 128 and t.effective_batch == 128 and t.data.train.batch_size == t.micro_batch
+    assert t.plan is t.strategy.plan and t.plan.fits and t.plan.total <= t.plan.budget
+    roomy = train_from_config(small, ['strategy.memory_gb=1'], run_dir=tmp_path / 'b', progress=False, verbose=False)
+    assert (roomy.micro_batch, roomy.accum_steps) == (128, 1)
+    fixed = train_from_config(small, ['strategy.micro_batch=64'], run_dir=tmp_path / 'c', progress=False, verbose=False)
+    assert (fixed.micro_batch, fixed.accum_steps) == (64, 2)
+    named = train_from_config({**small, 'strategy': 'cpu'}, run_dir=tmp_path / 'd', progress=False, verbose=False)
+    assert (named.micro_batch, named.accum_steps) == (128, 1)          # a named profile is taken as written
 
 
 @needs_demo
