@@ -460,7 +460,7 @@ def _resolve_sizes(self:Trainer):
     self.window, self.micro_batch = max(1, round(target / lb)), mb
 Trainer._resolve_sizes = _resolve_sizes
 
-# %% ../nbs/07_train.ipynb #63b0dff3
+# %% ../nbs/07_train.ipynb #5950aa7b
 def enable_checkpointing(self:Trainer, k:int|bool=True, # modules per checkpointed segment; True: about √n of each nn.Sequential
                         )->bool:
     "Switch on chapter 02's activation checkpointing in the trainer's model, in place; False when there is nothing to checkpoint."
