@@ -470,6 +470,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'netlite_nb.probe._s': ('probe.html#_s', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._smi_gpus': ('probe.html#_smi_gpus', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._system_memory': ('probe.html#_system_memory', 'netlite_nb/probe.py'),
+                                  'netlite_nb.probe._this_process': ('probe.html#_this_process', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._torch_build': ('probe.html#_torch_build', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._try_lookup': ('probe.html#_try_lookup', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._unexplained': ('probe.html#_unexplained', 'netlite_nb/probe.py'),
