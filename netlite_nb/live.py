@@ -337,9 +337,9 @@ class LiveDashboard(Callback):
     first_render_guess = 0.1  # seconds a picture is assumed to cost before one has been timed (a 2-core CPU takes 50-100 ms)
 
     def _affordable(self, now)->bool:
-        "Would one more picture keep the drawing time within `max_overhead` of the wall time so far?"
+        "Would one more picture, and the final one after it, keep the drawing time within `max_overhead` of the wall time so far?"
         cost = self.render_cost if self.render_cost is not None else self.first_render_guess
-        return self.draw_seconds + cost <= self.max_overhead * (now - self.t0)
+        return self.draw_seconds + 2 * cost <= self.max_overhead * (now - self.t0)
 
     def after_step(self, trainer): self._tick(trainer)
     def after_batch(self, trainer):  # after each micro-batch's backward: near the step's memory peak
