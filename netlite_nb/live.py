@@ -167,7 +167,7 @@ def _draw_loss(ax, train:Downsampled|None, valid:Downsampled|None, events=()):
         handles, labels, top = handles + h2, labels + l2, ax2
     _legend(top, handles, labels, fontsize=7, loc='upper right')  # on the twin, else its lines cover the legend
 
-def _draw_memory(ax, mem:Downsampled|None, total=None, plan_peak=None, events=()):
+def _draw_memory(ax, mem:Downsampled|None, total=None, plan_peak=None, events=(), plan_base:int=0):
     "Memory over steps (GB): allocated, reserved, peak; the device total and the plan's predicted peak as lines."
     if not hasattr(ax, '_netlite_lines'): ax.set_xlabel('step'); ax.grid(alpha=.3)
     top = 0.0
@@ -179,9 +179,10 @@ def _draw_memory(ax, mem:Downsampled|None, total=None, plan_peak=None, events=()
             if np.isnan(y).all(): continue
             _line(ax, label, x, y / _GB, style, lw=1.2)
             top = max(top, np.nanmax(y))
-    if plan_peak:
-        _hline(ax, 'plan', plan_peak / _GB, f'plan: peak {fmt_bytes(plan_peak)}', color='tab:orange', ls='-.', lw=1.2)
-        top = max(top, plan_peak)
+    if plan_peak:  # `plan_base`: what the process held before training (RSS counts the interpreter, PyTorch, the data...)
+        label = f'plan: peak {fmt_bytes(plan_peak)}' + (f' above the start' if plan_base else '')
+        _hline(ax, 'plan', (plan_base + plan_peak) / _GB, label, color='tab:orange', ls='-.', lw=1.2)
+        top = max(top, plan_base + plan_peak)
     # The CPU's total is the machine's RAM: drawn, it would flatten the curves; then the title says it.
     title = 'memory (GB)'
     if total and (not top or total <= 4 * top):
@@ -285,6 +286,8 @@ class LiveDashboard(Callback):
         self.last_draw_step, self.micro_batch = 0, getattr(trainer, 'micro_batch', None)
         self.total = self._device_total(trainer)
         self._read_memory(trainer)
+        r = self.reading  # process memory (RSS) includes far more than tensors: the plan's peak is drawn above where the run started
+        self.plan_base = r.used if r is not None and r.allocated is None and r.used else 0
         if self.shown == 'widget': self._open_widget(trainer)
         elif self.shown == 'text' and not any(type(c).__name__ == 'ProgressBar' for c in getattr(trainer, 'callbacks', ())):
             from tqdm.std import tqdm  # the Trainer's own bar, when it has one, is enough
@@ -417,7 +420,7 @@ class LiveDashboard(Callback):
         events = list(self.events)
         _draw_loss(self.axes[0], self.train, self.valid, events)
         plan = getattr(trainer, 'plan', None)
-        _draw_memory(self.axes[1], self.mem, self.total, getattr(plan, 'peak', None), events)
+        _draw_memory(self.axes[1], self.mem, self.total, getattr(plan, 'peak', None), events, self.plan_base)
         self.fig.suptitle(self.header(trainer, html_=False) if title else '', fontsize=9)
         png = _png(self.fig)
         self.render_cost = self.clock() - t
