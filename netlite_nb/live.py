@@ -101,7 +101,8 @@ def _png(fig:Figure, dpi=None)->bytes:
     "The figure as PNG bytes, through the Agg canvas (no GUI, no pyplot)."
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     buf = io.BytesIO()
-    FigureCanvasAgg(fig).print_png(buf) if dpi is None else fig.savefig(buf, format='png', dpi=dpi)
+    canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)  # kept: its renderer caches text layouts
+    canvas.print_png(buf) if dpi is None else fig.savefig(buf, format='png', dpi=dpi)
     return buf.getvalue()
 
 def _new_figure(figsize=(10, 3.2), dpi=80)->tuple[Figure, tuple]:
@@ -112,39 +113,63 @@ def _new_figure(figsize=(10, 3.2), dpi=80)->tuple[Figure, tuple]:
     return fig, axes
 
 # %% ../nbs/08_live.ipynb #c018
+def _line(ax, key:str, x, y, fmt:str='-', **kw):
+    "The line labelled `key` on `ax`, showing (x, y): made the first time, then only its data changes."
+    lines = ax.__dict__.setdefault('_netlite_lines', {})  # making artists anew (what `ax.clear()` forces) is most of a redraw's cost
+    if key in lines: lines[key].set_data(x, y)
+    else: lines[key], = ax.plot(x, y, fmt, label=key, **kw)
+    return lines[key]
+
+def _hline(ax, key:str, y:float, label:str, **kw):
+    "A horizontal line at `y` (the plan's peak, the device total), kept like `_line`'s lines."
+    lines = ax.__dict__.setdefault('_netlite_lines', {})
+    if key in lines: lines[key].set_ydata([y, y]); lines[key].set_label(label)
+    else: lines[key] = ax.axhline(y, label=label, **kw)
+
+def _legend(ax, handles, labels, **kw):
+    "A legend, made again only when the labels change."
+    if handles and getattr(ax, '_netlite_legend', None) != labels:
+        ax.legend(handles, labels, **kw)
+        ax._netlite_legend = labels
+
 def _mark_events(ax, events):
+    "Vertical lines with a note at the steps where something happened; drawn again only when the events change."
+    events = tuple(events)
+    if getattr(ax, '_netlite_events', ()) == events: return
+    for a in getattr(ax, '_netlite_event_artists', ()): a.remove()
+    arts = []
     for i, (step, kind, text) in enumerate(events):
         color = 'tab:red' if kind == 'oom' else 'tab:purple'
-        ax.axvline(step, color=color, ls=':', lw=1.2)
-        ax.annotate(text, (step, 1), xycoords=('data', 'axes fraction'), xytext=(2, -4 - 9*(i % 4)), textcoords='offset points',
-                    fontsize=7, color=color, va='top')
+        arts.append(ax.axvline(step, color=color, ls=':', lw=1.2))
+        arts.append(ax.annotate(text, (step, 1), xycoords=('data', 'axes fraction'), xytext=(2, -4 - 9*(i % 4)),
+                                textcoords='offset points', fontsize=7, color=color, va='top'))
+    ax._netlite_events, ax._netlite_event_artists = events, arts
 
 def _draw_loss(ax, train:Downsampled|None, valid:Downsampled|None, events=()):
     "Train and validation loss over steps; metrics such as accuracy on a right-hand axis."
-    ax.clear()
-    if train is not None and len(train): ax.plot(train.column('step'), train.column('loss'), lw=1.2, label='train loss')
+    if not hasattr(ax, '_netlite_lines'): ax.set_xlabel('step'); ax.set_title('loss', fontsize=10); ax.grid(alpha=.3)
+    if train is not None and len(train): _line(ax, 'train loss', train.column('step'), train.column('loss'), lw=1.2)
     metrics = []
     if valid is not None and len(valid):
-        ax.plot(valid.column('step'), valid.column('valid_loss'), 'o-', ms=3, lw=1.2, label='valid loss')
+        _line(ax, 'valid loss', valid.column('step'), valid.column('valid_loss'), 'o-', ms=3, lw=1.2)
         metrics = [m for m in valid.names if m not in ('step', 'valid_loss')]
-    ax.set_xlabel('step'); ax.set_title('loss', fontsize=10); ax.grid(alpha=.3)
     _mark_events(ax, events)
+    ax.relim(); ax.autoscale_view()
     handles, labels, top = *ax.get_legend_handles_labels(), ax
     if metrics:
-        ax2 = ax._netlite_twin if hasattr(ax, '_netlite_twin') else ax.twinx()
-        ax._netlite_twin = ax2
-        ax2.clear()
-        ax2.yaxis.tick_right(); ax2.yaxis.set_label_position('right')  # clear() moves a twin's axis back to the left
+        if not hasattr(ax, '_netlite_twin'): ax._netlite_twin = ax.twinx()
+        ax2 = ax._netlite_twin
         for m, c in zip(metrics, ('tab:green', 'tab:olive', 'tab:cyan', 'tab:pink')):
-            ax2.plot(valid.column('step'), valid.column(m), 's--', ms=3, lw=1, color=c, label=m)
+            _line(ax2, m, valid.column('step'), valid.column(m), 's--', ms=3, lw=1, color=c)
         ax2.set_ylabel(', '.join(metrics), fontsize=8)
+        ax2.relim(); ax2.autoscale_view()
         h2, l2 = ax2.get_legend_handles_labels()
         handles, labels, top = handles + h2, labels + l2, ax2
-    if handles: top.legend(handles, labels, fontsize=7, loc='upper right')  # on the twin, else its lines cover the legend
+    _legend(top, handles, labels, fontsize=7, loc='upper right')  # on the twin, else its lines cover the legend
 
-def _draw_memory(ax, mem:Downsampled|None, total=None, plan_peak=None, events=()):
+def _draw_memory(ax, mem:Downsampled|None, total=None, plan_peak=None, events=(), plan_base:int=0):
     "Memory over steps (GB): allocated, reserved, peak; the device total and the plan's predicted peak as lines."
-    ax.clear()
+    if not hasattr(ax, '_netlite_lines'): ax.set_xlabel('step'); ax.grid(alpha=.3)
     top = 0.0
     if mem is not None and len(mem):
         x = mem.column('step')
@@ -152,21 +177,25 @@ def _draw_memory(ax, mem:Downsampled|None, total=None, plan_peak=None, events=()
                                    ('peak', 'peak', '--')):
             y = mem.column(name)
             if np.isnan(y).all(): continue
-            ax.plot(x, y / _GB, style, lw=1.2, label=label)
+            _line(ax, label, x, y / _GB, style, lw=1.2)
             top = max(top, np.nanmax(y))
-    if plan_peak:
-        ax.axhline(plan_peak / _GB, color='tab:orange', ls='-.', lw=1.2, label=f'plan: peak {fmt_bytes(plan_peak)}')
-        top = max(top, plan_peak)
+    if plan_peak:  # `plan_base`: what the process held before training (RSS counts the interpreter, PyTorch, the data...)
+        label = f'plan: peak {fmt_bytes(plan_peak)}' + (f' above the start' if plan_base else '')
+        _hline(ax, 'plan', (plan_base + plan_peak) / _GB, label, color='tab:orange', ls='-.', lw=1.2)
+        top = max(top, plan_base + plan_peak)
     # The CPU's total is the machine's RAM: drawn, it would flatten the curves; then the title says it.
     title = 'memory (GB)'
     if total and (not top or total <= 4 * top):
-        ax.axhline(total / _GB, color='0.3', lw=1.5, label=f'device total {fmt_bytes(total)}')
+        _hline(ax, 'total', total / _GB, f'device total {fmt_bytes(total)}', color='0.3', lw=1.5)
         top = max(top, total)
-    elif total: title += f' · device total {fmt_bytes(total)}'
-    ax.set_ylim(0, top / _GB * 1.3 if top else None)  # headroom for the legend
-    ax.set_xlabel('step'); ax.set_title(title, fontsize=10); ax.grid(alpha=.3)
+    else:
+        if 'total' in ax._netlite_lines: ax._netlite_lines.pop('total').remove()
+        if total: title += f' · device total {fmt_bytes(total)}'
     _mark_events(ax, events)
-    if ax.get_legend_handles_labels()[0]: ax.legend(fontsize=7, loc='upper left', ncol=3)  # a fixed place: 'best' costs a search per redraw
+    ax.relim(); ax.autoscale_view(scaley=False)
+    ax.set_ylim(0, top / _GB * 1.3 if top else None)  # headroom for the legend
+    ax.set_title(title, fontsize=10)
+    _legend(ax, *ax.get_legend_handles_labels(), fontsize=7, loc='upper left', ncol=3)  # a fixed place: 'best' costs a search per redraw
 
 # %% ../nbs/08_live.ipynb #c020
 _NOT_METRICS = {'step', 'epoch', 'time', 'samples', 'lr', 'loss', 'valid_loss'}
@@ -234,7 +263,7 @@ class LiveDashboard(Callback):
                  every:int=1,                # fewest steps between redraws
                  capacity:int=512,           # points kept per curve, however long the run
                  mode:str='auto',            # 'auto' (see `frontend`), 'widget', 'static' or 'text'
-                 max_overhead:float=0.02,    # share of wall time redraws may take: a slow redraw stretches the interval
+                 max_overhead:float=0.02,    # share of the wall time so far that drawing the plots may take
                  reader=None,                # `device -> MemoryReading`; default `device_memory`
                  figsize=(10, 3.2), dpi=80,
                  clock=time.perf_counter):   # seconds; tests pass a fake clock
@@ -252,11 +281,13 @@ class LiveDashboard(Callback):
         self.events = collections.deque(maxlen=32)
         self.rate = collections.deque(maxlen=32)      # (time, step, samples) of recent records: samples/s and ETA
         self.seen, self.step, self.epoch, self.reading, self.peak, self.oom = 0, 0, None, None, 0, None
-        self.redraws, self.draw_seconds, self.wait = 0, 0.0, self.interval
+        self.redraws, self.renders, self.draw_seconds, self.render_cost = 0, 0, 0.0, None
         self.t0 = self.last_draw = self.last_mem = self.clock()
         self.last_draw_step, self.micro_batch = 0, getattr(trainer, 'micro_batch', None)
         self.total = self._device_total(trainer)
         self._read_memory(trainer)
+        r = self.reading  # process memory (RSS) includes far more than tensors: the plan's peak is drawn above where the run started
+        self.plan_base = r.used if r is not None and r.allocated is None and r.used else 0
         if self.shown == 'widget': self._open_widget(trainer)
         elif self.shown == 'text' and not any(type(c).__name__ == 'ProgressBar' for c in getattr(trainer, 'callbacks', ())):
             from tqdm.std import tqdm  # the Trainer's own bar, when it has one, is enough
@@ -303,7 +334,15 @@ class LiveDashboard(Callback):
         now = self.clock()
         if now - self.last_mem >= self.interval / 5: self._read_memory(trainer)
         if self.bar is not None: self.bar.update(max(0, self.step - self.bar.n))
-        if force or (now - self.last_draw >= self.wait and self.step - self.last_draw_step >= self.every): self._redraw(trainer)
+        if force or (now - self.last_draw >= self.interval and self.step - self.last_draw_step >= self.every):
+            self._redraw(trainer, plots=force or self._affordable(now))
+
+    first_render_guess = 0.1  # seconds a picture is assumed to cost before one has been timed (a 2-core CPU takes 50-100 ms)
+
+    def _affordable(self, now)->bool:
+        "Would one more picture, and the final one after it, keep the drawing time within `max_overhead` of the wall time so far?"
+        cost = self.render_cost if self.render_cost is not None else self.first_render_guess
+        return self.draw_seconds + 2 * cost <= self.max_overhead * (now - self.t0)
 
     def after_step(self, trainer): self._tick(trainer)
     def after_batch(self, trainer):  # after each micro-batch's backward: near the step's memory peak
@@ -361,6 +400,7 @@ class LiveDashboard(Callback):
         parts = [f"{getattr(trainer, 'device', 'cpu')} · {getattr(precision, 'name', precision) or 'fp32'}",
                  f"epoch {self.epoch if self.epoch is not None else '–'}",
                  f"step {self.step}" + (f"/{total_steps}" if total_steps else ''),
+                 f"loss {self.train.column('loss')[-1]:.4f}" if len(self.train) else 'loss –',
                  f"{samples_s:,.0f} samples/s" if samples_s is not None else '– samples/s',
                  f"ETA {eta}"]
         mem = f"memory {fmt_bytes(cur)} (peak {fmt_bytes(self.peak)}){of}"
@@ -374,25 +414,28 @@ class LiveDashboard(Callback):
         return f"loss {loss:.4f} · mem {fmt_bytes(cur)} · peak {fmt_bytes(self.peak)}"
 
     def _render(self, trainer, title=False)->bytes:
+        "The plots as PNG bytes; the time it took is counted against `max_overhead`."
+        t = self.clock()
         if self.fig is None: self.fig, self.axes = _new_figure(self.figsize, self.dpi)
         events = list(self.events)
         _draw_loss(self.axes[0], self.train, self.valid, events)
         plan = getattr(trainer, 'plan', None)
-        _draw_memory(self.axes[1], self.mem, self.total, getattr(plan, 'peak', None), events)
+        _draw_memory(self.axes[1], self.mem, self.total, getattr(plan, 'peak', None), events, self.plan_base)
         self.fig.suptitle(self.header(trainer, html_=False) if title else '', fontsize=9)
-        return _png(self.fig)
+        png = _png(self.fig)
+        self.render_cost = self.clock() - t
+        self.draw_seconds += self.render_cost
+        self.renders += 1
+        return png
 
-    def _redraw(self, trainer):
-        t = self.clock()
+    def _redraw(self, trainer, plots:bool=True):
+        "Update what is shown: the header (or text bar) always, the plots when `plots`."
         if self.shown == 'widget':
-            self.image.value = self._render(trainer)
+            if plots: self.image.value = self._render(trainer)
             self.head.value = self.header(trainer)
         elif self.bar is not None: self.bar.set_postfix_str(self._postfix(), refresh=False)
         # 'static': nobody is watching; the picture comes once, at the end
         self.redraws += 1
-        cost = self.clock() - t
-        self.draw_seconds += cost
-        self.wait = max(self.interval, cost / self.max_overhead)
         self.last_draw, self.last_draw_step = self.clock(), self.step
 
     def _oom_html(self, report)->str:

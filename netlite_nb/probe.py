@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_probe.ipynb #c003
 from __future__ import annotations
-import dataclasses, difflib, html, json, platform, re, shutil, subprocess, sys, weakref
+import dataclasses, difflib, html, json, os, platform, re, shutil, subprocess, sys, weakref
 from dataclasses import dataclass, field, asdict
 from functools import lru_cache
 from importlib import resources
@@ -503,6 +503,14 @@ def _nvml_used(index:int, nvml=None)->tuple[int|None, int|None]:
     except Exception: pass
     return None, None
 
+_PROCESS = {}
+
+def _this_process()->tuple[psutil.Process, int]:
+    "This process's psutil handle and the machine's RAM, looked up once per process: a Trainer reads memory every few steps."
+    if _PROCESS.get('pid') != os.getpid():  # a forked worker is another process
+        _PROCESS.update(pid=os.getpid(), proc=psutil.Process(), ram=psutil.virtual_memory().total)
+    return _PROCESS['proc'], _PROCESS['ram']
+
 def device_memory(device='cpu', # a torch device or its name: 'cpu', 'cuda', 'cuda:1', 'mps', 'xpu'
                   nvml=None)->MemoryReading:
     "Current and peak memory of `device`, read the same way on CUDA, ROCm, MPS, XPU and CPU."
@@ -521,5 +529,5 @@ def device_memory(device='cpu', # a torch device or its name: 'cpu', 'cuda', 'cu
         i = d.index or 0
         return MemoryReading(str(d), torch.xpu.memory_allocated(i), torch.xpu.memory_reserved(i), torch.xpu.max_memory_allocated(i),
             torch.xpu.max_memory_reserved(i), total=torch.xpu.get_device_properties(i).total_memory, source='torch.xpu')
-    return MemoryReading('cpu', used=psutil.Process().memory_info().rss, peak_used=_peak_rss(),
-                         total=psutil.virtual_memory().total, source='process RSS')
+    proc, ram = _this_process()
+    return MemoryReading('cpu', used=proc.memory_info().rss, peak_used=_peak_rss(), total=ram, source='process RSS')

@@ -1,6 +1,7 @@
-"""Chapter 08 as a reader sees it: a real JupyterLab in headless Chromium runs a training cell with `LiveDashboard`.
+"""Chapter 08 as a reader sees it: a real JupyterLab, and a real Notebook 7, in headless Chromium run a training cell with
+`LiveDashboard`.
 
-Needs Debian's `chromium` (apt-get install -y chromium) and the `dev` extra (playwright, jupyterlab, ipykernel).
+Needs Debian's `chromium` (apt-get install -y chromium) and the `dev` extra (playwright, jupyterlab, notebook, ipykernel).
 Playwright drives the system Chromium; `playwright install` is never needed. If the browser or the server cannot
 start, the test fails and says why.
 """
@@ -57,10 +58,19 @@ def _wait_for_server(url, proc, log, timeout=90):
     pytest.fail(f"The Jupyter server did not answer {url} within {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-@pytest.fixture
-def jupyter_server():
-    "JupyterLab on 127.0.0.1 with a token, a temporary root dir and temporary settings; killed at the end."
-    try: import jupyterlab, ipykernel, playwright  # noqa: F401
+APPS = {  # the two frontends readers run notebooks in that we can start here (VS Code and Colab cannot be)
+    'lab': dict(module='jupyterlab', url='/lab/tree/live.ipynb',
+                args=['--LabApp.expose_app_in_browser=True', '--LabApp.news_url=', '--LabApp.extension_manager=readonly']),
+    'notebook7': dict(module='notebook', url='/notebooks/live.ipynb',
+                      args=['--JupyterNotebookApp.expose_app_in_browser=True']),
+}
+
+
+@pytest.fixture(params=list(APPS))
+def jupyter_server(request):
+    "JupyterLab or Notebook 7 on 127.0.0.1 with a token, a temporary root dir and temporary settings; killed at the end."
+    app = APPS[request.param]
+    try: import jupyterlab, notebook, ipykernel, playwright  # noqa: F401
     except ImportError as e: pytest.fail(f"The browser test needs the dev extra (pip install -e '.[dev]'): {e}")
     root = Path(tempfile.mkdtemp(prefix='netlite_browser_'))
     (root / 'live.ipynb').write_text(json.dumps(_notebook()))
@@ -69,15 +79,14 @@ def jupyter_server():
            'JUPYTERLAB_SETTINGS_DIR': str(root / '.settings'), 'JUPYTERLAB_WORKSPACES_DIR': str(root / '.ws')}
     env.pop('MPLBACKEND', None)   # the kernel picks its own backend, as for a reader
     log = root / 'server.log'
-    cmd = [sys.executable, '-m', 'jupyterlab', '--no-browser', '--ServerApp.ip=127.0.0.1', f'--ServerApp.port={port}',
-           '--ServerApp.port_retries=0', f'--IdentityProvider.token={token}', f'--ServerApp.root_dir={root}',
-           '--LabApp.expose_app_in_browser=True', '--LabApp.news_url=', '--LabApp.extension_manager=readonly',
+    cmd = [sys.executable, '-m', app['module'], '--no-browser', '--ServerApp.ip=127.0.0.1', f'--ServerApp.port={port}',
+           '--ServerApp.port_retries=0', f'--IdentityProvider.token={token}', f'--ServerApp.root_dir={root}', *app['args'],
            '--ServerApp.terminals_enabled=False', '--ServerApp.allow_root=True']  # CI containers run as root
     with open(log, 'w') as f:
         proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_for_server(f'http://127.0.0.1:{port}/api/status?token={token}', proc, log)
-        yield dict(url=f'http://127.0.0.1:{port}', token=token, root=root, log=log)
+        yield dict(url=f'http://127.0.0.1:{port}', token=token, root=root, log=log, name=request.param, path=app['url'])
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)   # the server and the kernel it started, nothing else
@@ -109,14 +118,14 @@ def test_dashboard_updates_in_a_real_browser(jupyter_server):
             page = browser.new_page(viewport={'width': 1280, 'height': 900})
             console = []
             page.on('console', lambda m: console.append(f'{m.type}: {m.text}'))
-            page.goto(f"{srv['url']}/lab/tree/live.ipynb?token={srv['token']}", timeout=90_000)
+            page.goto(f"{srv['url']}{srv['path']}?token={srv['token']}", timeout=90_000)
             try:
                 page.wait_for_function("""() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
                     const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
                     return k && k.status === 'idle'; }""", timeout=120_000)
             except Exception as e:
-                page.screenshot(path=str(ARTIFACTS / 'browser_dashboard_failed.png'))
-                pytest.fail(f"JupyterLab did not open the notebook with an idle kernel: {e}\nconsole: {console[-20:]}\n"
+                page.screenshot(path=str(ARTIFACTS / f"browser_dashboard_{srv['name']}_failed.png"))
+                pytest.fail(f"{srv['name']} did not open the notebook with an idle kernel: {e}\nconsole: {console[-20:]}\n"
                             f"server log: {srv['log'].read_text()[-2000:]}")
             # Not awaited: the command's promise resolves only when every cell has run.
             page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
@@ -127,13 +136,13 @@ def test_dashboard_updates_in_a_real_browser(jupyter_server):
                 src = page.evaluate("() => { const i = document.querySelector('img.netlite-live-plot'); return i ? i.src : null; }")
                 if src and (not srcs or srcs[-1] != src):
                     srcs.append(src)
-                    if len(srcs) == 3: page.screenshot(path=str(ARTIFACTS / 'browser_dashboard_running.png'))
+                    if len(srcs) == 3: page.screenshot(path=str(ARTIFACTS / f"browser_dashboard_{srv['name']}_running.png"))
                 out = _outputs(page)
                 if 'TRAINING DONE' in out or 'Traceback' in out or 'Error' in out: break
                 time.sleep(0.1)
             page.wait_for_timeout(500)
             page.evaluate("() => document.querySelector('.netlite-live') && document.querySelector('.netlite-live').scrollIntoView()")
-            page.screenshot(path=str(ARTIFACTS / 'browser_dashboard.png'), full_page=True)
+            page.screenshot(path=str(ARTIFACTS / f"browser_dashboard_{srv['name']}.png"), full_page=True)
             out = _outputs(page)
             assert 'TRAINING DONE' in out, f"the training cell did not finish:\n{out[-3000:]}\nconsole: {console[-20:]}"
             assert page.locator('.netlite-live').count() == 1, 'exactly one dashboard per run'
@@ -151,6 +160,6 @@ def test_dashboard_updates_in_a_real_browser(jupyter_server):
             outputs = [o for o in saved['cells'][1]['outputs'] if o.get('output_type') == 'display_data']
             assert len(outputs) == 1, f"one display output per run, got {len(outputs)}"
             assert {'application/vnd.jupyter.widget-view+json', 'image/png'} <= set(outputs[0]['data'])
-            print(f"plot changes seen: {len(srcs) - 1}; memory readout: {mem}")
+            print(f"{srv['name']}: plot changes seen: {len(srcs) - 1}; memory readout: {mem}")
         finally:
             browser.close()

@@ -43,15 +43,18 @@ def test_widget_mode_updates_one_image_in_place(shown):
     assert kw == {'raw': True, 'display_id': True}
     assert bundle['application/vnd.jupyter.widget-view+json']['model_id'] == d.widget.model_id
     assert 'image/png' not in bundle and 'cuda:0 · fp16' in bundle['text/plain']
-    images = [d.image.value]
-    for _ in range(10):
-        run_steps(d, tr, 20, clock, dt=0.05)   # 1 s per 20 steps: at least one redraw each time
-        images.append(d.image.value)
-    assert len(set(images)) == 11 and all(v[:8] == PNG for v in images)
-    assert 10 <= d.redraws <= 20     # at most one per 0.5 s of fake time
+    heads, images = [d.head.value], [d.image.value]
+    for _ in range(20):
+        run_steps(d, tr, 20, clock, dt=0.05)   # 1 s per 20 steps: at least one update each time
+        heads.append(d.head.value); images.append(d.image.value)
+    assert len(set(heads)) == 21     # the header line moves every second
+    assert 20 <= d.redraws <= 40     # at most one update per 0.5 s of fake time
+    # no picture until it and the final one (guessed at 0.1 s each) are 2 % of the run: 10 s; then one per second (free on the fake clock)
+    assert all(v == images[0] for v in images[:10]) and d.renders >= 9
+    assert len(set(images[11:])) == 10 and all(v[:8] == PNG for v in images)
     assert 'class="netlite-mem"' in d.head.value and 'memory 1.50 GiB (peak 1.60 GiB) of 4.00 GiB' in d.head.value
     d.after_fit(tr)
-    assert 'step 200/1000' in d.head.value
+    assert 'step 400/1000' in d.head.value
     assert len(shown) == 1, 'no new output at the end either'
     (final, kw), = d.handle.updates
     assert kw == {'raw': True}
