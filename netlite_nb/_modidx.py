@@ -467,6 +467,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'netlite_nb.probe._profile_rows': ('probe.html#_profile_rows', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._recommend': ('probe.html#_recommend', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._rocm_gpus': ('probe.html#_rocm_gpus', 'netlite_nb/probe.py'),
+                                  'netlite_nb.probe._rss': ('probe.html#_rss', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._s': ('probe.html#_s', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._smi_gpus': ('probe.html#_smi_gpus', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._system_memory': ('probe.html#_system_memory', 'netlite_nb/probe.py'),

@@ -505,11 +505,21 @@ def _nvml_used(index:int, nvml=None)->tuple[int|None, int|None]:
 
 _PROCESS = {}
 
-def _this_process()->tuple[psutil.Process, int]:
-    "This process's psutil handle and the machine's RAM, looked up once per process: a Trainer reads memory every few steps."
+def _this_process()->dict:
+    "This process's psutil handle, the machine's RAM and (Linux) an open /proc/self/statm, set up once per process."
     if _PROCESS.get('pid') != os.getpid():  # a forked worker is another process
-        _PROCESS.update(pid=os.getpid(), proc=psutil.Process(), ram=psutil.virtual_memory().total)
-    return _PROCESS['proc'], _PROCESS['ram']
+        try: statm = os.open('/proc/self/statm', os.O_RDONLY)  # a Trainer reads memory every few steps: no open() each time
+        except OSError: statm = None
+        _PROCESS.update(pid=os.getpid(), proc=psutil.Process(), ram=psutil.virtual_memory().total, statm=statm)
+    return _PROCESS
+
+def _rss()->int:
+    "Resident memory of this process in bytes (/proc/self/statm's second field on Linux, else psutil)."
+    p = _this_process()
+    if p['statm'] is not None:
+        try: return int(os.pread(p['statm'], 128, 0).split()[1]) * os.sysconf('SC_PAGE_SIZE')
+        except (OSError, ValueError, IndexError): pass
+    return p['proc'].memory_info().rss
 
 def device_memory(device='cpu', # a torch device or its name: 'cpu', 'cuda', 'cuda:1', 'mps', 'xpu'
                   nvml=None)->MemoryReading:
@@ -529,5 +539,4 @@ def device_memory(device='cpu', # a torch device or its name: 'cpu', 'cuda', 'cu
         i = d.index or 0
         return MemoryReading(str(d), torch.xpu.memory_allocated(i), torch.xpu.memory_reserved(i), torch.xpu.max_memory_allocated(i),
             torch.xpu.max_memory_reserved(i), total=torch.xpu.get_device_properties(i).total_memory, source='torch.xpu')
-    proc, ram = _this_process()
-    return MemoryReading('cpu', used=proc.memory_info().rss, peak_used=_peak_rss(), total=ram, source='process RSS')
+    return MemoryReading('cpu', used=_rss(), peak_used=_peak_rss(), total=_this_process()['ram'], source='process RSS')

@@ -114,3 +114,30 @@ def test_cli_probe_json_in_a_fresh_process():
     out = subprocess.run([exe, 'probe', '--json'], capture_output=True, text=True, check=True)
     d = json.loads(out.stdout)
     assert d['device'] and d['cpu']['threads'] >= 1
+
+
+def test_cpu_rss_reading_agrees_with_psutil_and_follows_allocations():
+    import psutil, numpy as np
+    from netlite_nb.probe import _rss, device_memory
+    assert abs(_rss() - psutil.Process().memory_info().rss) < 2**20
+    before = device_memory('cpu').used
+    block = np.ones(64 * 2**20, dtype=np.uint8)      # 64 MiB, touched
+    after = device_memory('cpu').used
+    assert after - before > 60 * 2**20, (before, after)
+    del block
+
+
+def test_cpu_rss_reading_in_a_forked_child_is_the_childs():
+    import multiprocessing as mp, os
+    from netlite_nb.probe import _rss
+    _rss()                                            # the parent opens its /proc/self/statm first
+    with mp.get_context('fork').Pool(1) as pool: pid, rss, psutil_rss = pool.apply(_child_reading)
+    assert pid != os.getpid()
+    assert abs(rss - psutil_rss) < 2**20, (rss, psutil_rss)   # the parent's file would miss the child's 128 MiB
+
+
+def _child_reading():
+    import os, numpy as np, psutil
+    from netlite_nb.probe import _rss
+    block = np.ones(128 * 2**20, dtype=np.uint8)     # only the child holds this
+    return os.getpid(), _rss(), psutil.Process().memory_info().rss
