@@ -616,12 +616,12 @@ def _record(self:Trainer, **kw)->dict:
 Trainer._record = _record
 
 def _log_step(self:Trainer, force=False):
-    if self._loss_n == 0 or not (force or self.step % self.log_every == 0 or self.step >= self.total_steps): return
+    if not self._losses or not (force or self.step % self.log_every == 0 or self.step >= self.total_steps): return
     now = time.perf_counter()
     sps = (self.samples - self._log_samples) / max(now - self._log_t, 1e-9)
-    self.last_record = self._record(loss=(self._loss_acc / self._loss_n).item(), lr=self.opt.param_groups[0]['lr'],
+    self.last_record = self._record(loss=torch.stack(self._losses).mean().item(), lr=self.opt.param_groups[0]['lr'],
                                     samples_per_s=sps, micro_batch=self.micro_batch, accum_steps=self.accum_steps)
-    self._loss_acc, self._loss_n, self._log_t, self._log_samples = 0.0, 0, now, self.samples
+    self._losses, self._log_t, self._log_samples = [], now, self.samples
 Trainer._log_step = _log_step
 
 # %% ../nbs/07_train.ipynb #c044
@@ -876,7 +876,7 @@ def fit(self:Trainer, epochs:int|None=None, # passes over the training data
     self.stop, self.interrupted = False, False
     self.log(self._describe())
     self._t0, self._running = time.perf_counter(), True
-    self._loss_acc, self._loss_n, self._log_t, self._log_samples = 0.0, 0, self._t0, self.samples
+    self._losses, self._log_t, self._log_samples = [], self._t0, self.samples  # step losses since the last record, summed only then
     self.model.train()
     try:
         self._call('before_fit')
@@ -927,7 +927,7 @@ def _fit_epochs(self:Trainer):
             if self.scheduler is not None: self.scheduler.step()
             if self.ema is not None: self.ema.update_parameters(self.model)
             self.step += 1; self.samples += n; self.batch_in_epoch += len(batches)
-            self._loss_acc, self._loss_n, self._rng_window, self._in_update = self._loss_acc + loss, self._loss_n + 1, None, False
+            self._losses.append(loss); self._rng_window, self._in_update = None, False
             self._log_step()
             self._call('after_step')
             if self.checkpoint_every and self.run_dir is not None and self.step % self.checkpoint_every == 0: self.save_checkpoint()
