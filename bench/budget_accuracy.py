@@ -6,7 +6,8 @@
     python bench/budget_accuracy.py --real-budgets  # the same at the unscaled 2/4/8 GiB, for the CNN and the transformer
     python bench/budget_accuracy.py --gemm          # the CPU kernel workspace a tensor trace cannot see, next to the planner's model
     python bench/budget_accuracy.py --repeat mlp 4200 3   # how well one measurement repeats
-    (--threads 2 measures with two threads instead of one)
+    (--threads 2 measures with two threads instead of one; --full-warmup warms up at the full batch, so what the kernels keep
+     is already in the baseline and the measured steps hold tensors only)
 
 CPU measurement: each case runs in a fresh `python` process with glibc told to serve every allocation above 64 KiB with its own
 mmap (MALLOC_MMAP_THRESHOLD_ fixed, which also stops glibc raising the threshold as blocks are freed) and one arena
@@ -81,43 +82,46 @@ def _free_blas_buffers():
     lib = _mkl()
     if lib is not None: lib.mkl_serv_free_buffers()
 
-def measure(name, bs)->int:
-    "Run in a fresh process: the measured peak tensor bytes of two AdamW training steps."
+def measure(name, bs, full_warmup=False)->int:
+    "Run in a fresh process: the measured peak bytes of two AdamW training steps (full_warmup: what kernels keep is already there)."
     import gc
     torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', '1')))
     model, (x, y) = make(name, bs)
     warm = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    _steps(model, warm, x[:2], y[:2], 1)  # load kernels, fault in code pages
+    w = slice(None) if full_warmup else slice(2)
+    _steps(model, warm, x[w], y[w], 1)  # load kernels, fault in code pages
     del warm
     for p in model.parameters(): p.grad = None
     torch.manual_seed(1)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gc.collect()
-    _free_blas_buffers()  # the warm-up's small GEMMs left buffers; a real run's first step is full-size
+    if not full_warmup: _free_blas_buffers()  # the warm-up's small GEMMs left buffers; a real run's first step is full-size
     alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
     base = _rss()
     with open('/proc/self/clear_refs', 'w') as f: f.write('5')  # reset the RSS high-water mark
     _steps(model, opt, x, y, 2)
     return _hwm() - base + alive
 
-def measured(name, bs)->int:
-    out = subprocess.run([sys.executable, __file__, '--measure', name, str(bs)], env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
+def measured(name, bs, full_warmup=False)->int:
+    out = subprocess.run([sys.executable, __file__, '--measure', name, str(bs), *(['full'] if full_warmup else [])], env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
                          capture_output=True, text=True, check=True)
     return int(out.stdout.split()[-1])
 
-def predicted(name, bs, **kw)->int:
+def predicted(name, bs, device_or_gpu='cpu', **kw)->int:
+    "The planner's peak; on the 'cpu' target it includes the CPU kernel workspace, with device_or_gpu=None it is tensors only."
     from netlite_nb.budget import plan_memory
     model, batch = make(name, bs)
-    return plan_memory(model, batch, optimizer='adamw', device_or_gpu='cpu', **kw).peak  # 'cpu': with the CPU kernel workspace
+    return plan_memory(model, batch, optimizer='adamw', device_or_gpu=device_or_gpu, **kw).peak
 
-def accuracy_table():
-    print(f"{'model':<12}{'batch':>6}{'predicted':>12}{'measured':>12}{'error':>8}")
+def accuracy_table(full_warmup=False):
+    "Predicted vs measured peak for 3 models x 3 batch sizes; the last column is the plan without the CPU kernel workspace."
+    print(f"{'model':<12}{'batch':>6}{'predicted':>12}{'measured':>12}{'error':>8}  {'tensors only: error':>20}")
     errs = []
     for name, (_, _, sizes) in MODELS.items():
         for bs in sizes:
-            p, m = predicted(name, bs), measured(name, bs)
+            p, t, m = predicted(name, bs), predicted(name, bs, None), measured(name, bs, full_warmup)
             errs.append((p - m) / m)
-            print(f"{name:<12}{bs:>6}{p/2**20:>10.1f}Mi{m/2**20:>10.1f}Mi{100*errs[-1]:>+7.1f}%", flush=True)
+            print(f"{name:<12}{bs:>6}{p/2**20:>10.1f}Mi{m/2**20:>10.1f}Mi{100*errs[-1]:>+7.1f}%  {(t - m)/2**20:>+10.1f} MiB{100*(t - m)/m:>+7.1f}%", flush=True)
     print(f"max |error| {100*max(abs(e) for e in errs):.1f}%")
 
 def kernels_child(specs:list, threads:int=1)->list:
@@ -156,7 +160,7 @@ def run_kernels(specs, threads=1)->list:
 
 def gemm_report():
     "Measure what the CPU workspace model of `plan_memory` rests on, each number next to the model's."
-    from netlite_nb.budget import _mkl_panel, cpu_workspace_bytes, KERNEL_STATE_BYTES
+    from netlite_nb.budget import cpu_workspace_bytes, KERNEL_STATE_BYTES
     mi = lambda n: f"{n/2**20:6.2f}"
     mm = lambda M, K, N: ('matmul', 1, M, K, N, 'torch.float32')
     print("1. One fp32 matmul (M x K) @ (K x N) in a fresh process: resident MiB beyond its output")
@@ -164,7 +168,7 @@ def gemm_report():
     for M, K, N in [(256, 4096, 4096), (384, 4096, 4096), (392, 4096, 4096), (1024, 4096, 4096), (4096, 4096, 4096),
                     (1024, 64, 4096), (1024, 256, 4096), (1024, 512, 4096), (1024, 640, 4096), (1024, 784, 4096),
                     (1024, 4096, 176), (1024, 4096, 192), (1024, 4096, 1024), (1024, 4096, 8192), (1024, 4096, 16384)]:
-        print(f"{M:>6}{K:>6}{N:>7}  {mi(run_kernels([['mm', M, K, N]])[0])}    {mi(_mkl_panel(M, K, N))}", flush=True)
+        print(f"{M:>6}{K:>6}{N:>7}  {mi(run_kernels([['mm', M, K, N]])[0])}    {mi(cpu_workspace_bytes([mm(M, K, N)]))}", flush=True)
     big, small = [1024, 4096, 4096], [1024, 4096, 1024]
     again = run_kernels([['mm', *big], ['mm', *big]])
     print(f"2. Kept, not transient: the same 1024x4096 @ 4096x4096 matmul twice in one process adds {mi(again[0])} then {mi(again[1])} MiB")
@@ -209,7 +213,7 @@ def repeat(name, bs, n):
 
 if __name__ == '__main__':
     ap = argparse.ArgumentParser()
-    ap.add_argument('--measure', nargs=2)
+    ap.add_argument('--measure', nargs='+', help=argparse.SUPPRESS)
     ap.add_argument('--kernels-child', help=argparse.SUPPRESS)
     ap.add_argument('--budgets', action='store_true')
     ap.add_argument('--real-budgets', action='store_true', help="--budgets with the issue's unscaled 2, 4 and 8 GiB, for the CNN and the transformer")
@@ -218,12 +222,13 @@ if __name__ == '__main__':
     ap.add_argument('--gemm', action='store_true', help='measure the CPU kernel workspace the planner models, next to the model')
     ap.add_argument('--repeat', nargs=3, metavar=('MODEL', 'BATCH', 'N'), help='measure one case N times')
     ap.add_argument('--threads', type=int, default=1, help='threads of the measuring processes (the planner models one)')
+    ap.add_argument('--full-warmup', action='store_true', help='accuracy table with the warm-up step at the full batch, so kernels have allocated what they keep before the measured steps')
     a = ap.parse_args()
     ENV['OMP_NUM_THREADS'] = str(a.threads)
-    if a.measure: print(measure(a.measure[0], int(a.measure[1])))
+    if a.measure: print(measure(a.measure[0], int(a.measure[1]), a.measure[2:] == ['full']))
     elif a.kernels_child: print(json.dumps(kernels_child(*json.loads(a.kernels_child))))
     elif a.budgets: budgets_table(a.models or list(MODELS), a.gib)
     elif a.real_budgets: budgets_table(a.models or ['cnn', 'transformer'], [2, 4, 8])
     elif a.gemm: gemm_report()
     elif a.repeat: repeat(a.repeat[0], int(a.repeat[1]), int(a.repeat[2]))
-    else: accuracy_table()
+    else: accuracy_table(a.full_warmup)
