@@ -401,8 +401,8 @@ def resolve_target(device_or_gpu)->Target:
 
 # %% ../nbs/01_budget.ipynb #c073
 # Read off `python bench/budget_accuracy.py --gemm`: torch 2.14.1's bundled MKL on an AVX-512 CPU, one thread.
-_MKL_KC, _MKL_N_MAX, _MKL_M_BLOCK = 384, 9984, 648  # rows of B packed at a time; columns of B packed at most; columns of A packed
-_MKL_PACK_MIN_M, _MKL_PACK_MIN_N = 385, 192         # smaller products take MKL's path without packing
+_MKL_KC, _MKL_N_MAX, _MKL_M_BLOCK = 384, 9984, 648  # rows of B packed at a time; columns of B packed at most; rows of A packed
+_MKL_PACK_MIN_M, _MKL_PACK_MIN_N = 385, 192         # smaller products take a path that keeps smaller buffers
 KERNEL_STATE_BYTES = 136 * 1024                      # kept per distinct convolution or unpacked matmul shape
 
 def _mkl_panel(M:int, K:int, N:int)->int:
