@@ -1,16 +1,21 @@
-"""How close is `plan_memory` to a real step? Predicted peak vs. the measured peak of a fresh process, on CPU (and CUDA when present).
+"""How close is `plan_memory` to a real step? Predicted peak (on the 'cpu' target) vs. the measured peak of a fresh process.
 
-    python bench/budget_accuracy.py            # accuracy table: 3 models x 3 batch sizes
-    python bench/budget_accuracy.py --budgets  # max_batch_size at 0.5/1/2 GiB budgets, checked by measurement
-                                               # (--models cnn transformer --gib 0.5 1 to run a part)
-    python bench/budget_accuracy.py --gemm     # the CPU BLAS workspace a tensor trace cannot see
+    python bench/budget_accuracy.py                 # accuracy table: 3 models x 3 batch sizes
+    python bench/budget_accuracy.py --budgets       # max_batch_size at 0.5/1/2 GiB budgets, checked by measurement
+                                                    # (--models cnn transformer --gib 0.5 1 to run a part)
+    python bench/budget_accuracy.py --real-budgets  # the same at the unscaled 2/4/8 GiB, for the CNN and the transformer
+    python bench/budget_accuracy.py --gemm          # the CPU kernel workspace a tensor trace cannot see, next to the planner's model
+    python bench/budget_accuracy.py --repeat mlp 4200 3   # how well one measurement repeats
+    (--threads 2 measures with two threads instead of one; --full-warmup warms up at the full batch, so what the kernels keep
+     is already in the baseline and the measured steps hold tensors only)
 
 CPU measurement: each case runs in a fresh `python` process with glibc told to serve every allocation above 64 KiB with its own
 mmap (MALLOC_MMAP_THRESHOLD_ fixed, which also stops glibc raising the threshold as blocks are freed) and one arena
 (MALLOC_ARENA_MAX=1), so a freed tensor's pages go back to the OS at once and the resident set tracks live tensors. The process
-warms up the kernels on a small batch, then resets the kernel's RSS high-water mark (/proc/self/clear_refs) and runs the same
-two training steps the planner traces. Measured tensor peak = peak RSS - RSS before the steps + bytes of the tensors already
-alive then (weights, buffers, batch), which the planner counts too.
+warms up the kernels on a small batch (loading their code), hands MKL's cached matmul buffers back (mkl_free_buffers, so the
+measured steps allocate their workspace as a real run's first full-size step does), then resets the kernel's RSS high-water mark
+(/proc/self/clear_refs) and runs the same two training steps the planner traces. Measured peak = peak RSS - RSS before the
+steps + bytes of the tensors already alive then (weights, buffers, batch), which the planner counts too.
 """
 import argparse, json, os, subprocess, sys, time
 from pathlib import Path
@@ -19,6 +24,7 @@ from torch import nn
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's netlite_nb, not whichever one is installed
 ENV = dict(MALLOC_MMAP_THRESHOLD_='65536', MALLOC_ARENA_MAX='1', MALLOC_TRIM_THRESHOLD_='0', OMP_NUM_THREADS='1')
 
 def mlp(): return nn.Sequential(nn.Flatten(), nn.Linear(784, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 10))
@@ -63,78 +69,166 @@ def _steps(model, opt, x, y, n=2):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-def measure(name, bs)->int:
-    "Run in a fresh process: the measured peak tensor bytes of two AdamW training steps."
+def _mkl():
+    "libtorch's bundled MKL, for its memory-manager calls (None on a build without MKL)."
+    import ctypes
+    lib = ctypes.CDLL(str(Path(torch.__file__).parent / 'lib' / 'libtorch_cpu.so'))
+    if not hasattr(lib, 'mkl_serv_mem_stat'): return None
+    lib.mkl_serv_mem_stat.restype = ctypes.c_int64
+    return lib
+
+def _free_blas_buffers():
+    "Hand MKL's cached GEMM buffers back (mkl_free_buffers), so the next GEMM allocates its workspace as a fresh process's first one does."
+    lib = _mkl()
+    if lib is not None: lib.mkl_serv_free_buffers()
+
+def measure(name, bs, full_warmup=False)->int:
+    "Run in a fresh process: the measured peak bytes of two AdamW training steps (full_warmup: what kernels keep is already there)."
     import gc
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', '1')))
     model, (x, y) = make(name, bs)
     warm = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    _steps(model, warm, x[:2], y[:2], 1)  # load kernels, fault in code pages
+    w = slice(None) if full_warmup else slice(2)
+    _steps(model, warm, x[w], y[w], 1)  # load kernels, fault in code pages
     del warm
     for p in model.parameters(): p.grad = None
     torch.manual_seed(1)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gc.collect()
+    if not full_warmup: _free_blas_buffers()  # the warm-up's small GEMMs left buffers; a real run's first step is full-size
     alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
     base = _rss()
     with open('/proc/self/clear_refs', 'w') as f: f.write('5')  # reset the RSS high-water mark
     _steps(model, opt, x, y, 2)
     return _hwm() - base + alive
 
-def measured(name, bs)->int:
-    out = subprocess.run([sys.executable, __file__, '--measure', name, str(bs)], env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
+def measured(name, bs, full_warmup=False)->int:
+    out = subprocess.run([sys.executable, __file__, '--measure', name, str(bs), *(['full'] if full_warmup else [])], env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
                          capture_output=True, text=True, check=True)
     return int(out.stdout.split()[-1])
 
-def predicted(name, bs, **kw)->int:
+def predicted(name, bs, device_or_gpu='cpu', **kw)->int:
+    "The planner's peak; on the 'cpu' target it includes the CPU kernel workspace, with device_or_gpu=None it is tensors only."
     from netlite_nb.budget import plan_memory
     model, batch = make(name, bs)
-    return plan_memory(model, batch, optimizer='adamw', **kw).peak
+    return plan_memory(model, batch, optimizer='adamw', device_or_gpu=device_or_gpu, **kw).peak
 
-def accuracy_table():
-    print(f"{'model':<12}{'batch':>6}{'predicted':>12}{'measured':>12}{'error':>8}")
+def accuracy_table(full_warmup=False):
+    "Predicted vs measured peak for 3 models x 3 batch sizes; the last column is the plan without the CPU kernel workspace."
+    print(f"{'model':<12}{'batch':>6}{'predicted':>12}{'measured':>12}{'error':>8}  {'tensors only: error':>20}")
     errs = []
     for name, (_, _, sizes) in MODELS.items():
         for bs in sizes:
-            p, m = predicted(name, bs), measured(name, bs)
+            p, t, m = predicted(name, bs), predicted(name, bs, None), measured(name, bs, full_warmup)
             errs.append((p - m) / m)
-            print(f"{name:<12}{bs:>6}{p/2**20:>10.1f}Mi{m/2**20:>10.1f}Mi{100*errs[-1]:>+7.1f}%", flush=True)
+            print(f"{name:<12}{bs:>6}{p/2**20:>10.1f}Mi{m/2**20:>10.1f}Mi{100*errs[-1]:>+7.1f}%  {(t - m)/2**20:>+10.1f} MiB{100*(t - m)/m:>+7.1f}%", flush=True)
     print(f"max |error| {100*max(abs(e) for e in errs):.1f}%")
 
-def gemm_workspace()->float:
-    "MiB a single large CPU matmul allocates beyond its output (the BLAS library's packing buffers): invisible to any tensor trace."
-    torch.set_num_threads(1)
-    a, w = torch.randn(1024, 4096), torch.randn(4096, 4096)
-    a[:2] @ w  # load the kernels
-    base = _rss()
-    with open('/proc/self/clear_refs', 'w') as f: f.write('5')
-    c = a @ w
-    return (_hwm() - base - c.nbytes) / 2**20
+def kernels_child(specs:list, threads:int=1)->list:
+    "Run in a fresh process: the resident bytes each kernel adds beyond its outputs, in order (kept buffers show up once)."
+    import torch.nn.functional as F
+    torch.set_num_threads(threads)
+    # load the code first: a small matmul and a small convolution forward and backward, then hand MKL's buffers back
+    torch.randn(8, 8) @ torch.randn(8, 8)
+    for k, g in ((3, 1), (1, 1), (3, 4)):  # plain, pointwise and depthwise convolutions have kernels of their own
+        F.conv2d(torch.randn(2, 4, 8, 8, requires_grad=True), torch.randn(4, 4 // g, k, k, requires_grad=True), padding=k // 2, groups=g).sum().backward()
+    _free_blas_buffers()
+    out = []
+    for kind, *shape in specs:
+        if kind in ('mm', 'mm_bf16'):
+            M, K, N = shape
+            dt = torch.bfloat16 if kind == 'mm_bf16' else torch.float32
+            a, b = torch.randn(M, K).to(dt), torch.randn(K, N).to(dt)
+            r0 = _rss(); c = a @ b
+            out.append(_rss() - r0 - c.nbytes)
+            del a, b, c
+        else:  # 'conv': batch, channels, size, out channels, kernel size, groups; forward, then backward
+            B, C, H, O, k, g = shape
+            x, w = torch.randn(B, C, H, H, requires_grad=True), torch.randn(O, C // g, k, k, requires_grad=True)
+            r0 = _rss(); y = F.conv2d(x, w, padding=k // 2, groups=g)
+            out.append(_rss() - r0 - y.nbytes)
+            # a scalar's backward, as in training (backward(gradient=...) imports modules the first time: megabytes of Python objects)
+            r0 = _rss(); y.sum().backward()
+            out.append(_rss() - r0 - x.grad.nbytes - w.grad.nbytes)
+            del x, w, y
+    return out
+
+def run_kernels(specs, threads=1)->list:
+    out = subprocess.run([sys.executable, __file__, '--kernels-child', json.dumps([specs, threads])],
+                         env={**os.environ, **ENV, 'OMP_NUM_THREADS': str(threads), 'PYTHONPATH': str(ROOT)}, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.split('\n')[-2])
+
+def gemm_report():
+    "Measure what the CPU workspace model of `plan_memory` rests on, each number next to the model's."
+    from netlite_nb.budget import cpu_workspace_bytes, KERNEL_STATE_BYTES
+    mi = lambda n: f"{n/2**20:6.2f}"
+    mm = lambda M, K, N: ('matmul', 1, M, K, N, 'torch.float32')
+    print("1. One fp32 matmul (M x K) @ (K x N) in a fresh process: resident MiB beyond its output")
+    print(f"{'M':>6}{'K':>6}{'N':>7}  measured  model")
+    for M, K, N in [(256, 4096, 4096), (384, 4096, 4096), (392, 4096, 4096), (1024, 4096, 4096), (4096, 4096, 4096),
+                    (1024, 64, 4096), (1024, 256, 4096), (1024, 512, 4096), (1024, 640, 4096), (1024, 784, 4096),
+                    (1024, 4096, 176), (1024, 4096, 192), (1024, 4096, 1024), (1024, 4096, 8192), (1024, 4096, 16384)]:
+        print(f"{M:>6}{K:>6}{N:>7}  {mi(run_kernels([['mm', M, K, N]])[0])}    {mi(cpu_workspace_bytes([mm(M, K, N)]))}", flush=True)
+    big, small = [1024, 4096, 4096], [1024, 4096, 1024]
+    again = run_kernels([['mm', *big], ['mm', *big]])
+    print(f"2. Kept, not transient: the same 1024x4096 @ 4096x4096 matmul twice in one process adds {mi(again[0])} then {mi(again[1])} MiB")
+    for seq in ([big, small], [small, big]):
+        got = run_kernels([['mm', *s] for s in seq])
+        model = [cpu_workspace_bytes([mm(*s) for s in seq[:i+1]]) - cpu_workspace_bytes([mm(*s) for s in seq[:i]]) for i in range(2)]
+        print(f"3. {' then '.join('x'.join(map(str, s)) for s in seq)}: adds {mi(got[0])} + {mi(got[1])} MiB (model {mi(model[0])} + {mi(model[1])}):"
+              " a smaller matmul reuses the buffer, a larger one gets a new one and the old one stays", flush=True)
+    convs = [[16, 32, 64, 32, 3, 32], [16, 32, 64, 64, 1, 1], [16, 64, 32, 64, 3, 64], [16, 64, 32, 128, 1, 1],
+             [16, 128, 16, 128, 3, 128], [16, 128, 16, 256, 1, 1], [8, 3, 64, 32, 3, 1], [32, 64, 32, 128, 1, 1]]
+    skinny = [[256, 4096, 10], [512, 4096, 10], [10, 1024, 4096], [10, 512, 1024], [128, 256, 256], [256, 784, 1024], [64, 1024, 1024], [96, 512, 2048]]
+    got = run_kernels([['conv', *c] for c in convs] + [['mm', *s] for s in skinny])
+    nc, ns = 2 * len(convs), len(skinny)
+    print(f"4. Kernel state per shape: {len(convs)} convolutions (forward and backward: {nc} kernels) add {mi(sum(got[:nc]))} MiB, "
+          f"{ns} matmuls too small to pack add {mi(sum(got[nc:]))} MiB: {sum(got)/(nc+ns)/2**10:.0f} KiB per kernel (model {KERNEL_STATE_BYTES/2**10:.0f} KiB)")
+    one, two = run_kernels([['mm', *big]], 1)[0], run_kernels([['mm', *big]], 2)[0]
+    print(f"5. Threads (not modelled): the 1024x4096 @ 4096x4096 matmul adds {mi(one)} MiB with one thread, {mi(two)} with two")
+    bf = run_kernels([['mm_bf16', *big], ['mm_bf16', *small]])
+    print(f"6. bf16 matmuls go through oneDNN (not modelled beyond kernel state): {mi(bf[0])} and {mi(bf[1])} MiB for the two shapes above")
 
 def budgets_table(models=tuple(MODELS), budgets=(0.5, 1, 2)):
+    "Solve max_batch_size on the CPU for each budget and measure the solved batch and the next one up in fresh processes."
     from netlite_nb.budget import max_batch_size
-    print(f"{'model':<12}{'budget':>8}{'solved':>8}{'predicted@b':>13}{'measured@b':>12}{'measured@b+1':>14}  ok")
+    print(f"{'model':<12}{'budget':>8}{'solved':>8}{'predicted@b':>13}{'measured@b':>12}{'measured@b+1':>14}{'per sample':>12}  ok")
     for name in models:
         for gb in budgets:
+            t0, budget = time.time(), int(gb * 2**30)
             model, batch = make(name, 2)
-            b = max_batch_size(model, batch, budget=int(gb * 2**30), optimizer='adamw')
-            p0, m0, m1 = predicted(name, b), measured(name, b), measured(name, b + 1)
-            ok = m0 <= gb * 2**30 < m1
-            print(f"{name:<12}{gb:>6.1f}Gi{b:>8}{p0/2**20:>11.1f}Mi{m0/2**20:>10.1f}Mi{m1/2**20:>12.1f}Mi  {'yes' if ok else 'NO'}", flush=True)
+            b = max_batch_size(model, batch, budget=budget, device_or_gpu='cpu', optimizer='adamw')
+            p0, p1, m0, m1 = predicted(name, b), predicted(name, b + 1), measured(name, b), measured(name, b + 1)
+            if m0 > budget: ok = 'NO: over budget'
+            elif m1 > budget: ok = 'yes'
+            else:  # the solved batch fits but so does the next: how many samples of room were left
+                ok = f"NO: b+1 fits too; {(budget - m0)/2**20:.1f} MiB left = {int((budget - m0) / (p1 - p0))} samples"
+            print(f"{name:<12}{gb:>6.1f}Gi{b:>8}{p0/2**20:>11.1f}Mi{m0/2**20:>10.1f}Mi{m1/2**20:>12.1f}Mi{(p1 - p0)/2**20:>10.3f}Mi"
+                  f"  {ok}  ({time.time() - t0:.0f} s)", flush=True)
+
+def repeat(name, bs, n):
+    "Measure one case n times, to see how well a measurement repeats."
+    ms = [measured(name, bs) / 2**20 for _ in range(n)]
+    print(f"{name} batch {bs}: " + ', '.join(f"{m:.2f}" for m in ms) + f" MiB; spread {max(ms) - min(ms):.2f} MiB")
 
 if __name__ == '__main__':
     ap = argparse.ArgumentParser()
-    ap.add_argument('--measure', nargs=2)
-    ap.add_argument('--gemm-child', action='store_true', help=argparse.SUPPRESS)
+    ap.add_argument('--measure', nargs='+', help=argparse.SUPPRESS)
+    ap.add_argument('--kernels-child', help=argparse.SUPPRESS)
     ap.add_argument('--budgets', action='store_true')
-    ap.add_argument('--models', nargs='+', default=list(MODELS), help='models for --budgets')
+    ap.add_argument('--real-budgets', action='store_true', help="--budgets with the issue's unscaled 2, 4 and 8 GiB, for the CNN and the transformer")
+    ap.add_argument('--models', nargs='+', help='models for --budgets (default: all three; cnn and transformer for --real-budgets)')
     ap.add_argument('--gib', nargs='+', type=float, default=[0.5, 1, 2], help='budgets in GiB for --budgets')
-    ap.add_argument('--gemm', action='store_true', help='measure the CPU BLAS workspace of one 1024x4096 @ 4096x4096 matmul')
+    ap.add_argument('--gemm', action='store_true', help='measure the CPU kernel workspace the planner models, next to the model')
+    ap.add_argument('--repeat', nargs=3, metavar=('MODEL', 'BATCH', 'N'), help='measure one case N times')
+    ap.add_argument('--threads', type=int, default=1, help='threads of the measuring processes (the planner models one)')
+    ap.add_argument('--full-warmup', action='store_true', help='accuracy table with the warm-up step at the full batch, so kernels have allocated what they keep before the measured steps')
     a = ap.parse_args()
-    if a.measure: print(measure(a.measure[0], int(a.measure[1])))
-    elif a.gemm_child: print(gemm_workspace())
-    elif a.budgets: budgets_table(a.models, a.gib)
-    elif a.gemm:
-        out = subprocess.run([sys.executable, __file__, '--gemm-child'], env={**os.environ, **ENV}, capture_output=True, text=True, check=True)
-        print(f"CPU matmul workspace beyond the output: {float(out.stdout):.1f} MiB")
-    else: accuracy_table()
+    ENV['OMP_NUM_THREADS'] = str(a.threads)
+    if a.measure: print(measure(a.measure[0], int(a.measure[1]), a.measure[2:] == ['full']))
+    elif a.kernels_child: print(json.dumps(kernels_child(*json.loads(a.kernels_child))))
+    elif a.budgets: budgets_table(a.models or list(MODELS), a.gib)
+    elif a.real_budgets: budgets_table(a.models or ['cnn', 'transformer'], [2, 4, 8])
+    elif a.gemm: gemm_report()
+    elif a.repeat: repeat(a.repeat[0], int(a.repeat[1]), int(a.repeat[2]))
+    else: accuracy_table(a.full_warmup)

@@ -16,10 +16,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from .probe import GPUInfo, GPUSpec, UnknownGPUError, fmt_bytes, lookup_gpu, gpu_catalogue
 
 # %% auto #0
-__all__ = ['CUDA_CONTEXT_BYTES', 'TENSOR_TERMS', 'COLORS', 'Allocation', 'AllocationTracker', 'ShapeMismatchError',
-           'default_loss', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes', 'Target',
-           'resolve_target', 'MemoryPlan', 'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'max_batch_size',
-           'Change', 'fit_to_budget', 'find_batch_size', 'budget_widget']
+__all__ = ['CUDA_CONTEXT_BYTES', 'KERNEL_STATE_BYTES', 'TENSOR_TERMS', 'COLORS', 'Allocation', 'AllocationTracker',
+           'ShapeMismatchError', 'default_loss', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes',
+           'Target', 'resolve_target', 'cpu_workspace_bytes', 'MemoryPlan', 'plan_memory', 'plot_plans',
+           'BudgetTooSmallError', 'max_batch_size', 'Change', 'fit_to_budget', 'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -35,6 +35,17 @@ class Allocation:
     saved_by:str|None=None     # the module whose forward saved it for backward
 
 # %% ../nbs/01_budget.ipynb #c008
+# matmuls (and where their two operands are) and convolutions: the kernels whose CPU workspace we model later
+_MATMULS = {torch.ops.aten.mm.default: 0, torch.ops.aten.addmm.default: 1, torch.ops.aten.bmm.default: 0, torch.ops.aten.baddbmm.default: 1}
+_CONVS = {torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default}
+
+def _kernel(func, args)->tuple:
+    "A matmul as ('matmul', batch, M, K, N, dtype), a convolution as (op, shapes and settings of its arguments): sizes only, no tensors."
+    if func in _MATMULS:
+        a, b = args[_MATMULS[func]], args[_MATMULS[func] + 1]
+        return ('matmul', a.shape[0] if a.dim() == 3 else 1, a.shape[-2], a.shape[-1], b.shape[-1], str(a.dtype))
+    return (func.__name__, *(tuple(x.shape) if isinstance(x, torch.Tensor) else repr(x) for x in args))
+
 class AllocationTracker(TorchDispatchMode):
     "Record every tensor storage that the ops under this mode create, and when each is freed."
     def __init__(self, device_type='cpu'):
@@ -45,6 +56,7 @@ class AllocationTracker(TorchDispatchMode):
         self.events:list[tuple[int,Allocation]] = []  # (+1 alloc | -1 free, record), in order
         self.phase, self.step, self.modules = 'setup', 0, []
         self.inputs:dict[str,str] = {}  # module name -> shapes of its last input (strings: holding tensors would keep them alive)
+        self.kernels:list[tuple] = []   # every matmul and convolution, in order (`_kernel`)
 
     def record_of(self, t:torch.Tensor)->Allocation|None:
         return self.live.get(id(t.untyped_storage()))
@@ -70,6 +82,7 @@ class AllocationTracker(TorchDispatchMode):
         self.events.append((-1, rec))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in _MATMULS or func in _CONVS: self.kernels.append(_kernel(func, args))
         out = func(*args, **(kwargs or {}))
         new = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and self.record_of(t) is None]
         for t in new:
@@ -386,6 +399,30 @@ def resolve_target(device_or_gpu)->Target:
         return Target(p.name, 'cuda', p.total_memory, cc, p.major >= 8, p.major >= 7)
     return resolve_target(GPUInfo.from_spec(d))  # a catalogue name; unknown names raise UnknownGPUError with the closest ones
 
+# %% ../nbs/01_budget.ipynb #c073
+# Read off `python bench/budget_accuracy.py --gemm`: torch 2.14.1's bundled MKL on an AVX-512 CPU, one thread.
+_MKL_KC, _MKL_N_MAX, _MKL_M_BLOCK = 384, 9984, 648  # rows of B packed at a time; columns of B packed at most; rows of A packed
+_MKL_PACK_MIN_M, _MKL_PACK_MIN_N = 385, 192         # smaller products take a path that keeps smaller buffers
+KERNEL_STATE_BYTES = 136 * 1024                      # kept per distinct convolution or unpacked matmul shape
+
+def _mkl_panel(M:int, K:int, N:int)->int:
+    "Resident bytes of MKL's packing buffers for one fp32 (M x K) @ (K x N) product; 0 for a product it does not pack."
+    if M < _MKL_PACK_MIN_M or N < _MKL_PACK_MIN_N: return 0
+    kc = K if K <= _MKL_KC else math.ceil(K / 2) if K <= 2 * _MKL_KC else _MKL_KC
+    return 4 * kc * (min(N, _MKL_N_MAX) + _MKL_M_BLOCK)
+
+def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls and convolutions in the order they ran
+                       )->int:
+    "Memory the CPU math libraries keep for a step's kernels: MKL's matmul packing buffers plus per-shape kernel state."
+    total = held = 0
+    seen = set()
+    for k in kernels:
+        panel = _mkl_panel(*k[2:5]) if k[0] == 'matmul' and k[5] == 'torch.float32' else 0
+        if panel > held: total, held = total + panel, panel  # a bigger product gets new buffers; the smaller ones stay cached
+        elif panel == 0 and k not in seen: total += KERNEL_STATE_BYTES
+        seen.add(k)
+    return total
+
 # %% ../nbs/01_budget.ipynb #c029
 TENSOR_TERMS = ('weights', 'weight copies', 'gradients', 'optimizer', 'activations', 'temporaries', 'batch')
 
@@ -398,7 +435,7 @@ class MemoryPlan:
     optimizer:str
     checkpointing:Any
     device:str
-    peak:int                       # predicted peak allocated bytes (live tensors; on CUDA incl. rounding and cuBLAS workspace)
+    peak:int                       # predicted peak allocated bytes (live tensors; on CUDA incl. rounding and cuBLAS workspace, on the CPU incl. the kernels' workspace)
     reserved:int                   # predicted peak reserved bytes (what the caching allocator holds)
     total:int                      # what the device must hold: reserved + CUDA context
     breakdown:dict                 # bytes by category at the peak; sums to `total`
@@ -530,6 +567,14 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
                   "caching allocator simulated: 512-byte rounding, 2 MiB segments for blocks up to 1 MiB, 20 MiB for up to 10 MiB, "
                   "larger ones rounded to 2 MiB; reserved memory is never returned during the step",
                   "cuDNN convolution workspace is not included: it depends on the algorithm cuDNN picks (cudnn.benchmark may pick larger ones)"]
+    elif target.kind == 'cpu':
+        ws = cpu_workspace_bytes(tr.kernels)
+        peak = reserved = raw + ws  # allocated on the first full-size step and kept, so it is there at the peak
+        bd['CPU kernel workspace'] = ws
+        notes.append(f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, 384) x (N + 648) for each product "
+                     f"that needs more than the ones before it) and {KERNEL_STATE_BYTES // 1024} KiB per other matmul/convolution shape, "
+                     "kept for the life of the process; measured for fp32 with one thread by `python bench/budget_accuracy.py --gemm`. "
+                     "More threads pack more and bf16/fp16 matmuls (oneDNN) keep buffers of their own: neither is included")
     elif target.kind in ('mps', 'xpu'):
         notes.append(f"{target.kind} allocator and driver overheads are not modelled: tensor bytes only")
     total = reserved + bd.get('CUDA context', 0)
@@ -547,7 +592,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
 # %% ../nbs/01_budget.ipynb #c037
 COLORS = {'weights': '#4c72b0', 'weight copies': '#8fa9d6', 'gradients': '#dd8452', 'optimizer': '#55a868', 'activations': '#c44e52',
           'temporaries': '#8172b3', 'batch': '#937860', 'cuBLAS workspace': '#bbbbbb', 'allocator rounding': '#cccccc',
-          'allocator cache': '#dddddd', 'CUDA context': '#999999'}
+          'allocator cache': '#dddddd', 'CUDA context': '#999999', 'CPU kernel workspace': '#bbbbbb'}
 
 def plot_plans(plans:list[MemoryPlan]|MemoryPlan, # one plan or several to compare
                labels:list[str]|None=None, # one label per plan; default: batch size and precision

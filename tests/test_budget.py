@@ -3,8 +3,8 @@ import gc, os, subprocess, sys, weakref
 from pathlib import Path
 import pytest, torch
 from torch import nn
-from netlite_nb.budget import (BudgetTooSmallError, CUDA_CONTEXT_BYTES, ShapeMismatchError, _resize, find_batch_size, fit_to_budget,
-                               max_batch_size, plan_memory, trace_step)
+from netlite_nb.budget import (BudgetTooSmallError, CUDA_CONTEXT_BYTES, KERNEL_STATE_BYTES, ShapeMismatchError, _resize, cpu_workspace_bytes,
+                               find_batch_size, fit_to_budget, max_batch_size, plan_memory, trace_step)
 from netlite_nb.probe import UnknownGPUError, lookup_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +66,42 @@ def test_categories_sum_to_total_and_phases_are_recorded():
     assert p.peak_phase == 'backward' and p.breakdown['activations'] > 0
     phases = {r.phase for r in trace_step(cnn(), MNIST).tracker.allocs}
     assert {'forward', 'loss', 'backward', 'optimizer'} <= phases
+
+
+def test_cpu_plan_adds_the_kernel_workspace_as_its_own_line():
+    m, batch = mlp(), _resize(MNIST, 1024)
+    cpu = plan_memory(m, batch, device_or_gpu='cpu', budget=2**30)
+    tensors, gpu = plan_memory(m, batch), plan_memory(m, batch, device_or_gpu='gtx 1050 ti')
+    ws = cpu.breakdown['CPU kernel workspace']
+    assert ws == cpu_workspace_bytes(trace_step(m, batch).tracker.kernels) > KERNEL_STATE_BYTES  # the 1024-row products are packed
+    assert cpu.peak == cpu.reserved == cpu.total == tensors.peak + ws   # kept from the first full-size step on: there at the peak
+    assert sum(cpu.breakdown.values()) == cpu.total
+    assert 'CPU kernel workspace' not in tensors.breakdown and 'CPU kernel workspace' not in gpu.breakdown
+    assert any('--gemm' in n for n in cpu.notes) and 'CPU kernel workspace' in str(cpu)
+
+
+def test_cpu_workspace_model_follows_the_measured_rules():
+    "What bench/budget_accuracy.py --gemm measures: the panel of one product, reuse by smaller ones, new buffers for larger ones, state per shape."
+    mm = lambda M, K, N, dt='torch.float32': ('matmul', 1, M, K, N, dt)
+    big, small = mm(1024, 4096, 4096), mm(1024, 4096, 1024)
+    assert cpu_workspace_bytes([big]) == 4 * 384 * (4096 + 648)
+    assert cpu_workspace_bytes([big] * 3) == cpu_workspace_bytes([big])         # kept, not allocated again
+    assert cpu_workspace_bytes([big, small]) == cpu_workspace_bytes([big])      # a smaller product reuses the buffers
+    assert cpu_workspace_bytes([small, big]) == cpu_workspace_bytes([small]) + cpu_workspace_bytes([big])  # a larger one adds its own
+    assert cpu_workspace_bytes([mm(384, 4096, 4096)]) == cpu_workspace_bytes([mm(1024, 4096, 176)]) == KERNEL_STATE_BYTES  # not packed
+    assert cpu_workspace_bytes([mm(1024, 4096, 4096, 'torch.bfloat16')]) == KERNEL_STATE_BYTES  # oneDNN's buffers are not modelled
+    kernels = trace_step(cnn(), MNIST).tracker.kernels
+    shapes = {k for k in kernels if k[0] != 'matmul'}
+    assert len(shapes) == 6   # three convolutions, forward and backward; the second step repeats them
+    assert cpu_workspace_bytes(kernels) == (6 + 3) * KERNEL_STATE_BYTES   # and three small matmuls in the head
+
+
+def test_max_batch_size_on_cpu_leaves_room_for_the_kernel_workspace():
+    m, budget = cnn(), 64 * 2**20
+    b = max_batch_size(m, MNIST, budget=budget, device_or_gpu='cpu')
+    assert plan_memory(m, _resize(MNIST, b), device_or_gpu='cpu', budget=budget).fits
+    assert not plan_memory(m, _resize(MNIST, b + 1), device_or_gpu='cpu', budget=budget).fits
+    assert b < max_batch_size(m, MNIST, budget=budget)   # the tensors-only answer spends the workspace's bytes on samples
 
 
 def test_real_cpu_process_within_5_percent():
