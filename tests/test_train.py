@@ -309,7 +309,7 @@ def test_cli_train_config_and_resume(tmp_path):
     assert r.returncode != 0 and 'epochs' in r.stderr      # unknown keys name the closest valid one (chapter 06)
 
 
-SMALL = ("strategy: {name: auto, device: cpu, precision: fp32, memory_gb: 0.005, budget_fraction: 0.5}\n"
+SMALL = ("strategy: {name: auto, device: cpu, precision: fp32, memory_gb: 0.0072, budget_fraction: 0.5}\n"
          "model: {name: mlp}\ndata: {name: mnist_sample, batch_size: 128}\ntrain: {steps: 2}\n")
 
 
@@ -339,8 +339,8 @@ def test_train_from_config_sizes_only_what_the_file_left_open(tmp_path):
     assert t.plan is t.strategy.plan and t.plan.fits and t.plan.total <= t.plan.budget
     roomy = train_from_config(small, ['strategy.memory_gb=1'], run_dir=tmp_path / 'b', progress=False, verbose=False)
     assert (roomy.micro_batch, roomy.accum_steps) == (128, 1)
-    fixed = train_from_config(small, ['strategy.micro_batch=64'], run_dir=tmp_path / 'c', progress=False, verbose=False)
-    assert (fixed.micro_batch, fixed.accum_steps) == (64, 2)
+    fixed = train_from_config(small, ['strategy.micro_batch=32'], run_dir=tmp_path / 'c', progress=False, verbose=False)
+    assert (fixed.micro_batch, fixed.accum_steps) == (32, 4)
     named = train_from_config({**small, 'strategy': 'cpu'}, run_dir=tmp_path / 'd', progress=False, verbose=False)
     assert (named.micro_batch, named.accum_steps) == (128, 1)          # a named profile is taken as written
 
