@@ -668,6 +668,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'netlite_nb.train._record': ('train.html#_record', 'netlite_nb/train.py'),
                                   'netlite_nb.train._resolve_sizes': ('train.html#_resolve_sizes', 'netlite_nb/train.py'),
                                   'netlite_nb.train._rng_now': ('train.html#_rng_now', 'netlite_nb/train.py'),
+                                  'netlite_nb.train._running_stats': ('train.html#_running_stats', 'netlite_nb/train.py'),
                                   'netlite_nb.train._save_config': ('train.html#_save_config', 'netlite_nb/train.py'),
                                   'netlite_nb.train._setup_run': ('train.html#_setup_run', 'netlite_nb/train.py'),
                                   'netlite_nb.train._split_data': ('train.html#_split_data', 'netlite_nb/train.py'),

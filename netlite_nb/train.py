@@ -470,6 +470,7 @@ def enable_checkpointing(self:Trainer, k:int|bool=True, # modules per checkpoint
     swapped = layers.convert_model(self.model, relu=False, ffn=False, dropout=False, checkpoint=k).netlite_conversion.swapped
     if not swapped: return False
     self.checkpointing, self.checkpointed = k, [f"{p or 'the model'} → {new}" for p, _, new in swapped]
+    self._stats = None  # the model's modules were regrouped: find its running statistics again
     return True
 Trainer.enable_checkpointing = enable_checkpointing
 
@@ -526,8 +527,20 @@ def _oom_remedy(self:Trainer)->tuple[str, int|None]:
             f"(effective batch {self.effective_batch} unchanged)"), new
 Trainer._oom_remedy = _oom_remedy
 
+def _running_stats(self:Trainer)->list[torch.Tensor]:
+    "The buffers a training forward updates in place (BatchNorm's running statistics), found once."
+    if self._stats is None:
+        self._stats = [b for m in self.model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
+                       for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
+        self._stats_saved = [b.clone() for b in self._stats]
+    return self._stats
+Trainer._running_stats = _running_stats
+Trainer._stats = None
+
 def _train_window(self:Trainer, batches:list):
     "One optimizer step over `batches`, retried with less memory (`_oom_remedy`) after an out-of-memory error."
+    stats = self._running_stats()
+    if stats: torch._foreach_copy_(self._stats_saved, stats)  # one fused copy: a retry must not update them twice
     while True:
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state(self.device) if self.device.type == 'cuda' else None
@@ -539,6 +552,7 @@ def _train_window(self:Trainer, batches:list):
             traceback.clear_frames(e.__traceback__)  # the frames hold the failed pass's activations
         self.xb = self.yb = self.loss = None
         self.opt.zero_grad(set_to_none=True)
+        if stats: torch._foreach_copy_(stats, self._stats_saved)
         free_memory(self.device)
         report = self._oom_report(error)
         self.oom_reports.append(report)

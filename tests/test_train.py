@@ -124,6 +124,26 @@ def test_oom_below_min_micro_batch_checkpoints_and_changes_no_number():
     assert len(t.opt.state) == len(list(t.model.parameters())) and all(p in t.opt.state for p in t.model.parameters())
 
 
+class OOMAfterTwoMicroBatches(Callback):
+    "A real out-of-memory error's timing: raised after the second micro-batch's backward, when BatchNorm has already updated twice."
+    def __init__(self, step): self.target, self.seen, self.fired = step, 0, False
+    def after_backward(self, t):
+        if t.step + 1 == self.target and not self.fired:
+            self.seen += 1
+            if self.seen == 2:
+                self.fired = True
+                raise torch.OutOfMemoryError("CUDA out of memory (injected after two micro-batches of the step)")
+
+
+@pytest.mark.skipif(not has('layers'), reason='chapter 02 not merged')
+def test_oom_mid_step_does_not_update_batchnorm_twice():
+    ok = bn_run(micro_batch=8)
+    t = bn_run([OOMAfterTwoMicroBatches(3)], micro_batch=8)
+    assert t.oom_reports and t.oom_reports[0].action.startswith('activation checkpointing switched on')
+    assert t.model[1].num_batches_tracked.item() == ok.model[1].num_batches_tracked.item() == 16 * 4   # not 16 * 4 + 2
+    assert state_equal(ok.model, t.model)      # running means and variances too, bit for bit
+
+
 def test_oom_report_does_not_move_the_loader_s_shuffle():
     "The report peeks at a training batch for its shapes; the loader's own generator must not advance, or epoch 2 reshuffles differently."
     def run(cbs=()):
