@@ -189,7 +189,8 @@ def _draw_memory(ax, mem:Downsampled|None, total=None, plan_peak=None, events=()
         _hline(ax, 'total', total / _GB, f'device total {fmt_bytes(total)}', color='0.3', lw=1.5)
         top = max(top, total)
     else:
-        if 'total' in ax._netlite_lines: ax._netlite_lines.pop('total').remove()
+        stale = getattr(ax, '_netlite_lines', {}).pop('total', None)
+        if stale is not None: stale.remove()
         if total: title += f' · device total {fmt_bytes(total)}'
     _mark_events(ax, events)
     ax.relim(); ax.autoscale_view(scaley=False)

@@ -168,3 +168,10 @@ def test_memory_is_bounded_after_100k_steps():
     assert d.train.count == 100_000 and d.step == 100_000
     assert len(d.train) <= d.capacity + 1 and d.train.stride >= 128
     assert abs(after_100k - after_1k) < 2**20, (after_1k, after_100k)
+
+
+def test_plot_memory_of_a_history_without_memory_records_is_an_empty_plot():
+    fig = plot_memory([{'step': 1, 'loss': 1.0}, {'step': 2, 'loss': 0.5}])   # e.g. a history logged without readings
+    ax = fig.axes[0]
+    assert ax.get_title() == 'memory (GB)' and not ax.lines
+    assert fig._repr_png_()[:8] == PNG
