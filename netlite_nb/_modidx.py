@@ -354,6 +354,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'netlite_nb.live._png': ('live.html#_png', 'netlite_nb/live.py'),
                                  'netlite_nb.live._records': ('live.html#_records', 'netlite_nb/live.py'),
                                  'netlite_nb.live._series_from': ('live.html#_series_from', 'netlite_nb/live.py'),
+                                 'netlite_nb.live._valid_series': ('live.html#_valid_series', 'netlite_nb/live.py'),
                                  'netlite_nb.live.frontend': ('live.html#frontend', 'netlite_nb/live.py'),
                                  'netlite_nb.live.plot_history': ('live.html#plot_history', 'netlite_nb/live.py'),
                                  'netlite_nb.live.plot_memory': ('live.html#plot_memory', 'netlite_nb/live.py')},

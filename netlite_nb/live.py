@@ -97,12 +97,12 @@ def frontend(shell=None)->str:
 # %% ../nbs/08_live.ipynb #c016
 _GB = 2**30
 
-def _png(fig:Figure, dpi=None)->bytes:
+def _png(fig:Figure)->bytes:
     "The figure as PNG bytes, through the Agg canvas (no GUI, no pyplot)."
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     buf = io.BytesIO()
     canvas = fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)  # kept: its renderer caches text layouts
-    canvas.print_png(buf) if dpi is None else fig.savefig(buf, format='png', dpi=dpi)
+    canvas.print_png(buf)
     return buf.getvalue()
 
 def _new_figure(figsize=(10, 3.2), dpi=80)->tuple[Figure, tuple]:
@@ -210,17 +210,23 @@ def _metric_names(rec:dict)->list:
     return [k for k, v in rec.items() if k not in _NOT_METRICS and not k.startswith('mem')
             and isinstance(v, (int, float)) and not isinstance(v, bool)]
 
+_MEM_COLUMNS = {'step': 'mean', 'allocated': 'max', 'reserved': 'max', 'used': 'max', 'peak': 'max'}  # a peak is never averaged away
+
+def _valid_series(record:dict, capacity:int)->Downsampled:
+    "The series of validation records, with a column for each metric the first one carries."
+    return Downsampled({'step': 'last', 'valid_loss': 'last', **{m: 'last' for m in _metric_names(record)}}, capacity)
+
 def _series_from(records, capacity=512):
     train = Downsampled({'step': 'mean', 'loss': 'mean'}, capacity)
     valid = mem = None
     for i, r in enumerate(records):
         step = r.get('step', i)
         if 'valid_loss' in r:
-            if valid is None: valid = Downsampled({'step': 'last', 'valid_loss': 'last', **{m: 'last' for m in _metric_names(r)}}, capacity)
+            if valid is None: valid = _valid_series(r, capacity)
             valid.add(**r)
         elif 'loss' in r: train.add(step=step, loss=r['loss'])
         if 'mem' in r or 'mem_peak' in r:
-            if mem is None: mem = Downsampled({'step': 'mean', 'allocated': 'max', 'reserved': 'max', 'used': 'max', 'peak': 'max'}, capacity)
+            if mem is None: mem = Downsampled(_MEM_COLUMNS, capacity)
             mem.add(step=step, allocated=r.get('mem_allocated'), reserved=r.get('mem_reserved'),
                     used=r.get('mem') if 'mem_reserved' not in r else None, peak=r.get('mem_peak'))
     return train, valid, mem
@@ -278,7 +284,7 @@ class LiveDashboard(Callback):
         self.shown = frontend() if self.mode == 'auto' else self.mode
         self.train = Downsampled({'step': 'mean', 'loss': 'mean', 'lr': 'last'}, self.capacity)
         self.valid = None
-        self.mem = Downsampled({'step': 'mean', 'allocated': 'max', 'reserved': 'max', 'used': 'max', 'peak': 'max'}, self.capacity)
+        self.mem = Downsampled(_MEM_COLUMNS, self.capacity)
         self.events = collections.deque(maxlen=32)
         self.rate = collections.deque(maxlen=32)      # (time, step, samples) of recent records: samples/s and ETA
         self.seen, self.step, self.epoch, self.reading, self.peak, self.oom = 0, 0, None, None, 0, None
@@ -316,7 +322,7 @@ class LiveDashboard(Callback):
             if r.get('epoch') is not None: self.epoch = r['epoch']
             if 'valid_loss' in r:
                 if self.valid is None:
-                    self.valid = Downsampled({'step': 'last', 'valid_loss': 'last', **{m: 'last' for m in _metric_names(r)}}, self.capacity)
+                    self.valid = _valid_series(r, self.capacity)
                 self.valid.add(**r)
             elif 'loss' in r:
                 self.train.add(step=self.step, loss=r['loss'], lr=r.get('lr'))

@@ -840,22 +840,16 @@ def _setup_run(self:Trainer, epochs, steps, resume):
     else: steps_total = steps
     self.total_steps = self._run_start + steps_total
     self.scheduler = None
-    if self.lr_schedule == 'cosine':
-        for g, lr in zip(self.opt.param_groups, self._base_lrs): g['lr'] = lr; g.pop('initial_lr', None)
-        w = self.warmup if self.warmup >= 1 else self.warmup * steps_total
-        self.scheduler = warmup_cosine(self.opt, steps_total, int(w), self.min_lr_ratio)
-        if self._ckpt is not None:
-            self.opt.load_state_dict(self._ckpt['optimizer'])
-            if self._ckpt['scheduler'] is not None: self.scheduler.load_state_dict(self._ckpt['scheduler'])
-    elif self.lr_schedule == 'constant':
+    if self.lr_schedule not in ('cosine', 'constant', None):
+        raise ValueError(f"lr_schedule must be 'cosine', 'constant' (after warmup) or None, not {self.lr_schedule!r}.")
+    if self.lr_schedule is not None:
         for g, lr in zip(self.opt.param_groups, self._base_lrs): g['lr'] = lr; g.pop('initial_lr', None)
         w = int(self.warmup if self.warmup >= 1 else self.warmup * steps_total)
-        if w > 0:
-            self.scheduler = LinearLR(self.opt, start_factor=1 / (w + 1), end_factor=1.0, total_iters=w)
-            if self._ckpt is not None:
-                self.opt.load_state_dict(self._ckpt['optimizer'])
-                if self._ckpt['scheduler'] is not None: self.scheduler.load_state_dict(self._ckpt['scheduler'])
-    elif self.lr_schedule is not None: raise ValueError(f"lr_schedule must be 'cosine', 'constant' (after warmup) or None, not {self.lr_schedule!r}.")
+        if self.lr_schedule == 'cosine': self.scheduler = warmup_cosine(self.opt, steps_total, w, self.min_lr_ratio)
+        elif w > 0: self.scheduler = LinearLR(self.opt, start_factor=1 / (w + 1), end_factor=1.0, total_iters=w)
+    if self.scheduler is not None and self._ckpt is not None:  # building a scheduler rewrites the lr: the checkpoint's comes back
+        self.opt.load_state_dict(self._ckpt['optimizer'])
+        if self._ckpt['scheduler'] is not None: self.scheduler.load_state_dict(self._ckpt['scheduler'])
     sp = getattr(self.strategy, 'plan', None)  # chapter 06 sized the strategy with the planner: reuse that plan if it is this run's
     if self.want_plan and self.plan is None and sp is not None and (getattr(sp, 'micro_batch', None), getattr(sp, 'batch_size', None)) == (self.micro_batch, self.effective_batch):
         self.plan = sp
@@ -873,7 +867,7 @@ def _describe(self:Trainer)->str:
              f"precision {self.precision}",
              f"batch: micro-batch {self.micro_batch} × {self.accum_steps} accumulation = effective batch {self.effective_batch}; "
              f"{self.total_steps - self.step} optimizer steps",
-             f"optimizer {type(self.opt).__name__} lr {self.lr:g}" + (f", warmup+cosine" if self.lr_schedule else '')
+             f"optimizer {type(self.opt).__name__} lr {self.lr:g}" + {'cosine': ', warmup+cosine', 'constant': ', warmup then constant'}.get(self.lr_schedule, '')
              + (f", EMA {self.ema_decay}" if self.ema else '') + (f", clip {self.clip_grad}" if self.clip_grad else '')]
     if self.checkpointing is not None: lines.insert(3, f"activation checkpointing: {'; '.join(self.checkpointed)}")
     if self.plan is not None: lines.append(f"plan (chapter 01): peak {fmt_bytes(getattr(self.plan, 'peak', None))}")

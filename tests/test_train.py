@@ -372,3 +372,14 @@ def test_demo_reaches_target_accuracy(tmp_path, request):
     r = run_demo(run_dir=tmp_path / 'demo', progress=False)
     print(r)
     assert r.accuracy >= 0.975, r
+
+
+def test_run_description_names_the_schedule_it_uses():
+    dl = DataLoader(blobs(64), 16)
+    for schedule, said in (('cosine', 'warmup+cosine'), ('constant', 'warmup then constant')):
+        t = Trainer(mlp(), dl, device='cpu', lr_schedule=schedule, progress=False, verbose=False, plan=False)
+        t.fit(steps=2)
+        d = t._describe()
+        assert said in d and (schedule == 'cosine' or 'cosine' not in d), d
+    with pytest.raises(ValueError, match="lr_schedule must be"):
+        Trainer(mlp(), dl, device='cpu', lr_schedule='linear', progress=False, verbose=False, plan=False).fit(steps=1)
