@@ -181,11 +181,12 @@ class AdamW8bit(torch.optim.Optimizer):
                     raise ValueError(f"Optimizer state for parameter {_describe(g, i, p)} was saved for shape {tuple(st['shape'])}, "
                                      f"but the parameter now has shape {tuple(p.shape)}. Load it into the same architecture, "
                                      "or start a fresh optimizer for a changed model (moments cannot be reshaped meaningfully).")
-                if st: want[p] = {k: v.dtype for k, v in st.items() if isinstance(v, torch.Tensor)}
+                if st: want[p] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
         super().load_state_dict(state_dict)
-        # The base class casts all state to the parameter's dtype (uint8 codes would become 4-byte floats): undo that.
-        for p, dts in want.items():
-            for k, dt in dts.items(): self.state[p][k] = self.state[p][k].to(dt)
+        # The base class casts all state to the parameter's dtype (uint8 codes would become 4-byte floats, fp32 scales of a
+        # bf16 parameter would be rounded): put the saved tensors back as they were, on the parameter's device.
+        for p, saved in want.items():
+            for k, v in saved.items(): self.state[p][k] = v.to(p.device)
 
 def state_bytes(opt:torch.optim.Optimizer)->int:
     "Bytes of tensors held in an optimizer's state."

@@ -137,3 +137,21 @@ def test_fp16_first_moment_keeps_its_dtype_after_loading():
     a = _mlp(); oa = AdamW8bit(a.parameters(), first_moment='fp16', min_8bit_size=1024); _train(a, oa, steps=2)
     b = _mlp(); ob = AdamW8bit(b.parameters(), first_moment='fp16', min_8bit_size=1024); ob.load_state_dict(oa.state_dict())
     assert ob.state[b[0].weight]['exp_avg'].dtype == torch.float16 and ob.state[b[0].bias]['exp_avg'].dtype == torch.float32
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_state_of_half_precision_parameters_reloads_bit_for_bit(dtype):
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 300).to(dtype)
+    opt = AdamW8bit(lin.parameters(), lr=1e-3)
+    for _ in range(3):
+        lin(torch.randn(8, 64, dtype=dtype)).float().pow(2).mean().backward(); opt.step(); opt.zero_grad()
+    saved = copy.deepcopy(opt.state_dict())
+    fresh = AdamW8bit(lin.parameters(), lr=1e-3)
+    fresh.load_state_dict(copy.deepcopy(saved))
+    again = fresh.state_dict()
+    for pid, st in saved['state'].items():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                w = again['state'][pid][k]
+                assert w.dtype == v.dtype and torch.equal(w, v), (pid, k, v.dtype, w.dtype)
