@@ -445,7 +445,6 @@ class MemoryPlan:
     by_module:dict                 # saved-activation bytes per module, largest first
     params:int                     # parameter count
     notes:list = field(default_factory=list)  # every assumption the numbers rest on
-    timeline:list = field(default_factory=list, repr=False)  # (phase, live tensor bytes) after each allocation/free
 
     @property
     def fits(self)->bool|None: return None if self.budget is None else self.total <= self.budget
@@ -490,14 +489,13 @@ class MemoryPlan:
                 + (f"<details><summary>assumptions</summary><ul>{notes}</ul></details>" if notes else '') + "</div>")
 
 # %% ../nbs/01_budget.ipynb #c030
-def _analyse(tr:AllocationTracker)->tuple[int, int, list]:
-    "Replay the events: the peak of live bytes, the event index where it happens, and the timeline."
-    cur, peak, at, timeline = 0, 0, -1, []
+def _analyse(tr:AllocationTracker)->tuple[int, int]:
+    "Replay the events: the peak of live bytes and the event index where it happens."
+    cur, peak, at = 0, 0, -1
     for i, (sign, rec) in enumerate(tr.events):
         cur += sign * rec.nbytes
-        timeline.append((rec.phase if sign > 0 else None, cur))
         if cur > peak: peak, at = cur, i
-    return peak, at, timeline
+    return peak, at
 
 def _live_at(tr:AllocationTracker, at:int)->list[Allocation]:
     return [r for r in tr.allocs if r.born <= at and (r.died is None or r.died > at)]
@@ -541,7 +539,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
     b = _batch_size(batch)
     t = trace_step(model, batch, loss_fn, optimizer, precision, micro_batch, checkpointing, transform, cuda=target.kind == 'cuda')
     tr = t.tracker
-    raw, at, timeline = _analyse(tr)
+    raw, at = _analyse(tr)
     live = _live_at(tr, at)
     bd = {k: 0 for k in TENSOR_TERMS}
     for r in live: bd[r.category] = bd.get(r.category, 0) + r.nbytes
@@ -587,7 +585,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
                       device=target.name, peak=peak, reserved=reserved, total=total, breakdown=bd,
                       peak_phase=rec.phase if rec else 'none', peak_module=rec.module if rec else '',
                       budget=budget if budget is not None else target.memory, by_module=by_module, params=t.param_count,
-                      notes=notes, timeline=timeline)
+                      notes=notes)
 
 # %% ../nbs/01_budget.ipynb #c037
 COLORS = {'weights': '#4c72b0', 'weight copies': '#8fa9d6', 'gradients': '#dd8452', 'optimizer': '#55a868', 'activations': '#c44e52',

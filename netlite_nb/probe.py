@@ -443,7 +443,6 @@ class FakeNVML:
         import pynvml
         self.gpus, self.driver, self.cuda, self.fail = gpus, driver, cuda, fail or {}
         self.NVMLError, self.nvmlMemory_v2 = pynvml.NVMLError, pynvml.nvmlMemory_v2
-        self._pynvml = pynvml
     def _maybe_fail(self, what):
         if what in self.fail: raise self.fail[what]
     def nvmlInit(self): self._maybe_fail('init')
