@@ -152,10 +152,13 @@ def check_dataset(data, # a `LabeledTensors`, an (x, y) pair of tensors, or a da
     counts = _check_labels(y, num_classes, classes, name)
     if x is not None:
         idx, n = None, len(x)
-        for s in range(0, n, 4096): _check_pixels(x[s:s+4096], s)  # in chunks: a float copy of 60k images is 200 MB
-        stats = torch.tensor([[float(_as_float(x[s:s+4096]).sum()), float(_as_float(x[s:s+4096]).double().pow(2).sum())] for s in range(0, n, 4096)]).sum(0)
-        cnt = x[0].numel() * n
-        lo, hi = min(float(_as_float(x[s:s+4096]).min()) for s in range(0, n, 4096)), max(float(_as_float(x[s:s+4096]).max()) for s in range(0, n, 4096))
+        total, squares, lo, hi = 0.0, 0.0, math.inf, -math.inf
+        for s in range(0, n, 4096):  # in chunks, each made float once: a float copy of 60k images is 200 MB
+            _check_pixels(x[s:s+4096], s)
+            xf = _as_float(x[s:s+4096])
+            total, squares = total + float(xf.sum()), squares + float(xf.double().pow(2).sum())
+            lo, hi = min(lo, float(xf.min())), max(hi, float(xf.max()))
+        stats, cnt = torch.tensor([total, squares]), x[0].numel() * n
         shape = tuple(x.shape[1:])
     else:
         idx = torch.linspace(0, len(data) - 1, min(max_items, len(data))).round().long().unique()
