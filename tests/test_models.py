@@ -27,6 +27,9 @@ def test_builds_trains_and_checks_shape(name, c, s):
     assert mm(torch.empty(512, c, s, s, device='meta')).shape == (512, 10)     # what the chapter 01 planner traces
     st = summary(mm, torch.empty(512, c, s, s, device='meta'))
     assert st.params == sum(p.numel() for p in create_model(name, in_channels=c).parameters()) and st.output_shape == (512, 10)
+    # the layer rows themselves account for every parameter but those held outside a leaf layer (ViT's positions)
+    outside = mm.pos.numel() if hasattr(mm, 'pos') else 0
+    assert sum(r.params for r in st.rows if r.kind != 'Parameter') == st.params - outside
 
 def test_param_budgets():
     n = lambda name: sum(p.numel() for p in create_model(name).parameters())
