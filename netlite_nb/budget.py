@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_budget.ipynb #c003
 from __future__ import annotations
-import contextlib, copy, dataclasses, gc, html, logging, math, weakref
+import contextlib, copy, dataclasses, gc, html, inspect, logging, math, weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 import torch
@@ -13,13 +13,14 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only, tree_flatten
 from torch._subclasses.fake_tensor import FakeTensorMode
-from .probe import GPUInfo, GPUSpec, UnknownGPUError, fmt_bytes, lookup_gpu, gpu_catalogue
+from .probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes, free_memory, gpu_catalogue, in_notebook, is_oom, lookup_gpu
 
 # %% auto #0
-__all__ = ['CUDA_CONTEXT_BYTES', 'KERNEL_STATE_BYTES', 'TENSOR_TERMS', 'COLORS', 'Allocation', 'AllocationTracker',
-           'ShapeMismatchError', 'default_loss', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes',
-           'Target', 'resolve_target', 'cpu_workspace_bytes', 'MemoryPlan', 'plan_memory', 'plot_plans',
-           'BudgetTooSmallError', 'max_batch_size', 'Change', 'fit_to_budget', 'find_batch_size', 'budget_widget']
+__all__ = ['OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'KERNEL_STATE_BYTES', 'TENSOR_TERMS', 'COLORS', 'Allocation', 'AllocationTracker',
+           'ShapeMismatchError', 'resize_batch', 'default_loss', 'register_optimizer', 'make_optimizer', 'Trace',
+           'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes', 'Target', 'resolve_target',
+           'cpu_workspace_bytes', 'MemoryPlan', 'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'max_batch_size',
+           'Change', 'fit_to_budget', 'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -118,9 +119,11 @@ def _split_batch(batch)->tuple[Any, Any]:
 
 def _batch_size(batch)->int: return _split_batch(batch)[0].shape[0]
 
-def _resize(batch, b:int):
-    "A batch of `b` samples shaped like `batch`, on the meta device (no memory)."
-    r = lambda t: torch.empty((b, *t.shape[1:]), dtype=t.dtype, device='meta')
+def resize_batch(batch, # (x, y), x, or any nest of tensors whose first dimension is the batch
+                 n:int, # samples in the new batch
+                )->Any:
+    "A batch of `n` samples shaped like `batch`, on the 'meta' device: shapes and dtypes, no memory (all the planner needs)."
+    r = lambda t: torch.empty((n, *t.shape[1:]), dtype=t.dtype, device='meta')
     return tree_map_only(torch.Tensor, r, batch)
 
 def default_loss(out, y):
@@ -139,23 +142,41 @@ def _fake_copy(model:nn.Module, fm:FakeTensorMode|None)->nn.Module:
     return copy.deepcopy(model, memo)
 
 # %% ../nbs/01_budget.ipynb #c015
-def _make_optimizer(optimizer, params:list, cuda:bool):
-    "An optimizer from a name, an optimizer class, or a callable `params -> optimizer`."
-    if optimizer is None: return None
-    if isinstance(optimizer, str):
-        name = optimizer.lower().replace('-', '').replace('_', '')
-        # on a CUDA device PyTorch defaults to the multi-tensor (foreach) kernels, whose temporaries span all parameters at once
-        if name == 'sgd': return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=cuda)
-        if name == 'adamw': return torch.optim.AdamW(params, lr=1e-3, foreach=cuda)
-        if name == 'adamw8bit':
-            try: from netlite_nb.optim import AdamW8bit
-            except ImportError: raise ValueError("optimizer='adamw8bit' needs chapter 03 (`netlite_nb.optim`), which is not installed; "
-                                                 "pass the optimizer class or a factory `params -> optimizer` instead.") from None
-            return AdamW8bit(params)
-        raise ValueError(f"Unknown optimizer {optimizer!r}: use 'sgd', 'adamw', 'adamw8bit', an optimizer class, or a callable params -> optimizer.")
-    if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer): return optimizer(params, lr=1e-3)
-    if callable(optimizer): return optimizer(params)
-    raise TypeError(f"optimizer must be a name, an optimizer class or a callable, not {type(optimizer).__name__}")
+def _sgd(params, lr, weight_decay, foreach): return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay, foreach=foreach)
+def _adamw(params, lr, weight_decay, foreach): return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=foreach)
+
+OPTIMIZERS:dict[str, Callable] = {'sgd': _sgd, 'adamw': _adamw}  # name -> factory(params, lr, weight_decay, foreach)
+
+def _norm(name:str)->str: return name.lower().replace('-', '').replace('_', '')
+
+def register_optimizer(name:str, # the name configs and strategies use ('-' and '_' are ignored, case too)
+                       factory:Callable, # factory(params, lr, weight_decay, foreach) -> optimizer
+                      ):
+    "Make `name` an optimizer that `make_optimizer` (and so the planner and the Trainer) can build; later chapters add theirs here."
+    OPTIMIZERS[_norm(name)] = factory
+
+def make_optimizer(spec, # a name in `OPTIMIZERS`, an optimizer class, a callable params -> optimizer, an optimizer, or None
+                   params, # the parameters to optimize
+                   lr:float=1e-3, weight_decay:float=0.01,
+                   foreach:bool|None=None, # multi-tensor kernels; None: PyTorch's default (on for CUDA tensors)
+                  )->torch.optim.Optimizer|None:
+    "Build the optimizer `spec` names for `params`: the one place names become optimizers, for plans and runs alike."
+    if spec is None: return None
+    params = list(params)
+    if isinstance(spec, torch.optim.Optimizer):  # an existing optimizer: itself, or the same kind and settings for other parameters
+        mine = {id(p) for g in spec.param_groups for p in g['params']}
+        if mine == {id(p) for p in params}: return spec
+        takes = inspect.signature(type(spec)).parameters  # `defaults` can hold more than __init__ takes (AdamW's decoupled_weight_decay)
+        return type(spec)(params, **{k: v for k, v in spec.defaults.items() if k in takes})
+    if isinstance(spec, str):
+        f = OPTIMIZERS.get(_norm(spec))
+        if f is None:
+            hint = " ('adamw8bit' is added by chapter 03: `import netlite_nb.optim`)" if _norm(spec) == 'adamw8bit' else ''
+            raise ValueError(f"Unknown optimizer {spec!r}{hint}: use {', '.join(map(repr, OPTIMIZERS))}, an optimizer class, or a callable params -> optimizer.")
+        return f(params, lr, weight_decay, foreach)
+    if isinstance(spec, type) and issubclass(spec, torch.optim.Optimizer): return spec(params, lr=lr)
+    if callable(spec): return spec(params)
+    raise TypeError(f"optimizer must be a name, an optimizer class, a callable or an optimizer, not {type(spec).__name__}")
 
 def _optimizer_name(optimizer)->str:
     if optimizer is None: return 'none'
@@ -191,8 +212,6 @@ def _apply_checkpointing(model:nn.Module, # the model (changed in place)
     return model
 
 # %% ../nbs/01_budget.ipynb #c016
-_LOW = {'fp16': torch.float16, 'bf16': torch.bfloat16}
-
 @dataclass
 class Trace:
     "What one traced training run did: every allocation in order, and what was running."
@@ -213,10 +232,10 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
                steps:int=2, # training steps; the second one has optimizer state, as every step after it does
               )->Trace:
     "Run `steps` training steps of `model` on fake tensors and record every allocation and free."
-    if precision not in ('fp32', *_LOW): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', not {precision!r}")
+    if precision not in ('fp32', *LOW_PRECISION): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', not {precision!r}")
     # meta tensors are the fastest way to run ops without data; autocast only acts on real device types, so
     # mixed precision runs on FakeTensors that claim to be CPU tensors
-    fm = FakeTensorMode() if precision in _LOW else None
+    fm = FakeTensorMode() if precision in LOW_PRECISION else None
     dev = 'cpu' if fm else 'meta'
     m = _fake_copy(model, fm)
     if transform is not None: m = transform(m)
@@ -256,7 +275,7 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
                 for p in m.parameters(): tr.track(p, 'weights')
                 for t in m.buffers(): tr.track(t, 'weights')
                 for t in tree_flatten((xb, yb))[0]: tr.track(t, 'batch')
-                opt = _make_optimizer(optimizer, params, cuda)
+                opt = make_optimizer(optimizer, params, foreach=cuda)  # CUDA's default multi-tensor kernels have temporaries spanning all parameters
                 scale = torch.full((), 2.0**16, device=dev) if precision == 'fp16' else None  # GradScaler's scale: one float
                 n_micro = min(accum, 2)  # the second micro-batch already finds the gradients in memory; the rest repeat it
                 for step in range(steps):
@@ -264,7 +283,7 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
                     for _ in range(n_micro):
                         tr.phase, tr.modules[:] = 'forward', []
                         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                            with torch.autocast('cpu', dtype=_LOW.get(precision, torch.float32), enabled=precision in _LOW):
+                            with torch.autocast('cpu', dtype=LOW_PRECISION.get(precision, torch.float32), enabled=precision in LOW_PRECISION):
                                 out = m(*xb) if isinstance(xb, (tuple, list)) else m(xb)
                                 tr.phase = 'loss'
                                 loss = loss_fn(out, yb)
@@ -546,7 +565,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
     rec = tr.events[at][1] if at >= 0 else None
     notes = ["peak over two training steps: the second already holds the optimizer state, as every later step does"]
     if t.accum_steps > 1: notes.append(f"{t.accum_steps} micro-batches of {min(micro_batch, b)} per step; gradients stay in memory between them")
-    if precision in _LOW:
+    if precision in LOW_PRECISION:
         notes.append(f"{precision} autocast: fp32 master weights, plus a {precision} copy of each weight a matmul/conv uses during forward "
                      "('weight copies'); autocast ops save half-size activations (CPU autocast's op lists, close to CUDA's)")
     if precision == 'fp16': notes.append("GradScaler: a scale and a growth tracker (8 bytes); unscaling the gradients is in place")
@@ -640,8 +659,8 @@ def max_batch_size(model:nn.Module, # the model to plan for
     plans = {}
     def plan(b):
         if b not in plans:
-            if micro_of is None: plans[b] = plan_memory(model, _resize(sample, b), device_or_gpu=target, budget=budget, **_plan_kw(kw))
-            else: plans[b] = plan_memory(model, _resize(sample, micro_of), micro_batch=b, device_or_gpu=target, budget=budget, **_plan_kw(kw))
+            if micro_of is None: plans[b] = plan_memory(model, resize_batch(sample, b), device_or_gpu=target, budget=budget, **_plan_kw(kw))
+            else: plans[b] = plan_memory(model, resize_batch(sample, micro_of), micro_batch=b, device_or_gpu=target, budget=budget, **_plan_kw(kw))
         return plans[b]
     if not plan(1).fits:
         raise BudgetTooSmallError(_too_small(model, sample, budget, target, plan(1), kw))
@@ -671,7 +690,7 @@ def _too_small(model, sample, budget, target, p1, kw)->str:
     msg = (f"Even a batch of 1 needs {fmt_bytes(p1.total)} on {target.name}, more than the budget of {fmt_bytes(budget)} "
            f"(weights {fmt_bytes(p1.breakdown['weights'])}, gradients {fmt_bytes(p1.breakdown['gradients'])}, "
            f"optimizer state {fmt_bytes(p1.breakdown['optimizer'])}).")
-    fixes = [c for c in fit_to_budget(model, _resize(sample, 1), budget=budget, device_or_gpu=target, **_plan_kw(kw)) if c.fits]
+    fixes = [c for c in fit_to_budget(model, resize_batch(sample, 1), budget=budget, device_or_gpu=target, **_plan_kw(kw)) if c.fits]
     if fixes: return msg + " What would fit: " + '; '.join(f"{c.description} ({fmt_bytes(c.new_plan.total)})" for c in fixes)
     return msg + " None of the changes this planner knows (precision, checkpointing, 8-bit optimizer, chunked layers) makes it fit: use a smaller model or a bigger device."
 
@@ -760,27 +779,17 @@ def fit_to_budget(model:nn.Module, # the model to plan for
     return sorted(out, key=lambda c: (not c.fits, c.slowdown if c.fits else -c.saving))
 
 # %% ../nbs/01_budget.ipynb #c062
-def _is_oom(e:BaseException)->bool:
-    return isinstance(e, torch.OutOfMemoryError) or 'out of memory' in str(e).lower()
-
-def _free_device(device:torch.device):
-    "Give back what a failed attempt held: its tensors (once nothing refers to them) and the allocator's cached blocks."
-    gc.collect()
-    if device.type == 'cuda': torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats(device)
-    elif device.type == 'mps': torch.mps.empty_cache()
-    elif device.type == 'xpu': torch.xpu.empty_cache()
-
 def _try_batch(model, sample, b, device, loss_fn=None, optimizer='adamw', precision='fp32', steps=2):
     "Train `steps` steps and evaluate once at batch size `b` on `device`, on a copy of the model; raises on OOM."
     m = copy.deepcopy(model).to(device)
     params = [p for p in m.parameters() if p.requires_grad]
-    opt = _make_optimizer(optimizer, params, device.type == 'cuda')
+    opt = make_optimizer(optimizer, params)
     x, y = _split_batch(sample)
     make = lambda t: (torch.randn((b, *t.shape[1:]), device=device).to(t.dtype) if t.is_floating_point()
                       else torch.zeros((b, *t.shape[1:]), dtype=t.dtype, device=device))
     x, y = tree_map_only(torch.Tensor, make, x), tree_map_only(torch.Tensor, make, y)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == 'fp16')
-    ac = dict(device_type=device.type, dtype=_LOW.get(precision, torch.float32), enabled=precision in _LOW)
+    ac = dict(device_type=device.type, dtype=LOW_PRECISION.get(precision, torch.float32), enabled=precision in LOW_PRECISION)
     m.train()
     for _ in range(steps):
         with torch.autocast(**ac): loss = (loss_fn or default_loss)(m(x), y)
@@ -815,12 +824,12 @@ def find_batch_size(model:nn.Module, # the model; a copy is moved to `device`
             if verbose: print(f"batch {b}: ok")
             return b
         except Exception as e:
-            if not _is_oom(e): raise
+            if not is_oom(e): raise
             if verbose: print(f"batch {b}: out of memory")
             # the traceback holds the failed step's frames and so its tensors: drop it before freeing the cache
             e.__traceback__ = None
             del e
-        _free_device(device)
+        free_memory(device)
         b = min(b - 1, int(b * backoff))
     raise BudgetTooSmallError(f"Not even a batch of 1 trains on {device}: the model, gradients and optimizer state do not fit.")
 
@@ -835,18 +844,17 @@ def budget_widget(model:nn.Module, # the model to plan for
                   **kw, # more plan_memory arguments (loss_fn, transform)
                  ):
     "Pick a GPU, batch size, precision, optimizer and checkpointing; see the plan against the card's memory. A static figure when there is no notebook frontend."
-    from fastcore.imports import IN_NOTEBOOK
     import matplotlib.pyplot as plt
     b0 = _batch_size(batch)
     state = dict(gpu=gpu, batch_size=b0 if b0 in batch_sizes else batch_sizes[len(batch_sizes)//2], precision='fp32', optimizer='adamw', checkpointing=None)
     def figure(s):
-        p = plan_memory(model, _resize(batch, s['batch_size']), device_or_gpu=s['gpu'], precision=s['precision'],
+        p = plan_memory(model, resize_batch(batch, s['batch_size']), device_or_gpu=s['gpu'], precision=s['precision'],
                         optimizer=s['optimizer'], checkpointing=s['checkpointing'], **kw)
         fig = plot_plans([p], [f"batch {p.batch_size}"])
         fig.axes[0].set_title(f"{p.device}: {fmt_bytes(p.total)} of {fmt_bytes(p.budget)} — {'fits' if p.fits else 'does NOT fit'}", fontsize=10)
         plt.close(fig)  # shown once, by whoever displays it
         return fig
-    if not IN_NOTEBOOK: return figure(state)
+    if not in_notebook(): return figure(state)
     import ipywidgets as W
     from IPython.display import display
     ctl = dict(gpu=W.Dropdown(options=_gpu_choices(), value=lookup_gpu(gpu).name if gpu != 'cpu' else 'cpu', description='GPU'),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 import torch
+from .budget import make_optimizer, register_optimizer
 
 # %% auto #0
 __all__ = ['dynamic_map', 'quantize_blockwise', 'dequantize_blockwise', 'AdamW8bit', 'state_bytes']
@@ -191,3 +192,6 @@ class AdamW8bit(torch.optim.Optimizer):
 def state_bytes(opt:torch.optim.Optimizer)->int:
     "Bytes of tensors held in an optimizer's state."
     return sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor))
+
+# %% ../nbs/03_optim.ipynb #ro2
+register_optimizer('adamw8bit', lambda params, lr, weight_decay, foreach: AdamW8bit(params, lr=lr, weight_decay=weight_decay))

@@ -4,16 +4,17 @@
 
 # %% ../nbs/00_probe.ipynb #c003
 from __future__ import annotations
-import dataclasses, difflib, html, json, os, platform, re, shutil, subprocess, sys, weakref
+import dataclasses, difflib, gc, html, json, os, platform, re, shutil, subprocess, sys, weakref
 from dataclasses import dataclass, field, asdict
 from functools import lru_cache
 from importlib import resources
 import psutil, torch
 
 # %% auto #0
-__all__ = ['GPUSpec', 'gpu_catalogue', 'UnknownGPUError', 'lookup_gpu', 'fp16_is_fast', 'bf16_is_native', 'GPUInfo', 'CPUInfo',
-           'SystemMemory', 'TorchBuild', 'HardwareProfile', 'probe', 'fmt_bytes', 'rows_text', 'rows_html', 'FakeNVML',
-           'MemoryReading', 'device_memory']
+__all__ = ['LOW_PRECISION', 'GPUSpec', 'gpu_catalogue', 'UnknownGPUError', 'lookup_gpu', 'find_gpu', 'fp16_is_fast',
+           'bf16_is_native', 'GPUInfo', 'CPUInfo', 'SystemMemory', 'TorchBuild', 'HardwareProfile', 'probe',
+           'fmt_bytes', 'rows_text', 'rows_html', 'FakeNVML', 'MemoryReading', 'device_memory', 'frontend',
+           'in_notebook', 'is_oom', 'free_memory']
 
 # %% ../nbs/00_probe.ipynb #c007
 @dataclass(frozen=True)
@@ -84,6 +85,12 @@ def lookup_gpu(name:str)->GPUSpec:
     what = 'is ambiguous' if scored else 'is not in the catalogue'
     raise UnknownGPUError(f"GPU name {name!r} {what}. Closest: {', '.join(close)}. "
                           f"See `gpu_catalogue()` for all {len(names)} names.")
+
+# %% ../nbs/00_probe.ipynb #c015b
+def find_gpu(name:str|None)->GPUSpec|None:
+    "The catalogue entry `name` means, or `None` when it names none (or is empty)."
+    try: return lookup_gpu(name) if name else None
+    except UnknownGPUError: return None
 
 # %% ../nbs/00_probe.ipynb #c017
 def _cc_tuple(cc)->tuple[int,int]|None:
@@ -196,7 +203,7 @@ def _nvml_gpus(nvml=None)->tuple[list[GPUInfo], list[str]]:
         except Exception: mem = call(f'memory of GPU {i}', nvml.nvmlDeviceGetMemoryInfo, h)
         cc = call(f'compute capability of GPU {i}', nvml.nvmlDeviceGetCudaComputeCapability, h)
         cc = f"{cc[0]}.{cc[1]}" if cc else None
-        spec = _try_lookup(name)
+        spec = find_gpu(name)
         total = getattr(mem, 'total', None)
         if total is None and spec:
             total = spec.memory_bytes
@@ -210,10 +217,6 @@ def _nvml_gpus(nvml=None)->tuple[list[GPUInfo], list[str]]:
             source='nvml', catalogue=spec.name if spec else None))
     return gpus, notes
 
-def _try_lookup(name):
-    try: return lookup_gpu(name)
-    except UnknownGPUError: return None
-
 # %% ../nbs/00_probe.ipynb #c024
 _SMI_FIELDS = 'index,name,memory.total,memory.free,driver_version,compute_cap'
 
@@ -226,7 +229,7 @@ def _parse_smi_csv(text:str)->list[GPUInfo]:
         idx, name, total, free, driver, cc = parts[:6]
         num = lambda s: int(float(s) * 2**20) if re.fullmatch(r'[\d.]+', s) else None  # MiB -> bytes
         cc = cc if re.fullmatch(r'\d+\.\d+', cc) else None
-        spec = _try_lookup(name)
+        spec = find_gpu(name)
         cc = cc or (spec.compute_capability if spec else None)
         gpus.append(GPUInfo(name=name, vendor='nvidia', backend='cuda', index=int(idx), total_memory=num(total),
             free_memory=num(free), compute_capability=cc, arch=spec.arch if spec else None, driver_version=driver,
@@ -263,7 +266,7 @@ def _rocm_gpus(build:TorchBuild)->tuple[list[GPUInfo], list[str]]:
     for i in range(torch.cuda.device_count()):
         try:
             p = torch.cuda.get_device_properties(i)
-            spec = _try_lookup(p.name)
+            spec = find_gpu(p.name)
             gpus.append(GPUInfo(name=p.name, vendor='amd', backend='cuda', index=i, total_memory=p.total_memory,
                 arch=getattr(p, 'gcnArchName', None) or (spec.arch if spec else None), runtime_version=build.hip,
                 fp16_fast=spec.fp16_fast if spec else True, bf16_native=spec.bf16_native if spec else None,
@@ -274,7 +277,7 @@ def _rocm_gpus(build:TorchBuild)->tuple[list[GPUInfo], list[str]]:
 def _mps_gpus(build:TorchBuild)->list[GPUInfo]:
     if not build.backends['mps']: return []
     chip = _cpu_model()
-    spec = _try_lookup(chip)
+    spec = find_gpu(chip)
     try: total = torch.mps.recommended_max_memory()
     except Exception: total = psutil.virtual_memory().total
     return [GPUInfo(name=spec.name if spec else chip, vendor='apple', backend='mps', total_memory=total,
@@ -288,7 +291,7 @@ def _xpu_gpus(build:TorchBuild)->tuple[list[GPUInfo], list[str]]:
     for i in range(torch.xpu.device_count()):
         try:
             p = torch.xpu.get_device_properties(i)
-            spec = _try_lookup(p.name)
+            spec = find_gpu(p.name)
             gpus.append(GPUInfo(name=p.name, vendor='intel', backend='xpu', index=i, total_memory=p.total_memory,
                 arch=spec.arch if spec else None, fp16_fast=True, bf16_native=spec.bf16_native if spec else None,
                 shared_memory=spec.shared_memory if spec else False, source='torch', catalogue=spec.name if spec else None))
@@ -539,3 +542,40 @@ def device_memory(device='cpu', # a torch device or its name: 'cpu', 'cuda', 'cu
         return MemoryReading(str(d), torch.xpu.memory_allocated(i), torch.xpu.memory_reserved(i), torch.xpu.max_memory_allocated(i),
             torch.xpu.max_memory_reserved(i), total=torch.xpu.get_device_properties(i).total_memory, source='torch.xpu')
     return MemoryReading('cpu', used=_rss(), peak_used=_peak_rss(), total=_this_process()['ram'], source='process RSS')
+
+# %% ../nbs/00_probe.ipynb #e001
+LOW_PRECISION = {'fp16': torch.float16, 'bf16': torch.bfloat16}  # precision name -> autocast dtype; 'fp32' means no autocast
+
+# %% ../nbs/00_probe.ipynb #e004
+def _ipython():
+    ip = sys.modules.get('IPython')  # never import IPython just to ask: a terminal run has not loaded it
+    return ip.get_ipython() if ip is not None and hasattr(ip, 'get_ipython') else None
+
+def frontend(shell=None, # an IPython shell; default: the running one
+            )->str:
+    "How output can be shown here: 'widget' (a Jupyter frontend), 'static' (a notebook run without one, e.g. nbdev-test) or 'text' (a terminal)."
+    shell = shell if shell is not None else _ipython()
+    if shell is None: return 'text'
+    classes = {c.__name__ for c in type(shell).__mro__}
+    if 'ZMQInteractiveShell' in classes or 'google.colab' in sys.modules or 'IPython.utils._process_emscripten' in sys.modules:
+        return 'widget'
+    return 'text' if 'TerminalInteractiveShell' in classes else 'static'
+
+def in_notebook()->bool:
+    "Is there a Jupyter frontend to show widgets and live output in?"
+    return frontend() == 'widget'
+
+# %% ../nbs/00_probe.ipynb #e008
+_OOM_TEXT = ("can't allocate memory", 'out of memory')  # the CPU allocator's words; MPS's, and CUDA's before torch.OutOfMemoryError
+
+def is_oom(e:BaseException)->bool:
+    "Is `e` an out-of-memory error from any PyTorch device (CUDA/ROCm/XPU, MPS, or the CPU allocator)?"
+    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and any(s in str(e) for s in _OOM_TEXT))
+
+def free_memory(device='cpu'):
+    "Collect garbage and return the allocator's cached blocks to the device."
+    gc.collect()
+    d = torch.device(device)
+    if d.type == 'cuda' and torch.cuda.is_initialized(): torch.cuda.empty_cache()
+    elif d.type == 'mps': torch.mps.empty_cache()
+    elif d.type == 'xpu' and hasattr(torch, 'xpu'): torch.xpu.empty_cache()
