@@ -354,7 +354,7 @@ def _merged_alloc_conf(ours:str, theirs:str|None)->str:
 
 # %% ../nbs/06_strategies.ipynb #t013
 def _set_allocator(conf:str):
-    "Hand `conf` to the caching allocator now (the call PyTorch >= 2.10 names; earlier ones only have `torch.cuda.memory`'s)."
+    "Hand `conf` to the caching allocator now: recent PyTorch's accelerator-wide call, else the older `torch.cuda.memory` one it deprecates."
     setter = getattr(torch._C, '_accelerator_setAllocatorSettings', None) or torch.cuda.memory._set_allocator_settings
     setter(conf)
 
