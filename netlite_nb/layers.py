@@ -4,15 +4,16 @@
 
 # %% ../nbs/02_layers.ipynb #c003
 from __future__ import annotations
-import copy, html, math, time, weakref
+import contextlib, copy, html, math, time
 from dataclasses import dataclass, field
+from functools import partial
 import torch, torch.nn as nn, torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as _torch_checkpoint
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from fastcore.basics import patch
+from .budget import AllocationTracker, register_lever
 
 # %% auto #0
-__all__ = ['saved_bytes', 'MemoryTracker', 'StepMeasurement', 'measure_step', 'MemoryComparison', 'compare_steps', 'ChunkedFFN',
+__all__ = ['saved_bytes', 'StepMeasurement', 'measure_step', 'MemoryComparison', 'compare_steps', 'ChunkedFFN',
            'chunked_linear_cross_entropy', 'ChunkedLinearCrossEntropy', 'pack_bits', 'unpack_bits', 'BitReLU',
            'BitDropout', 'checkpoint_segment', 'CheckpointedSequential', 'checkpoint_every', 'ConversionSummary',
            'convert_model']
@@ -32,30 +33,6 @@ def saved_bytes(fn, # callable running a forward pass
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t): fn(*args)
     return sum(seen.values())
 
-# %% ../nbs/02_layers.ipynb #c008
-class MemoryTracker(TorchDispatchMode):
-    "Tracks bytes of tensor storages created while active: `.current` and `.peak`, on any device."
-    def __init__(self):
-        super().__init__()
-        self.live, self.current, self.peak = {}, 0, 0
-
-    def _free(self, key): self.current -= self.live.pop(key, 0)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        # A view or an in-place result shares its input's storage: nothing new was allocated.
-        ins = {a.untyped_storage()._cdata for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor) or t.is_meta: continue
-            s = t.untyped_storage()
-            key = s._cdata
-            if key in self.live or key in ins: continue
-            self.live[key] = s.nbytes()
-            self.current += s.nbytes()
-            self.peak = max(self.peak, self.current)
-            weakref.finalize(s, self._free, key)
-        return out
-
 # %% ../nbs/02_layers.ipynb #c010
 @dataclass
 class StepMeasurement:
@@ -67,6 +44,7 @@ class StepMeasurement:
 
 def _mb(n): return f"{n/2**20:,.2f} MB"
 
+# %% ../nbs/02_layers.ipynb #c010b
 def measure_step(fn, # callable: inputs -> tensor (a loss or an output)
                  *inputs, # tensors, some with `requires_grad`
                  params=(), # parameters of the layer (left out of `saved`; their grads are cleared)
@@ -82,13 +60,14 @@ def measure_step(fn, # callable: inputs -> tensor (a loss or an output)
     saved = saved_bytes(fn, *inputs, exclude=params)
     step()  # warm-up: first calls allocate lazily-created buffers
     for t in leaves: t.grad = None
-    with MemoryTracker() as mt: step()
+    with AllocationTracker(None) as tr: step()  # None: whatever device the step runs on
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter(); step(); times.append(time.perf_counter() - t0)
     for t in leaves: t.grad = None
-    return StepMeasurement(name, saved, mt.peak, sorted(times)[len(times)//2])
+    return StepMeasurement(name, saved, tr.peak, sorted(times)[len(times)//2])
 
+# %% ../nbs/02_layers.ipynb #cm2
 @dataclass(repr=False)
 class MemoryComparison:
     "Several `StepMeasurement`s of the same job; ratios are relative to the first (the plain PyTorch baseline)."
@@ -99,32 +78,35 @@ class MemoryComparison:
         b, r = self.rows[0], self.rows[i]
         return dict(saved=r.saved/max(b.saved, 1), peak=r.peak/max(b.peak, 1), time=r.seconds/max(b.seconds, 1e-9))
 
-    def _table(self):
-        head = ['implementation', 'saved', 'peak', 'time', 'saved ×', 'peak ×', 'time ×']
-        body = []
-        for i, r in enumerate(self.rows):
-            q = self.ratios(i)
-            body.append([r.name, _mb(r.saved), _mb(r.peak), f"{r.seconds*1e3:.1f} ms",
-                         f"{q['saved']:.3f}", f"{q['peak']:.3f}", f"{q['time']:.2f}"])
-        return head, body
-
-    def __str__(self):
-        head, body = self._table()
-        w = [max(len(str(x)) for x in col) for col in zip(head, *body)]
-        return '\n'.join('  '.join(str(x).ljust(n) for x, n in zip(row, w)) for row in [head, *body])
-
-    __repr__ = __str__
-
-    def _repr_html_(self):
-        head, body = self._table()
-        th = ''.join(f'<th>{html.escape(h)}</th>' for h in head)
-        trs = ''.join('<tr>' + ''.join(f'<td>{html.escape(str(x))}</td>' for x in row) + '</tr>' for row in body)
-        return f'<table><tr>{th}</tr>{trs}</table>'
-
 def compare_steps(cases:dict, # name -> (fn, inputs tuple, params); the first is the baseline
                   repeats:int=3)->MemoryComparison:
     "Measure every case with `measure_step` and put them in one table."
     return MemoryComparison([measure_step(fn, *ins, params=ps, name=n, repeats=repeats) for n, (fn, ins, ps) in cases.items()])
+
+# %% ../nbs/02_layers.ipynb #cm3
+@patch
+def _table(self:MemoryComparison):
+    head = ['implementation', 'saved', 'peak', 'time', 'saved ×', 'peak ×', 'time ×']
+    body = []
+    for i, r in enumerate(self.rows):
+        q = self.ratios(i)
+        body.append([r.name, _mb(r.saved), _mb(r.peak), f"{r.seconds*1e3:.1f} ms", f"{q['saved']:.3f}", f"{q['peak']:.3f}", f"{q['time']:.2f}"])
+    return head, body
+
+@patch
+def __str__(self:MemoryComparison):
+    head, body = self._table()
+    w = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    return '\n'.join('  '.join(str(x).ljust(n) for x, n in zip(row, w)) for row in [head, *body])
+
+MemoryComparison.__repr__ = MemoryComparison.__str__
+
+@patch
+def _repr_html_(self:MemoryComparison):
+    head, body = self._table()
+    th = ''.join(f'<th>{html.escape(h)}</th>' for h in head)
+    trs = ''.join('<tr>' + ''.join(f'<td>{html.escape(str(x))}</td>' for x in row) + '</tr>' for row in body)
+    return f'<table><tr>{th}</tr>{trs}</table>'
 
 # %% ../nbs/02_layers.ipynb #c020
 _ACTS = {'gelu': nn.GELU, 'gelu_tanh': lambda: nn.GELU(approximate='tanh'), 'relu': nn.ReLU, 'silu': nn.SiLU}
@@ -150,12 +132,18 @@ def _check_device(x:torch.Tensor, **params):
 
 def _chunks(rows:int, size:int): return [(i, min(i + size, rows)) for i in range(0, rows, size)]
 
+# %% ../nbs/02_layers.ipynb #ff4
 def _autocast_cast(x:torch.Tensor, *ts):
     "Under autocast, cast the tensors to its dtype once, so the Function runs (and recomputes) in one precision."
     dev = x.device.type
-    if not torch.is_autocast_enabled(dev): return ts
+    if not (torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev)): return ts
     d = torch.get_autocast_dtype(dev)
     return tuple(t.to(d) if t is not None and t.is_floating_point() else t for t in ts)
+
+def _autocast_off(x:torch.Tensor):
+    "A context with autocast off for `x`'s device (nothing to switch off where autocast does not exist, e.g. 'meta')."
+    dev = x.device.type
+    return torch.autocast(dev, enabled=False) if torch.amp.is_autocast_available(dev) else contextlib.nullcontext()
 
 def _acc_add_mm(acc:torch.Tensor, a:torch.Tensor, b:torch.Tensor):
     "acc += a @ b, with `acc` possibly in higher precision than a and b (fp16 chunks, fp32 gradient sum)."
@@ -167,6 +155,7 @@ def _call_act(act, h:torch.Tensor)->torch.Tensor:
     if getattr(act, 'inplace', False): act = copy.copy(act); act.inplace = False
     return act(h)
 
+# %% ../nbs/02_layers.ipynb #ff8
 class _ChunkedFFNFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, b1, w2, b2, act, chunk):
@@ -203,6 +192,7 @@ class _ChunkedFFNFn(torch.autograd.Function):
         cast = lambda g, p: None if g is None else g.to(p.dtype)
         return gx, cast(gw1, w1), cast(gb1, b1), cast(gw2, w2), cast(gb2, b2), None, None
 
+# %% ../nbs/02_layers.ipynb #ff10
 def _auto_ffn_chunk(rows:int, d:int, hidden:int)->int:
     # a chunk's hidden activation about 1/8 of the input, but no slivers under 128 rows that waste the matmul units
     return min(rows, max(128, math.ceil(rows * d / (8 * hidden))))
@@ -221,15 +211,6 @@ class ChunkedFFN(nn.Sequential):
         if chunk_size is not None: _check_chunk(chunk_size, chunk_size)
         self.chunk_size = chunk_size
 
-    @classmethod
-    def from_sequential(cls, seq:nn.Sequential, chunk_size:int|None=None)->ChunkedFFN:
-        "A `ChunkedFFN` that reuses the modules (and so the weights) of `Sequential(Linear, act, Linear)`."
-        fc1, act, fc2 = seq
-        self = cls.__new__(cls)
-        nn.Sequential.__init__(self, fc1, act, fc2)
-        self.chunk_size = chunk_size
-        return self
-
     def forward(self, x):
         fc1, act, fc2 = self
         # Evaluation and inference run the plain modules, so ONNX export and `torch.jit` see Linear/GELU/Linear.
@@ -239,16 +220,27 @@ class ChunkedFFN(nn.Sequential):
         chunk = _auto_ffn_chunk(x2.shape[0], fc1.in_features, fc1.out_features) if self.chunk_size is None else self.chunk_size
         _check_chunk(chunk, x2.shape[0])
         args = _autocast_cast(x, x2, fc1.weight, fc1.bias, fc2.weight, fc2.bias)
-        with torch.autocast(x.device.type, enabled=False): y = _ChunkedFFNFn.apply(*args, act, chunk)
+        with _autocast_off(x): y = _ChunkedFFNFn.apply(*args, act, chunk)
         return y.view(*x.shape[:-1], y.shape[-1])
 
     def extra_repr(self): return f"chunk_size={self.chunk_size}"
+
+# %% ../nbs/02_layers.ipynb #c021c
+@patch(cls_method=True)
+def from_sequential(cls:ChunkedFFN, seq:nn.Sequential, chunk_size:int|None=None)->ChunkedFFN:
+    "A `ChunkedFFN` that reuses the modules (and so the weights) of `Sequential(Linear, act, Linear)`."
+    fc1, act, fc2 = seq
+    self = cls.__new__(cls)
+    nn.Sequential.__init__(self, fc1, act, fc2)
+    self.chunk_size = chunk_size
+    return self
 
 # %% ../nbs/02_layers.ipynb #c033
 def _auto_ce_chunk(rows:int, classes:int)->int:
     # at most 2**22 logits (16 MB in fp32) and 1/8 of all the logits per chunk: big enough for fast matmuls
     return max(1, min(2**22 // classes, math.ceil(rows / 8)))
 
+# %% ../nbs/02_layers.ipynb #ce0d
 class _ChunkedLinearCEFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, b, target, ignore_index, smoothing, reduction, chunk):
@@ -292,6 +284,7 @@ class _ChunkedLinearCEFn(torch.autograd.Function):
         return (gx * s.to(xd) if gx is not None else None, (gw * s).to(wd) if gw is not None else None,
                 (gb * s).to(wd) if gb is not None else None, None, None, None, None, None)
 
+# %% ../nbs/02_layers.ipynb #ce2
 def chunked_linear_cross_entropy(x:torch.Tensor, # inputs (..., in_features)
                                  weight:torch.Tensor, # (classes, in_features)
                                  bias:torch.Tensor|None, # (classes,) or None
@@ -313,7 +306,7 @@ def chunked_linear_cross_entropy(x:torch.Tensor, # inputs (..., in_features)
     chunk = _auto_ce_chunk(x2.shape[0], weight.shape[0]) if chunk_size is None else chunk_size
     _check_chunk(chunk, x2.shape[0])
     x2, weight, bias = _autocast_cast(x, x2, weight, bias)
-    with torch.autocast(x.device.type, enabled=False):
+    with _autocast_off(x):
         return _ChunkedLinearCEFn.apply(x2, weight, bias, t2, ignore_index, float(label_smoothing), reduction, chunk)
 
 # %% ../nbs/02_layers.ipynb #c034
@@ -332,18 +325,19 @@ class ChunkedLinearCrossEntropy(nn.Module):
         self.ignore_index, self.label_smoothing, self.reduction, self.chunk_size = ignore_index, label_smoothing, reduction, chunk_size
         if chunk_size is not None: _check_chunk(chunk_size, chunk_size)
 
-    @classmethod
-    def from_linear(cls, linear:nn.Linear, **kw)->ChunkedLinearCrossEntropy:
-        "Wrap an existing `nn.Linear` head (sharing its weights)."
-        self = cls(1, 1, bias=False, **kw)
-        self.head = linear
-        return self
-
     def logits(self, x): return self.head(x)
 
     def forward(self, x, target):
         return chunked_linear_cross_entropy(x, self.head.weight, self.head.bias, target, self.ignore_index,
                                             self.label_smoothing, self.reduction, self.chunk_size)
+
+# %% ../nbs/02_layers.ipynb #c034c
+@patch(cls_method=True)
+def from_linear(cls:ChunkedLinearCrossEntropy, linear:nn.Linear, **kw)->ChunkedLinearCrossEntropy:
+    "Wrap an existing `nn.Linear` head (sharing its weights)."
+    self = cls(1, 1, bias=False, **kw)
+    self.head = linear
+    return self
 
 # %% ../nbs/02_layers.ipynb #c043
 def pack_bits(mask:torch.Tensor)->torch.Tensor:
@@ -386,6 +380,7 @@ class BitReLU(nn.ReLU):
         if not (self.training and torch.is_grad_enabled() and x.requires_grad): return F.relu(x, inplace=self.inplace)
         return _BitReLUFn.apply(x, self.inplace)
 
+# %% ../nbs/02_layers.ipynb #bd2
 class _BitDropoutFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p, inplace):
@@ -421,6 +416,7 @@ class _BNStatsFrozen:
             for m, s in zip(self.bns, self.saved):
                 for b, v in zip([b for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None], s): b.copy_(v)
 
+# %% ../nbs/02_layers.ipynb #c056b
 def _run_segment(mods, x):
     for m in mods: x = m(x)
     return x
@@ -436,6 +432,7 @@ def checkpoint_segment(mods:list, # modules applied in order
         with _BNStatsFrozen(mods): return _run_segment(mods, x)
     return _torch_checkpoint(fn, x, use_reentrant=False)
 
+# %% ../nbs/02_layers.ipynb #cs2
 class CheckpointedSequential(nn.Sequential):
     "`nn.Sequential` whose blocks run in checkpointed segments of `k` during training (plain forward in eval)."
     def __init__(self, *blocks, k:int|None=None):
@@ -457,6 +454,7 @@ class CheckpointedSequential(nn.Sequential):
 
     def extra_repr(self): return f"k={self.k}"
 
+# %% ../nbs/02_layers.ipynb #cs4
 def checkpoint_every(blocks, # an nn.Sequential, nn.ModuleList or list of modules, applied in order
                      k:int|None=None, # blocks per checkpointed segment; None: round(√n)
                     )->CheckpointedSequential:
@@ -483,12 +481,14 @@ class ConversionSummary:
 
     def _repr_html_(self): return '<pre>' + html.escape(str(self)) + '</pre>'
 
+# %% ../nbs/02_layers.ipynb #cv2
 _FFN_ACTS = (nn.GELU, nn.ReLU, nn.SiLU)
 
 def _is_ffn(m)->bool:
     return (type(m) is nn.Sequential and len(m) == 3 and isinstance(m[0], nn.Linear) and type(m[1]) in _FFN_ACTS
             and isinstance(m[2], nn.Linear) and m[0].out_features == m[2].in_features)
 
+# %% ../nbs/02_layers.ipynb #cv2b
 def _swap(parent:nn.Module, path:str, s:ConversionSummary, relu, dropout, ffn, chunk_size):
     for name, m in list(parent.named_children()):
         p = f"{path}.{name}" if path else name
@@ -512,6 +512,7 @@ def _checkpoint_top(m:nn.Module, path:str, k, s:ConversionSummary):
         return
     for name, c in m.named_children(): _checkpoint_top(c, f"{path}.{name}" if path else name, k, s)
 
+# %% ../nbs/02_layers.ipynb #cv4
 def convert_model(model:nn.Module, # changed in place
                   relu:bool=True, # nn.ReLU -> BitReLU
                   ffn:bool=True, # Sequential(Linear, act, Linear) -> ChunkedFFN
@@ -529,3 +530,17 @@ def convert_model(model:nn.Module, # changed in place
         _checkpoint_top(model, '', k, s)
     model.netlite_conversion = s
     return model
+
+# %% ../nbs/02_layers.ipynb #lv1
+@register_lever
+def _chunked_layers_lever(target, kw:dict, model:nn.Module)->list:
+    "Chunked feed-forward blocks and bit-packed ReLU/Dropout, where the model has any to swap."
+    if not any(_is_ffn(m) or type(m) in (nn.ReLU, nn.Dropout) for m in model.modules()): return []
+    return [("chunked FFN and bit-packed ReLU layers (chapter 02)", dict(transform=partial(convert_model, relu=True, ffn=True, dropout=True, checkpoint=None)), 0.05)]
+
+@register_lever
+def _checkpointing_lever(target, kw:dict, model:nn.Module)->list:
+    "Activation checkpointing of about √n modules per segment, converted as the Trainer converts it."
+    if not any(type(m) is nn.Sequential and len(m) >= 2 for m in model.modules()): return []
+    ck = partial(convert_model, relu=False, ffn=False, dropout=False, checkpoint=True)
+    return [("activation checkpointing of about sqrt(n) block segments", dict(transform=ck), 0.3)]

@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 import torch
-from .budget import make_optimizer, register_optimizer
+from fastcore.basics import patch
+from .budget import make_optimizer, register_lever, register_optimizer
 
 # %% auto #0
 __all__ = ['dynamic_map', 'quantize_blockwise', 'dequantize_blockwise', 'AdamW8bit', 'state_bytes']
@@ -62,6 +63,7 @@ def quantize_blockwise(x:torch.Tensor, # any shape; flattened
     if not signed: idx = torch.where(normed.reshape(-1) > 0, idx.clamp_min(1), idx)  # v > 0 never becomes 0
     return idx.to(torch.uint8), absmax
 
+# %% ../nbs/03_optim.ipynb #c011c
 def dequantize_blockwise(codes:torch.Tensor, # uint8 from `quantize_blockwise`
                          absmax:torch.Tensor, # fp32 per block
                          signed:bool=True, # the map it was quantized with
@@ -97,101 +99,128 @@ class AdamW8bit(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, block_size=block_size,
                                       min_8bit_size=min_8bit_size, first_moment=first_moment))
 
-    def add_param_group(self, group):
-        super().add_param_group(group)
-        g = self.param_groups[-1]
-        for i, p in enumerate(g['params']):
-            if not p.is_contiguous():
-                raise ValueError(f"Parameter {_describe(g, i, p)} is not contiguous (a transposed or sliced view?). "
-                                 "AdamW8bit updates parameters through a flat view: make it contiguous first, e.g. "
-                                 "`module.weight = nn.Parameter(module.weight.detach().contiguous())`.")
+# %% ../nbs/03_optim.ipynb #ad2
+@patch
+def add_param_group(self:AdamW8bit, group:dict):
+    "Add a parameter group, refusing parameters that are not contiguous."
+    torch.optim.Optimizer.add_param_group(self, group)
+    g = self.param_groups[-1]
+    for i, p in enumerate(g['params']):
+        if not p.is_contiguous():
+            raise ValueError(f"Parameter {_describe(g, i, p)} is not contiguous (a transposed or sliced view?). "
+                             "AdamW8bit updates parameters through a flat view: make it contiguous first, e.g. "
+                             "`module.weight = nn.Parameter(module.weight.detach().contiguous())`.")
 
-    def _init_state(self, p, group, st):
-        st['step'] = 0
-        st['shape'] = tuple(p.shape)
-        n, bs = p.numel(), group['block_size']
-        if n < group['min_8bit_size']:
-            st['exp_avg'] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
-            st['exp_avg_sq'] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
-            return
-        nb = math.ceil(n / bs)
-        if group['first_moment'] == '8bit':
-            st['exp_avg_q'] = torch.full((nb * bs,), 127, dtype=torch.uint8, device=p.device)  # code 127 is 0 in the signed map
-            st['exp_avg_absmax'] = torch.zeros(nb, dtype=torch.float32, device=p.device)
-        else:
-            st['exp_avg'] = torch.zeros(n, dtype=torch.float16 if group['first_moment'] == 'fp16' else torch.float32, device=p.device)
-        st['exp_avg_sq_q'] = torch.zeros(nb * bs, dtype=torch.uint8, device=p.device)
-        st['exp_avg_sq_absmax'] = torch.zeros(nb, dtype=torch.float32, device=p.device)
+# %% ../nbs/03_optim.ipynb #ad6
+@patch
+def _init_state(self:AdamW8bit, p:torch.Tensor, group:dict, st:dict):
+    st['step'] = 0
+    st['shape'] = tuple(p.shape)
+    n, bs = p.numel(), group['block_size']
+    if n < group['min_8bit_size']:
+        st['exp_avg'] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+        st['exp_avg_sq'] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+        return
+    nb = math.ceil(n / bs)
+    if group['first_moment'] == '8bit':
+        st['exp_avg_q'] = torch.full((nb * bs,), 127, dtype=torch.uint8, device=p.device)  # code 127 is 0 in the signed map
+        st['exp_avg_absmax'] = torch.zeros(nb, dtype=torch.float32, device=p.device)
+    else:
+        st['exp_avg'] = torch.zeros(n, dtype=torch.float16 if group['first_moment'] == 'fp16' else torch.float32, device=p.device)
+    st['exp_avg_sq_q'] = torch.zeros(nb * bs, dtype=torch.uint8, device=p.device)
+    st['exp_avg_sq_absmax'] = torch.zeros(nb, dtype=torch.float32, device=p.device)
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        "One AdamW update of every parameter that has a gradient."
-        loss = None
-        if closure is not None:
-            with torch.enable_grad(): loss = closure()
-        for group in self.param_groups:
-            b1, b2 = group['betas']
-            lr, wd, eps, bs = group['lr'], group['weight_decay'], group['eps'], group['block_size']
-            for i, p in enumerate(group['params']):
-                if p.grad is None: continue
-                if p.grad.is_sparse: raise ValueError(f"AdamW8bit does not support sparse gradients (parameter {_describe(group, i, p)}).")
-                st = self.state[p]
-                if not st: self._init_state(p, group, st)
-                st['step'] += 1
-                t = st['step']
-                step_size, bc2_sqrt = lr / (1 - b1 ** t), math.sqrt(1 - b2 ** t)
-                if wd: p.mul_(1 - lr * wd)
-                if 'exp_avg_sq' in st:  # small tensor: fp32 moments, exactly torch.optim.AdamW's arithmetic
-                    g = p.grad.float()
-                    m, v = st['exp_avg'], st['exp_avg_sq']
-                    m.lerp_(g, 1 - b1); v.mul_(b2).addcmul_(g, g, value=1 - b2)
-                    p.add_((m / ((v.sqrt() / bc2_sqrt).add_(eps))).to(p.dtype), alpha=-step_size)
-                    continue
-                pf, gf, n = p.view(-1), p.grad.reshape(-1), p.numel()
-                chunk = max(bs, _CHUNK // bs * bs)
-                for s in range(0, n, chunk):
-                    e = min(s + chunk, n)
-                    bsl = slice(s // bs, math.ceil(e / bs))  # blocks of this chunk
-                    qsl = slice(bsl.start * bs, bsl.stop * bs)
-                    g = gf[s:e].float()
-                    if 'exp_avg_q' in st: m = dequantize_blockwise(st['exp_avg_q'][qsl], st['exp_avg_absmax'][bsl], True, e - s)
-                    else: m = st['exp_avg'][s:e].float()
-                    v = dequantize_blockwise(st['exp_avg_sq_q'][qsl], st['exp_avg_sq_absmax'][bsl], False, e - s)
-                    m.lerp_(g, 1 - b1); v.mul_(b2).addcmul_(g, g, value=1 - b2)
-                    pf[s:e].add_((m / ((v.sqrt() / bc2_sqrt).add_(eps))).to(p.dtype), alpha=-step_size)
-                    if 'exp_avg_q' in st:
-                        st['exp_avg_q'][qsl], st['exp_avg_absmax'][bsl] = quantize_blockwise(m, True, bs)
-                    else: st['exp_avg'][s:e] = m
-                    st['exp_avg_sq_q'][qsl], st['exp_avg_sq_absmax'][bsl] = quantize_blockwise(v, False, bs)
-        return loss
+# %% ../nbs/03_optim.ipynb #ad10
+def _adamw_fp32(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float):
+    "AdamW's update with fp32 moments: exactly torch.optim.AdamW's arithmetic."
+    b1, b2 = group['betas']
+    g = p.grad.float()
+    m, v = st['exp_avg'], st['exp_avg_sq']
+    m.lerp_(g, 1 - b1); v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    p.add_((m / ((v.sqrt() / bc2_sqrt).add_(group['eps']))).to(p.dtype), alpha=-step_size)
 
-    def load_state_dict(self, state_dict:dict):
-        "Load a state saved by `state_dict`, checking that every parameter's state has the parameter's shape."
-        groups, saved = self.param_groups, state_dict['param_groups']
-        want = {}  # dtype of every saved state tensor, by parameter
-        if len(groups) != len(saved):
-            raise ValueError(f"The saved optimizer state has {len(saved)} parameter groups but this optimizer has {len(groups)}. "
-                             "Build the optimizer with the same parameter groups as the one that was saved.")
-        for gi, (g, sg) in enumerate(zip(groups, saved)):
-            if len(g['params']) != len(sg['params']):
-                raise ValueError(f"Parameter group {gi}: the saved state has {len(sg['params'])} parameters, this optimizer "
-                                 f"{len(g['params'])}. Is the model the same architecture as the one whose optimizer was saved?")
-            for i, (p, pid) in enumerate(zip(g['params'], sg['params'])):
-                st = state_dict['state'].get(pid)
-                if st and tuple(st.get('shape', p.shape)) != tuple(p.shape):
-                    raise ValueError(f"Optimizer state for parameter {_describe(g, i, p)} was saved for shape {tuple(st['shape'])}, "
-                                     f"but the parameter now has shape {tuple(p.shape)}. Load it into the same architecture, "
-                                     "or start a fresh optimizer for a changed model (moments cannot be reshaped meaningfully).")
-                if st: want[p] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
-        super().load_state_dict(state_dict)
-        # The base class casts all state to the parameter's dtype (uint8 codes would become 4-byte floats, fp32 scales of a
-        # bf16 parameter would be rounded): put the saved tensors back as they were, on the parameter's device.
-        for p, saved in want.items():
-            for k, v in saved.items(): self.state[p][k] = v.to(p.device)
+# %% ../nbs/03_optim.ipynb #ad10b
+def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float):
+    "AdamW's update with block-quantized moments, chunk by chunk: dequantize, update in fp32, quantize again."
+    (b1, b2), bs = group['betas'], group['block_size']
+    pf, gf, n = p.view(-1), p.grad.reshape(-1), p.numel()
+    chunk = max(bs, _CHUNK // bs * bs)
+    for s in range(0, n, chunk):
+        e = min(s + chunk, n)
+        bsl = slice(s // bs, math.ceil(e / bs))  # blocks of this chunk
+        qsl = slice(bsl.start * bs, bsl.stop * bs)
+        g = gf[s:e].float()
+        if 'exp_avg_q' in st: m = dequantize_blockwise(st['exp_avg_q'][qsl], st['exp_avg_absmax'][bsl], True, e - s)
+        else: m = st['exp_avg'][s:e].float()
+        v = dequantize_blockwise(st['exp_avg_sq_q'][qsl], st['exp_avg_sq_absmax'][bsl], False, e - s)
+        m.lerp_(g, 1 - b1); v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        pf[s:e].add_((m / ((v.sqrt() / bc2_sqrt).add_(group['eps']))).to(p.dtype), alpha=-step_size)
+        if 'exp_avg_q' in st: st['exp_avg_q'][qsl], st['exp_avg_absmax'][bsl] = quantize_blockwise(m, True, bs)
+        else: st['exp_avg'][s:e] = m
+        st['exp_avg_sq_q'][qsl], st['exp_avg_sq_absmax'][bsl] = quantize_blockwise(v, False, bs)
 
+# %% ../nbs/03_optim.ipynb #ad12
+@patch
+@torch.no_grad()
+def step(self:AdamW8bit, closure=None):
+    "One AdamW update of every parameter that has a gradient."
+    loss = None
+    if closure is not None:
+        with torch.enable_grad(): loss = closure()
+    for group in self.param_groups:
+        b1, b2 = group['betas']
+        lr, wd = group['lr'], group['weight_decay']
+        for i, p in enumerate(group['params']):
+            if p.grad is None: continue
+            if p.grad.is_sparse: raise ValueError(f"AdamW8bit does not support sparse gradients (parameter {_describe(group, i, p)}).")
+            st = self.state[p]
+            if not st: self._init_state(p, group, st)
+            st['step'] += 1
+            t = st['step']
+            step_size, bc2_sqrt = lr / (1 - b1 ** t), math.sqrt(1 - b2 ** t)
+            if wd: p.mul_(1 - lr * wd)
+            update = _adamw_fp32 if 'exp_avg_sq' in st else _adamw_8bit
+            update(p, st, group, step_size, bc2_sqrt)
+    return loss
+
+# %% ../nbs/03_optim.ipynb #ad16
+@patch
+def load_state_dict(self:AdamW8bit, state_dict:dict):
+    "Load a state saved by `state_dict`, checking that every parameter's state has the parameter's shape."
+    groups, saved = self.param_groups, state_dict['param_groups']
+    want = {}  # the saved state tensors of every parameter
+    if len(groups) != len(saved):
+        raise ValueError(f"The saved optimizer state has {len(saved)} parameter groups but this optimizer has {len(groups)}. "
+                         "Build the optimizer with the same parameter groups as the one that was saved.")
+    for gi, (g, sg) in enumerate(zip(groups, saved)):
+        if len(g['params']) != len(sg['params']):
+            raise ValueError(f"Parameter group {gi}: the saved state has {len(sg['params'])} parameters, this optimizer "
+                             f"{len(g['params'])}. Is the model the same architecture as the one whose optimizer was saved?")
+        for i, (p, pid) in enumerate(zip(g['params'], sg['params'])):
+            st = state_dict['state'].get(pid)
+            if st and tuple(st.get('shape', p.shape)) != tuple(p.shape):
+                raise ValueError(f"Optimizer state for parameter {_describe(g, i, p)} was saved for shape {tuple(st['shape'])}, "
+                                 f"but the parameter now has shape {tuple(p.shape)}. Load it into the same architecture, "
+                                 "or start a fresh optimizer for a changed model (moments cannot be reshaped meaningfully).")
+            if st: want[p] = {k: v for k, v in st.items() if isinstance(v, torch.Tensor)}
+    torch.optim.Optimizer.load_state_dict(self, state_dict)
+    # The base class casts all state to the parameter's dtype (uint8 codes would become 4-byte floats, fp32 scales of a
+    # bf16 parameter would be rounded): put the saved tensors back as they were, on the parameter's device.
+    for p, saved_state in want.items():
+        for k, v in saved_state.items(): self.state[p][k] = v.to(p.device)
+
+# %% ../nbs/03_optim.ipynb #sb1
 def state_bytes(opt:torch.optim.Optimizer)->int:
     "Bytes of tensors held in an optimizer's state."
     return sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor))
 
 # %% ../nbs/03_optim.ipynb #ro2
 register_optimizer('adamw8bit', lambda params, lr, weight_decay, foreach: AdamW8bit(params, lr=lr, weight_decay=weight_decay))
+
+# %% ../nbs/03_optim.ipynb #lv1
+@register_lever
+def _adamw8bit_lever(target, kw:dict, model)->list:
+    "AdamW's state in 8 bits, where the plan uses plain AdamW."
+    opt = kw.get('optimizer')
+    if not (isinstance(opt, str) and opt.lower() == 'adamw'): return []
+    return [("8-bit AdamW state (chapter 03)", dict(optimizer='adamw8bit'), 0.05)]

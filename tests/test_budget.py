@@ -3,8 +3,8 @@ import gc, os, subprocess, sys, weakref
 from pathlib import Path
 import pytest, torch
 from torch import nn
-from netlite_nb.budget import (BudgetTooSmallError, CUDA_CONTEXT_BYTES, KERNEL_STATE_BYTES, ShapeMismatchError, _resize, cpu_workspace_bytes,
-                               find_batch_size, fit_to_budget, max_batch_size, plan_memory, trace_step)
+from netlite_nb.budget import (BudgetTooSmallError, CUDA_CONTEXT_BYTES, KERNEL_STATE_BYTES, LEVERS, ShapeMismatchError, cpu_workspace_bytes,
+                               find_batch_size, fit_to_budget, max_batch_size, plan_memory, register_lever, resize_batch, trace_step)
 from netlite_nb.probe import UnknownGPUError, lookup_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,7 +69,7 @@ def test_categories_sum_to_total_and_phases_are_recorded():
 
 
 def test_cpu_plan_adds_the_kernel_workspace_as_its_own_line():
-    m, batch = mlp(), _resize(MNIST, 1024)
+    m, batch = mlp(), resize_batch(MNIST, 1024)
     cpu = plan_memory(m, batch, device_or_gpu='cpu', budget=2**30)
     tensors, gpu = plan_memory(m, batch), plan_memory(m, batch, device_or_gpu='gtx 1050 ti')
     ws = cpu.breakdown['CPU kernel workspace']
@@ -99,8 +99,8 @@ def test_cpu_workspace_model_follows_the_measured_rules():
 def test_max_batch_size_on_cpu_leaves_room_for_the_kernel_workspace():
     m, budget = cnn(), 64 * 2**20
     b = max_batch_size(m, MNIST, budget=budget, device_or_gpu='cpu')
-    assert plan_memory(m, _resize(MNIST, b), device_or_gpu='cpu', budget=budget).fits
-    assert not plan_memory(m, _resize(MNIST, b + 1), device_or_gpu='cpu', budget=budget).fits
+    assert plan_memory(m, resize_batch(MNIST, b), device_or_gpu='cpu', budget=budget).fits
+    assert not plan_memory(m, resize_batch(MNIST, b + 1), device_or_gpu='cpu', budget=budget).fits
     assert b < max_batch_size(m, MNIST, budget=budget)   # the tensors-only answer spends the workspace's bytes on samples
 
 
@@ -114,7 +114,7 @@ def test_real_cpu_process_within_5_percent():
 
 def test_precision_effects():
     m = mlp()
-    b = _resize(MNIST, 256)
+    b = resize_batch(MNIST, 256)
     f32, b16, f16 = (plan_memory(m, b, precision=p) for p in ('fp32', 'bf16', 'fp16'))
     assert b16.breakdown['weights'] == f32.breakdown['weights']             # fp32 master weights stay
     assert b16.by_module['2'] * 2 == f32.by_module['2']                    # half-size saved activations
@@ -127,14 +127,42 @@ def test_precision_effects():
     with pytest.raises(ValueError, match="precision"): plan_memory(m, b, precision='fp8')
 
 
-def test_checkpointing_and_micro_batches_save_activations():
+def test_micro_batches_save_activations():
+    "Checkpointing, the other lever for activations, is chapter 02's: tests/test_layers.py plans it."
     blocks = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.GELU()) for _ in range(8)], nn.Linear(256, 10))
     x = (torch.randn(512, 256), torch.randint(0, 10, (512,)))
     base = plan_memory(blocks, x, optimizer='sgd')
-    ck = plan_memory(blocks, x, optimizer='sgd', checkpointing='auto')
-    assert ck.peak < base.peak and ck.saved_activations < base.saved_activations
     mb = plan_memory(blocks, x, optimizer='sgd', micro_batch=128)
     assert mb.micro_batch == 128 and mb.peak < base.peak
+
+
+def test_transform_changes_only_the_traced_copy_and_a_strategy_supplies_it():
+    def freeze_head(m): m[-1].requires_grad_(False); return m
+    m = mlp()
+    head = sum(p.numel() for p in m[-1].parameters())
+    as_is, frozen = plan_memory(m, MNIST), plan_memory(m, MNIST, transform=freeze_head)
+    assert as_is.breakdown['optimizer'] - frozen.breakdown['optimizer'] == 8 * head and frozen.transform == 'freeze_head'
+    assert all(p.requires_grad for p in m.parameters())
+    class Strategy:  # chapter 06's duck type: the transform its Trainer applies
+        precision, optimizer = 'fp32', 'adamw'
+        def model_transform(self): return freeze_head
+    assert plan_memory(m, MNIST, strategy=Strategy()).transform == 'freeze_head'
+    with pytest.raises(TypeError, match='checkpointing'): plan_memory(m, MNIST, checkpointing=True)   # one meaning: `transform=`
+
+
+def test_registered_levers_stack_their_transforms():
+    def freeze_first(m): m[1].requires_grad_(False); return m
+    def freeze_last(m): m[-1].requires_grad_(False); return m
+    @register_lever
+    def _test_lever(target, kw, model): return [('freeze the last layer', dict(transform=freeze_last), 0.01)]
+    try:
+        m, batch = mlp(), resize_batch(MNIST, 64)
+        changes = fit_to_budget(m, batch, budget=plan_memory(m, batch).total // 2, transform=freeze_first)
+        c = next(c for c in changes if c.description == 'freeze the last layer')
+        assert c.new_plan.transform == 'freeze_first then freeze_last'
+        assert plan_memory(m, batch, **c.changes).total == c.new_plan.total   # `changes` hold the composed transform
+    finally:
+        for k in [k for k, fn in LEVERS.items() if fn is _test_lever]: del LEVERS[k]
 
 
 def test_bad_inputs_say_what_is_wrong():
@@ -153,13 +181,13 @@ def test_max_batch_size_is_monotonic_and_tight():
     sizes = [max_batch_size(m, MNIST, budget=mb * 2**20) for mb in (32, 64, 128)]
     assert sizes[0] < sizes[1] < sizes[2]
     b = sizes[1]
-    assert plan_memory(m, _resize(MNIST, b), budget=64 * 2**20).fits
-    assert not plan_memory(m, _resize(MNIST, b + 1), budget=64 * 2**20).fits
+    assert plan_memory(m, resize_batch(MNIST, b), budget=64 * 2**20).fits
+    assert not plan_memory(m, resize_batch(MNIST, b + 1), budget=64 * 2**20).fits
 
 
 def test_fit_to_budget_proposes_a_plan_that_fits():
     m = cnn()
-    batch = _resize(MNIST, 512)
+    batch = resize_batch(MNIST, 512)
     budget = plan_memory(m, batch).total // 3
     changes = fit_to_budget(m, batch, budget=budget)
     assert changes and changes[0].fits and changes[0].new_plan.total <= budget

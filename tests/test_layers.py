@@ -1,16 +1,17 @@
 "Chapter 02 (layers): cross-checks against plain PyTorch that are heavier than the notebook's, and ONNX export."
 import copy
+from functools import partial
 import pytest, torch, torch.nn as nn, torch.nn.functional as F
+from netlite_nb.budget import AllocationTracker, fit_to_budget, plan_memory
 from netlite_nb.layers import (ChunkedFFN, ChunkedLinearCrossEntropy, BitReLU, BitDropout, CheckpointedSequential,
-                               chunked_linear_cross_entropy, checkpoint_every, convert_model, saved_bytes, MemoryTracker,
-                               _ChunkedFFNFn)
+                               chunked_linear_cross_entropy, checkpoint_every, convert_model, saved_bytes, _ChunkedFFNFn)
 
 torch.set_num_threads(1)
 
 
 def _step_peak(fn):
-    with MemoryTracker() as mt: fn().backward()
-    return mt.peak
+    with AllocationTracker(None) as tr: fn().backward()
+    return tr.peak
 
 
 def test_chunked_ffn_gradcheck_and_plain_equivalence():
@@ -197,3 +198,60 @@ def test_chunked_ce_from_linear_shares_the_head_and_matches_plain():
     ref = F.cross_entropy(head(x), y, label_smoothing=0.1); ref.backward()
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(g, head.weight.grad, rtol=1e-4, atol=1e-6)
+
+
+TRAINER_CK = partial(convert_model, relu=False, ffn=False, dropout=False, checkpoint=True)   # what chapter 07's Trainer applies
+
+
+def test_planned_checkpointing_and_micro_batches_save_activations():
+    "Moved from test_budget.py: checkpointing is planned with the Trainer's conversion (transform=), no longer by the planner itself."
+    blocks = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.GELU()) for _ in range(8)], nn.Linear(256, 10))
+    x = (torch.randn(512, 256), torch.randint(0, 10, (512,)))
+    base = plan_memory(blocks, x, optimizer='sgd')
+    ck = plan_memory(blocks, x, optimizer='sgd', transform=TRAINER_CK)
+    assert ck.peak < base.peak and ck.saved_activations < base.saved_activations
+    assert ck.transform == 'convert_model(relu=False, ffn=False, dropout=False, checkpoint=True)'
+    assert type(blocks) is nn.Sequential   # the planner converted a copy
+    mb = plan_memory(blocks, x, optimizer='sgd', micro_batch=128)
+    assert mb.micro_batch == 128 and mb.peak < base.peak
+
+
+@pytest.mark.parametrize('precision', ['fp32', 'bf16', 'fp16'])
+def test_convert_model_runs_on_the_planners_fake_copies(precision):
+    "Meta tensors in fp32, FakeTensors under autocast: checkpointing and the chunked layers' custom backward both trace."
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(32, 64), nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)), nn.ReLU(), nn.Dropout(0.1),
+                      nn.Linear(64, 10))
+    batch = (torch.randn(300, 32), torch.randint(0, 10, (300,)))
+    base = plan_memory(m, batch, precision=precision)
+    both = plan_memory(m, batch, precision=precision, transform=lambda c: TRAINER_CK(convert_model(c, checkpoint=None)))
+    assert both.saved_activations < base.saved_activations
+
+
+def test_planned_checkpointing_saving_matches_the_measured_one():
+    "The issue's disagreement (planner 4.74 MB, run 3.69 MB) cannot recur: the planner traces what the Trainer runs."
+    torch.manual_seed(0)
+    cnn = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                        nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    x = torch.randn(32, 1, 28, 28)
+    planned = plan_memory(cnn, (x, torch.randint(0, 10, (32,)))).saved_activations - \
+              plan_memory(cnn, (x, torch.randint(0, 10, (32,))), transform=TRAINER_CK).saved_activations
+    run = TRAINER_CK(copy.deepcopy(cnn))
+    measured = saved_bytes(cnn, x, exclude=cnn.parameters()) - saved_bytes(run, x, exclude=run.parameters())
+    bn_stats = sum(b.nbytes for m in cnn.modules() if isinstance(m, nn.BatchNorm2d) for b in (m.running_mean, m.running_var))
+    assert measured - planned == bn_stats   # saved_bytes also counts BatchNorm's running statistics, which the planner calls weights
+
+
+def test_levers_are_registered_and_say_what_they_save():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 64), nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)), nn.ReLU(), nn.Dropout(0.1),
+                      nn.Linear(64, 10))
+    batch = (torch.randn(2048, 64), torch.randint(0, 10, (2048,)))
+    base = plan_memory(m, batch)
+    changes = {c.description: c for c in fit_to_budget(m, batch, budget=base.total // 2)}
+    chunked = changes['chunked FFN and bit-packed ReLU layers (chapter 02)']
+    assert chunked.saving == base.total - plan_memory(m, batch, **chunked.changes).total > 0
+    assert any('accumulation' in d for d in changes)
+    # a strategy's transform that checkpoints already: the checkpointing lever has nothing left to save
+    again = fit_to_budget(m, batch, budget=base.total // 2, transform=TRAINER_CK)
+    assert not any(c.description.startswith('activation checkpointing') for c in again)

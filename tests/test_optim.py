@@ -1,6 +1,7 @@
 "Chapter 03 (optim): AdamW8bit against torch.optim.AdamW, state round trips, bad input, other devices when present."
 import copy, io
 import pytest, torch, torch.nn as nn, torch.nn.functional as F
+from netlite_nb.budget import fit_to_budget, plan_memory
 from netlite_nb.optim import AdamW8bit, dynamic_map, quantize_blockwise, dequantize_blockwise, state_bytes
 
 torch.set_num_threads(1)
@@ -155,3 +156,16 @@ def test_state_of_half_precision_parameters_reloads_bit_for_bit(dtype):
             if isinstance(v, torch.Tensor):
                 w = again['state'][pid][k]
                 assert w.dtype == v.dtype and torch.equal(w, v), (pid, k, v.dtype, w.dtype)
+
+
+def test_the_planner_offers_and_traces_the_8bit_state():
+    "Chapter 03's lever: plain AdamW -> 'adamw8bit', planned with exactly the state AdamW8bit creates."
+    # large enough that the state, not the step's dequantization temporaries (up to 2**20 values at a time), decides the peak
+    m = nn.Sequential(nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
+    batch = (torch.randn(16, 1024), torch.randint(0, 10, (16,)))
+    plain, eight = plan_memory(m, batch), plan_memory(m, batch, optimizer='adamw8bit')
+    real = AdamW8bit(m.parameters()); m(batch[0]).sum().backward(); real.step()
+    assert eight.breakdown['optimizer'] == state_bytes(real) and eight.optimizer == 'adamw8bit'
+    c = next(c for c in fit_to_budget(m, batch, budget=(plain.total + eight.total) // 2) if c.description == '8-bit AdamW state (chapter 03)')
+    assert c.changes == {'optimizer': 'adamw8bit'} and c.fits and c.saving > 0
+    assert not any('8-bit' in c.description for c in fit_to_budget(m, batch, budget=eight.total, optimizer='sgd'))
