@@ -435,6 +435,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'netlite_nb.optim._adamw_8bit': ('optim.html#_adamw_8bit', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._adamw_fp32': ('optim.html#_adamw_fp32', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._code_and_mids': ('optim.html#_code_and_mids', 'netlite_nb/optim.py'),
+                                  'netlite_nb.optim._code_and_mids_lists': ('optim.html#_code_and_mids_lists', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._describe': ('optim.html#_describe', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._dynamic_map_list': ('optim.html#_dynamic_map_list', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim.dequantize_blockwise': ('optim.html#dequantize_blockwise', 'netlite_nb/optim.py'),

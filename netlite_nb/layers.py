@@ -203,7 +203,7 @@ class ChunkedFFN(nn.Sequential):
     def __init__(self, d:int, # input width
                  hidden:int, # hidden width (often 4 × `d`)
                  act='gelu', # 'gelu', 'gelu_tanh', 'relu', 'silu' or an elementwise nn.Module
-                 chunk_size:int|None=None, # rows per chunk; None: chosen per batch
+                 chunk_size:int|None=None, # most rows per chunk (a smaller batch is one chunk); None: chosen per batch
                  bias:bool=True, # biases on both Linears
                  d_out:int|None=None, # output width (default `d`)
                 ):
@@ -217,8 +217,8 @@ class ChunkedFFN(nn.Sequential):
         if not (self.training and torch.is_grad_enabled()): return super().forward(x)
         _check_device(x, **{'0.weight': fc1.weight, '0.bias': fc1.bias, '2.weight': fc2.weight, '2.bias': fc2.bias})
         x2 = x.reshape(-1, x.shape[-1])
-        chunk = _auto_ffn_chunk(x2.shape[0], fc1.in_features, fc1.out_features) if self.chunk_size is None else self.chunk_size
-        _check_chunk(chunk, x2.shape[0])
+        # a fixed chunk_size is an upper bound: a strategy sets one for every model, and the last batch of an epoch is small
+        chunk = _auto_ffn_chunk(x2.shape[0], fc1.in_features, fc1.out_features) if self.chunk_size is None else min(self.chunk_size, x2.shape[0])
         args = _autocast_cast(x, x2, fc1.weight, fc1.bias, fc2.weight, fc2.bias)
         with _autocast_off(x): y = _ChunkedFFNFn.apply(*args, act, chunk)
         return y.view(*x.shape[:-1], y.shape[-1])

@@ -43,9 +43,16 @@ def dynamic_map(signed:bool=True, # signed (for the first moment) or unsigned (f
 
 # %% ../nbs/03_optim.ipynb #c011
 @lru_cache(None)
-def _code_and_mids(signed:bool, device:str):
-    code = dynamic_map(signed, device=device)
-    return code, (code[1:] + code[:-1]) / 2
+def _code_and_mids_lists(signed:bool)->tuple[list, list]:
+    code = torch.tensor(_dynamic_map_list(signed), dtype=torch.float32)
+    return code.tolist(), ((code[1:] + code[:-1]) / 2).tolist()  # float32 values, exactly representable as Python floats
+
+for _signed in (True, False): _code_and_mids_lists(_signed)  # computed at import, never inside a planner's FakeTensorMode
+
+def _code_and_mids(signed:bool, device:str)->tuple[torch.Tensor, torch.Tensor]:
+    "The map and its midpoints on `device`, made each call: a cached tensor could belong to a FakeTensorMode the planner has left."
+    code, mids = _code_and_mids_lists(signed)
+    return torch.tensor(code, device=device), torch.tensor(mids, device=device)
 
 def quantize_blockwise(x:torch.Tensor, # any shape; flattened
                        signed:bool=True, # signed map (first moment) or unsigned (second)

@@ -133,7 +133,10 @@ def test_convert_model_keeps_weights_and_eval_is_plain():
 
 def test_bad_input_messages():
     with pytest.raises(ValueError, match='chunk_size'): ChunkedFFN(4, 8, chunk_size=0)
-    with pytest.raises(ValueError, match='larger than the input'): ChunkedFFN(4, 8, chunk_size=32)(torch.randn(5, 4))
+    # a fixed chunk_size is an upper bound for ChunkedFFN (a strategy sets one for every model); the explicit loss head still refuses
+    f = ChunkedFFN(4, 8, chunk_size=32); x = torch.randn(5, 4)
+    torch.testing.assert_close(f(x), f[2](f[1](f[0](x))))
+    with pytest.raises(ValueError, match='larger than the input'): chunked_linear_cross_entropy(torch.randn(5, 4), torch.randn(3, 4), None, torch.zeros(5, dtype=torch.long), chunk_size=32)
     with pytest.raises(ValueError, match='`k`'): checkpoint_every([nn.Linear(2, 2)] * 3, k=-1)
     f = ChunkedFFN(4, 8); f[2].weight = nn.Parameter(torch.randn(4, 8, device='meta'))
     with pytest.raises(ValueError, match=r'`2\.weight`.*model\.to'): f(torch.randn(5, 4))

@@ -169,3 +169,15 @@ def test_the_planner_offers_and_traces_the_8bit_state():
     c = next(c for c in fit_to_budget(m, batch, budget=(plain.total + eight.total) // 2) if c.description == '8-bit AdamW state (chapter 03)')
     assert c.changes == {'optimizer': 'adamw8bit'} and c.fits and c.saving > 0
     assert not any('8-bit' in c.description for c in fit_to_budget(m, batch, budget=eight.total, optimizer='sgd'))
+
+def test_8bit_map_survives_fake_tensor_traces():
+    "Planning with adamw8bit under bf16 (FakeTensorMode) must not leave fake tensors behind for a real run or another trace."
+    from netlite_nb.budget import plan_memory
+    m = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    batch = (torch.randn(8, 64), torch.randint(0, 10, (8,)))
+    for _ in range(2): plan_memory(m, batch, optimizer='adamw8bit', precision='bf16')
+    opt = AdamW8bit(m.parameters(), min_8bit_size=0)
+    F.cross_entropy(m(batch[0]), batch[1]).backward()
+    opt.step()  # a real step after the traces: its quantization map is a real tensor
+    assert all(torch.isfinite(p).all() for p in m.parameters()) and any(s['exp_avg_sq_q'].dtype == torch.uint8 for s in opt.state.values() if 'exp_avg_sq_q' in s)
+    plan_memory(m, batch, optimizer='adamw8bit', precision='bf16')
