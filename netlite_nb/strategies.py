@@ -4,24 +4,27 @@
 
 # %% ../nbs/06_strategies.ipynb #c003
 from __future__ import annotations
-import copy, dataclasses, difflib, html, importlib, inspect, math, os, re
+import copy, dataclasses, difflib, html, math, os, re
 from dataclasses import dataclass, field, fields, asdict
-from functools import lru_cache
+from functools import lru_cache, partial
 from importlib import resources
 from pathlib import Path
 import torch, yaml
-from .probe import GPUInfo, GPUSpec, HardwareProfile, UnknownGPUError, gpu_catalogue, fmt_bytes, lookup_gpu, probe, rows_html, rows_text
+from fastcore.basics import patch
+from .probe import GPUInfo, GPUSpec, HardwareProfile, UnknownGPUError, find_gpu, fmt_bytes, lookup_gpu, probe, rows_html, rows_text
+from .budget import OPTIMIZERS, BudgetTooSmallError, max_batch_size, plan_memory, resize_batch
+from .layers import convert_model
+from . import optim as _optim  # importing chapter 03 adds 'adamw8bit' to the optimizer names (OPTIMIZERS) profiles use
 
 # %% auto #0
-__all__ = ['DEVICES', 'PRECISIONS', 'OPTIMIZERS', 'DATASETS', 'QUANTIZE', 'ConfigError', 'UnknownStrategyError', 'Strategy',
-           'list_strategies', 'strategy_table', 'strategy_for_gpu', 'load_strategy', 'pick_strategy', 'split_batch',
-           'ModelConfig', 'DataConfig', 'OptimConfig', 'ScheduleConfig', 'TrainConfig', 'ExportConfig', 'RunConfig',
-           'load_config', 'save_config', 'size_config']
+__all__ = ['DEVICES', 'PRECISIONS', 'DATASETS', 'QUANTIZE', 'ConfigError', 'UnknownStrategyError', 'Strategy', 'list_strategies',
+           'strategy_table', 'strategy_for_gpu', 'load_strategy', 'apply_allocator_settings', 'pick_strategy',
+           'split_batch', 'ModelConfig', 'DataConfig', 'OptimConfig', 'ScheduleConfig', 'TrainConfig', 'ExportConfig',
+           'RunConfig', 'load_config', 'save_config', 'size_config']
 
 # %% ../nbs/06_strategies.ipynb #c007
 DEVICES = ('cuda', 'mps', 'xpu', 'cpu')
 PRECISIONS = ('fp32', 'fp16', 'bf16')
-OPTIMIZERS = ('adamw', 'adamw8bit', 'sgd')
 _BACKENDS = {'nvidia': ('cuda', 'cpu'), 'amd': ('cuda', 'cpu'), 'apple': ('mps', 'cpu'), 'intel': ('xpu', 'cpu')}
 
 class ConfigError(ValueError):
@@ -30,6 +33,7 @@ class ConfigError(ValueError):
 class UnknownStrategyError(LookupError):
     "A strategy name that is neither a built-in profile nor a GPU in the catalogue."
 
+# %% ../nbs/06_strategies.ipynb #s7a1
 @dataclass
 class Strategy:
     "A named profile of a class of hardware and the training defaults that suit it."
@@ -41,16 +45,16 @@ class Strategy:
     precision:str='fp32'             # compute precision: 'fp32', 'fp16' (autocast + GradScaler) or 'bf16' (autocast)
     micro_batch:int=64               # samples per forward/backward pass
     accum_steps:int=1                # micro-batches per optimizer step
-    checkpointing:str|int|None=None  # None: not planned (OOM recovery may still switch it on); 'auto': when the planner says so; k: every k blocks
-    chunk_size:int|None=None         # rows per chunk in chunked layers (chapter 02); None: no chunking
-    optimizer:str='adamw'            # 'adamw', 'adamw8bit' (chapter 03) or 'sgd'
+    checkpointing:str|int|None=None  # None: not planned (OOM recovery may still switch it on); 'auto': when the planner says so; k: modules per checkpointed segment
+    chunk_size:int|None=None         # rows per chunk of chapter 02's chunked FFN layers, which the run swaps in; None: no chunking
+    optimizer:str='adamw'            # a name in chapter 01's `OPTIMIZERS`: 'adamw', 'adamw8bit' (chapter 03) or 'sgd'
     lr:float=1e-3                    # peak learning rate for the effective batch
     num_workers:int=0                # DataLoader worker processes
     pin_memory:bool=False            # page-locked host buffers for faster host-to-device copies
     persistent_workers:bool=False    # keep workers alive between epochs
     prefetch_factor:int|None=None    # batches each worker loads ahead (None when num_workers is 0)
     cudnn_benchmark:bool=False       # let cuDNN/MIOpen time its kernels for fixed input shapes
-    alloc_conf:str|None=None         # PYTORCH_CUDA_ALLOC_CONF to set before the first CUDA allocation
+    alloc_conf:str|None=None         # CUDA caching allocator settings, put in place by `apply_allocator_settings` before the first allocation
     auto_recover_oom:bool=True       # on out-of-memory, shrink the micro-batch (or checkpoint) and carry on
     gpu:str|None=None                # the catalogue entry these defaults are for
     notes:str=''                     # why these choices
@@ -66,41 +70,7 @@ class Strategy:
             if self.memory_gb is None and self.device != 'cpu': self.memory_gb = spec.memory_gb
         _validate(self)
 
-    @property
-    def budget_bytes(self)->int|None:
-        "Bytes the run may plan for: `memory_gb` × `budget_fraction`; None when training in system RAM."
-        return None if self.memory_gb is None else int(self.memory_gb * 2**30 * self.budget_fraction)
-
-    @property
-    def effective_batch(self)->int:
-        "Samples per optimizer step: micro-batch × accumulation steps."
-        return self.micro_batch * self.accum_steps
-
-    def to_dict(self)->dict:
-        "The strategy as plain data (what the YAML files and saved run configurations hold)."
-        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != 'plan'}
-
-    @classmethod
-    def from_dict(cls, d:dict)->Strategy:
-        "A validated `Strategy` from plain data; unknown keys are an error naming the closest field."
-        return cls(**_typed(cls, d, 'strategy', skip=('plan',)))
-
 # %% ../nbs/06_strategies.ipynb #c009
-def _lookup_or_error(name, what):
-    try: return lookup_gpu(name)
-    except UnknownGPUError as e: raise ConfigError(f"{what}: {e}") from None
-
-def _closest(key, valid)->str:
-    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
-    return f" Did you mean {close[0]!r}?" if close else ''
-
-def _unknown_key(key, valid, where)->ConfigError:
-    dotted = lambda k: f"{where}.{k}" if where else k
-    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
-    return ConfigError(f"Unknown key {dotted(key)!r} in the configuration."
-                       + (f" Did you mean {dotted(close[0])!r}?" if close else '') + " "
-                       f"Valid keys{' in ' + where if where else ''}: {', '.join(valid)}.")
-
 def _coerce(value, annotation:str, key:str):
     "`value` checked against a field annotation such as 'int|None', converted where harmless (int -> float, '1e-3' -> 0.001)."
     names = [t.strip().split('[')[0] for t in annotation.split('|')]
@@ -119,6 +89,18 @@ def _coerce(value, annotation:str, key:str):
     want = ' or '.join('null' if n == 'None' else n for n in names)
     raise ConfigError(f"{key} must be {want}, not {value!r} ({type(value).__name__}).")
 
+# %% ../nbs/06_strategies.ipynb #c9b0
+def _closest(key, valid)->str:
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    return f" Did you mean {close[0]!r}?" if close else ''
+
+def _unknown_key(key, valid, where)->ConfigError:
+    dotted = lambda k: f"{where}.{k}" if where else k
+    close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
+    return ConfigError(f"Unknown key {dotted(key)!r} in the configuration."
+                       + (f" Did you mean {dotted(close[0])!r}?" if close else '') + " "
+                       f"Valid keys{' in ' + where if where else ''}: {', '.join(valid)}.")
+
 def _typed(cls, d, where:str, skip=())->dict:
     "The entries of mapping `d` checked against dataclass `cls`'s fields: unknown keys and wrong types are errors."
     if not isinstance(d, dict): raise ConfigError(f"{where} must be a mapping of keys to values, not {d!r}.")
@@ -129,6 +111,7 @@ def _typed(cls, d, where:str, skip=())->dict:
         out[k] = _coerce(v, str(valid[k].type), f"{where}.{k}")
     return out
 
+# %% ../nbs/06_strategies.ipynb #c9c0
 def _check(ok, msg):
     if not ok: raise ConfigError(msg)
 
@@ -142,8 +125,8 @@ def _validate(s:Strategy):
     _check(0 < s.budget_fraction <= 1, f"{w}: budget_fraction is a share of memory, between 0 (excluded) and 1; got {s.budget_fraction}.")
     _check(s.memory_gb is None or s.memory_gb > 0, f"{w}: memory_gb must be positive or null; got {s.memory_gb}.")
     _check(s.micro_batch >= 1 and s.accum_steps >= 1, f"{w}: micro_batch and accum_steps must be at least 1.")
-    _check(s.checkpointing in (None, 'auto') or (isinstance(s.checkpointing, int) and s.checkpointing >= 1),
-           f"{w}: checkpointing is null, 'auto' or a block interval k >= 1; got {s.checkpointing!r}.")
+    _check(s.checkpointing in (None, 'auto') or (type(s.checkpointing) is int and s.checkpointing >= 1),
+           f"{w}: checkpointing is null, 'auto' or a number k >= 1 of modules per checkpointed segment; got {s.checkpointing!r}.")
     _check(s.chunk_size is None or s.chunk_size >= 1, f"{w}: chunk_size must be at least 1 or null.")
     _check(0 < s.lr < 10, f"{w}: lr {s.lr} is not a learning rate (expected 0 < lr < 10).")
     _check(s.num_workers >= 0, f"{w}: num_workers cannot be negative.")
@@ -152,24 +135,56 @@ def _validate(s:Strategy):
     _check(s.prefetch_factor is None or s.prefetch_factor >= 1, f"{w}: prefetch_factor must be at least 1 or null.")
     _check(all(isinstance(x, str) for x in [*s.matches, *s.aliases]), f"{w}: matches and aliases are lists of names (quote numbers: '4090').")
     _check(s.alloc_conf is None or re.fullmatch(r'\w+:[\w.]+(,\w+:[\w.]+)*', s.alloc_conf),
-           f"{w}: alloc_conf is PYTORCH_CUDA_ALLOC_CONF syntax, e.g. 'expandable_segments:True'; got {s.alloc_conf!r}.")
+           f"{w}: alloc_conf is PYTORCH_ALLOC_CONF syntax, e.g. 'expandable_segments:True'; got {s.alloc_conf!r}.")
     _check(s.precision != 'fp16' or s.device != 'cpu', f"{w}: fp16 on the CPU is emulated and slow; use fp32 (or bf16 on CPUs with AMX).")
-    if s.gpu:
-        spec = lookup_gpu(s.gpu)
-        _check(s.device in _BACKENDS[spec.vendor], f"{w}: a {spec.vendor} GPU trains on {' or '.join(_BACKENDS[spec.vendor])}, not {s.device!r}.")
-        _check(s.precision != 'bf16' or s.device == 'cpu' or spec.bf16_native,
-               f"{w}: {spec.name} ({spec.arch}) has no native bf16, so bf16 would be emulated and slower than fp32; use fp16 or fp32.")
+    if s.gpu: _validate_for_gpu(s, w)
+
+# %% ../nbs/06_strategies.ipynb #c9d0
+def _lookup_or_error(name, what):
+    try: return lookup_gpu(name)
+    except UnknownGPUError as e: raise ConfigError(f"{what}: {e}") from None
+
+def _validate_for_gpu(s:Strategy, w:str):
+    "The device and precision checked against what the strategy's catalogue card can do."
+    spec = lookup_gpu(s.gpu)
+    _check(s.device in _BACKENDS[spec.vendor], f"{w}: a {spec.vendor} GPU trains on {' or '.join(_BACKENDS[spec.vendor])}, not {s.device!r}.")
+    _check(s.precision != 'bf16' or s.device == 'cpu' or spec.bf16_native,
+           f"{w}: {spec.name} ({spec.arch}) has no native bf16, so bf16 would be emulated and slower than fp32; use fp16 or fp32.")
+
+# %% ../nbs/06_strategies.ipynb #c7b1
+@patch(as_prop=True)
+def budget_bytes(self:Strategy)->int|None:
+    "Bytes the run may plan for: `memory_gb` × `budget_fraction`; None when training in system RAM."
+    return None if self.memory_gb is None else int(self.memory_gb * 2**30 * self.budget_fraction)
+
+# %% ../nbs/06_strategies.ipynb #c7b2
+@patch(as_prop=True)
+def effective_batch(self:Strategy)->int:
+    "Samples per optimizer step: micro-batch × accumulation steps."
+    return self.micro_batch * self.accum_steps
+
+# %% ../nbs/06_strategies.ipynb #c7b3
+@patch
+def to_dict(self:Strategy)->dict:
+    "The strategy as plain data (what the YAML files and saved run configurations hold)."
+    return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != 'plan'}
+
+# %% ../nbs/06_strategies.ipynb #c7b4
+@patch(cls_method=True)
+def from_dict(cls:Strategy, d:dict)->Strategy:
+    "A validated `Strategy` from plain data; unknown keys are an error naming the closest field."
+    return cls(**_typed(cls, d, 'strategy', skip=('plan',)))
 
 # %% ../nbs/06_strategies.ipynb #c011
 def _strategy_rows(s:Strategy)->list[tuple[str,str]]:
-    ck = {None: 'off', 'auto': 'when needed'}.get(s.checkpointing, f"every {s.checkpointing} blocks")
+    ck = {None: 'off', 'auto': 'when needed'}.get(s.checkpointing, f"{s.checkpointing} modules per segment")
     rows = [('Strategy', f"{s.name} — {s.title}" if s.title else s.name),
             ('Device', s.device + (f" (planned for {s.gpu})" if s.gpu and s.device == 'cpu' and s.memory_gb else f" ({s.gpu})" if s.gpu else '')),
             ('Memory budget', f"{fmt_bytes(s.budget_bytes)} of {s.memory_gb:g} GB ({s.budget_fraction:.0%})" if s.memory_gb
                               else f"{s.budget_fraction:.0%} of the available system RAM"),
             ('Precision', s.precision),
             ('Batch', f"micro-batch {s.micro_batch} × {s.accum_steps} accumulation = {s.effective_batch} per step"),
-            ('Memory savers', f"checkpointing {ck}, chunks {s.chunk_size or 'off'}, optimizer {s.optimizer}"
+            ('Memory savers', f"checkpointing {ck}, FFN chunks {s.chunk_size or 'off'}, optimizer {s.optimizer}"
                               + (f", allocator {s.alloc_conf}" if s.alloc_conf else '')),
             ('Loader', f"{s.num_workers} workers, pin_memory {s.pin_memory}"
                        + (f", prefetch {s.prefetch_factor}" if s.prefetch_factor else '')),
@@ -178,8 +193,13 @@ def _strategy_rows(s:Strategy)->list[tuple[str,str]]:
     if s.notes: rows.append(('Notes', s.notes))
     return rows
 
-Strategy.__str__ = lambda self: rows_text(_strategy_rows(self))
-Strategy._repr_html_ = lambda self: rows_html(_strategy_rows(self))
+# %% ../nbs/06_strategies.ipynb #c11a
+@patch
+def __str__(self:Strategy): return rows_text(_strategy_rows(self))
+
+# %% ../nbs/06_strategies.ipynb #c11b
+@patch
+def _repr_html_(self:Strategy): return rows_html(_strategy_rows(self))
 
 # %% ../nbs/06_strategies.ipynb #c015
 def _slug(name:str)->str:
@@ -198,6 +218,7 @@ def _profiles()->dict:
         out[d['name']] = d
     return out
 
+# %% ../nbs/06_strategies.ipynb #c15b
 def list_strategies()->list[str]:
     "Names of the built-in strategy profiles."
     return list(_profiles())
@@ -222,7 +243,7 @@ def _traits(g:GPUSpec|GPUInfo)->dict:
     if isinstance(g, GPUSpec):
         return dict(name=g.name, catalogue=g.name, vendor=g.vendor, memory_gb=g.memory_gb, fp16=g.fp16_fast,
                     bf16=g.bf16_native, shared=g.shared_memory, tflops=g.fp32_tflops)
-    spec = _try_lookup(g.catalogue or g.name)
+    spec = find_gpu(g.catalogue or g.name)
     pick = lambda a, b: a if a is not None else b
     return dict(name=g.name, catalogue=spec.name if spec else None, vendor=g.vendor,
                 memory_gb=g.total_memory / 2**30 if g.total_memory else (spec.memory_gb if spec else None),
@@ -230,10 +251,7 @@ def _traits(g:GPUSpec|GPUInfo)->dict:
                 bf16=bool(pick(g.bf16_native, spec.bf16_native if spec else False)),
                 shared=g.shared_memory or bool(spec and spec.shared_memory), tflops=spec.fp32_tflops if spec else None)
 
-def _try_lookup(name):
-    try: return lookup_gpu(name) if name else None
-    except UnknownGPUError: return None
-
+# %% ../nbs/06_strategies.ipynb #c27c
 def _distance(t:dict, p:Strategy)->float:
     "How unlike profile `p`'s card a GPU with traits `t` is (0: the same class, size and speed)."
     q = _traits(lookup_gpu(p.gpu))
@@ -254,6 +272,7 @@ def _nearest_profile(t:dict)->tuple[Strategy, str]:
     return p, (f"{t['name']} has no profile of its own; {p.name} is the nearest {t['vendor']} profile "
                f"(fast fp16 {t['fp16']}, native bf16 {t['bf16']}, {t['memory_gb'] or 0:g} GB)")
 
+# %% ../nbs/06_strategies.ipynb #c27e
 def _precision_for(t:dict, wanted:str)->str:
     "`wanted`, unless the GPU cannot do it well: bf16 needs native bf16, fp16 needs fast fp16."
     if wanted == 'bf16' and not t['bf16']: wanted = 'fp16'
@@ -277,14 +296,7 @@ def strategy_for_gpu(gpu:str|GPUSpec|GPUInfo)->Strategy:
         title=f"{title} (from {p.name})", gpu=t['catalogue'], memory_gb=mem, precision=_precision_for(t, p.precision),
         alloc_conf=alloc, matches=[], aliases=[], reason=why + '.')
 
-def load_strategy(name:str|Strategy, # a profile name, alias, GPU name ('gtx 1070'), or 'auto' (probe this machine)
-                  **overrides)->Strategy:
-    "A strategy by loose name; `overrides` replace fields. Unknown names raise `UnknownStrategyError` listing the closest."
-    if isinstance(name, Strategy): s = name
-    elif _slug(name) == 'auto': s = pick_strategy()
-    else: s = _by_name(name)
-    return Strategy.from_dict({**s.to_dict(), **overrides}) if overrides else s
-
+# %% ../nbs/06_strategies.ipynb #c27g
 def _compact(name:str)->str: return _slug(name).replace('_', '')
 
 def _by_name(name:str)->Strategy:
@@ -301,38 +313,93 @@ def _by_name(name:str)->Strategy:
     raise UnknownStrategyError(f"No strategy or GPU called {name!r}. {hint}"
                                f"list_strategies() has the {len(profs)} built-in names; any GPU in gpu_catalogue() works too.")
 
+# %% ../nbs/06_strategies.ipynb #c27h
+def load_strategy(name:str|Strategy, # a profile name, alias, GPU name ('gtx 1070'), or 'auto' (probe this machine)
+                  **overrides)->Strategy:
+    "A strategy by loose name; `overrides` replace fields. Unknown names raise `UnknownStrategyError` listing the closest."
+    if isinstance(name, Strategy): s = name
+    elif _slug(name) == 'auto': s = pick_strategy()
+    else: s = _by_name(name)
+    return Strategy.from_dict({**s.to_dict(), **overrides}) if overrides else s
+
+# %% ../nbs/06_strategies.ipynb #t001
+def _model_transform(checkpoint:int|None, # modules per checkpointed segment; None: no checkpointing
+                     chunk_size:int|None, # rows per chunk of the chunked FFN layers; None: the FFNs stay as they are
+                    ):
+    "Chapter 02's `convert_model` with these two settings and nothing else, as a callable model -> model; None when it would change nothing."
+    if checkpoint is None and chunk_size is None: return None
+    f = partial(convert_model, relu=False, ffn=chunk_size is not None, dropout=False, checkpoint=checkpoint, chunk_size=chunk_size)
+    parts = ([f"activation checkpointing ({checkpoint} module{'s' * (checkpoint != 1)} per segment)"] if checkpoint else []) + \
+            ([f"chunked FFN ({chunk_size} rows)"] if chunk_size else [])
+    f.__name__ = ' + '.join(parts)  # what a MemoryPlan and the run's record show
+    return f
+
+# %% ../nbs/06_strategies.ipynb #t002
+@patch
+def model_transform(self:Strategy):
+    "The change to the model this strategy asks for (checkpointing k, chunk_size) as a callable model -> model, or None: what the run applies and the planner traces."
+    k = self.checkpointing if type(self.checkpointing) is int else None  # 'auto' is decided by the planner; until then, off
+    return _model_transform(k, self.chunk_size)
+
+# %% ../nbs/06_strategies.ipynb #t010
+_ALLOC_ENV = ('PYTORCH_CUDA_ALLOC_CONF', 'PYTORCH_ALLOC_CONF')  # PyTorch reads the first (its older name) when it is set, else the second
+
+def _alloc_items(conf:str|None)->dict:
+    "'a:1,b:[x:1,y:2]' -> {'a': '1', 'b': '[x:1,y:2]'} (a bracketed value keeps its commas)."
+    return dict(re.findall(r'(\w+):(\[[^\]]*\]|[^,]*)', conf or ''))
+
+def _merged_alloc_conf(ours:str, theirs:str|None)->str:
+    "The profile's allocator settings with the environment's on top: a key the user set keeps the user's value."
+    return ','.join(f"{k}:{v}" for k, v in {**_alloc_items(ours), **_alloc_items(theirs)}.items())
+
+# %% ../nbs/06_strategies.ipynb #t013
+def _set_allocator(conf:str):
+    "Hand `conf` to the caching allocator now: recent PyTorch's accelerator-wide call, else the older `torch.cuda.memory` one it deprecates."
+    setter = getattr(torch._C, '_accelerator_setAllocatorSettings', None) or torch.cuda.memory._set_allocator_settings
+    setter(conf)
+
+def apply_allocator_settings(s:Strategy, # the run's strategy: its `alloc_conf` is applied
+                            )->str:
+    "Put `s.alloc_conf` in place for the CUDA caching allocator; returns what was done ('' when `s` asks for nothing). Never raises."
+    if not s.alloc_conf: return ''
+    if s.device != 'cuda': return f"allocator settings {s.alloc_conf} not applied: the run trains on {s.device}, not CUDA."
+    if not torch.cuda.is_available(): return f"allocator settings {s.alloc_conf} not applied: CUDA is not available on this machine."
+    var = next((v for v in _ALLOC_ENV if v in os.environ), _ALLOC_ENV[-1])
+    conf, started = _merged_alloc_conf(s.alloc_conf, os.environ.get(var)), torch.cuda.is_initialized()
+    try: _set_allocator(conf)
+    except Exception as e: return f"allocator settings {conf} not applied: PyTorch refused them ({e})."
+    if started: return f"allocator settings {conf} applied after CUDA had started: memory reserved before keeps the old settings."
+    os.environ[var] = conf  # for whatever reads the environment later: worker processes, a CUDA started by another library
+    return f"allocator settings {conf} applied ({var}) before CUDA started."
+
 # %% ../nbs/06_strategies.ipynb #c037
 def _physical_cores(hw:HardwareProfile)->int: return hw.cpu.physical_cores or hw.cpu.threads or 1
 
 def _cap_workers(s:Strategy, hw:HardwareProfile)->Strategy:
+    "`s` with at most one loader worker per physical core but one."
     n = min(s.num_workers, max(0, _physical_cores(hw) - 1))
     if n == s.num_workers: return s
     return dataclasses.replace(s, num_workers=n, persistent_workers=s.persistent_workers and n > 0,
                                prefetch_factor=s.prefetch_factor if n > 0 else None)
 
-def _available_optimizer(s:Strategy)->Strategy:
-    "`s`, with 'adamw' instead of 'adamw8bit' when chapter 03's `AdamW8bit` is not installed."
-    if s.optimizer != 'adamw8bit': return s
-    try:
-        from netlite_nb.optim import AdamW8bit
-        return s
-    except ImportError:
-        return dataclasses.replace(s, optimizer='adamw', reason=s.reason + " 8-bit AdamW (chapter 03, netlite_nb.optim) is not "
-                                   "installed, so the optimizer state is kept in fp32 (adamw).")
+# %% ../nbs/06_strategies.ipynb #c37c
+def _machine_profile(hw:HardwareProfile, for_gpu:bool)->tuple[Strategy, object, str]:
+    "The profile for the probed machine, the GPU (or 'cpu') to plan for, and the precision to plan in."
+    g = hw.gpu
+    if g is None and for_gpu and hw.gpus: g = max(hw.gpus, key=lambda g: (not g.shared_memory, g.total_memory or 0))
+    if g is None:
+        why = f"Training on the CPU: {hw.reason}" + (" Pass for_gpu=True to plan for that GPU instead." if hw.gpus else '')
+        s = dataclasses.replace(_profile('cpu'), reason=why)
+        return s, 'cpu', s.precision
+    s = strategy_for_gpu(g)
+    if s.device == 'cpu': return dataclasses.replace(s, reason=f"{s.reason} That profile trains on the CPU; its notes say why."), 'cpu', s.precision
+    if g is hw.gpu: return s, g, s.precision
+    # planned for the card, run here on the CPU
+    return dataclasses.replace(s, device='cpu', precision='fp32', pin_memory=False, cudnn_benchmark=False, alloc_conf=None,
+        reason=f"{s.reason} Planned for {g.name} in {s.precision}; this PyTorch cannot drive it, so the run itself "
+               f"is on the CPU in fp32 (see the probe's notes for the PyTorch build the card needs)."), g, s.precision
 
-def _call(fn, *args, **kw):
-    "Call `fn` with the keyword arguments it accepts (chapter 01's signatures may grow)."
-    params = inspect.signature(fn).parameters
-    if not any(p.kind == p.VAR_KEYWORD for p in params.values()): kw = {k: v for k, v in kw.items() if k in params}
-    return fn(*args, **kw)
-
-def _planner():
-    "Chapter 01's planner module, or None when it is not installed."
-    try:
-        budget = importlib.import_module('netlite_nb.budget')  # honours a test's sys.modules['netlite_nb.budget'] = None
-        return budget if hasattr(budget, 'max_batch_size') else None
-    except ImportError: return None
-
+# %% ../nbs/06_strategies.ipynb #c37d
 def pick_strategy(hw:HardwareProfile|None=None, # the probed machine; None: `probe()` it now
                   model=None,                   # the model to size the micro-batch for
                   sample=None,                  # a sample batch for `model`: (x, y) or x
@@ -344,24 +411,8 @@ def pick_strategy(hw:HardwareProfile|None=None, # the probed machine; None: `pro
                  )->Strategy:
     "The strategy for this machine (or its best GPU), with the micro-batch sized by the chapter 01 planner."
     hw = hw if hw is not None else probe()
-    g = hw.gpu
-    if g is None and for_gpu and hw.gpus: g = max(hw.gpus, key=lambda g: (not g.shared_memory, g.total_memory or 0))
-    if g is None:
-        s = _profile('cpu')
-        why = f"Training on the CPU: {hw.reason}"
-        if hw.gpus: why += " Pass for_gpu=True to plan for that GPU instead."
-        s = dataclasses.replace(s, reason=why)
-        plan_precision, plan_gpu = s.precision, 'cpu'
-    else:
-        s = strategy_for_gpu(g)
-        plan_precision, plan_gpu = s.precision, (g if s.device != 'cpu' else 'cpu')
-        if g is not hw.gpu and s.device != 'cpu':  # planned for the card, run here on the CPU
-            s = dataclasses.replace(s, device='cpu', precision='fp32', pin_memory=False, cudnn_benchmark=False, alloc_conf=None,
-                reason=f"{s.reason} Planned for {g.name} in {plan_precision}; this PyTorch cannot drive it, so the run itself "
-                       f"is on the CPU in fp32 (see the probe's notes for the PyTorch build the card needs).")
-        elif s.device == 'cpu':
-            s = dataclasses.replace(s, reason=f"{s.reason} That profile trains on the CPU; its notes say why.")
-    s = _cap_workers(_available_optimizer(s), hw)
+    s, plan_gpu, plan_precision = _machine_profile(hw, for_gpu)
+    s = _cap_workers(s, hw)
     if model is None or sample is None: return s
     return _size_with_planner(s, model, sample, hw, plan_gpu, plan_precision, loss_fn, batch_size, budget, min_micro_batch)
 
@@ -377,40 +428,36 @@ def split_batch(batch:int, # effective batch: samples per optimizer step
     return math.ceil(batch / lo), lo
 
 # %% ../nbs/06_strategies.ipynb #c043
-def _resize(batch, n:int):
-    "A batch of `n` samples shaped like `batch`, on the meta device (the planner only needs shapes and dtypes)."
-    if isinstance(batch, (tuple, list)): return type(batch)(_resize(t, n) for t in batch)
-    return torch.empty((n, *batch.shape[1:]), dtype=batch.dtype, device='meta') if isinstance(batch, torch.Tensor) else batch
-
-def _max_fit(B, model, sample, limit, checkpointing, target, kw)->tuple[int, Exception|None]:
+def _max_fit(model, sample, limit:int, transform, target:int, kw:dict)->tuple[int, Exception|None]:
     "The most samples per micro-batch that fit (0 if not even one), and the planner's explanation when none does."
-    try: return _call(B.max_batch_size, model, sample, budget=limit, checkpointing=checkpointing, max_batch=target, **kw), None
-    except getattr(B, 'BudgetTooSmallError', ()) as e: return 0, e
+    try: return max_batch_size(model, sample, budget=limit, transform=transform, max_batch=target, **kw), None
+    except BudgetTooSmallError as e: return 0, e
 
-def _size_with_planner(s:Strategy, model, sample, hw, plan_gpu, precision, loss_fn, batch_size, budget, min_micro_batch)->Strategy:
-    "`s` with micro_batch, accum_steps and checkpointing chosen by the chapter 01 planner for `model` on `sample`."
-    target = batch_size or s.effective_batch
-    B = _planner()
-    if B is None:
-        return dataclasses.replace(s, reason=s.reason + f" Chapter 01's planner (netlite_nb.budget) is not available, so the "
-                                   f"profile's micro-batch {s.micro_batch} × {s.accum_steps} is used unsized.")
-    limit = budget or s.budget_bytes or int(hw.memory.available * s.budget_fraction)
-    kw = dict(loss_fn=loss_fn, optimizer=s.optimizer, precision=precision, device_or_gpu=plan_gpu)
-    ck = s.checkpointing if isinstance(s.checkpointing, int) else None
-    n, err = _max_fit(B, model, sample, limit, ck, target, kw)
+def _most_that_fit(s:Strategy, model, sample, limit:int, target:int, kw:dict, min_micro_batch:int)->tuple[int, int|None, str]:
+    "(samples per micro-batch that fit, the checkpointing they need, why); with 'auto', checkpointing only when too few fit without."
+    ck = s.checkpointing if type(s.checkpointing) is int else None
+    n, err = _max_fit(model, sample, limit, _model_transform(ck, s.chunk_size), target, kw)
     why = f"The planner fits {n if n < target else f'all {target}'} samples per micro-batch in {fmt_bytes(limit)}"
     if s.checkpointing == 'auto' and n < min(target, min_micro_batch):
-        try: n_ck, err_ck = _max_fit(B, model, sample, limit, 1, target, kw)  # 1: checkpoint every block
-        except ValueError: n_ck, err_ck = 0, None  # the model has no repeated blocks to checkpoint
+        n_ck, err_ck = _max_fit(model, sample, limit, _model_transform(1, s.chunk_size), target, kw)  # 1: checkpoint every module
         if n_ck > n:
             why += f" without activation checkpointing and {n_ck} with it, so checkpointing is on"
             n, ck, err = n_ck, 1, err_ck
     if n < 1: raise err or ConfigError(f"{s.name}: not even one sample of this model fits in {fmt_bytes(limit)}.")
+    return n, ck, why
+
+# %% ../nbs/06_strategies.ipynb #c43b
+def _size_with_planner(s:Strategy, model, sample, hw, plan_gpu, precision, loss_fn, batch_size, budget, min_micro_batch)->Strategy:
+    "`s` with micro_batch, accum_steps and checkpointing chosen by the chapter 01 planner for `model` on `sample`."
+    target = batch_size or s.effective_batch
+    limit = budget or s.budget_bytes or int(hw.memory.available * s.budget_fraction)
+    kw = dict(loss_fn=loss_fn, optimizer=s.optimizer, precision=precision, device_or_gpu=plan_gpu)
+    n, ck, why = _most_that_fit(s, model, sample, limit, target, kw, min_micro_batch)
     micro, accum = split_batch(target, n)
-    plan = _call(B.plan_memory, model, _resize(sample, micro * accum), micro_batch=micro, checkpointing=ck, budget=limit, **kw)
+    sized = dataclasses.replace(s, micro_batch=micro, accum_steps=accum, checkpointing=ck)
+    plan = plan_memory(model, resize_batch(sample, micro * accum), micro_batch=micro, budget=limit, transform=sized.model_transform(), **kw)
     why += f" ({precision}, {s.optimizer}): micro-batch {micro} × {accum} = {micro * accum} per optimizer step."
-    return dataclasses.replace(s, micro_batch=micro, accum_steps=accum, checkpointing=ck, plan=plan,
-                               reason=(s.reason + ' ' + why).strip())
+    return dataclasses.replace(sized, plan=plan, reason=(s.reason + ' ' + why).strip())
 
 # %% ../nbs/06_strategies.ipynb #c056
 DATASETS = ('mnist_sample', 'mnist', 'fashion_mnist', 'cifar10', 'folder')
@@ -428,6 +475,7 @@ class DataConfig:
     batch_size:int|None=None      # effective batch (samples per optimizer step); None: the strategy's micro_batch × accum_steps
     augment:bool=False            # random crops/flips for training
 
+# %% ../nbs/06_strategies.ipynb #c56b
 @dataclass
 class OptimConfig:
     name:str|None=None            # None: the strategy's optimizer
@@ -439,6 +487,7 @@ class ScheduleConfig:
     warmup:float=0.05             # linear warmup: a fraction of the total steps if < 1, else a number of steps
     cosine:bool=True              # cosine decay to zero after warmup; False keeps the peak rate
 
+# %% ../nbs/06_strategies.ipynb #c56c
 @dataclass
 class TrainConfig:
     epochs:int|None=5             # passes over the training set
@@ -456,6 +505,7 @@ class ExportConfig:
     quantize:str|None=None        # None, 'int8' or 'fp16'
     opset:int|None=None           # None: the exporter's default
 
+# %% ../nbs/06_strategies.ipynb #c56d
 _SECTIONS = {'model': ModelConfig, 'data': DataConfig, 'optim': OptimConfig, 'schedule': ScheduleConfig,
              'train': TrainConfig, 'export': ExportConfig}
 
@@ -471,12 +521,19 @@ class RunConfig:
     export:ExportConfig=field(default_factory=ExportConfig)
     size_for_model:bool=field(default=False, compare=False)  # `strategy: auto` left micro_batch/accum_steps open: `size_config` sizes them
 
-    def to_dict(self)->dict:
-        "Plain data, in the order of the schema (what `save_config` writes)."
-        return {'strategy': self.strategy.to_dict(), **{k: asdict(getattr(self, k)) for k in _SECTIONS}}
+# %% ../nbs/06_strategies.ipynb #c56e
+@patch
+def to_dict(self:RunConfig)->dict:
+    "Plain data, in the order of the schema (what `save_config` writes)."
+    return {'strategy': self.strategy.to_dict(), **{k: asdict(getattr(self, k)) for k in _SECTIONS}}
 
-    def __str__(self): return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True, width=120)
-    def _repr_html_(self): return f"<pre>{html.escape(str(self))}</pre>"
+# %% ../nbs/06_strategies.ipynb #c56f
+@patch
+def __str__(self:RunConfig): return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True, width=120)
+
+# %% ../nbs/06_strategies.ipynb #c56g
+@patch
+def _repr_html_(self:RunConfig): return f"<pre>{html.escape(str(self))}</pre>"
 
 # %% ../nbs/06_strategies.ipynb #c058
 def _set_dotted(raw:dict, item:str):
@@ -496,22 +553,14 @@ def _set_dotted(raw:dict, item:str):
         d = d[p]
     d[path[-1]] = value
 
+# %% ../nbs/06_strategies.ipynb #c58c
 def _check_keys(raw:dict):
     valid = ['strategy', *_SECTIONS]
     for k in raw:
         if k not in valid: raise _unknown_key(str(k), valid, '')
 
-def _split_batch(s:Strategy, batch_size:int)->Strategy:
-    "`s` with its micro-batch × accumulation giving `batch_size` (micro-batches no larger than before)."
-    if batch_size == s.effective_batch: return s
-    micro, accum = split_batch(batch_size, s.micro_batch)
-    return dataclasses.replace(s, micro_batch=micro, accum_steps=accum)
-
-def load_config(src:str|Path|dict|None=None, # a YAML file, a mapping, or None for all defaults
-                overrides:list[str]=(),     # dotted overrides: ['data.batch_size=64', 'strategy=rtx_3060_12gb']
-                hw:HardwareProfile|None=None, # the probe for `strategy: auto` (None: probe this machine)
-               )->RunConfig:
-    "A fully resolved `RunConfig` from YAML and overrides, merged over the strategy's defaults."
+def _read_raw(src, overrides)->dict:
+    "The configuration mapping from a YAML file, a mapping or None, with the dotted overrides applied and its sections checked."
     if src is None: raw = {}
     elif isinstance(src, dict): raw = copy.deepcopy(src)
     else:
@@ -521,6 +570,21 @@ def load_config(src:str|Path|dict|None=None, # a YAML file, a mapping, or None f
     if not isinstance(raw, dict): raise ConfigError(f"A run configuration is a mapping of sections, not {type(raw).__name__}.")
     for item in [overrides] if isinstance(overrides, str) else overrides: _set_dotted(raw, item)
     _check_keys(raw)
+    return raw
+
+def _split_batch(s:Strategy, batch_size:int)->Strategy:
+    "`s` with its micro-batch × accumulation giving `batch_size` (micro-batches no larger than before)."
+    if batch_size == s.effective_batch: return s
+    micro, accum = split_batch(batch_size, s.micro_batch)
+    return dataclasses.replace(s, micro_batch=micro, accum_steps=accum)
+
+# %% ../nbs/06_strategies.ipynb #c58e
+def load_config(src:str|Path|dict|None=None, # a YAML file, a mapping, or None for all defaults
+                overrides:list[str]=(),     # dotted overrides: ['data.batch_size=64', 'strategy=rtx_3060_12gb']
+                hw:HardwareProfile|None=None, # the probe for `strategy: auto` (None: probe this machine)
+               )->RunConfig:
+    "A fully resolved `RunConfig` from YAML and overrides, merged over the strategy's defaults."
+    raw = _read_raw(src, overrides)
     sec = raw.get('strategy') or 'auto'
     sec = dict(sec) if isinstance(sec, dict) else {'name': sec}
     name = str(sec.pop('name', 'auto'))
@@ -538,6 +602,7 @@ def load_config(src:str|Path|dict|None=None, # a YAML file, a mapping, or None f
     _validate_config(cfg)
     return cfg
 
+# %% ../nbs/06_strategies.ipynb #c58f
 def _validate_config(c:RunConfig):
     d, t, e = c.data, c.train, c.export
     _check(d.name in DATASETS, f"data.name must be one of {', '.join(DATASETS)}, not {d.name!r}.{_closest(d.name, DATASETS)}")
@@ -552,6 +617,7 @@ def _validate_config(c:RunConfig):
     _check(t.early_stopping is None or t.early_stopping >= 1, "train.early_stopping is a patience in epochs, at least 1.")
     _check(e.quantize in QUANTIZE, f"export.quantize must be null, 'int8' or 'fp16', not {e.quantize!r}.")
 
+# %% ../nbs/06_strategies.ipynb #c65b
 def save_config(cfg:RunConfig|dict, # a resolved `RunConfig`, or any plain mapping (the `Trainer` adds what it decided)
                 path:str|Path)->Path:
     "Write the configuration as YAML, atomically (a crash leaves the previous file intact); returns the path."
