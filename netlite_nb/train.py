@@ -472,8 +472,10 @@ def enable_checkpointing(self:Trainer, k:int|bool=True, # modules per checkpoint
                         )->bool:
     "Switch on chapter 02's activation checkpointing in the trainer's model, in place; False when there is nothing to checkpoint."
     if self.checkpointing is not None: return True
-    swapped = self._convert(partial(convert_model, relu=False, ffn=False, dropout=False, checkpoint=k))
-    if not swapped: return False
+    f = partial(convert_model, relu=False, ffn=False, dropout=False, checkpoint=k)
+    f.__name__ = f"activation checkpointing ({'about √n' if k is True else k} modules per segment)"  # what a MemoryPlan shows
+    if not self._convert(f): return False
+    swapped = self.model.netlite_conversion.swapped
     self.state.checkpointing, self.checkpointed = k, [f"{p or 'the model'} → {new}" for p, _, new in swapped]
     return True
 
@@ -488,10 +490,11 @@ def _why_no_checkpointing(self:Trainer)->str:
 def _transform(self:Trainer):
     "The model conversions applied so far, as one callable model -> model for the planner (None: none)."
     fs = list(self._transforms)
-    if not fs: return None
+    if len(fs) < 2: return fs[0] if fs else None
     def transform(m):
         for f in fs: m = f(m)
         return m
+    transform.__name__ = ' + '.join(getattr(f, '__name__', 'custom') for f in fs)
     return transform
 
 # %% ../nbs/07_train.ipynb #d034
