@@ -49,9 +49,9 @@ for _name in ('before_fit', 'after_batch', 'after_step', 'after_validate', 'afte
 class _Notebook:
     "Pretend to be a notebook kernel without a frontend (what nbconvert and nbdev-test are): the final picture is drawn, then dropped."
     def __enter__(self):
-        self.saved = live._ipython, live._display
-        live._ipython, live._display = (lambda: object()), (lambda *a, **k: None)
-    def __exit__(self, *exc): live._ipython, live._display = self.saved
+        self.saved = live.frontend, live._display
+        live.frontend, live._display = (lambda shell=None: 'static'), (lambda *a, **k: None)
+    def __exit__(self, *exc): live.frontend, live._display = self.saved
 
 
 def fit_once(mode, epochs, dls):

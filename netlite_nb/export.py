@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
 import onnx, onnxruntime as ort
+from fastcore.basics import patch
 from .probe import fmt_bytes, rows_html, rows_text
 
 # %% auto #0
@@ -22,6 +23,7 @@ class ExportError(RuntimeError):
         super().__init__(msg)
         self.details = details  # the exporter's full message, for a bug report
 
+# %% ../nbs/09_export.ipynb #f001
 def _check_output_path(path)->Path:
     "`path` as a `Path`, after checking that its folder exists and can be written to."
     path = Path(path)
@@ -49,6 +51,7 @@ _ADVICE = {
     'other': "Run `torch.export.export(model.eval(), (sample,))` on its own to see the full message.",
 }
 
+# %% ../nbs/09_export.ipynb #f004
 def _module_of(ep, node_name:str, op:str)->str|None:
     "The module path and class that created FX node `node_name` (or else the first call of an op like `op`) in the exported program `ep`."
     stem = op.split('.')[1].strip('_') if '.' in op else op  # the exporter decomposes first: linalg_svdvals -> _linalg_svd
@@ -59,6 +62,7 @@ def _module_of(ep, node_name:str, op:str)->str|None:
     cls = getattr(cls, '__name__', str(cls)).split('.')[-1]
     return f"`{path or 'model'}` ({cls})"
 
+# %% ../nbs/09_export.ipynb #f005
 def _scope_of(log:str, op:str)->str|None:
     "The module that called `op`, from the TorchScript exporter's printed graph (`scope: ...Sequential::/__main__.Svd::1`)."
     m = re.search(re.escape(op) + r"\(.*scope: (\S+)", log)
@@ -66,6 +70,7 @@ def _scope_of(log:str, op:str)->str|None:
     cls, _, path = m[1].split('/')[-1].partition('::')
     return f"`{path or 'model'}` ({cls.split('.')[-1]})"
 
+# %% ../nbs/09_export.ipynb #f009
 def _condense(e:Exception, step:str, ep=None, log:str='')->str:
     "One paragraph from an exporter error: what failed, where, and what to try."
     msg = str(e)
@@ -88,6 +93,12 @@ def _condense(e:Exception, step:str, ep=None, log:str='')->str:
     if where and key != 'no-onnx': what += f" at {Path(where[1]).name}:{where[2]}" + (f" `{where[3].strip()}`" if where[3] else '')
     return f"{step} failed: {what}. Try: {_ADVICE[key]}"
 
+# %% ../nbs/09_export.ipynb #f012
+def _flush():
+    sys.stdout.flush(); sys.stderr.flush()
+    try: ctypes.CDLL(None).fflush(None)
+    except Exception: pass
+
 # %% ../nbs/09_export.ipynb #c012
 @contextlib.contextmanager
 def _quietly():
@@ -108,17 +119,13 @@ def _quietly():
         tmp.seek(0); out.write(tmp.read().decode(errors='replace')); tmp.close()
         logging.disable(level)
 
-def _flush():
-    sys.stdout.flush(); sys.stderr.flush()
-    try: ctypes.CDLL(None).fflush(None)
-    except Exception: pass
-
 # %% ../nbs/09_export.ipynb #c014
 def _batch_dims(x:torch.Tensor, dynamic:bool):
     "The export sample (at least two rows, so the batch is not specialized to 1) and its `dynamic_shapes`."
     if x.shape[0] < 2: x = x.expand(2, *x.shape[1:]).contiguous()
     return x, (({0: torch.export.Dim('batch')},) if dynamic else None)
 
+# %% ../nbs/09_export.ipynb #f017
 def _tidy(path:Path):
     "Remove debug metadata (stack traces, FX names, node names) and call the dynamic batch dimension 'batch'."
     m = onnx.load(str(path))
@@ -133,6 +140,7 @@ def _tidy(path:Path):
             if d.dim_param in syms: d.dim_param = 'batch'
     onnx.save(m, str(path))
 
+# %% ../nbs/09_export.ipynb #f019
 def _export_dynamo(model, x, path, opset, dynamic):
     x, dyn = _batch_dims(x, dynamic)
     with _quietly():
@@ -142,6 +150,7 @@ def _export_dynamo(model, x, path, opset, dynamic):
                                input_names=['input'], output_names=['logits'], optimize=True)
         except Exception as e: raise ExportError(_condense(e, 'ONNX translation', ep), str(e)) from None
 
+# %% ../nbs/09_export.ipynb #f020
 def _export_torchscript(model, x, path, opset, dynamic):
     axes = {'input': {0: 'batch'}, 'logits': {0: 'batch'}} if dynamic else None
     try:
@@ -150,6 +159,7 @@ def _export_torchscript(model, x, path, opset, dynamic):
                               input_names=['input'], output_names=['logits'], dynamic_axes=axes)
     except Exception as e: raise ExportError(_condense(e, 'TorchScript export', log=log.getvalue()), str(e)) from None
 
+# %% ../nbs/09_export.ipynb #f022
 def _export_file(model:nn.Module, x:torch.Tensor, path:Path, opset:int|None, dynamic:bool)->tuple[str, str|None]:
     "Export `model(x)` to `path` with the dynamo exporter, else TorchScript; returns (exporter used, reason for the fallback)."
     try:
@@ -175,6 +185,7 @@ def onnx_session(path, threads:int|None=None)->ort.InferenceSession:
     except Exception as e:
         raise ExportError(f"ONNX Runtime cannot load {str(path)!r}: {str(e).splitlines()[0][:400]}", str(e)) from None
 
+# %% ../nbs/09_export.ipynb #f027
 def run_onnx(sess_or_path, x)->np.ndarray:
     "Outputs of an ONNX file (or session) for the batch `x` (numpy array or tensor)."
     sess = sess_or_path if isinstance(sess_or_path, ort.InferenceSession) else onnx_session(sess_or_path)
@@ -195,6 +206,7 @@ def _xs_of(data):
         return
     for b in data: yield b[0] if isinstance(b, (tuple, list)) else b
 
+# %% ../nbs/09_export.ipynb #f033
 def calibration_batches(data, input_shape:tuple, max_batches:int=8, min_samples:int=128)->list[np.ndarray]:
     "Up to `max_batches` float32 input batches from `data`, checked against the model's `input_shape` (without the batch)."
     out, n = [], 0
@@ -216,11 +228,14 @@ from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, 
                                       quantize_dynamic, quantize_static)
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
+_WEIGHTS = dict(weight_type=QuantType.QInt8, per_channel=True, reduce_range=True)  # 7-bit: no 16-bit saturation on any CPU
+
 class _Batches(CalibrationDataReader):
     "Feeds prepared calibration batches to `quantize_static`."
     def __init__(self, name:str, xs:list): self.name, self.it = name, iter(xs)
     def get_next(self): x = next(self.it, None); return None if x is None else {self.name: x}
 
+# %% ../nbs/09_export.ipynb #f034
 def _drop_zero_bias_points(path:Path):
     "Remove the all-zero int32 zero points of quantized biases: ONNX's default zero point is 0, and they cost 4 bytes a channel."
     m = onnx.load(str(path))
@@ -234,28 +249,30 @@ def _drop_zero_bias_points(path:Path):
     m.graph.initializer.extend(keep)
     onnx.save(m, str(path))
 
+# %% ../nbs/09_export.ipynb #f035
 def _has_conv(path)->bool: return any(n.op_type in ('Conv', 'ConvTranspose') for n in onnx.load(str(path)).graph.node)
 
+# %% ../nbs/09_export.ipynb #f036
 def quantize_int8(src, dst, calib:list[np.ndarray]|None=None)->str:
     "Quantize the fp32 ONNX file `src` into `dst`; returns how. Static QDQ per-channel with `calib` batches, else dynamic (Linear-only models)."
     src, dst = Path(src), Path(dst)
-    conv = _has_conv(src)
-    if calib is None and conv:
+    if calib is None and _has_conv(src):
         raise ValueError("INT8 for a model with convolutions needs calibration data (`calibration=dls.valid`): dynamic quantization "
                          "would turn them into ConvInteger, which ONNX Runtime's CPU provider may not load (onnxruntime #12558).")
     with tempfile.TemporaryDirectory() as d, _quietly():
         pre = Path(d)/'pre.onnx'
         quant_pre_process(str(src), str(pre))
         if calib is None:
-            quantize_dynamic(str(pre), str(dst), weight_type=QuantType.QInt8, per_channel=True)
+            quantize_dynamic(str(pre), str(dst), **_WEIGHTS)
             _tidy(dst)
-            return 'dynamic (int8 weights per channel; activations quantized at run time)'
+            return 'dynamic (int8 weights per channel, 7-bit range; activations quantized at run time)'
         name = onnx.load(str(pre)).graph.input[0].name
-        quantize_static(str(pre), str(dst), _Batches(name, calib), quant_format=QuantFormat.QDQ, per_channel=True,
-                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax)
+        quantize_static(str(pre), str(dst), _Batches(name, calib), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
+                        calibrate_method=CalibrationMethod.MinMax, **_WEIGHTS)
     _drop_zero_bias_points(dst)
     _tidy(dst)
-    return f"static QDQ (uint8 activations, int8 weights per channel; {len(calib)} calibration batches, {sum(map(len, calib))} samples)"
+    return (f"static QDQ (uint8 activations, int8 weights per channel, 7-bit range; "
+            f"{len(calib)} calibration batches, {sum(map(len, calib))} samples)")
 
 # %% ../nbs/09_export.ipynb #c029
 class _Half(nn.Module):
@@ -274,6 +291,7 @@ def _labelled(valid):
         return
     for x, y, *_ in valid: yield x, y
 
+# %% ../nbs/09_export.ipynb #f041
 def _compare(model, sessions:dict, x_sample, valid, max_batches:int=40)->tuple[dict, dict, dict, int]:
     "Max abs diff vs PyTorch, accuracy, top-1 agreement per session; and how many inputs were compared."
     diff, agree, correct, n, n_lab = {k: 0.0 for k in sessions}, {k: 0 for k in sessions}, {k: 0 for k in ['pytorch', *sessions]}, 0, 0
@@ -291,6 +309,7 @@ def _compare(model, sessions:dict, x_sample, valid, max_batches:int=40)->tuple[d
     acc = {k: 100 * v / n_lab for k, v in correct.items()} if n_lab else {}
     return diff, acc, {k: 100 * v / n for k, v in agree.items()}, n
 
+# %% ../nbs/09_export.ipynb #c032
 def _check_batch_of_one(model, sessions:dict, x):
     "A file that declares a dynamic batch must also run, and match, on a batch of one."
     with torch.no_grad(): ref = model(x[:1]).numpy()
@@ -301,6 +320,7 @@ def _check_batch_of_one(model, sessions:dict, x):
                               f"Try: {_ADVICE['batch']}", str(e)) from None
         if out.shape != ref.shape: raise ExportError(f"The {p} file returns shape {out.shape} for a batch of 1, PyTorch {ref.shape}. Try: {_ADVICE['batch']}")
 
+# %% ../nbs/09_export.ipynb #f046
 def _latency(sess, x1:np.ndarray, batches=(1, 64), budget_s:float=0.25)->dict[int, float]:
     "Median ONNX Runtime latency in ms for each batch size, built by repeating one input."
     name, res = sess.get_inputs()[0].name, {}
@@ -335,21 +355,29 @@ class ExportReport:
     quantization:str|None=None  # how the file was quantized
     notes:list=field(default_factory=list)
 
-    @property
-    def throughput(self)->dict:
-        "precision -> {batch: samples per second}."
-        return {p: {b: 1000 * b / ms for b, ms in d.items()} for p, d in self.latency_ms.items()}
-    @property
-    def size_ratio(self)->float|None: return self.size / self.fp32_size if self.fp32_size else None
-    @property
-    def accuracy_drop(self)->float|None:
-        "Percentage points lost by the shipped file against PyTorch."
-        return self.accuracy['pytorch'] - self.accuracy[self.precision] if self.accuracy else None
-    @property
-    def ok(self)->bool:
-        "Every tolerance met."
-        return all(t is None or self.max_abs_diff[p] <= t for p, t in self.tolerance.items())
+# %% ../nbs/09_export.ipynb #f050
+@patch(as_prop=True)
+def throughput(self:ExportReport)->dict:
+    "precision -> {batch: samples per second}."
+    return {p: {b: 1000 * b / ms for b, ms in d.items()} for p, d in self.latency_ms.items()}
 
+# %% ../nbs/09_export.ipynb #f051
+@patch(as_prop=True)
+def size_ratio(self:ExportReport)->float|None: return self.size / self.fp32_size if self.fp32_size else None
+
+# %% ../nbs/09_export.ipynb #f052
+@patch(as_prop=True)
+def accuracy_drop(self:ExportReport)->float|None:
+    "Percentage points lost by the shipped file against PyTorch."
+    return self.accuracy['pytorch'] - self.accuracy[self.precision] if self.accuracy else None
+
+# %% ../nbs/09_export.ipynb #f053
+@patch(as_prop=True)
+def ok(self:ExportReport)->bool:
+    "Every tolerance met."
+    return all(t is None or self.max_abs_diff[p] <= t for p, t in self.tolerance.items())
+
+# %% ../nbs/09_export.ipynb #f055
 def _report_rows(r:ExportReport)->list[tuple[str, str]]:
     rows = [('file', f"{r.path} ({fmt_bytes(r.size)}, {r.precision})")]
     if r.fp32_path: rows.append(('fp32 reference', f"{r.fp32_path} ({fmt_bytes(r.fp32_size)}); {r.precision} is {100*r.size_ratio:.0f}% of it"))
@@ -366,8 +394,41 @@ def _report_rows(r:ExportReport)->list[tuple[str, str]]:
     rows += [('note', n) for n in r.notes]
     return rows
 
-ExportReport.__str__ = lambda self: rows_text(_report_rows(self))
-ExportReport._repr_html_ = lambda self: rows_html(_report_rows(self), 'ONNX export')
+# %% ../nbs/09_export.ipynb #f056
+@patch
+def __str__(self:ExportReport): return rows_text(_report_rows(self))
+@patch
+def _repr_html_(self:ExportReport): return rows_html(_report_rows(self), 'ONNX export')
+
+# %% ../nbs/09_export.ipynb #f059
+def _derived_file(m, x, fp32_path:Path, path:Path, quantize:str, calib, opset, dynamic)->tuple[str|None, float|None]:
+    "Write the `quantize` file at `path` from the fp32 model `m` or its file; returns (how it was quantized, its tolerance)."
+    if quantize == 'int8': return quantize_int8(fp32_path, path, calib), None
+    _export_file(_Half(m).eval(), x, path, opset, dynamic)
+    with torch.no_grad(): scale = max(1.0, float(m(x).abs().max()))
+    return None, 1e-2 * scale
+
+# %% ../nbs/09_export.ipynb #f060
+def _file_facts(path:Path)->tuple[int, tuple]:
+    "The ONNX opset of the default domain and the input shape ('batch' for a dynamic batch) of the file at `path`."
+    proto = onnx.load(str(path), load_external_data=False)
+    opset = next(o.version for o in proto.opset_import if o.domain in ('', 'ai.onnx'))
+    return opset, tuple(d.dim_param or d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim)
+
+# %% ../nbs/09_export.ipynb #f063
+def _notes(quantize:str|None, acc:dict, fallback_reason:str|None)->list[str]:
+    notes = []
+    if quantize and acc and acc['pytorch'] - acc[quantize] > 1.0:
+        notes.append(f"{quantize} loses {acc['pytorch'] - acc[quantize]:.2f} points of accuracy: calibrate on more batches, or keep fp32.")
+    if fallback_reason: notes.append('The TorchScript exporter traced one call of forward: check that the parity inputs exercise every branch.')
+    return notes
+
+def _check_parity(r:ExportReport):
+    "Raise `ExportError` when a file misses its tolerance."
+    if r.ok: return
+    bad = ', '.join(f"{p}: {r.max_abs_diff[p]:.2e} > {t:.1e}" for p, t in r.tolerance.items() if t is not None and r.max_abs_diff[p] > t)
+    raise ExportError(f"The exported file does not compute what PyTorch computes ({bad}). Is there randomness or a "
+                      f"Python branch on tensor values in forward?\n{r}")
 
 # %% ../nbs/09_export.ipynb #c035
 def export_onnx(model:nn.Module,              # the trained model; it is not modified
@@ -389,33 +450,20 @@ def export_onnx(model:nn.Module,              # the trained model; it is not mod
     m = copy.deepcopy(model).cpu().float().eval()
     fp32_path = path if quantize is None else path.with_name(path.stem + '.fp32.onnx')
     exporter, reason = _export_file(m, x, fp32_path, opset, dynamic_batch)
-    files, tol, notes, how = {'fp32': fp32_path}, {'fp32': tolerance}, [], None
-    if quantize == 'int8':
-        how = quantize_int8(fp32_path, path, calib)
-        files['int8'], tol['int8'] = path, None
-    elif quantize == 'fp16':
-        _export_file(_Half(m).eval(), x, path, opset, dynamic_batch)
-        with torch.no_grad(): scale = max(1.0, float(m(x).abs().max()))
-        files['fp16'], tol['fp16'] = path, 1e-2 * scale
+    files, tol, how = {'fp32': fp32_path}, {'fp32': tolerance}, None
+    if quantize:
+        how, tol[quantize] = _derived_file(m, x, fp32_path, path, quantize, calib, opset, dynamic_batch)
+        files[quantize] = path
     sessions = {p: onnx_session(f) for p, f in files.items()}
     if dynamic_batch: _check_batch_of_one(m, sessions, x)
     diff, acc, agree, n = _compare(m, sessions, x, valid)
-    proto = onnx.load(str(path), load_external_data=False)
-    opset_used = next(o.version for o in proto.opset_import if o.domain in ('', 'ai.onnx'))
-    dims = proto.graph.input[0].type.tensor_type.shape.dim
-    shape = tuple(d.dim_param or d.dim_value for d in dims)
+    opset_used, shape = _file_facts(path)
     lat = {p: _latency(s, x.numpy()) for p, s in sessions.items()} if measure_speed else {}
-    if quantize and acc and acc['pytorch'] - acc[quantize] > 1.0:
-        notes.append(f"{quantize} loses {acc['pytorch'] - acc[quantize]:.2f} points of accuracy: calibrate on more batches, or keep fp32.")
-    if reason: notes.append('The TorchScript exporter traced one call of forward: check that the parity inputs exercise every branch.')
     r = ExportReport(path=path, precision=quantize or 'fp32', size=path.stat().st_size, opset=opset_used, exporter=exporter,
                      fallback_reason=reason, input_shape=shape, max_abs_diff=diff, tolerance=tol, n_compared=n, accuracy=acc,
                      agreement=agree, latency_ms=lat, fp32_path=fp32_path if quantize else None,
-                     fp32_size=fp32_path.stat().st_size if quantize else None, quantization=how, notes=notes)
-    if not r.ok:
-        bad = ', '.join(f"{p}: {diff[p]:.2e} > {t:.1e}" for p, t in tol.items() if t is not None and diff[p] > t)
-        raise ExportError(f"The exported file does not compute what PyTorch computes ({bad}). Is there randomness or a "
-                          f"Python branch on tensor values in forward?\n{r}")
+                     fp32_size=fp32_path.stat().st_size if quantize else None, quantization=how, notes=_notes(quantize, acc, reason))
+    _check_parity(r)
     return r
 
 # %% ../nbs/09_export.ipynb #c064
@@ -433,6 +481,7 @@ def _weights_file(path)->Path:
     if not found: raise FileNotFoundError(f"No checkpoint in {str(p)!r}: looked for model.safetensors, latest and step-*/model.safetensors.")
     return found[-1]
 
+# %% ../nbs/09_export.ipynb #f070
 def _model_config(weights:Path)->dict:
     "The `model:` section of the run configuration next to a checkpoint (in its folder or the run directory above)."
     import yaml
@@ -444,6 +493,7 @@ def _model_config(weights:Path)->dict:
                 if isinstance(m, dict) and isinstance(m.get('name'), str): return m
     return {}
 
+# %% ../nbs/09_export.ipynb #f071
 def model_from_checkpoint(path,                 # a run directory, a checkpoint directory or a .safetensors file
                           name:str|None=None,   # chapter 05 model name; None: from the run's config.yaml
                           **kwargs,             # passed to `create_model`, over the configuration's `model.kwargs`

@@ -4,14 +4,15 @@
 
 # %% ../nbs/08_live.ipynb #c003
 from __future__ import annotations
-import base64, collections, html, io, math, sys, time
+import base64, collections, html, io, math, time
 import numpy as np
+from fastcore.basics import patch
 from matplotlib.figure import Figure
-from .probe import device_memory, fmt_bytes, MemoryReading
+from .probe import device_memory, fmt_bytes, frontend, MemoryReading
 from .train import Callback
 
 # %% auto #0
-__all__ = ['Downsampled', 'frontend', 'plot_history', 'plot_memory', 'LiveDashboard']
+__all__ = ['Downsampled', 'plot_history', 'plot_memory', 'LiveDashboard']
 
 # %% ../nbs/08_live.ipynb #c007
 _REDUCE = ('mean', 'max', 'last')
@@ -32,67 +33,63 @@ class Downsampled:
         k = len(self.names)
         self._sum, self._cnt, self._max, self._last, self._k = [0.0]*k, [0]*k, [-math.inf]*k, [math.nan]*k, 0
 
-    def add(self, **values):
-        "Add one point; missing or `None` values are gaps."
-        self.count += 1
-        for i, name in enumerate(self.names):
-            v = values.get(name)
-            if v is None: continue
-            v = float(v)
-            if v != v: continue
-            self._sum[i] += v; self._cnt[i] += 1; self._last[i] = v
-            if v > self._max[i]: self._max[i] = v
-        self._k += 1
-        if self._k < self.stride: return
-        if self.n == self.capacity: self._halve()  # the open bucket now fills up to the doubled stride
-        else: self._flush()
-
-    def _bucket(self)->list:
-        return [(s/c if c else math.nan) if h == 'mean' else (m if c else math.nan) if h == 'max' else l
-                for h, s, c, m, l in zip(self.how, self._sum, self._cnt, self._max, self._last)]
-
-    def _flush(self):
-        self.data[self.n] = self._bucket()
-        self.n += 1
-        self._clear_bucket()
-
-    def _halve(self):
-        a, b = self.data[0::2], self.data[1::2]
-        merged = np.empty_like(a)
-        for i, h in enumerate(self.how):
-            x, y = a[:, i], b[:, i]
-            if h == 'max': merged[:, i] = np.fmax(x, y)
-            elif h == 'last': merged[:, i] = np.where(np.isnan(y), x, y)
-            else: merged[:, i] = np.where(np.isnan(x), y, np.where(np.isnan(y), x, (x + y) / 2))
-        self.data[:len(merged)] = merged
-        self.data[len(merged):] = np.nan
-        self.n, self.stride = len(merged), self.stride * 2
-
     def __len__(self): return self.n + (self._k > 0)
-
-    def column(self, name:str)->np.ndarray:
-        "The stored values of column `name`, the open bucket last."
-        i = self.names.index(name)
-        col = self.data[:self.n, i]
-        return np.append(col, self._bucket()[i]) if self._k else col.copy()
-
     def __repr__(self): return f"Downsampled({len(self)} rows of {self.count} points, stride {self.stride}, capacity {self.capacity})"
 
-# %% ../nbs/08_live.ipynb #c012
-def _ipython():
-    try: from IPython import get_ipython
-    except ImportError: return None
-    return get_ipython()
+# %% ../nbs/08_live.ipynb #d004
+@patch
+def _bucket(self:Downsampled)->list:
+    "The open bucket reduced to one row."
+    return [(s/c if c else math.nan) if h == 'mean' else (m if c else math.nan) if h == 'max' else l
+            for h, s, c, m, l in zip(self.how, self._sum, self._cnt, self._max, self._last)]
 
-def frontend(shell=None)->str:
-    "How a dashboard can be shown here: 'widget' (a Jupyter kernel), 'static' (a notebook run without a frontend) or 'text' (a terminal)."
-    shell = shell if shell is not None else _ipython()
-    if shell is None: return 'text'
-    classes = {c.__name__ for c in type(shell).__mro__}
-    if 'ZMQInteractiveShell' in classes or 'google.colab' in sys.modules or 'IPython.utils._process_emscripten' in sys.modules:
-        return 'widget'
-    if 'TerminalInteractiveShell' in classes: return 'text'
-    return 'static'
+# %% ../nbs/08_live.ipynb #d005
+@patch
+def _flush(self:Downsampled):
+    "Store the open bucket as the next row."
+    self.data[self.n] = self._bucket()
+    self.n += 1
+    self._clear_bucket()
+
+# %% ../nbs/08_live.ipynb #d006
+@patch
+def add(self:Downsampled, **values):
+    "Add one point; missing or `None` values are gaps."
+    self.count += 1
+    for i, name in enumerate(self.names):
+        v = values.get(name)
+        if v is None: continue
+        v = float(v)
+        if v != v: continue
+        self._sum[i] += v; self._cnt[i] += 1; self._last[i] = v
+        if v > self._max[i]: self._max[i] = v
+    self._k += 1
+    if self._k < self.stride: return
+    if self.n == self.capacity: self._halve()  # the open bucket now fills up to the doubled stride
+    else: self._flush()
+
+# %% ../nbs/08_live.ipynb #d007
+@patch
+def column(self:Downsampled, name:str)->np.ndarray:
+    "The stored values of column `name`, the open bucket last."
+    i = self.names.index(name)
+    col = self.data[:self.n, i]
+    return np.append(col, self._bucket()[i]) if self._k else col.copy()
+
+# %% ../nbs/08_live.ipynb #d012
+@patch
+def _halve(self:Downsampled):
+    "Merge neighbouring rows pairwise, each column with its reduction, and double the stride."
+    a, b = self.data[0::2], self.data[1::2]
+    merged = np.empty_like(a)
+    for i, h in enumerate(self.how):
+        x, y = a[:, i], b[:, i]
+        if h == 'max': merged[:, i] = np.fmax(x, y)
+        elif h == 'last': merged[:, i] = np.where(np.isnan(y), x, y)
+        else: merged[:, i] = np.where(np.isnan(x), y, np.where(np.isnan(y), x, (x + y) / 2))
+    self.data[:len(merged)] = merged
+    self.data[len(merged):] = np.nan
+    self.n, self.stride = len(merged), self.stride * 2
 
 # %% ../nbs/08_live.ipynb #c016
 _GB = 2**30
@@ -105,7 +102,9 @@ def _png(fig:Figure)->bytes:
     canvas.print_png(buf)
     return buf.getvalue()
 
+# %% ../nbs/08_live.ipynb #d015
 def _new_figure(figsize=(10, 3.2), dpi=80)->tuple[Figure, tuple]:
+    "The dashboard's figure: loss on the left, memory on the right."
     fig = Figure(figsize=figsize, dpi=dpi)
     axes = fig.subplots(1, 2)
     fig.subplots_adjust(left=0.07, right=0.93, bottom=0.16, top=0.86, wspace=0.3)
@@ -115,11 +114,12 @@ def _new_figure(figsize=(10, 3.2), dpi=80)->tuple[Figure, tuple]:
 # %% ../nbs/08_live.ipynb #c018
 def _line(ax, key:str, x, y, fmt:str='-', **kw):
     "The line labelled `key` on `ax`, showing (x, y): made the first time, then only its data changes."
-    lines = ax.__dict__.setdefault('_netlite_lines', {})  # making artists anew (what `ax.clear()` forces) is most of a redraw's cost
+    lines = ax.__dict__.setdefault('_netlite_lines', {})
     if key in lines: lines[key].set_data(x, y)
     else: lines[key], = ax.plot(x, y, fmt, label=key, **kw)
     return lines[key]
 
+# %% ../nbs/08_live.ipynb #d017
 def _hline(ax, key:str, y:float, label:str, **kw):
     "A horizontal line at `y` (the plan's peak, the device total), kept like `_line`'s lines."
     lines = ax.__dict__.setdefault('_netlite_lines', {})
@@ -132,6 +132,7 @@ def _legend(ax, handles, labels, **kw):
         ax.legend(handles, labels, **kw)
         ax._netlite_legend = labels
 
+# %% ../nbs/08_live.ipynb #d020
 def _mark_events(ax, events):
     "Vertical lines with a note at the steps where something happened; drawn again only when the events change."
     events = tuple(events)
@@ -145,6 +146,7 @@ def _mark_events(ax, events):
                                 textcoords='offset points', fontsize=7, color=color, va='top'))
     ax._netlite_events, ax._netlite_event_artists = events, arts
 
+# %% ../nbs/08_live.ipynb #d022
 def _draw_loss(ax, train:Downsampled|None, valid:Downsampled|None, events=()):
     "Train and validation loss over steps; metrics such as accuracy on a right-hand axis."
     if not hasattr(ax, '_netlite_lines'): ax.set_xlabel('step'); ax.set_title('loss', fontsize=10); ax.grid(alpha=.3)
@@ -167,6 +169,7 @@ def _draw_loss(ax, train:Downsampled|None, valid:Downsampled|None, events=()):
         handles, labels, top = handles + h2, labels + l2, ax2
     _legend(top, handles, labels, fontsize=7, loc='upper right')  # on the twin, else its lines cover the legend
 
+# %% ../nbs/08_live.ipynb #d027
 def _draw_memory(ax, mem:Downsampled|None, total=None, plan_peak=None, events=(), plan_base:int=0):
     "Memory over steps (GB): allocated, reserved, peak; the device total and the plan's predicted peak as lines."
     if not hasattr(ax, '_netlite_lines'): ax.set_xlabel('step'); ax.grid(alpha=.3)
@@ -210,13 +213,16 @@ def _metric_names(rec:dict)->list:
     return [k for k, v in rec.items() if k not in _NOT_METRICS and not k.startswith('mem')
             and isinstance(v, (int, float)) and not isinstance(v, bool)]
 
+# %% ../nbs/08_live.ipynb #d031
 _MEM_COLUMNS = {'step': 'mean', 'allocated': 'max', 'reserved': 'max', 'used': 'max', 'peak': 'max'}  # a peak is never averaged away
 
 def _valid_series(record:dict, capacity:int)->Downsampled:
     "The series of validation records, with a column for each metric the first one carries."
     return Downsampled({'step': 'last', 'valid_loss': 'last', **{m: 'last' for m in _metric_names(record)}}, capacity)
 
+# %% ../nbs/08_live.ipynb #d032
 def _series_from(records, capacity=512):
+    "The (train, valid, memory) series of a list of history records; valid and memory are None when no record has them."
     train = Downsampled({'step': 'mean', 'loss': 'mean'}, capacity)
     valid = mem = None
     for i, r in enumerate(records):
@@ -231,6 +237,7 @@ def _series_from(records, capacity=512):
                     used=r.get('mem') if 'mem_reserved' not in r else None, peak=r.get('mem_peak'))
     return train, valid, mem
 
+# %% ../nbs/08_live.ipynb #d033
 def plot_history(history, # `trainer.history` (list of dict records) or a Trainer
                  figsize=(6, 3.5))->Figure:
     "Train and validation loss, and metrics, of a finished run."
@@ -242,6 +249,7 @@ def plot_history(history, # `trainer.history` (list of dict records) or a Traine
     fig._repr_png_ = lambda: _png(fig)
     return fig
 
+# %% ../nbs/08_live.ipynb #d034
 def plot_memory(history,         # `trainer.history` (list of dict records) or a Trainer
                 total:int=None,   # the device's total memory in bytes, drawn as the ceiling
                 plan=None,        # a chapter 01 `MemoryPlan` (or bytes): its predicted peak is drawn as a line
@@ -259,17 +267,19 @@ def plot_memory(history,         # `trainer.history` (list of dict records) or a
 _BLANK_PNG = base64.b64decode('iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII=')
 
 def _display(obj, **kw):
-    "IPython's display, or None where there is no IPython shell (`display` returns None there: never used as a handle)."
-    if _ipython() is None: return None
+    "IPython's display where a notebook can show `obj`; None in a terminal or a script (never used as a handle then)."
+    if frontend() == 'text': return None
     from IPython.display import display
     return display(obj, **kw)
 
+# %% ../nbs/08_live.ipynb #e001
 class LiveDashboard(Callback):
     "Loss, metrics and device memory plotted in place while a `Trainer` runs; a static PNG or a text bar without a widget frontend."
+    first_render_guess = 0.1  # seconds a picture is assumed to cost before one has been timed (a 2-core CPU takes 50-100 ms)
     def __init__(self, interval:float=0.5,     # fewest seconds between redraws
                  every:int=1,                # fewest steps between redraws
                  capacity:int=512,           # points kept per curve, however long the run
-                 mode:str='auto',            # 'auto' (see `frontend`), 'widget', 'static' or 'text'
+                 mode:str='auto',            # 'auto' (chapter 00's `frontend()`), 'widget', 'static' or 'text'
                  max_overhead:float=0.02,    # share of the wall time so far that drawing the plots may take
                  reader=None,                # `device -> MemoryReading`; default `device_memory`
                  figsize=(10, 3.2), dpi=80,
@@ -279,194 +289,223 @@ class LiveDashboard(Callback):
         self.max_overhead, self.reader, self.figsize, self.dpi, self.clock = max_overhead, reader or device_memory, figsize, dpi, clock
         self.fig = self.widget = self.bar = None
 
-    # ---- the run's state
-    def before_fit(self, trainer):
-        self.shown = frontend() if self.mode == 'auto' else self.mode
-        self.train = Downsampled({'step': 'mean', 'loss': 'mean', 'lr': 'last'}, self.capacity)
-        self.valid = None
-        self.mem = Downsampled(_MEM_COLUMNS, self.capacity)
-        self.events = collections.deque(maxlen=32)
-        self.rate = collections.deque(maxlen=32)      # (time, step, samples) of recent records: samples/s and ETA
-        self.seen, self.step, self.epoch, self.reading, self.peak, self.oom = 0, 0, None, None, 0, None
-        self.redraws, self.renders, self.draw_seconds, self.render_cost = 0, 0, 0.0, None
-        self.t0 = self.last_draw = self.last_mem = self.clock()
-        self.last_draw_step, self.micro_batch = 0, getattr(trainer, 'micro_batch', None)
-        self.total = self._device_total(trainer)
-        self._read_memory(trainer)
-        r = self.reading  # process memory (RSS) includes far more than tensors: the plan's peak is drawn above where the run started
-        self.plan_base = r.used if r is not None and r.allocated is None and r.used else 0
-        if self.shown == 'widget': self._open_widget(trainer)
-        elif self.shown == 'text' and not any(type(c).__name__ == 'ProgressBar' for c in getattr(trainer, 'callbacks', ())):
-            from tqdm.std import tqdm  # the Trainer's own bar, when it has one, is enough
-            self.bar = tqdm(total=getattr(trainer, 'total_steps', None), unit='step', dynamic_ncols=True, leave=True)
-
-    def _device_total(self, trainer):
-        try: return self.reader(getattr(trainer, 'device', 'cpu')).total
-        except Exception: return None
-
-    def _read_memory(self, trainer):
-        try: r = self.reader(getattr(trainer, 'device', 'cpu'))
-        except Exception: return  # a failing reader must not stop training; the plot just has a gap
-        self.reading, self.last_mem = r, self.clock()
-        peak = max(x for x in (r.peak, r.current, self.peak) if x is not None)
-        self.peak = peak
-        self.mem.add(step=self.step, allocated=r.allocated, reserved=r.reserved,
-                     used=r.used if r.reserved is None else None, peak=peak)
-
-    def _ingest(self, trainer):
-        "Fold the history records added since the last call into the bounded series."
-        h = getattr(trainer, 'history', None) or ()
-        if len(h) < self.seen: self.seen = 0  # a new history list
-        for r in h[self.seen:]:
-            self.step = r.get('step', self.step)
-            if r.get('epoch') is not None: self.epoch = r['epoch']
-            if 'valid_loss' in r:
-                if self.valid is None:
-                    self.valid = _valid_series(r, self.capacity)
-                self.valid.add(**r)
-            elif 'loss' in r:
-                self.train.add(step=self.step, loss=r['loss'], lr=r.get('lr'))
-                self.rate.append((r.get('time', self.clock()), self.step, r.get('samples')))
-        self.seen = len(h)
-        step = getattr(trainer, 'step', None)  # the Trainer's own count is current; records come every `log_every` steps
-        if isinstance(step, int): self.step = step
-        mb = getattr(trainer, 'micro_batch', None)
-        if mb != self.micro_batch:
-            if self.micro_batch is not None and mb is not None:
-                self.events.append((self.step, 'micro_batch', f'micro-batch {self.micro_batch}→{mb}'))
-            self.micro_batch = mb
-
-    def _tick(self, trainer, force=False):
-        self._ingest(trainer)
-        now = self.clock()
-        if now - self.last_mem >= self.interval / 5: self._read_memory(trainer)
-        if self.bar is not None: self.bar.update(max(0, self.step - self.bar.n))
-        if force or (now - self.last_draw >= self.interval and self.step - self.last_draw_step >= self.every):
-            self._redraw(trainer, plots=force or self._affordable(now))
-
-    first_render_guess = 0.1  # seconds a picture is assumed to cost before one has been timed (a 2-core CPU takes 50-100 ms)
-
-    def _affordable(self, now)->bool:
-        "Would one more picture, and the final one after it, keep the drawing time within `max_overhead` of the wall time so far?"
-        cost = self.render_cost if self.render_cost is not None else self.first_render_guess
-        return self.draw_seconds + 2 * cost <= self.max_overhead * (now - self.t0)
-
     def after_step(self, trainer): self._tick(trainer)
     def after_batch(self, trainer):  # after each micro-batch's backward: near the step's memory peak
         if self.clock() - self.last_mem >= self.interval / 5: self._read_memory(trainer)
     def after_validate(self, trainer): self._tick(trainer)  # throttled too: a validation every few steps must not force redraws
     def after_epoch(self, trainer): self._tick(trainer)
 
-    def on_oom(self, trainer, report):
-        "Show the chapter 07 OOM report and mark the step on the plots."
-        self._ingest(trainer)
-        self.oom = report
-        self.events.append((getattr(report, 'step', None) or self.step, 'oom', 'out of memory'))
-        self._read_memory(trainer)
-        if self.shown == 'widget': self.oom_box.value = self._oom_html(report)
-        elif not getattr(trainer, 'verbose', False): print(report)  # a verbose Trainer prints the report itself
-        self._tick(trainer, force=True)
+# %% ../nbs/08_live.ipynb #e004
+@patch
+def _read_memory(self:LiveDashboard, trainer):
+    "Read the device's memory now and add it to the memory series."
+    try: r = self.reader(getattr(trainer, 'device', 'cpu'))
+    except Exception: return  # a failing reader must not stop training; the plot just has a gap
+    self.reading, self.last_mem = r, self.clock()
+    self.peak = max(x for x in (r.peak, r.current, self.peak) if x is not None)
+    self.mem.add(step=self.step, allocated=r.allocated, reserved=r.reserved,
+                 used=r.used if r.reserved is None else None, peak=self.peak)
 
-    def after_fit(self, trainer):
-        self._ingest(trainer)
-        self._read_memory(trainer)
-        if self.shown == 'text':
-            if self.bar is not None:
-                self.bar.set_postfix_str(self._postfix(), refresh=False)
-                self.bar.close()
-            print(self.header(trainer, html_=False))
-            return
-        if self.shown == 'static' and _ipython() is None: return  # a script asked for 'static': there is nowhere to show it
-        png = self._render(trainer, title=True)  # titled with the header: the picture must stand alone in a saved notebook
-        if self.shown == 'widget':
-            self.image.value, self.head.value = png, self.header(trainer)
-            if self.handle is not None: self.handle.update(self._bundle(png), raw=True)
-        elif _ipython() is not None:
-            from IPython.display import Image
-            _display(Image(png))
+@patch
+def _device_total(self:LiveDashboard, trainer):
+    try: return self.reader(getattr(trainer, 'device', 'cpu')).total
+    except Exception: return None
 
-    # ---- what is shown
-    def _speed(self)->tuple:
-        "(samples/s, steps/s) over the recent records."
-        if len(self.rate) < 2: return None, None
-        (t0, s0, n0), (t1, s1, n1) = self.rate[0], self.rate[-1]
-        if t1 <= t0: return None, None
-        samples = (n1 - n0) / (t1 - t0) if n0 is not None and n1 is not None else None
-        return samples, (s1 - s0) / (t1 - t0)
+# %% ../nbs/08_live.ipynb #e006
+@patch
+def before_fit(self:LiveDashboard, trainer):
+    self.shown = frontend() if self.mode == 'auto' else self.mode
+    self.train = Downsampled({'step': 'mean', 'loss': 'mean', 'lr': 'last'}, self.capacity)
+    self.valid = None
+    self.mem = Downsampled(_MEM_COLUMNS, self.capacity)
+    self.events = collections.deque(maxlen=32)
+    self.rate = collections.deque(maxlen=32)      # (time, step, samples) of recent records: samples/s and ETA
+    self.seen, self.step, self.epoch, self.reading, self.peak, self.oom = 0, 0, None, None, 0, None
+    self.redraws, self.renders, self.draw_seconds, self.render_cost = 0, 0, 0.0, None
+    self.t0 = self.last_draw = self.last_mem = self.clock()
+    self.last_draw_step, self.micro_batch = 0, getattr(trainer, 'micro_batch', None)
+    self.total = self._device_total(trainer)
+    self._read_memory(trainer)
+    r = self.reading  # process memory (RSS) includes far more than tensors: the plan's peak is drawn above where the run started
+    self.plan_base = r.used if r is not None and r.allocated is None and r.used else 0
+    if self.shown == 'widget': self._open_widget(trainer)
+    elif self.shown == 'text' and not any(type(c).__name__ == 'ProgressBar' for c in getattr(trainer, 'callbacks', ())):
+        from tqdm.std import tqdm  # the Trainer's own bar, when it has one, is enough
+        self.bar = tqdm(total=getattr(trainer, 'total_steps', None), unit='step', dynamic_ncols=True, leave=True)
 
-    def header(self, trainer, html_:bool=True)->str:
-        "Device and precision, epoch/step, samples/s, ETA, current and peak memory."
-        total_steps = getattr(trainer, 'total_steps', None)
-        samples_s, steps_s = self._speed()
-        eta = '–'
-        if total_steps and steps_s: eta = time.strftime('%H:%M:%S', time.gmtime(max(0, total_steps - self.step) / steps_s))
-        r = self.reading
-        cur = r.current if r is not None else None
-        of = f" of {fmt_bytes(self.total)}" if self.total else ''
-        precision = getattr(trainer, 'precision', None)
-        parts = [f"{getattr(trainer, 'device', 'cpu')} · {getattr(precision, 'name', precision) or 'fp32'}",
-                 f"epoch {self.epoch if self.epoch is not None else '–'}",
-                 f"step {self.step}" + (f"/{total_steps}" if total_steps else ''),
-                 f"loss {self.train.column('loss')[-1]:.4f}" if len(self.train) else 'loss –',
-                 f"{samples_s:,.0f} samples/s" if samples_s is not None else '– samples/s',
-                 f"ETA {eta}"]
-        mem = f"memory {fmt_bytes(cur)} (peak {fmt_bytes(self.peak)}){of}"
-        if not html_: return ' · '.join(parts + [mem])
-        return ('<div style="font-family:monospace;font-size:12px">' + ' · '.join(html.escape(p) for p in parts)
-                + f' · <span class="netlite-mem" title="{html.escape(r.source if r else "")}">{html.escape(mem)}</span></div>')
+# %% ../nbs/08_live.ipynb #e010
+@patch
+def _ingest(self:LiveDashboard, trainer):
+    "Fold the history records added since the last call into the bounded series."
+    h = getattr(trainer, 'history', None) or ()
+    if len(h) < self.seen: self.seen = 0  # a new history list
+    for r in h[self.seen:]:
+        self.step = r.get('step', self.step)
+        if r.get('epoch') is not None: self.epoch = r['epoch']
+        if 'valid_loss' in r:
+            if self.valid is None: self.valid = _valid_series(r, self.capacity)
+            self.valid.add(**r)
+        elif 'loss' in r:
+            self.train.add(step=self.step, loss=r['loss'], lr=r.get('lr'))
+            self.rate.append((r.get('time', self.clock()), self.step, r.get('samples')))
+    self.seen = len(h)
+    step = getattr(trainer, 'step', None)  # the Trainer's own count is current; records come every `log_every` steps
+    if isinstance(step, int): self.step = step
+    mb = getattr(trainer, 'micro_batch', None)
+    if mb != self.micro_batch:
+        if self.micro_batch is not None and mb is not None:
+            self.events.append((self.step, 'micro_batch', f'micro-batch {self.micro_batch}→{mb}'))
+        self.micro_batch = mb
 
-    def _postfix(self)->str:
-        loss = self.train.column('loss')[-1] if len(self.train) else math.nan
-        cur = self.reading.current if self.reading is not None else None
-        return f"loss {loss:.4f} · mem {fmt_bytes(cur)} · peak {fmt_bytes(self.peak)}"
+# %% ../nbs/08_live.ipynb #e014
+@patch
+def _tick(self:LiveDashboard, trainer, force=False):
+    "After a step: take in new records, maybe read memory, maybe redraw."
+    self._ingest(trainer)
+    now = self.clock()
+    if now - self.last_mem >= self.interval / 5: self._read_memory(trainer)
+    if self.bar is not None: self.bar.update(max(0, self.step - self.bar.n))
+    if force or (now - self.last_draw >= self.interval and self.step - self.last_draw_step >= self.every):
+        self._redraw(trainer, plots=force or self._affordable(now))
 
-    def _render(self, trainer, title=False)->bytes:
-        "The plots as PNG bytes; the time it took is counted against `max_overhead`."
-        t = self.clock()
-        if self.fig is None: self.fig, self.axes = _new_figure(self.figsize, self.dpi)
-        events = list(self.events)
-        _draw_loss(self.axes[0], self.train, self.valid, events)
-        plan = getattr(trainer, 'plan', None)
-        _draw_memory(self.axes[1], self.mem, self.total, getattr(plan, 'peak', None), events, self.plan_base)
-        self.fig.suptitle(self.header(trainer, html_=False) if title else '', fontsize=9)
-        png = _png(self.fig)
-        self.render_cost = self.clock() - t
-        self.draw_seconds += self.render_cost
-        self.renders += 1
-        return png
+# %% ../nbs/08_live.ipynb #e015
+@patch
+def _affordable(self:LiveDashboard, now)->bool:
+    "Would one more picture, and the final one after it, keep the drawing time within `max_overhead` of the wall time so far?"
+    cost = self.render_cost if self.render_cost is not None else self.first_render_guess
+    return self.draw_seconds + 2 * cost <= self.max_overhead * (now - self.t0)
 
-    def _redraw(self, trainer, plots:bool=True):
-        "Update what is shown: the header (or text bar) always, the plots when `plots`."
-        if self.shown == 'widget':
-            if plots: self.image.value = self._render(trainer)
-            self.head.value = self.header(trainer)
-        elif self.bar is not None: self.bar.set_postfix_str(self._postfix(), refresh=False)
-        # 'static': nobody is watching; the picture comes once, at the end
-        self.redraws += 1
-        self.last_draw, self.last_draw_step = self.clock(), self.step
+# %% ../nbs/08_live.ipynb #e018
+@patch
+def _redraw(self:LiveDashboard, trainer, plots:bool=True):
+    "Update what is shown: the header (or text bar) always, the plots when `plots`."
+    if self.shown == 'widget':
+        if plots: self.image.value = self._render(trainer)
+        self.head.value = self.header(trainer)
+    elif self.bar is not None: self.bar.set_postfix_str(self._postfix(), refresh=False)
+    self.redraws += 1
+    self.last_draw, self.last_draw_step = self.clock(), self.step
 
-    def _oom_html(self, report)->str:
-        body = report._repr_html_() if hasattr(report, '_repr_html_') else f"<pre>{html.escape(str(report))}</pre>"
-        return f'<div style="border-left:4px solid #d62728;padding-left:8px">{body}</div>'
+# %% ../nbs/08_live.ipynb #e021
+@patch
+def _speed(self:LiveDashboard)->tuple:
+    "(samples/s, steps/s) over the recent records."
+    if len(self.rate) < 2: return None, None
+    (t0, s0, n0), (t1, s1, n1) = self.rate[0], self.rate[-1]
+    if t1 <= t0: return None, None
+    samples = (n1 - n0) / (t1 - t0) if n0 is not None and n1 is not None else None
+    return samples, (s1 - s0) / (t1 - t0)
 
-    def _bundle(self, png:bytes|None)->dict:
-        "The widget's MIME bundle, with a plain-text header and, at the end, a PNG for viewers without widgets."
-        b = dict(self.widget._repr_mimebundle_())
-        b['text/plain'] = self.header(self._trainer_ref, html_=False) if self._trainer_ref is not None else 'LiveDashboard'
-        if png is not None: b['image/png'] = base64.b64encode(png).decode()
-        return b
+# %% ../nbs/08_live.ipynb #e022
+@patch
+def header(self:LiveDashboard, trainer, html_:bool=True)->str:
+    "Device and precision, epoch/step, samples/s, ETA, current and peak memory."
+    total_steps = getattr(trainer, 'total_steps', None)
+    samples_s, steps_s = self._speed()
+    eta = '–'
+    if total_steps and steps_s: eta = time.strftime('%H:%M:%S', time.gmtime(max(0, total_steps - self.step) / steps_s))
+    r = self.reading
+    cur = r.current if r is not None else None
+    of = f" of {fmt_bytes(self.total)}" if self.total else ''
+    precision = getattr(trainer, 'precision', None)
+    parts = [f"{getattr(trainer, 'device', 'cpu')} · {getattr(precision, 'name', precision) or 'fp32'}",
+             f"epoch {self.epoch if self.epoch is not None else '–'}",
+             f"step {self.step}" + (f"/{total_steps}" if total_steps else ''),
+             f"loss {self.train.column('loss')[-1]:.4f}" if len(self.train) else 'loss –',
+             f"{samples_s:,.0f} samples/s" if samples_s is not None else '– samples/s',
+             f"ETA {eta}"]
+    mem = f"memory {fmt_bytes(cur)} (peak {fmt_bytes(self.peak)}){of}"
+    if not html_: return ' · '.join(parts + [mem])
+    return ('<div style="font-family:monospace;font-size:12px">' + ' · '.join(html.escape(p) for p in parts)
+            + f' · <span class="netlite-mem" title="{html.escape(r.source if r else "")}">{html.escape(mem)}</span></div>')
 
-    def _open_widget(self, trainer):
-        import ipywidgets as W
-        self._trainer_ref = trainer
-        self.head = W.HTML(self.header(trainer))
-        self.image = W.Image(value=_BLANK_PNG, format='png')  # the first redraw fills it: no render before training starts
-        self.oom_box = W.HTML('')
-        self.widget = W.VBox([self.head, self.image, self.oom_box])
-        for w, c in ((self.head, 'netlite-live-header'), (self.image, 'netlite-live-plot'), (self.oom_box, 'netlite-live-oom'), (self.widget, 'netlite-live')):
-            w.add_class(c)
-        self.handle = _display(self._bundle(None), raw=True, display_id=True)
+# %% ../nbs/08_live.ipynb #e025
+@patch
+def _postfix(self:LiveDashboard)->str:
+    "The text bar's summary: loss, memory in use and its peak."
+    loss = self.train.column('loss')[-1] if len(self.train) else math.nan
+    cur = self.reading.current if self.reading is not None else None
+    return f"loss {loss:.4f} · mem {fmt_bytes(cur)} · peak {fmt_bytes(self.peak)}"
 
-    def _repr_png_(self)->bytes|None:
-        "The last run's plots, for showing the dashboard again after the run."
-        return _png(self.fig) if self.fig is not None else None
+# %% ../nbs/08_live.ipynb #e027
+@patch
+def _render(self:LiveDashboard, trainer, title=False)->bytes:
+    "The plots as PNG bytes; the time it took is counted against `max_overhead`."
+    t = self.clock()
+    if self.fig is None: self.fig, self.axes = _new_figure(self.figsize, self.dpi)
+    events = list(self.events)
+    _draw_loss(self.axes[0], self.train, self.valid, events)
+    plan = getattr(trainer, 'plan', None)
+    _draw_memory(self.axes[1], self.mem, self.total, getattr(plan, 'peak', None), events, self.plan_base)
+    self.fig.suptitle(self.header(trainer, html_=False) if title else '', fontsize=9)
+    png = _png(self.fig)
+    self.render_cost = self.clock() - t
+    self.draw_seconds += self.render_cost
+    self.renders += 1
+    return png
+
+# %% ../nbs/08_live.ipynb #e028
+@patch
+def _repr_png_(self:LiveDashboard)->bytes|None:
+    "The last run's plots, for showing the dashboard again after the run."
+    return _png(self.fig) if self.fig is not None else None
+
+# %% ../nbs/08_live.ipynb #e032
+@patch
+def on_oom(self:LiveDashboard, trainer, report):
+    "Show the chapter 07 OOM report and mark the step on the plots."
+    self._ingest(trainer)
+    self.oom = report
+    self.events.append((getattr(report, 'step', None) or self.step, 'oom', 'out of memory'))
+    self._read_memory(trainer)
+    if self.shown == 'widget': self.oom_box.value = self._oom_html(report)
+    elif not getattr(trainer, 'verbose', False): print(report)  # a verbose Trainer prints the report itself
+    self._tick(trainer, force=True)
+
+@patch
+def _oom_html(self:LiveDashboard, report)->str:
+    body = report._repr_html_() if hasattr(report, '_repr_html_') else f"<pre>{html.escape(str(report))}</pre>"
+    return f'<div style="border-left:4px solid #d62728;padding-left:8px">{body}</div>'
+
+# %% ../nbs/08_live.ipynb #e034
+@patch
+def after_fit(self:LiveDashboard, trainer):
+    self._ingest(trainer)
+    self._read_memory(trainer)
+    if self.shown == 'text':
+        if self.bar is not None:
+            self.bar.set_postfix_str(self._postfix(), refresh=False)
+            self.bar.close()
+        print(self.header(trainer, html_=False))
+        return
+    if self.shown == 'static' and frontend() == 'text': return  # a script asked for 'static': there is nowhere to show it
+    png = self._render(trainer, title=True)  # titled with the header: the picture must stand alone in a saved notebook
+    if self.shown == 'widget':
+        self.image.value, self.head.value = png, self.header(trainer)
+        if self.handle is not None: self.handle.update(self._bundle(png), raw=True)
+    else:
+        from IPython.display import Image
+        _display(Image(png))
+
+# %% ../nbs/08_live.ipynb #e036
+@patch
+def _open_widget(self:LiveDashboard, trainer):
+    "Display the widget: one output for the whole run, updated in place."
+    import ipywidgets as W
+    self._trainer_ref = trainer
+    self.head = W.HTML(self.header(trainer))
+    self.image = W.Image(value=_BLANK_PNG, format='png')  # the first redraw fills it: no render before training starts
+    self.oom_box = W.HTML('')
+    self.widget = W.VBox([self.head, self.image, self.oom_box])
+    for w, c in ((self.head, 'netlite-live-header'), (self.image, 'netlite-live-plot'), (self.oom_box, 'netlite-live-oom'), (self.widget, 'netlite-live')):
+        w.add_class(c)
+    self.handle = _display(self._bundle(None), raw=True, display_id=True)
+
+# %% ../nbs/08_live.ipynb #e037
+@patch
+def _bundle(self:LiveDashboard, png:bytes|None)->dict:
+    "The widget's MIME bundle, with a plain-text header and, at the end, a PNG for viewers without widgets."
+    b = dict(self.widget._repr_mimebundle_())
+    b['text/plain'] = self.header(self._trainer_ref, html_=False) if self._trainer_ref is not None else 'LiveDashboard'
+    if png is not None: b['image/png'] = base64.b64encode(png).decode()
+    return b

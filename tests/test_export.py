@@ -7,6 +7,7 @@ import netlite_nb.export as E
 from netlite_nb.export import ExportError, export_onnx, model_from_checkpoint
 from netlite_nb.data import mnist_sample, mnist_sample_loaders
 from netlite_nb.models import create_model
+from netlite_nb.layers import convert_model
 
 
 def _fit(model, dls, epochs=2, lr=3e-3):
@@ -47,6 +48,12 @@ def _tiny_with_bn_stats(dls):
 def _ops(path): return {n.op_type for n in onnx.load(str(path)).graph.node}
 
 
+def _int8_weights(path):
+    "Every int8 initializer of an ONNX file (the quantized weights and their zero points), flattened."
+    return np.concatenate([onnx.numpy_helper.to_array(i).ravel().astype(int) for i in onnx.load(str(path)).graph.initializer
+                           if i.data_type == onnx.TensorProto.INT8])
+
+
 def test_mlp_fp32_parity_and_both_int8_schemes_meet_the_targets(mlp, data, tmp_path):
     dls, valid, x = data
     r = export_onnx(mlp, x, tmp_path/'m.onnx', valid=valid, measure_speed=False)
@@ -59,6 +66,8 @@ def test_mlp_fp32_parity_and_both_int8_schemes_meet_the_targets(mlp, data, tmp_p
         assert q.accuracy_drop <= 1.0, (kind, q.accuracy)
         assert q.size == (tmp_path/f"{'dyn' if kind == 'dynamic' else 'sta'}.onnx").stat().st_size
     assert 'MatMulInteger' in _ops(dyn.path) and 'QuantizeLinear' in _ops(sta.path)
+    # 7-bit weights: u8 x s8 pair sums fit in 16 bits, so no CPU (AVX2 without VNNI included) clips them
+    for q in (dyn, sta): assert np.abs(_int8_weights(q.path)).max() <= 64
 
 
 def test_netlite_tiny_folds_batchnorm_and_int8_runs_integer_kernels(data, tmp_path):
@@ -69,6 +78,7 @@ def test_netlite_tiny_folds_batchnorm_and_int8_runs_integer_kernels(data, tmp_pa
     assert 'BatchNormalization' not in _ops(r.fp32_path) and 'Conv' in _ops(r.fp32_path)
     assert r.max_abs_diff['fp32'] <= 1e-4 and r.size_ratio <= 0.30, r
     assert 'ConvInteger' not in _ops(r.path)
+    assert len(_int8_weights(r.path)) > 1000 and np.abs(_int8_weights(r.path)).max() <= 64
     so = ort.SessionOptions()
     so.optimized_model_filepath, so.log_severity_level = str(tmp_path/'optimized.onnx'), 3
     ort.InferenceSession(str(r.path), so, providers=['CPUExecutionProvider'])
@@ -202,9 +212,8 @@ def test_bad_paths_and_calibration_fail_before_any_work(monkeypatch, mlp, data, 
 
 
 def test_layers_of_chapter_02_export_as_plain_modules(data, tmp_path):
-    layers = pytest.importorskip('netlite_nb.layers', reason='chapter 02 not merged on this branch')
     dls, valid, x = data
-    m = layers.convert_model(create_model('netlite_tiny'), checkpoint=True).eval()
+    m = convert_model(create_model('netlite_tiny'), checkpoint=True).eval()
     assert {'BitDropout', 'CheckpointedSequential'} <= {new.split('(')[0] for _, _, new in m.netlite_conversion.swapped}
     r = export_onnx(m, x[:8], tmp_path/'l.onnx', measure_speed=False)
     assert r.exporter == 'dynamo' and r.max_abs_diff['fp32'] <= 1e-4

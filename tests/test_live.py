@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 import matplotlib.pyplot as plt
 import netlite_nb.live as live
-from netlite_nb.live import LiveDashboard, plot_history, plot_memory, frontend
+from netlite_nb.live import LiveDashboard, plot_history, plot_memory
+from netlite_nb.probe import frontend
 
 sys.path.insert(0, str(Path(__file__).parent))
 from live_fakes import GB, FakeClock, fake_reader, fake_trainer, run_steps, small_model, synthetic_data
@@ -20,18 +21,22 @@ class FakeHandle:
 
 @pytest.fixture
 def shown(monkeypatch):
-    "Record what the dashboard displays, as if an IPython kernel were there."
+    "Record what the dashboard displays, as if a Jupyter frontend were there."
     calls = []
     def fake_display(obj, **kw):
         calls.append((obj, kw))
         return FakeHandle() if kw.get('display_id') else None
     monkeypatch.setattr(live, '_display', fake_display)
-    monkeypatch.setattr(live, '_ipython', lambda: object())
+    monkeypatch.setattr(live, 'frontend', lambda shell=None: 'widget')
     return calls
 
 
 def test_no_ipython_means_text_mode():
     assert frontend() == 'text'     # pytest runs without an IPython shell
+    d = LiveDashboard(reader=fake_reader(), clock=FakeClock())
+    d.before_fit(fake_trainer())
+    assert d.shown == 'text'        # 'auto' asks chapter 00's rule
+    d.bar.close()
 
 
 def test_widget_mode_updates_one_image_in_place(shown):
