@@ -86,9 +86,9 @@ def micro_batches(batches:list, # a window: the loader batches (x, y) of one opt
                   device=None, # move each loader batch here first (None: leave it where it is)
                  ):
     "Yield (x, y, weight) per micro-batch of a window; weight = its share of the window's samples, so weighted mean losses add up to the window's mean."
-    n = sum(yb.shape[0] for _, yb in batches)
+    n, device = sum(yb.shape[0] for _, yb in batches), None if device is None else torch.device(device)
     for xb, yb in batches:
-        if device is not None: xb, yb = _to(xb, torch.device(device)), _to(yb, torch.device(device))
+        if device is not None: xb, yb = _to(xb, device), _to(yb, device)
         for xc, yc in (zip(xb.split(micro_batch), yb.split(micro_batch)) if yb.shape[0] > micro_batch else ((xb, yb),)):
             yield xc, yc, yc.shape[0] / n
 
@@ -357,18 +357,17 @@ class Trainer:
         self.eval_batch = None  # samples per evaluation forward pass; None: the loader's batch (halved after an OOM)
         self._ckpt, self._rng_window, self._in_update, self._stop_requested, self._running = None, None, False, False, False
 
-    def __getattr__(self, k):  # only reached when the trainer itself has no attribute `k`
-        st_ = self.__dict__.get('state')
-        if st_ is not None and k in _STATE: return getattr(st_, k)
-        raise AttributeError(f"'Trainer' object has no attribute {k!r}")
-    def __setattr__(self, k, v):
-        if k in _STATE and 'state' in self.__dict__: setattr(self.state, k, v)
-        else: super().__setattr__(k, v)
     def log(self, msg:str):
         "Print `msg` when verbose (the trainer's one voice)."
         if self.opts.verbose: print(msg)
     def _call(self, hook, *args):
         for f in self._hooks[hook]: f(self, *args)
+
+# %% ../nbs/07_train.ipynb #d012c
+def _state_property(name:str)->property:
+    return property(lambda self: getattr(self.state, name), lambda self, v: setattr(self.state, name, v), doc=f"`trainer.state.{name}`")
+
+for _f in fields(TrainState): setattr(Trainer, _f.name, _state_property(_f.name))
 
 # %% ../nbs/07_train.ipynb #d014
 @patch
@@ -540,7 +539,7 @@ def _plan_and_suggest(self:Trainer, micro_batch:int, suggest:bool=False)->tuple[
 def _compute_window(self:Trainer, batches:list)->tuple[torch.Tensor, int]:
     "Forward and backward every micro-batch of `batches` (weighted by its share of samples), then one optimizer step."
     total, scaled_loss = None, self.precision.use_scaler
-    for xc, yc, w in micro_batches(batches, self.micro_batch, self.device):
+    for xc, yc, w in micro_batches(batches, self.state.micro_batch, self.device):
         self.xb, self.yb = xc, yc
         self._call('before_batch')
         with self.precision.autocast(): loss = self.loss_fn(self.model(xc), yc)
@@ -647,12 +646,13 @@ def _record(self:Trainer, **kw)->dict:
 @patch
 def _log_step(self:Trainer, force=False):
     "Write a training record when `log_every` steps have gone by (or at the last step)."
-    if not self._losses or not (force or self.step % self.opts.log_every == 0 or self.step >= self.total_steps): return
+    s = self.state
+    if not self._losses or not (force or s.step % self.opts.log_every == 0 or s.step >= s.total_steps): return
     now = time.perf_counter()
-    sps = (self.samples - self._log_samples) / max(now - self._log_t, 1e-9)
+    sps = (s.samples - self._log_samples) / max(now - self._log_t, 1e-9)
     self.last_record = self._record(loss=torch.stack(self._losses).mean().item(), lr=self.opt.param_groups[0]['lr'],
-                                    samples_per_s=sps, micro_batch=self.micro_batch, accum_steps=self.accum_steps)
-    self._losses, self._log_t, self._log_samples = [], now, self.samples
+                                    samples_per_s=sps, micro_batch=s.micro_batch, accum_steps=self.accum_steps)
+    self._losses, self._log_t, self._log_samples = [], now, s.samples
 
 # %% ../nbs/07_train.ipynb #g003
 @patch
