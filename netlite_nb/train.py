@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_train.ipynb #c003
 from __future__ import annotations
-import contextlib, itertools, math, signal, sys, tempfile, threading, time, traceback
+import contextlib, difflib, itertools, math, signal, sys, tempfile, threading, time, traceback
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
@@ -277,8 +277,14 @@ class TrainOptions:
     plan:bool=True                     # ask chapter 01's planner for `.plan` at the start of `fit`
     verbose:bool=True                  # print the run description, reports and notes
 
-def _resolve_options(o:TrainOptions, s)->TrainOptions:
-    "`o` with what it left open filled from strategy `s` (chapter 06), else from the defaults."
+def _resolve_options(kw:dict, s)->TrainOptions:
+    "The `TrainOptions` the keyword arguments `kw` set, with what they left open filled from strategy `s` (chapter 06), else the defaults."
+    names = [f.name for f in fields(TrainOptions)]
+    for k in kw:
+        if k not in names:
+            near = difflib.get_close_matches(k, names, n=1)
+            raise TypeError(f"Trainer has no option {k!r}{f' (did you mean {near[0]!r}?)' if near else ''}; its options are the fields of TrainOptions: {', '.join(names)}.")
+    o = TrainOptions(**kw)
     return replace(o, lr=o.lr if o.lr is not None else (s.lr if s is not None and s.lr else 1e-3),
                    micro_batch=o.micro_batch or (s.micro_batch if s is not None else None),
                    accum_steps=o.accum_steps or (s.accum_steps if s is not None else None),
@@ -336,7 +342,7 @@ class Trainer:
                  **options, # any `TrainOptions` field: lr, micro_batch, accum_steps, ema, log_every, ...
                 ):
         s = self.strategy = _strategy(strategy, model)
-        self.opts, self.state, self.config = _resolve_options(TrainOptions(**options), s), TrainState(), config
+        self.opts, self.state, self.config = _resolve_options(options, s), TrainState(), config
         self.device = torch.device(device or (s.device if s is not None else probe().device))
         self.run_dir = Path(run_dir) if run_dir else None
         self.data, (self.train_data, self.valid_data) = data, _split_data(data)
