@@ -1,82 +1,15 @@
-"Chapter 07 across chapters: exact resume (real SIGINT, augmented chapter 04 loaders, 8-bit optimizer), OOM recovery, checkpoints, CLI."
-import os, signal, subprocess, sys, importlib.util
-from pathlib import Path
+"Chapter 07 across chapters: OOM recovery (halving, checkpointing, BatchNorm), strategy conversions and allocator settings, precision, accumulation, history."
 import pytest, torch, yaml
 from torch import nn
 from torch.utils.data import DataLoader
-import safetensors.torch as st
-from netlite_nb.train import (Trainer, Callback, InjectOOM, SimulatedMemoryLimit, EarlyStopping, blobs, mlp, max_param_diff,
-                              find_checkpoint, choose_precision, loader_generators, _accum_run)
-
-ROOT = Path(__file__).resolve().parents[1]
-has = lambda m: importlib.util.find_spec(f'netlite_nb.{m}') is not None
-KW = dict(device='cpu', progress=False, verbose=False, plan=False)
-
-
-def loaders(bs=64, n=1024):
-    ds = blobs(n)
-    tr, va = torch.utils.data.random_split(ds, [n - 256, 256], generator=torch.Generator().manual_seed(0))
-    return DataLoader(tr, bs, shuffle=True), DataLoader(va, 256)
-
-
-def losses(t): return [(r['step'], r['loss']) for r in t.history if 'loss' in r]
-
-
-class Sigint(Callback):
-    "Send this process a real SIGINT (what Ctrl-C and Jupyter's stop button do) after step `at`."
-    def __init__(self, at): self.at = at
-    def after_step(self, t):
-        if t.step == self.at: os.kill(os.getpid(), signal.SIGINT)
-
-
-def test_real_sigint_finishes_the_step_checkpoints_and_resumes_exactly(tmp_path):
-    def make(cbs=()):
-        torch.manual_seed(3)
-        return Trainer(mlp(dropout=0.3), loaders(), lr=3e-3, ema=0.95, run_dir=tmp_path / 'cut', callbacks=cbs, log_every=1, **KW)
-    torch.manual_seed(3)
-    full = Trainer(mlp(dropout=0.3), loaders(), lr=3e-3, ema=0.95, run_dir=tmp_path / 'full', log_every=1, **KW).fit(epochs=3)
-    cut = make([Sigint(17)]).fit(epochs=3)
-    assert cut.interrupted and cut.step == 17          # the step in flight finished; no later step started
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler is put back
-    res = make().fit(epochs=3, resume=tmp_path / 'cut')
-    assert losses(res) == losses(full) and res.step == full.step == 36
-    assert all(torch.equal(p, q) for p, q in zip(res.model.parameters(), full.model.parameters()))
-    assert all(torch.equal(p, q) for p, q in zip(res.ema.parameters(), full.ema.parameters()))
-
-
-def test_checkpoint_files_are_safetensors_and_weights_only(tmp_path):
-    t = Trainer(mlp(), loaders(), run_dir=tmp_path, ema=0.9, **KW).fit(steps=3)
-    ck = find_checkpoint(tmp_path)
-    assert ck.name == 'step-0000003' and (tmp_path / 'latest').read_text() == 'step-0000003'
-    w = st.load_file(ck / 'model.safetensors')
-    assert set(w) == set(t.model.state_dict()) and all(torch.equal(w[k], v) for k, v in t.model.state_dict().items())
-    assert 'n_averaged' in st.load_file(ck / 'ema.safetensors')
-    s = torch.load(ck / 'state.pt', weights_only=True)  # must not need pickled code
-    assert s['step'] == 3 and s['samples'] == 192 and set(s['optimizer']) == {'state', 'param_groups'}
-    assert {'python', 'numpy', 'torch'} <= set(s['rng']) and s['scheduler'] is not None
-    cfg = yaml.safe_load((tmp_path / 'config.yaml').read_text())
-    assert cfg['precision'] == 'fp32' and cfg['micro_batch'] == 64 and cfg['optimizer']['class'] == 'AdamW'
-
-
-def test_previous_checkpoint_survives_a_write_that_dies(tmp_path, monkeypatch):
-    t = Trainer(mlp(), loaders(), run_dir=tmp_path, **KW).fit(steps=2)
-    def die(*a, **k): raise OSError('killed mid-write')
-    monkeypatch.setattr(torch, 'save', die)
-    with pytest.raises(OSError): t.fit(steps=2)
-    monkeypatch.undo()
-    assert find_checkpoint(tmp_path).name == 'step-0000002'
-    assert any(p.name.startswith('.step-0000004.tmp') for p in tmp_path.iterdir())  # the half-written one is ignored
-    t2 = Trainer(mlp(), loaders(), run_dir=tmp_path, **KW).fit(steps=2, resume=tmp_path)
-    assert t2.step == 2
-
-
-class StepCounter(torch.optim.AdamW):
-    "AdamW that records the gradient norm it is given (to check clipping) and how often it stepped."
-    def __init__(self, params, lr=1e-3): super().__init__(params, lr=lr); self.norms = []
-    def step(self, closure=None):
-        gs = [p.grad for g in self.param_groups for p in g['params'] if p.grad is not None]
-        self.norms.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in gs])).item())
-        return super().step(closure)
+import netlite_nb.train as train_module
+from netlite_nb.train import Trainer, Callback, InjectOOM, SimulatedMemoryLimit, choose_precision
+from netlite_nb.budget import plan_memory
+from netlite_nb.layers import convert_model
+from netlite_nb.strategies import load_strategy
+from netlite_nb.checkpoint import find_checkpoint
+from netlite_nb.fixtures import blobs, mlp, max_param_diff, _accum_run
+from train_helpers import KW, loaders, losses, Sigint, StepCounter
 
 
 @pytest.mark.parametrize('inject', [dict(limit=10), dict(steps={1, 4, 9, 20}), dict(steps={2, 7}, cpu=True)])
@@ -112,7 +45,6 @@ def bn_run(cbs=(), run_dir=None, resume=None, optimizer=StepCounter, **kw):
 def state_equal(a, b): return list(a.state_dict()) == list(b.state_dict()) and all(torch.equal(p, q) for p, q in zip(a.state_dict().values(), b.state_dict().values()))
 
 
-@pytest.mark.skipif(not has('layers'), reason='chapter 02 not merged')
 def test_oom_below_min_micro_batch_checkpoints_and_changes_no_number():
     ok = bn_run(micro_batch=8)
     t = bn_run([InjectOOM({3})], micro_batch=8)
@@ -135,7 +67,6 @@ class OOMAfterTwoMicroBatches(Callback):
                 raise torch.OutOfMemoryError("CUDA out of memory (injected after two micro-batches of the step)")
 
 
-@pytest.mark.skipif(not has('layers'), reason='chapter 02 not merged')
 def test_oom_mid_step_does_not_update_batchnorm_twice():
     ok = bn_run(micro_batch=8)
     t = bn_run([OOMAfterTwoMicroBatches(3)], micro_batch=8)
@@ -154,9 +85,7 @@ def test_oom_report_does_not_move_the_loader_s_shuffle():
     assert t.micro_batch == 16 and max_param_diff(ok.model, t.model) < 1e-12
 
 
-@pytest.mark.skipif(not has('layers'), reason='chapter 02 not merged')
 def test_checkpointing_then_halving_with_8bit_state_kept():
-    if not has('optim'): pytest.skip('chapter 03 not merged')
     # checkpoint at 8, then halve to 4: the 8-bit optimizer state survives both (same parameter objects)
     t = bn_run([InjectOOM({3, 6})], micro_batch=8, optimizer='adamw8bit')
     assert [r.action.split(' ')[0] for r in t.oom_reports] == ['activation', 'micro-batch']
@@ -164,7 +93,6 @@ def test_checkpointing_then_halving_with_8bit_state_kept():
     assert type(t.opt).__name__ == 'AdamW8bit' and all(p in t.opt.state for p in t.model.parameters())
 
 
-@pytest.mark.skipif(not has('layers'), reason='chapter 02 not merged')
 def test_simulated_card_halves_then_checkpoints():
     def run(model): torch.manual_seed(0); return Trainer(model, loaders(bs=64), log_every=1, **KW).fit(epochs=1)
     torch.manual_seed(0); ok = run(mlp(dropout=0.2))
@@ -176,7 +104,6 @@ def test_simulated_card_halves_then_checkpoints():
     assert (lin.micro_batch, lin.checkpointing) == (4, None)
 
 
-@pytest.mark.skipif(not has('layers'), reason='chapter 02 not merged')
 def test_micro_batch_one_checkpoints_before_it_stops():
     t = Trainer(mlp(), loaders(bs=4), micro_batch=1, callbacks=[InjectOOM({2, 4})], **KW)
     with pytest.raises(torch.OutOfMemoryError, match='micro-batch is already 1 and the model'): t.fit(steps=5)
@@ -185,7 +112,6 @@ def test_micro_batch_one_checkpoints_before_it_stops():
     with pytest.raises(torch.OutOfMemoryError, match='no plain nn.Sequential'): t.fit(steps=3)
 
 
-@pytest.mark.skipif(not has('layers'), reason='chapter 02 not merged')
 def test_resume_after_the_switch_continues_checkpointed(tmp_path):
     full = bn_run([InjectOOM({3})], micro_batch=8, run_dir=tmp_path / 'full')
     assert yaml.safe_load((tmp_path / 'full' / 'config.yaml').read_text())['checkpointing'] is True   # rewritten after the switch
@@ -196,15 +122,83 @@ def test_resume_after_the_switch_continues_checkpointed(tmp_path):
     assert losses(res) == losses(full) and state_equal(res.model, full.model)
 
 
-@pytest.mark.skipif(not (has('layers') and has('strategies')), reason='chapters 02 and 06 not merged')
+def plan_of(model, batch=64, **kw):
+    return plan_memory(model, (torch.empty(batch, 20, device='meta'), torch.empty(batch, dtype=torch.long, device='meta')),
+                       loss_fn=nn.CrossEntropyLoss(), device_or_gpu='cpu', budget=2**40, **kw)
+
+
 def test_strategy_checkpointing_is_applied_and_planned_as_is():
-    from netlite_nb.strategies import load_strategy
     s = load_strategy('cpu', checkpointing=2, micro_batch=64)
     t = Trainer(mlp(), loaders(), strategy=s, device='cpu', progress=False, verbose=False)
     assert t.checkpointing == 2 and type(t.model).__name__ == 'CheckpointedSequential' and t.model.k == 2
     t.fit(steps=2)
-    if has('budget'): assert t.plan is not None and t.plan.checkpointing == 'on (in the model)'
+    # the plan traces the model the trainer runs: what a plan of convert_model's result says, less than the plain model's
+    ck = plan_of(convert_model(mlp(), relu=False, ffn=False, dropout=False, checkpoint=2))
+    assert t.plan is not None and t.plan.breakdown['activations'] == ck.breakdown['activations'] < plan_of(mlp()).breakdown['activations']
+    assert t.plan.peak == plan_of(convert_model(mlp(), relu=False, ffn=False, dropout=False, checkpoint=2)).peak
     assert t.resolved_config()['checkpointing'] == 2
+
+
+def ffn_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(20, 64), nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 64)), nn.ReLU(), nn.Linear(64, 10))
+
+
+def test_strategy_chunk_size_is_applied_and_planned_the_same_way():
+    s = load_strategy('cpu', chunk_size=16, micro_batch=64)
+    t = Trainer(ffn_net(), loaders(), strategy=s, log_every=1, **KW).fit(steps=3)
+    assert type(t.model[1]).__name__ == 'ChunkedFFN' and t.model[1].chunk_size == 16 and t.checkpointing is None
+    # chunking changes how the FFN computes, not what: the same run with the plain model lands in the same place
+    plain = Trainer(ffn_net(), loaders(), strategy=load_strategy('cpu', micro_batch=64), log_every=1, **KW).fit(steps=3)
+    assert max_param_diff(plain.model, t.model) < 1e-5 and [l for _, l in losses(plain)] == pytest.approx([l for _, l in losses(t)], rel=1e-5)
+    # planned as it runs (bf16: chapter 02's ChunkedFFN cannot be traced on the meta tensors of an fp32 plan yet)
+    t = Trainer(ffn_net(), loaders(), strategy=load_strategy('cpu', chunk_size=16, micro_batch=64, precision='bf16'), **{**KW, 'plan': True}).fit(steps=1)
+    chunked = plan_of(convert_model(ffn_net(), relu=False, ffn=True, dropout=False, chunk_size=16), precision='bf16')
+    assert t.plan.peak == chunked.peak and t.plan.saved_activations == chunked.saved_activations < plan_of(ffn_net(), precision='bf16').saved_activations
+
+
+def test_strategy_asking_for_both_gets_both_and_the_plan_traces_both():
+    s = load_strategy('cpu', chunk_size=16, checkpointing=2, micro_batch=64, precision='bf16')
+    t = Trainer(ffn_net(), loaders(), strategy=s, device='cpu', progress=False, verbose=False).fit(steps=1)
+    assert type(t.model).__name__ == 'CheckpointedSequential' and type(t.model[1]).__name__ == 'ChunkedFFN' and t.checkpointing == 2
+    both = plan_of(convert_model(ffn_net(), relu=False, ffn=True, dropout=False, chunk_size=16, checkpoint=2), precision='bf16')
+    assert t.plan.peak == both.peak
+
+
+def test_oom_checkpointing_is_planned_as_the_trainer_applied_it():
+    t = Trainer(mlp(dropout=0.0), loaders(), micro_batch=8, callbacks=[InjectOOM({2})], device='cpu', progress=False, verbose=False).fit(steps=3)
+    assert t.checkpointing is True
+    plan, _, _ = t._plan_and_suggest(t.micro_batch)
+    assert plan.peak == plan_of(convert_model(mlp(dropout=0.0), relu=False, ffn=False, dropout=False, checkpoint=True), micro_batch=8).peak
+    assert t.oom_reports[0].plan.peak == plan_of(mlp(dropout=0.0), micro_batch=8).peak      # the report planned the model as it failed
+
+
+def test_allocator_settings_are_applied_before_the_model_reaches_the_gpu(monkeypatch):
+    "On any machine: the strategy's alloc_conf goes to chapter 06's `apply_allocator_settings` before the model's first `.to('cuda')`."
+    events = []
+    class Recorded(nn.Sequential):
+        def to(self, *a, **k): events.append(('to', str(a[0]) if a else k)); return self   # stays on the CPU: no GPU needed
+    monkeypatch.setattr(train_module, 'apply_allocator_settings', lambda s: events.append(('alloc', s.alloc_conf)) or 'applied')
+    s = load_strategy('gtx_1050_ti', device='cuda', precision='fp32')
+    t = Trainer(Recorded(nn.Linear(20, 10)), loaders(), strategy=s, progress=False, verbose=False, plan=False)
+    assert events == [('alloc', 'expandable_segments:True'), ('to', 'cuda')] and 'applied' in t.notes
+    events.clear()
+    Trainer(Recorded(nn.Linear(20, 10)), loaders(), strategy=s, device='cpu', progress=False, verbose=False, plan=False)
+    assert events == [('to', 'cpu')]                                  # a CPU run leaves the CUDA allocator alone
+
+
+def test_trainer_methods_are_patched_not_exported():
+    assert {'fit', 'validate', 'predict', 'accum_steps', 'save_checkpoint', 'load_checkpoint'}.isdisjoint(train_module.__all__)
+    assert {'Trainer', 'TrainOptions', 'TrainState', 'Callback', 'choose_precision'} <= set(train_module.__all__)
+    assert all(callable(getattr(Trainer, m)) for m in ('fit', 'validate', 'predict', 'save_checkpoint', 'load_checkpoint'))
+
+
+def test_state_reads_and_writes_through_the_trainer():
+    t = Trainer(mlp(), loaders(), **KW).fit(steps=2)
+    assert (t.step, t.samples, t.history) == (t.state.step, t.state.samples, t.state.history) and t.step == 2
+    t.micro_batch = 16
+    assert t.state.micro_batch == 16 and 'micro_batch' not in vars(t) and t.accum_steps == 4
+    with pytest.raises(TypeError, match='no_such_option'): Trainer(mlp(), loaders(), no_such_option=1)
 
 
 def test_oom_in_the_optimizer_step_is_not_retried():
@@ -224,9 +218,10 @@ def test_fp16_clips_after_unscaling_and_checkpoints_the_scaler(tmp_path):
 
 
 def test_accumulation_matches_big_batch_with_partial_window():
-    big, small = _accum_run(128, 1, steps=12), _accum_run(16, 8, steps=12)
-    assert max_param_diff(big, small) <= 1e-10
-    assert max_param_diff(_accum_run(64, 1, steps=12), _accum_run(16, 4, steps=12)) <= 1e-10
+    big, small = _accum_run(128, 1, steps=12, trainer=Trainer), _accum_run(16, 8, steps=12, trainer=Trainer)
+    assert max_param_diff(big.model, small.model) <= 1e-10
+    assert max_param_diff(_accum_run(64, 1, steps=12, trainer=Trainer).model, _accum_run(16, 4, steps=12, trainer=Trainer).model) <= 1e-10
+    assert big.samples == small.samples
 
 
 def test_micro_batch_and_accum_resolution():
@@ -240,14 +235,6 @@ def test_precision_policy():
     assert choose_precision('cpu').name == 'fp32' and choose_precision('cpu', 'bf16').name == 'bf16'
     assert [choose_precision('cuda', cc=c).name for c in ('6.1', '7.0', '7.5', '8.0', '8.9', '9.0')] == ['fp32', 'fp16', 'fp16', 'bf16', 'bf16', 'bf16']
     assert 'Pascal' in choose_precision('cuda', cc='6.1').reason
-
-
-def test_early_stopping_state_is_checkpointed(tmp_path):
-    es = EarlyStopping(patience=2, min_delta=100.0)
-    t = Trainer(mlp(), loaders(), run_dir=tmp_path, callbacks=[es], **KW).fit(epochs=10)
-    assert t.stop and t.epoch == 3
-    es2 = EarlyStopping(patience=2); Trainer(mlp(), loaders(), run_dir=tmp_path, callbacks=[es2], **KW).load_checkpoint(tmp_path)
-    assert (es2.best, es2.wait) == (es.best, es.wait)
 
 
 def test_history_records_follow_the_contract():
@@ -264,114 +251,9 @@ def test_tensorboard_logging(tmp_path):
     assert list((tmp_path / 'tensorboard').glob('events.out.tfevents.*'))
 
 
-@pytest.mark.skipif(not has('data'), reason='chapter 04 not merged')
-def test_resume_exact_with_chapter04_augmented_tensor_loader(tmp_path):
-    from netlite_nb.data import make_loaders, LabeledTensors
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.rand(640, 1, 12, 12, generator=g), torch.randint(0, 10, (640,), generator=g)
-    mk = lambda: make_loaders(LabeledTensors(x[:512], y[:512]), LabeledTensors(x[512:], y[512:]), batch_size=64, augment=True, seed=1)
-    net = lambda: (torch.manual_seed(0), nn.Sequential(nn.Flatten(), nn.Linear(144, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 10)))[1]
-    assert len(loader_generators(mk().train)) == 2     # the shuffle's and the augmentation's
-    full = Trainer(net(), mk(), log_every=1, run_dir=tmp_path / 'a', **KW).fit(epochs=2)
-    Trainer(net(), mk(), log_every=1, run_dir=tmp_path / 'b', callbacks=[Sigint(11)], **KW).fit(epochs=2)
-    res = Trainer(net(), mk(), log_every=1, run_dir=tmp_path / 'b', **KW).fit(epochs=2, resume=tmp_path / 'b')
-    assert losses(res) == losses(full)
-
-
-@pytest.mark.skipif(not has('optim'), reason='chapter 03 not merged')
-def test_resume_exact_with_8bit_optimizer_state(tmp_path):
-    def make(d, cbs=()):
-        torch.manual_seed(0)
-        return Trainer(nn.Sequential(nn.Linear(20, 512), nn.ReLU(), nn.Linear(512, 10)), loaders(), optimizer='adamw8bit',
-                       run_dir=tmp_path / d, callbacks=cbs, log_every=1, **KW)
-    full = make('a').fit(epochs=2)
-    make('b', [Sigint(5)]).fit(epochs=2)
-    res = make('b').fit(epochs=2, resume=tmp_path / 'b')
-    assert type(res.opt).__name__ == 'AdamW8bit' and losses(res) == losses(full)
-
-
-def test_plan_from_chapter01_when_available():
+def test_plan_from_chapter01():
     t = Trainer(mlp(), loaders(), device='cpu', progress=False, verbose=False).fit(steps=1)
-    if has('budget'): assert t.plan is not None and t.plan.peak > 0 and 'activations' in t.plan.breakdown
-    else: assert t.plan is None and any('chapter 01' in n for n in t.notes)
-
-
-needs_demo = pytest.mark.skipif(not (has('data') and has('models') and has('strategies')), reason='chapters 04-06 not merged')
-
-
-def netlite(*args, timeout=600):
-    env = {**os.environ, 'PYTHONPATH': str(ROOT)}
-    return subprocess.run([sys.executable, '-c', 'import sys; from netlite_nb.cli import main; sys.exit(main(sys.argv[1:]))', *args],
-                          capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
-
-
-@needs_demo
-def test_cli_demo_quick(tmp_path):
-    r = netlite('demo', '--steps', '5', '--no-export', '--out', str(tmp_path / 'demo'))
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert 'Held-out accuracy' in r.stdout and find_checkpoint(tmp_path / 'demo').name == 'step-0000005'
-    cfg = yaml.safe_load((tmp_path / 'demo' / 'config.yaml').read_text())
-    assert cfg['run']['model']['name'] == 'netlite_tiny'
-
-
-@needs_demo
-def test_cli_train_config_and_resume(tmp_path):
-    cfg = tmp_path / 'run.yaml'
-    cfg.write_text('strategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample, batch_size: 128}\ntrain: {steps: 6, ema: 0.9}\n')
-    r = netlite('train', str(cfg), '--set', 'optim.lr=0.002', '--out', str(tmp_path / 'run'))
-    assert r.returncode == 0, r.stderr[-3000:]
-    saved = yaml.safe_load((tmp_path / 'run' / 'config.yaml').read_text())
-    assert saved['run']['optim']['lr'] == 0.002 and saved['run']['train']['steps'] == 6 and saved['effective_batch'] == 128
-    r = netlite('train', str(cfg), '--set', 'train.steps=8', '--resume', str(tmp_path / 'run'))
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert find_checkpoint(tmp_path / 'run').name == 'step-0000008'
-    r = netlite('train', str(cfg), '--set', 'train.epoch=1')
-    assert r.returncode != 0 and 'epochs' in r.stderr      # unknown keys name the closest valid one (chapter 06)
-
-
-SMALL = ("strategy: {name: auto, device: cpu, precision: fp32, memory_gb: 0.0072, budget_fraction: 0.5}\n"
-         "model: {name: mlp}\ndata: {name: mnist_sample, batch_size: 128}\ntrain: {steps: 2}\n")
-
-
-@needs_demo
-def test_cli_train_auto_sizes_the_batch_for_the_model(tmp_path):
-    cfg = tmp_path / 'small.yaml'
-    cfg.write_text(SMALL)
-    r = netlite('train', str(cfg), '--quiet', '--out', str(tmp_path / 'run'))
-    assert r.returncode == 0, r.stderr[-3000:]
-    saved = yaml.safe_load((tmp_path / 'run' / 'config.yaml').read_text())
-    s = saved['run']['strategy']
-    assert s['micro_batch'] < 128 and s['micro_batch'] * s['accum_steps'] == 128 == saved['effective_batch']
-    assert (saved['micro_batch'], saved['accum_steps']) == (s['micro_batch'], s['accum_steps']) and 'planner fits' in s['reason']
-    r = netlite('train', str(cfg), '--quiet', '--set', 'train.steps=3', '--resume', str(tmp_path / 'run'))   # keeps the run's split
-    assert r.returncode == 0, r.stderr[-3000:]
-    again = yaml.safe_load((tmp_path / 'run' / 'config.yaml').read_text())
-    assert (again['micro_batch'], again['accum_steps']) == (saved['micro_batch'], saved['accum_steps'])
-    assert find_checkpoint(tmp_path / 'run').name == 'step-0000003'
-
-
-@needs_demo
-def test_train_from_config_sizes_only_what_the_file_left_open(tmp_path):
-    from netlite_nb.train import train_from_config
-    small = yaml.safe_load(SMALL)
-    t = train_from_config(small, run_dir=tmp_path / 'a', progress=False, verbose=False)
-    assert t.micro_batch < 128 and t.effective_batch == 128 and t.data.train.batch_size == t.micro_batch
-    assert t.plan is t.strategy.plan and t.plan.fits and t.plan.total <= t.plan.budget
-    roomy = train_from_config(small, ['strategy.memory_gb=1'], run_dir=tmp_path / 'b', progress=False, verbose=False)
-    assert (roomy.micro_batch, roomy.accum_steps) == (128, 1)
-    fixed = train_from_config(small, ['strategy.micro_batch=32'], run_dir=tmp_path / 'c', progress=False, verbose=False)
-    assert (fixed.micro_batch, fixed.accum_steps) == (32, 4)
-    named = train_from_config({**small, 'strategy': 'cpu'}, run_dir=tmp_path / 'd', progress=False, verbose=False)
-    assert (named.micro_batch, named.accum_steps) == (128, 1)          # a named profile is taken as written
-
-
-@needs_demo
-@pytest.mark.slow
-def test_demo_reaches_target_accuracy(tmp_path, request):
-    from netlite_nb.train import run_demo
-    r = run_demo(run_dir=tmp_path / 'demo', progress=False)
-    print(r)
-    assert r.accuracy >= 0.975, r
+    assert t.plan is not None and t.plan.peak > 0 and 'activations' in t.plan.breakdown and t.notes == []
 
 
 def test_run_description_names_the_schedule_it_uses():
