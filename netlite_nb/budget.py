@@ -599,9 +599,9 @@ def _step_notes(precision:str, accum:int, micro:int)->list[str]:
 
 # %% ../nbs/01_budget.ipynb #mp19
 def _transform_name(t:Callable|None)->str|None:
-    "How a plan names a model transform: a partial with its arguments, anything else by its name."
+    "How a plan names a model transform: by its name, or a nameless partial by its arguments."
     if t is None: return None
-    if isinstance(t, functools.partial):
+    if isinstance(t, functools.partial) and not hasattr(t, '__name__'):
         args = [repr(a) for a in t.args] + [f"{k}={v!r}" for k, v in t.keywords.items()]
         return f"{_transform_name(t.func)}({', '.join(args)})"
     return getattr(t, '__name__', type(t).__name__)

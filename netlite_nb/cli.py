@@ -5,12 +5,11 @@
 # %% ../nbs/11_cli.ipynb #c003
 from __future__ import annotations
 import argparse, json, sys
-from functools import partial
 from pathlib import Path
 import torch
 from .probe import UnknownGPUError, probe
 from .budget import BudgetTooSmallError, fit_to_budget, max_batch_size, plan_memory, resize_batch
-from .layers import convert_model
+from .layers import memory_transform
 from .data import mnist_sample, mnist_sample_loaders
 from .models import create_model
 from .run import run_demo, train_from_config
@@ -57,7 +56,7 @@ def _cli_model(name:str, in_channels:int=1, size:int=28):
     m = create_model(name, num_classes=10, in_channels=in_channels)
     return m, (torch.empty(1, in_channels, size, size, device='meta'), torch.empty(1, dtype=torch.long, device='meta'))
 
-_CHECKPOINTED = partial(convert_model, relu=False, ffn=False, dropout=False, checkpoint=True)  # what the Trainer applies
+_CHECKPOINTED = memory_transform(True)  # what the Trainer applies when it switches checkpointing on
 
 @command('plan', 'Predict the memory of a training step on a GPU (or the CPU) and say whether it fits.')
 def _plan(args):

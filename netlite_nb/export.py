@@ -8,9 +8,12 @@ import contextlib, copy, ctypes, io, logging, os, re, sys, tempfile, time, warni
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
+import safetensors.torch as st
 import onnx, onnxruntime as ort
 from fastcore.basics import patch
 from .probe import fmt_bytes, rows_html, rows_text
+from .models import create_model
+from .checkpoint import find_checkpoint, read_run_config
 
 # %% auto #0
 __all__ = ['ExportError', 'onnx_session', 'run_onnx', 'calibration_batches', 'quantize_int8', 'ExportReport', 'export_onnx',
@@ -473,24 +476,15 @@ def _weights_file(path)->Path:
     if p.is_file():
         if p.suffix != '.safetensors': raise ValueError(f"{str(p)!r} is not a .safetensors file or a checkpoint directory.")
         return p
-    if not p.is_dir(): raise FileNotFoundError(f"No checkpoint at {str(p)!r}.")
-    if (p/'model.safetensors').is_file(): return p/'model.safetensors'
-    latest = p/'latest'
-    if latest.is_file() and (p/latest.read_text().strip()/'model.safetensors').is_file(): return p/latest.read_text().strip()/'model.safetensors'
-    found = sorted(p.glob('step-*/model.safetensors'))
-    if not found: raise FileNotFoundError(f"No checkpoint in {str(p)!r}: looked for model.safetensors, latest and step-*/model.safetensors.")
-    return found[-1]
+    return find_checkpoint(p, weights_only=True) / 'model.safetensors'  # chapter 06a's rules: itself, `latest`, else the newest step-*
 
 # %% ../nbs/09_export.ipynb #f070
 def _model_config(weights:Path)->dict:
-    "The `model:` section of the run configuration next to a checkpoint (in its folder or the run directory above)."
-    import yaml
-    for d in (weights.parent, weights.parent.parent):
-        if (d/'config.yaml').is_file():
-            cfg = yaml.safe_load((d/'config.yaml').read_text()) or {}
-            for sec in (cfg.get('run') or {}, cfg):  # chapter 07 nests the user's configuration under `run:`
-                m = sec.get('model') if isinstance(sec, dict) else None
-                if isinstance(m, dict) and isinstance(m.get('name'), str): return m
+    "The `model:` section of the configuration of the run a checkpoint belongs to."
+    cfg = read_run_config(weights)
+    for sec in (cfg.get('run') or {}, cfg):  # a run's config.yaml nests the user's configuration under `run:`
+        m = sec.get('model') if isinstance(sec, dict) else None
+        if isinstance(m, dict) and isinstance(m.get('name'), str): return m
     return {}
 
 # %% ../nbs/09_export.ipynb #f071
@@ -499,8 +493,6 @@ def model_from_checkpoint(path,                 # a run directory, a checkpoint 
                           **kwargs,             # passed to `create_model`, over the configuration's `model.kwargs`
                          )->tuple[nn.Module, dict]:
     "Rebuild the model a chapter 07 checkpoint holds; returns (model in eval mode, what was loaded)."
-    from netlite_nb.models import create_model
-    import safetensors.torch as st
     w = _weights_file(path)
     cfg = _model_config(w)
     name = name or cfg.get('name')

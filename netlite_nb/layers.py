@@ -16,7 +16,7 @@ from .budget import AllocationTracker, register_lever
 __all__ = ['saved_bytes', 'StepMeasurement', 'measure_step', 'MemoryComparison', 'compare_steps', 'ChunkedFFN',
            'chunked_linear_cross_entropy', 'ChunkedLinearCrossEntropy', 'pack_bits', 'unpack_bits', 'BitReLU',
            'BitDropout', 'checkpoint_segment', 'CheckpointedSequential', 'checkpoint_every', 'ConversionSummary',
-           'convert_model']
+           'convert_model', 'memory_transform']
 
 # %% ../nbs/02_layers.ipynb #c007
 def saved_bytes(fn, # callable running a forward pass
@@ -531,6 +531,18 @@ def convert_model(model:nn.Module, # changed in place
     model.netlite_conversion = s
     return model
 
+# %% ../nbs/02_layers.ipynb #mt1
+def memory_transform(checkpoint:int|bool|None=None, # modules per checkpointed segment; True: about √n; None: no checkpointing
+                     chunk_size:int|None=None, # most rows per chunk of the chunked FFN layers; None: the FFNs stay as they are
+                    )->Callable|None:
+    "The conversion a training run applies (checkpointing, chunked FFNs) as a named callable model -> model; None when it changes nothing."
+    if checkpoint in (None, False) and chunk_size is None: return None
+    f = partial(convert_model, relu=False, ffn=chunk_size is not None, dropout=False, checkpoint=checkpoint or None, chunk_size=chunk_size)
+    segments = 'about √n modules' if checkpoint is True else f"{checkpoint} module{'s' * (checkpoint != 1)}"
+    f.__name__ = ' + '.join(([f"activation checkpointing ({segments} per segment)"] if checkpoint else []) +
+                            ([f"chunked FFN ({chunk_size} rows)"] if chunk_size else []))
+    return f
+
 # %% ../nbs/02_layers.ipynb #lv1
 @register_lever
 def _chunked_layers_lever(target, kw:dict, model:nn.Module)->list:
@@ -542,5 +554,4 @@ def _chunked_layers_lever(target, kw:dict, model:nn.Module)->list:
 def _checkpointing_lever(target, kw:dict, model:nn.Module)->list:
     "Activation checkpointing of about √n modules per segment, converted as the Trainer converts it."
     if not any(type(m) is nn.Sequential and len(m) >= 2 for m in model.modules()): return []
-    ck = partial(convert_model, relu=False, ffn=False, dropout=False, checkpoint=True)
-    return [("activation checkpointing of about sqrt(n) block segments", dict(transform=ck), 0.3)]
+    return [("activation checkpointing of about sqrt(n) block segments", dict(transform=memory_transform(True)), 0.3)]

@@ -459,7 +459,7 @@ def on_oom(self:LiveDashboard, trainer, report):
     self.events.append((getattr(report, 'step', None) or self.step, 'oom', 'out of memory'))
     self._read_memory(trainer)
     if self.shown == 'widget': self.oom_box.value = self._oom_html(report)
-    elif not getattr(trainer, 'verbose', False): print(report)  # a verbose Trainer prints the report itself
+    elif not trainer.opts.verbose: print(report)  # a verbose Trainer prints the report itself
     self._tick(trainer, force=True)
 
 @patch

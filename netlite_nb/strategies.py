@@ -13,7 +13,7 @@ import torch, yaml
 from fastcore.basics import patch
 from .probe import GPUInfo, GPUSpec, HardwareProfile, UnknownGPUError, find_gpu, fmt_bytes, lookup_gpu, probe, rows_html, rows_text
 from .budget import OPTIMIZERS, BudgetTooSmallError, max_batch_size, plan_memory, resize_batch
-from .layers import convert_model
+from .layers import memory_transform
 from . import optim as _optim  # importing chapter 03 adds 'adamw8bit' to the optimizer names (OPTIMIZERS) profiles use
 
 # %% auto #0
@@ -322,24 +322,12 @@ def load_strategy(name:str|Strategy, # a profile name, alias, GPU name ('gtx 107
     else: s = _by_name(name)
     return Strategy.from_dict({**s.to_dict(), **overrides}) if overrides else s
 
-# %% ../nbs/06_strategies.ipynb #t001
-def _model_transform(checkpoint:int|None, # modules per checkpointed segment; None: no checkpointing
-                     chunk_size:int|None, # rows per chunk of the chunked FFN layers; None: the FFNs stay as they are
-                    ):
-    "Chapter 02's `convert_model` with these two settings and nothing else, as a callable model -> model; None when it would change nothing."
-    if checkpoint is None and chunk_size is None: return None
-    f = partial(convert_model, relu=False, ffn=chunk_size is not None, dropout=False, checkpoint=checkpoint, chunk_size=chunk_size)
-    parts = ([f"activation checkpointing ({checkpoint} module{'s' * (checkpoint != 1)} per segment)"] if checkpoint else []) + \
-            ([f"chunked FFN ({chunk_size} rows)"] if chunk_size else [])
-    f.__name__ = ' + '.join(parts)  # what a MemoryPlan and the run's record show
-    return f
-
 # %% ../nbs/06_strategies.ipynb #t002
 @patch
 def model_transform(self:Strategy):
     "The change to the model this strategy asks for (checkpointing k, chunk_size) as a callable model -> model, or None: what the run applies and the planner traces."
     k = self.checkpointing if type(self.checkpointing) is int else None  # 'auto' is decided by the planner; until then, off
-    return _model_transform(k, self.chunk_size)
+    return memory_transform(k, self.chunk_size)
 
 # %% ../nbs/06_strategies.ipynb #t010
 _ALLOC_ENV = ('PYTORCH_CUDA_ALLOC_CONF', 'PYTORCH_ALLOC_CONF')  # PyTorch reads the first (its older name) when it is set, else the second
@@ -436,10 +424,10 @@ def _max_fit(model, sample, limit:int, transform, target:int, kw:dict)->tuple[in
 def _most_that_fit(s:Strategy, model, sample, limit:int, target:int, kw:dict, min_micro_batch:int)->tuple[int, int|None, str]:
     "(samples per micro-batch that fit, the checkpointing they need, why); with 'auto', checkpointing only when too few fit without."
     ck = s.checkpointing if type(s.checkpointing) is int else None
-    n, err = _max_fit(model, sample, limit, _model_transform(ck, s.chunk_size), target, kw)
+    n, err = _max_fit(model, sample, limit, memory_transform(ck, s.chunk_size), target, kw)
     why = f"The planner fits {n if n < target else f'all {target}'} samples per micro-batch in {fmt_bytes(limit)}"
     if s.checkpointing == 'auto' and n < min(target, min_micro_batch):
-        n_ck, err_ck = _max_fit(model, sample, limit, _model_transform(1, s.chunk_size), target, kw)  # 1: checkpoint every module
+        n_ck, err_ck = _max_fit(model, sample, limit, memory_transform(1, s.chunk_size), target, kw)  # 1: checkpoint every module
         if n_ck > n:
             why += f" without activation checkpointing and {n_ck} with it, so checkpointing is on"
             n, ck, err = n_ck, 1, err_ck

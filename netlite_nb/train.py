@@ -6,7 +6,6 @@
 from __future__ import annotations
 import contextlib, difflib, itertools, math, signal, sys, tempfile, threading, time, traceback
 from dataclasses import dataclass, field, fields, replace
-from functools import partial
 from pathlib import Path
 import numpy as np, torch
 from torch import nn
@@ -17,7 +16,7 @@ from . import __version__
 from .probe import (LOW_PRECISION, MemoryReading, bf16_is_native, device_memory, fmt_bytes, fp16_is_fast, free_memory,
                               in_notebook, is_oom, probe, rows_html, rows_text)
 from .budget import fit_to_budget, make_optimizer, plan_memory, resize_batch
-from .layers import CheckpointedSequential, convert_model
+from .layers import CheckpointedSequential, memory_transform
 import netlite_nb.optim  # registers 'adamw8bit' with `make_optimizer`
 from .strategies import apply_allocator_settings, load_strategy, pick_strategy, save_config
 from .checkpoint import (find_checkpoint, load_checkpoint, loader_generators, rng_state, save_checkpoint, seed_everything,
@@ -477,9 +476,7 @@ def enable_checkpointing(self:Trainer, k:int|bool=True, # modules per checkpoint
                         )->bool:
     "Switch on chapter 02's activation checkpointing in the trainer's model, in place; False when there is nothing to checkpoint."
     if self.checkpointing is not None: return True
-    f = partial(convert_model, relu=False, ffn=False, dropout=False, checkpoint=k)
-    f.__name__ = f"activation checkpointing ({'about √n' if k is True else k} modules per segment)"  # what a MemoryPlan shows
-    if not self._convert(f): return False
+    if not self._convert(memory_transform(k)): return False
     swapped = self.model.netlite_conversion.swapped
     self.state.checkpointing, self.checkpointed = k, [f"{p or 'the model'} → {new}" for p, _, new in swapped]
     return True

@@ -36,7 +36,7 @@ def fake_reader(gb_allocated=1.0):
 
 def fake_trainer(**kw):
     return types.SimpleNamespace(**{'history': [], 'device': 'cuda:0', 'precision': 'fp16', 'plan': types.SimpleNamespace(peak=int(1.4 * GB)),
-                                    'micro_batch': 64, 'accum_steps': 1, 'total_steps': 1000, **kw})
+                                    'micro_batch': 64, 'accum_steps': 1, 'total_steps': 1000, 'opts': types.SimpleNamespace(verbose=False), **kw})
 
 
 def run_steps(dash, tr, n, clock=None, dt=0.0):

@@ -1,10 +1,9 @@
 "Chapter 02 (layers): cross-checks against plain PyTorch that are heavier than the notebook's, and ONNX export."
 import copy
-from functools import partial
 import pytest, torch, torch.nn as nn, torch.nn.functional as F
 from netlite_nb.budget import AllocationTracker, fit_to_budget, plan_memory
 from netlite_nb.layers import (ChunkedFFN, ChunkedLinearCrossEntropy, BitReLU, BitDropout, CheckpointedSequential,
-                               chunked_linear_cross_entropy, checkpoint_every, convert_model, saved_bytes, _ChunkedFFNFn)
+                               chunked_linear_cross_entropy, memory_transform, checkpoint_every, convert_model, saved_bytes, _ChunkedFFNFn)
 
 torch.set_num_threads(1)
 
@@ -203,7 +202,7 @@ def test_chunked_ce_from_linear_shares_the_head_and_matches_plain():
     torch.testing.assert_close(g, head.weight.grad, rtol=1e-4, atol=1e-6)
 
 
-TRAINER_CK = partial(convert_model, relu=False, ffn=False, dropout=False, checkpoint=True)   # what chapter 07's Trainer applies
+TRAINER_CK = memory_transform(True)   # what chapter 07's Trainer applies
 
 
 def test_planned_checkpointing_and_micro_batches_save_activations():
@@ -213,7 +212,7 @@ def test_planned_checkpointing_and_micro_batches_save_activations():
     base = plan_memory(blocks, x, optimizer='sgd')
     ck = plan_memory(blocks, x, optimizer='sgd', transform=TRAINER_CK)
     assert ck.peak < base.peak and ck.saved_activations < base.saved_activations
-    assert ck.transform == 'convert_model(relu=False, ffn=False, dropout=False, checkpoint=True)'
+    assert ck.transform == 'activation checkpointing (about √n modules per segment)'
     assert type(blocks) is nn.Sequential   # the planner converted a copy
     mb = plan_memory(blocks, x, optimizer='sgd', micro_batch=128)
     assert mb.micro_batch == 128 and mb.peak < base.peak
