@@ -4,11 +4,11 @@
 
 # %% ../nbs/04_data.ipynb #c003
 from __future__ import annotations
-import html, math, os, platform, sys, time, warnings
+import html, math, os, platform, warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 import numpy as np, torch
 from torch.utils.data import DataLoader, Dataset
 from fastcore.basics import patch
