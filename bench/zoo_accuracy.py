@@ -4,8 +4,8 @@ Both sides train the same architecture with the same recipe (AdamW + OneCycle, l
 epochs/lr/augmentation/batch size in RECIPES, batch 64 unless it says) from the same initial weights:
   netlite : `mnist_sample_loaders` (device-resident `TensorLoader`, seeded, optional augmentation) + `create_model`;
   plain   : `torch.utils.data.DataLoader` over a `TensorDataset` of the same 4,000 images, a hand-written loop.
-Chapter 07's `Trainer` is not used (it is written in parallel); both sides use the loop below, so the difference
-measured is the data path. Held-out accuracy is on the fixed 1,000-image split.
+Both sides run the hand-written loop below rather than chapter 07's `Trainer`, so the difference measured is the data
+path alone. Held-out accuracy is on the fixed 1,000-image split.
 
     PYTHONPATH=$PWD python bench/zoo_accuracy.py                  # mlp and netlite_tiny (the targets)
     PYTHONPATH=$PWD python bench/zoo_accuracy.py --models all     # every model of the zoo

@@ -4,25 +4,35 @@
 
 # %% ../nbs/04_data.ipynb #c003
 from __future__ import annotations
-import html, math, os, platform, sys, time, warnings
+import html, math, os, platform, warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 import numpy as np, torch
 from torch.utils.data import DataLoader, Dataset
+from fastcore.basics import patch
+from .probe import in_notebook
 
 # %% auto #0
-__all__ = ['LabeledTensors', 'DataCheckError', 'mnist_sample', 'DataReport', 'check_dataset', 'DatasetNotFoundError',
+__all__ = ['DataCheckError', 'LabeledTensors', 'mnist_sample', 'DataReport', 'check_dataset', 'DatasetNotFoundError',
            'load_dataset', 'FolderDataset', 'stratified_split', 'image_folder', 'digit_augment', 'cifar_augment',
-           'SeededAugment', 'BatchAugment', 'LoaderSettings', 'in_notebook', 'loader_settings', 'TensorLoader',
-           'DeviceLoader', 'DataLoaders', 'make_loaders', 'mnist_sample_loaders']
+           'SeededAugment', 'BatchAugment', 'LoaderSettings', 'loader_settings', 'TensorLoader', 'DeviceLoader',
+           'DataLoaders', 'make_loaders', 'mnist_sample_loaders']
 
 # %% ../nbs/04_data.ipynb #c006
 def _as_float(x:torch.Tensor)->torch.Tensor:
     "Images as float32 in [0, 1]: uint8 is scaled by 1/255, floats pass through."
     return x.float().div_(255) if x.dtype == torch.uint8 else x.float()
 
+class DataCheckError(ValueError):
+    "The data would train badly or not at all; the message names the item and the fix."
+
+def _len_msg(nx, ny)->str:
+    return (f"There are {nx} images but {ny} labels. Images and labels must be paired one to one: filter or shuffle "
+            f"them together (index both with the same index tensor), not one at a time.")
+
+# %% ../nbs/04_data.ipynb #c006a
 class LabeledTensors(Dataset):
     "Images `x` [N, C, H, W] (uint8 or float) with integer labels `y` [N] and class names, all in memory."
     def __init__(self, x:torch.Tensor, # images [N, C, H, W]; uint8 (0..255) or float (0..1)
@@ -34,23 +44,20 @@ class LabeledTensors(Dataset):
 
     def __len__(self)->int: return len(self.y)
     def __getitem__(self, i): return _as_float(self.x[i]), self.y[i]
-    @property
-    def targets(self)->torch.Tensor: return self.y
-    @property
-    def num_classes(self)->int: return len(self.classes)
-    @property
-    def input_shape(self)->tuple[int, ...]: return tuple(self.x.shape[1:])
-    @property
-    def nbytes(self)->int: return self.x.nbytes + self.y.nbytes
-    def __repr__(self)->str:
-        return f"LabeledTensors({len(self)} images {'×'.join(map(str, self.input_shape))} {str(self.x.dtype).replace('torch.', '')}, {self.num_classes} classes)"
 
-class DataCheckError(ValueError):
-    "The data would train badly or not at all; the message names the item and the fix."
+# %% ../nbs/04_data.ipynb #c006b
+@patch(as_prop=True)
+def targets(self:LabeledTensors)->torch.Tensor: return self.y
+@patch(as_prop=True)
+def num_classes(self:LabeledTensors)->int: return len(self.classes)
+@patch(as_prop=True)
+def input_shape(self:LabeledTensors)->tuple[int, ...]: return tuple(self.x.shape[1:])
+@patch(as_prop=True)
+def nbytes(self:LabeledTensors)->int: return self.x.nbytes + self.y.nbytes
 
-def _len_msg(nx, ny)->str:
-    return (f"There are {nx} images but {ny} labels. Images and labels must be paired one to one: filter or shuffle "
-            f"them together (index both with the same index tensor), not one at a time.")
+@patch
+def __repr__(self:LabeledTensors)->str:
+    return f"LabeledTensors({len(self)} images {'×'.join(map(str, self.input_shape))} {str(self.x.dtype).replace('torch.', '')}, {self.num_classes} classes)"
 
 # %% ../nbs/04_data.ipynb #c007
 def mnist_sample(raw:bool=False, # keep images as uint8 0..255 instead of float32 0..1
@@ -79,21 +86,26 @@ class DataReport:
     max:float
     checked:int              # items whose pixels were checked (all of them for in-memory data)
 
-    @property
-    def num_classes(self)->int: return len(self.classes)
-    @property
-    def imbalance(self)->float:
-        "Largest class count over smallest (1.0 = balanced)."
-        return max(self.counts) / max(1, min(self.counts))
+# %% ../nbs/04_data.ipynb #c013a
+@patch(as_prop=True)
+def num_classes(self:DataReport)->int: return len(self.classes)
 
-    def __str__(self)->str:
-        bal = (f"{self.counts[0]} each (balanced)" if len(set(self.counts)) == 1 else
-               f"{min(self.counts)}–{max(self.counts)} per class (imbalance {self.imbalance:.1f}×)")
-        part = '' if self.checked == self.n else f" (pixels of {self.checked})"
-        return (f"{self.name}: {self.n} images {'×'.join(map(str, self.input_shape))} · {self.num_classes} classes, {bal} · "
-                f"pixels mean {self.mean:.3f} std {self.std:.3f} range [{self.min:.3g}, {self.max:.3g}]{part}")
-    __repr__ = __str__
-    def _repr_html_(self)->str: return f"<code>{html.escape(str(self))}</code>"
+@patch(as_prop=True)
+def imbalance(self:DataReport)->float:
+    "Largest class count over smallest (1.0 = balanced)."
+    return max(self.counts) / max(1, min(self.counts))
+
+@patch
+def __str__(self:DataReport)->str:
+    bal = (f"{self.counts[0]} each (balanced)" if len(set(self.counts)) == 1 else
+           f"{min(self.counts)}–{max(self.counts)} per class (imbalance {self.imbalance:.1f}×)")
+    part = '' if self.checked == self.n else f" (pixels of {self.checked})"
+    return (f"{self.name}: {self.n} images {'×'.join(map(str, self.input_shape))} · {self.num_classes} classes, {bal} · "
+            f"pixels mean {self.mean:.3f} std {self.std:.3f} range [{self.min:.3g}, {self.max:.3g}]{part}")
+@patch
+def __repr__(self:DataReport)->str: return str(self)
+@patch
+def _repr_html_(self:DataReport)->str: return f"<code>{html.escape(str(self))}</code>"
 
 # %% ../nbs/04_data.ipynb #c015
 def _list(idx:torch.Tensor, k:int=5)->str:
@@ -111,7 +123,9 @@ def _check_pixels(x:torch.Tensor, offset=0, index=None):
                              f"come from — a normalization that divides by a zero std, a failed decode, a log of 0. "
                              f"`torch.nan_to_num` hides the symptom, not the cause.")
 
-def _check_labels(y:torch.Tensor, num_classes:int, classes:list[str], name:str)->list[int]:
+# %% ../nbs/04_data.ipynb #c015c
+def _class_indices(y:torch.Tensor, num_classes:int)->torch.Tensor:
+    "Labels as a long tensor of class indices; raise on fractions and on labels outside [0, num_classes)."
     if y.dtype.is_floating_point:
         if not torch.equal(y, y.round()): raise DataCheckError(f"Labels must be whole class numbers, but label {int((y != y.round()).nonzero()[0])} is {float(y[(y != y.round()).nonzero()[0]])}. Fix: pass class indices (0..{num_classes-1}) as a long tensor, not scores or one-hot rows.")
         y = y.long()
@@ -121,6 +135,12 @@ def _check_labels(y:torch.Tensor, num_classes:int, classes:list[str], name:str)-
                                  f' If there really are {int(y.max()) + 1} classes, say num_classes={int(y.max()) + 1}.')
         raise DataCheckError(f"Label of item {i} is {int(y[i])}, outside [0, {num_classes}) (items out of range: {_list(bad)}). "
                              f"Labels must be 0..{num_classes-1} for {num_classes} classes.{hint}")
+    return y
+
+# %% ../nbs/04_data.ipynb #c015d
+def _check_labels(y:torch.Tensor, num_classes:int, classes:list[str], name:str)->list[int]:
+    "Items per class; raise when a label is not a class, when every item has one label, or when a class has no items."
+    y = _class_indices(y, num_classes)
     counts = torch.bincount(y, minlength=num_classes).tolist()
     present = [c for c in range(num_classes) if counts[c]]
     if len(y) and len(present) == 1:
@@ -133,6 +153,36 @@ def _check_labels(y:torch.Tensor, num_classes:int, classes:list[str], name:str)-
                              f"split (every class in every part), add examples, or drop the class and renumber the labels.")
     return counts
 
+# %% ../nbs/04_data.ipynb #c015h
+def _tensor_stats(x:torch.Tensor)->tuple[float, float, float, float, int]:
+    "(sum, sum of squares, min, max, number of values) of all pixels of `x`, checking each chunk for NaN/inf."
+    total, squares, lo, hi = 0.0, 0.0, math.inf, -math.inf
+    for s in range(0, len(x), 4096):
+        _check_pixels(x[s:s+4096], s)
+        xf = _as_float(x[s:s+4096])
+        total, squares = total + float(xf.sum()), squares + float(xf.double().pow(2).sum())
+        lo, hi = min(lo, float(xf.min())), max(hi, float(xf.max()))
+    return total, squares, lo, hi, x[0].numel() * len(x)
+
+def _item_stats(data, max_items:int)->tuple[tuple, tuple, int]:
+    "`_tensor_stats` of up to `max_items` evenly spaced items of a dataset, their shape, and how many were read."
+    idx = torch.linspace(0, len(data) - 1, min(max_items, len(data))).round().long().unique()
+    xs = torch.stack([torch.as_tensor(data[int(i)][0]).float() for i in idx])
+    _check_pixels(xs, index=idx)
+    return (float(xs.sum()), float(xs.double().pow(2).sum()), float(xs.min()), float(xs.max()), xs.numel()), tuple(xs.shape[1:]), len(idx)
+
+# %% ../nbs/04_data.ipynb #c015k
+def _images_and_labels(data)->tuple[torch.Tensor|None, torch.Tensor]:
+    "Images (None for a dataset read item by item) and labels of what `check_dataset` was given."
+    if isinstance(data, (tuple, list)):
+        x, y = data
+        if len(x) != len(y): raise DataCheckError(_len_msg(len(x), len(y)))
+        return torch.as_tensor(x), torch.as_tensor(y)
+    if isinstance(getattr(data, 'x', None), torch.Tensor): return data.x, data.y
+    targets = getattr(data, 'targets', None)
+    return None, torch.as_tensor(targets if targets is not None else [data[i][1] for i in range(len(data))])
+
+# %% ../nbs/04_data.ipynb #c015l
 def check_dataset(data, # a `LabeledTensors`, an (x, y) pair of tensors, or a dataset of (x, y) items
                   num_classes:int|None=None, # default: from the dataset's `classes`, else max label + 1
                   name:str='dataset', # what to call it in messages ('train', 'valid')
@@ -140,35 +190,17 @@ def check_dataset(data, # a `LabeledTensors`, an (x, y) pair of tensors, or a da
                  )->DataReport:
     "Check images and labels before training; raise `DataCheckError` naming the item and the fix, else summarise."
     classes = getattr(data, 'classes', None)
-    if isinstance(data, (tuple, list)):
-        x, y = data
-        if len(x) != len(y): raise DataCheckError(_len_msg(len(x), len(y)))
-        x, y = torch.as_tensor(x), torch.as_tensor(y)
-    elif isinstance(getattr(data, 'x', None), torch.Tensor): x, y = data.x, data.y
-    else: x, y = None, torch.as_tensor(getattr(data, 'targets', None) if getattr(data, 'targets', None) is not None else [data[i][1] for i in range(len(data))])
+    x, y = _images_and_labels(data)
     if len(y) == 0: raise DataCheckError(f"{name} is empty: no items to train on. Fix: check the path or the filter that built it.")
     num_classes = num_classes or (len(classes) if classes else int(y.max()) + 1)
     classes = list(classes) if classes and len(classes) == num_classes else [str(i) for i in range(num_classes)]
     counts = _check_labels(y, num_classes, classes, name)
-    if x is not None:
-        idx, n = None, len(x)
-        total, squares, lo, hi = 0.0, 0.0, math.inf, -math.inf
-        for s in range(0, n, 4096):  # in chunks, each made float once: a float copy of 60k images is 200 MB
-            _check_pixels(x[s:s+4096], s)
-            xf = _as_float(x[s:s+4096])
-            total, squares = total + float(xf.sum()), squares + float(xf.double().pow(2).sum())
-            lo, hi = min(lo, float(xf.min())), max(hi, float(xf.max()))
-        stats, cnt = torch.tensor([total, squares]), x[0].numel() * n
-        shape = tuple(x.shape[1:])
-    else:
-        idx = torch.linspace(0, len(data) - 1, min(max_items, len(data))).round().long().unique()
-        xs = torch.stack([torch.as_tensor(data[int(i)][0]).float() for i in idx])
-        _check_pixels(xs, index=idx)
-        n, cnt, shape = len(data), xs.numel(), tuple(xs.shape[1:])
-        stats = torch.tensor([float(xs.sum()), float(xs.double().pow(2).sum())]); lo, hi = float(xs.min()), float(xs.max())
-    mean = float(stats[0]) / cnt
-    std = math.sqrt(max(0.0, float(stats[1]) / cnt - mean**2))
-    return DataReport(name, len(y), shape, classes, counts, mean, std, lo, hi, len(idx) if idx is not None else n)
+    if x is not None: stats, shape, checked = _tensor_stats(x), tuple(x.shape[1:]), len(x)
+    else: stats, shape, checked = _item_stats(data, max_items)
+    total, squares, lo, hi, cnt = stats
+    mean = total / cnt
+    std = math.sqrt(max(0.0, squares / cnt - mean**2))
+    return DataReport(name, len(y), shape, classes, counts, mean, std, lo, hi, checked)
 
 # %% ../nbs/04_data.ipynb #c023
 _TV = {  # name -> (torchvision class, folder torchvision reads, files it needs, download size)
@@ -190,6 +222,14 @@ def _not_found(name, root:Path, why:str='')->DatasetNotFoundError:
         f"To fix: run load_dataset({name!r}, root={str(root)!r}, download=True) on a machine with internet ({size}), "
         f"or copy the folder {sub}/ with those files (uncompressed) into {root}. Offline, mnist_sample() needs no files.")
 
+# %% ../nbs/04_data.ipynb #c023b
+def _as_labeled(tv_ds)->LabeledTensors:
+    "A torchvision MNIST-style or CIFAR-style dataset as uint8 `LabeledTensors` [N, C, H, W] with its class names."
+    x = torch.as_tensor(np.asarray(tv_ds.data))
+    x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2).contiguous()  # MNIST: N×H×W; CIFAR: N×H×W×C
+    return LabeledTensors(x, torch.as_tensor(tv_ds.targets), list(tv_ds.classes))
+
+# %% ../nbs/04_data.ipynb #c023e
 def load_dataset(name:str, # 'mnist', 'fashion_mnist' or 'cifar10'
                  root:str|Path='data', # folder that holds (or will hold) the dataset's files
                  download:bool=False, # fetch the files if they are missing (needs internet)
@@ -205,12 +245,7 @@ def load_dataset(name:str, # 'mnist', 'fashion_mnist' or 'cifar10'
     except RuntimeError as e: raise _not_found(key, root, str(e).split('.')[0]) from e
     except OSError as e:  # a download that failed: no network, a proxy, a mirror down
         raise _not_found(key, root, f"download failed: {e}") from e
-    out = []
-    for p in parts:
-        x = torch.as_tensor(np.asarray(p.data))
-        x = x.unsqueeze(1) if x.ndim == 3 else x.permute(0, 3, 1, 2).contiguous()  # MNIST: N×H×W; CIFAR: N×H×W×C
-        out.append(LabeledTensors(x, torch.as_tensor(p.targets), list(p.classes)))
-    return out[0], out[1]
+    return _as_labeled(parts[0]), _as_labeled(parts[1])
 
 # %% ../nbs/04_data.ipynb #c028
 class FolderDataset(Dataset):
@@ -227,17 +262,13 @@ class FolderDataset(Dataset):
         path, y = self.samples[i]
         with Image.open(path) as im: img = im.convert('L' if self.channels == 1 else 'RGB')
         return self.transform(img), self.targets[i]
-    @property
-    def num_classes(self)->int: return len(self.classes)
-    def __repr__(self)->str: return f"FolderDataset({len(self)} images → {'×'.join(map(str, self.input_shape))}, {self.num_classes} classes: {', '.join(self.classes[:5])}{'…' if self.num_classes > 5 else ''})"
 
-def _readable(path:str)->str|None:
-    "None if PIL can decode the image at `path`, else the reason."
-    from PIL import Image
-    try:
-        with Image.open(path) as im: im.load()
-    except Exception as e: return f"{type(e).__name__}: {e}"
+@patch(as_prop=True)
+def num_classes(self:FolderDataset)->int: return len(self.classes)
+@patch
+def __repr__(self:FolderDataset)->str: return f"FolderDataset({len(self)} images → {'×'.join(map(str, self.input_shape))}, {self.num_classes} classes: {', '.join(self.classes[:5])}{'…' if self.num_classes > 5 else ''})"
 
+# %% ../nbs/04_data.ipynb #c028b
 def stratified_split(targets:torch.Tensor, valid_pct:float=0.2, seed:int=0)->tuple[torch.Tensor, torch.Tensor]:
     "Indices (train, valid) with `valid_pct` of each class held out, drawn with a seeded generator."
     g = torch.Generator().manual_seed(seed)
@@ -250,15 +281,17 @@ def stratified_split(targets:torch.Tensor, valid_pct:float=0.2, seed:int=0)->tup
         va.append(idx[:k]); tr.append(idx[k:])
     return torch.cat(tr).sort().values, torch.cat(va).sort().values
 
-def image_folder(path:str|Path, # folder with one sub-folder of images per class
-                 size:int=32, # images are resized to size × size
-                 valid_pct:float=0.2, # share of each class held out for validation
-                 seed:int=0, # seed of the split
-                 channels:int=3, # 3 for colour, 1 for grey
-                )->tuple[FolderDataset, FolderDataset]:
-    "Your own pictures as (train, valid) datasets: resized, split per class, class names kept, unreadable files skipped."
+# %% ../nbs/04_data.ipynb #c028f
+def _readable(path:str)->str|None:
+    "None if PIL can decode the image at `path`, else the reason."
+    from PIL import Image
+    try:
+        with Image.open(path) as im: im.load()
+    except Exception as e: return f"{type(e).__name__}: {e}"
+
+def _folder_samples(p:Path)->tuple[list[tuple[str, int]], list[str]]:
+    "The readable (file, label) pairs and the class names of an ImageFolder layout at `p`; warns about the others."
     from torchvision.datasets import ImageFolder
-    p = Path(path).expanduser().resolve()
     layout = "one sub-folder per class holding its images, e.g. pets/cat/001.jpg and pets/dog/002.png"
     if not p.is_dir(): raise DatasetNotFoundError(f"No folder at {p}. image_folder expects {layout}.")
     try: found = ImageFolder(str(p), loader=lambda f: f)
@@ -266,12 +299,23 @@ def image_folder(path:str|Path, # folder with one sub-folder of images per class
     bad = [(f, why) for f, _ in found.samples if (why := _readable(f))]
     if bad:
         warnings.warn(f"Skipped {len(bad)} unreadable image(s) in {p} (every other image is kept):\n" +
-                      '\n'.join(f"  {os.path.relpath(f, p)}: {why}" for f, why in bad), stacklevel=2)
+                      '\n'.join(f"  {os.path.relpath(f, p)}: {why}" for f, why in bad), stacklevel=3)
     skip = {f for f, _ in bad}
-    samples = [s for s in found.samples if s[0] not in skip]
+    return [s for s in found.samples if s[0] not in skip], found.classes
+
+# %% ../nbs/04_data.ipynb #c028g
+def image_folder(path:str|Path, # folder with one sub-folder of images per class
+                 size:int=32, # images are resized to size × size
+                 valid_pct:float=0.2, # share of each class held out for validation
+                 seed:int=0, # seed of the split
+                 channels:int=3, # 3 for colour, 1 for grey
+                )->tuple[FolderDataset, FolderDataset]:
+    "Your own pictures as (train, valid) datasets: resized, split per class, class names kept, unreadable files skipped."
+    p = Path(path).expanduser().resolve()
+    samples, classes = _folder_samples(p)
     if not samples: raise DatasetNotFoundError(f"None of the images under {p} could be read.")
     tr, va = stratified_split(torch.tensor([t for _, t in samples]), valid_pct, seed)
-    make = lambda idx: FolderDataset([samples[i] for i in idx.tolist()], found.classes, size, channels)
+    make = lambda idx: FolderDataset([samples[i] for i in idx.tolist()], classes, size, channels)
     return make(tr), make(va)
 
 # %% ../nbs/04_data.ipynb #c033
@@ -285,6 +329,7 @@ def cifar_augment(size:int=32, padding:int=4):
     from torchvision.transforms import v2
     return v2.Compose([v2.RandomCrop(size, padding=padding), v2.RandomHorizontalFlip()])
 
+# %% ../nbs/04_data.ipynb #c033b
 class SeededAugment:
     "Apply a per-image `transform` to every image of a batch, reproducibly from `seed`."
     def __init__(self, transform:Callable, seed:int=0):
@@ -310,24 +355,30 @@ class BatchAugment:
     def digits(cls, seed=0): return cls(degrees=10, translate=0.1, seed=seed)
     @classmethod
     def cifar(cls, seed=0): return cls(shift_px=4, flip=True, seed=seed)
-
-    def params(self, n:int, h:int, w:int)->torch.Tensor:
-        "The [n, 2, 3] affine matrices (normalised coordinates) of the next batch."
-        g = self.gen
-        a = (torch.rand(n, generator=g) * 2 - 1) * math.radians(self.degrees)
-        if self.shift_px: t = torch.randint(-self.shift_px, self.shift_px + 1, (n, 2), generator=g) * torch.tensor([2 / w, 2 / h])
-        else: t = (torch.rand(n, 2, generator=g) * 2 - 1) * 2 * self.translate
-        sx = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0) if self.flip else torch.ones(n)
-        cos, sin = a.cos(), a.sin()
-        return torch.stack([torch.stack([cos * sx, -sin, t[:, 0]], 1), torch.stack([sin * sx, cos, t[:, 1]], 1)], 1)
-
-    def __call__(self, xb:torch.Tensor)->torch.Tensor:
-        theta = self.params(len(xb), xb.shape[-2], xb.shape[-1]).to(xb)
-        grid = torch.nn.functional.affine_grid(theta, list(xb.shape), align_corners=False)
-        mode = 'nearest' if self.shift_px and not self.degrees else 'bilinear'  # whole-pixel shifts and flips are exact
-        return torch.nn.functional.grid_sample(xb, grid, mode=mode, padding_mode='zeros', align_corners=False)
     def __repr__(self)->str: return f"BatchAugment(degrees={self.degrees}, translate={self.translate}, shift_px={self.shift_px}, flip={self.flip})"
 
+# %% ../nbs/04_data.ipynb #c037b
+@patch
+def params(self:BatchAugment, n:int, h:int, w:int)->torch.Tensor:
+    "The [n, 2, 3] affine matrices (normalised coordinates) of the next batch."
+    g = self.gen
+    a = (torch.rand(n, generator=g) * 2 - 1) * math.radians(self.degrees)
+    if self.shift_px: t = torch.randint(-self.shift_px, self.shift_px + 1, (n, 2), generator=g) * torch.tensor([2 / w, 2 / h])
+    else: t = (torch.rand(n, 2, generator=g) * 2 - 1) * 2 * self.translate
+    sx = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0) if self.flip else torch.ones(n)
+    cos, sin = a.cos(), a.sin()
+    return torch.stack([torch.stack([cos * sx, -sin, t[:, 0]], 1), torch.stack([sin * sx, cos, t[:, 1]], 1)], 1)
+
+# %% ../nbs/04_data.ipynb #c037e
+@patch
+def __call__(self:BatchAugment, xb:torch.Tensor)->torch.Tensor:
+    "The batch `xb` [N, C, H, W], each image moved by its own draw."
+    theta = self.params(len(xb), xb.shape[-2], xb.shape[-1]).to(xb)
+    grid = torch.nn.functional.affine_grid(theta, list(xb.shape), align_corners=False)
+    mode = 'nearest' if self.shift_px and not self.degrees else 'bilinear'  # whole-pixel shifts and flips are exact
+    return torch.nn.functional.grid_sample(xb, grid, mode=mode, padding_mode='zeros', align_corners=False)
+
+# %% ../nbs/04_data.ipynb #c039b
 def _augment_for(augment, input_shape, seed, batched:bool)->Callable|None:
     "`augment`: False/None, True (digits or CIFAR recipe chosen by the channels), a per-image transform, or a batch callable."
     if not augment: return None
@@ -348,24 +399,32 @@ class LoaderSettings:
     prefetch_factor:int|None
     reasons:list[str]=field(default_factory=list)
 
-    def kwargs(self)->dict:
-        "Keyword arguments for `torch.utils.data.DataLoader` (the options it rejects without workers left out)."
-        kw = dict(num_workers=self.num_workers, pin_memory=self.pin_memory)
-        if self.num_workers: kw.update(persistent_workers=self.persistent_workers, prefetch_factor=self.prefetch_factor)
-        return kw
-    def __str__(self)->str:
-        return (f"device {self.device} · num_workers {self.num_workers} · pin_memory {self.pin_memory} · persistent_workers "
-                f"{self.persistent_workers} · prefetch_factor {self.prefetch_factor}" + ''.join(f"\n  - {r}" for r in self.reasons))
+@patch
+def kwargs(self:LoaderSettings)->dict:
+    "Keyword arguments for `torch.utils.data.DataLoader` (the options it rejects without workers left out)."
+    kw = dict(num_workers=self.num_workers, pin_memory=self.pin_memory)
+    if self.num_workers: kw.update(persistent_workers=self.persistent_workers, prefetch_factor=self.prefetch_factor)
+    return kw
 
-def in_notebook()->bool:
-    "Is this code running in a Jupyter kernel?"
-    ip = sys.modules.get('IPython')
-    shell = ip.get_ipython() if ip and hasattr(ip, 'get_ipython') else None
-    return shell is not None and 'IPKernelApp' in getattr(shell, 'config', {})
+@patch
+def __str__(self:LoaderSettings)->str:
+    return (f"device {self.device} · num_workers {self.num_workers} · pin_memory {self.pin_memory} · persistent_workers "
+            f"{self.persistent_workers} · prefetch_factor {self.prefetch_factor}" + ''.join(f"\n  - {r}" for r in self.reasons))
 
+# %% ../nbs/04_data.ipynb #c041b
+def _num_workers(asked:int|None, cpus:int, notebook:bool, system:str, why:list[str])->int:
+    "`DataLoader` worker processes for this machine; each correction is appended to `why`."
+    nw = asked
+    if nw is None: nw = min(4, max(0, cpus - 1)); why.append(f"num_workers {nw}: {cpus} CPU cores, one left for the training loop")
+    if nw and notebook and system in ('Windows', 'Darwin'):
+        why.append(f"num_workers 0 (not {nw}): worker processes started from a notebook on {'macOS' if system == 'Darwin' else system} fail (spawn re-imports the notebook)")
+        nw = 0
+    return nw
+
+# %% ../nbs/04_data.ipynb #c041f
 def loader_settings(strategy=None, # a chapter-06 `Strategy` (or any object with the same attributes), or None
                     device:str|None=None, # overrides the strategy's device; default 'cpu'
-                    notebook:bool|None=None, # running in a notebook? default: detected
+                    notebook:bool|None=None, # running in a notebook? default: `in_notebook()`
                     system:str|None=None, # 'Windows', 'Darwin', 'Linux'; default: this machine
                     cpu_count:int|None=None, # default: this machine's
                    )->LoaderSettings:
@@ -373,14 +432,8 @@ def loader_settings(strategy=None, # a chapter-06 `Strategy` (or any object with
     get = lambda k: getattr(strategy, k, None)
     device = str(device or get('device') or 'cpu')
     notebook = in_notebook() if notebook is None else notebook
-    system = system or platform.system()
-    cpus = cpu_count or os.cpu_count() or 1
     why = []
-    nw = get('num_workers')
-    if nw is None: nw = min(4, max(0, cpus - 1)); why.append(f"num_workers {nw}: {cpus} CPU cores, one left for the training loop")
-    if nw and notebook and system in ('Windows', 'Darwin'):
-        why.append(f"num_workers 0 (not {nw}): worker processes started from a notebook on {'macOS' if system == 'Darwin' else system} fail (spawn re-imports the notebook)")
-        nw = 0
+    nw = _num_workers(get('num_workers'), cpu_count or os.cpu_count() or 1, notebook, system or platform.system(), why)
     pin = get('pin_memory')
     cuda = torch.device(device).type == 'cuda'
     if pin is None: pin = cuda
@@ -408,20 +461,21 @@ class TensorLoader:
     def __len__(self)->int:
         n = len(self.y)
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
-
-    def __iter__(self):
-        if self.shuffle:  # one gather per epoch (a second copy of the data), then every batch is a contiguous slice
-            p = torch.randperm(len(self.y), generator=self.generator).to(self.device)
-            x, y = self.x[p], self.y[p]
-        else: x, y = self.x, self.y
-        for i in range(len(self)):
-            s = slice(i * self.batch_size, (i + 1) * self.batch_size)
-            xb = _as_float(x[s])
-            if x is self.x and xb.untyped_storage().data_ptr() == x.untyped_storage().data_ptr(): xb = xb.clone()  # never a view of the dataset itself
-            yield (self.transform(xb) if self.transform else xb), y[s]
-
     def __repr__(self)->str:
         return f"TensorLoader({len(self.y)} items on {self.device}, batch {self.batch_size}, {len(self)} batches{', shuffled' if self.shuffle else ''})"
+
+# %% ../nbs/04_data.ipynb #c047a
+@patch
+def __iter__(self:TensorLoader):
+    if self.shuffle:  # one gather per epoch (a second copy of the data), then every batch is a contiguous slice
+        p = torch.randperm(len(self.y), generator=self.generator).to(self.device)
+        x, y = self.x[p], self.y[p]
+    else: x, y = self.x, self.y
+    for i in range(len(self)):
+        s = slice(i * self.batch_size, (i + 1) * self.batch_size)
+        xb = _as_float(x[s])
+        if x is self.x and xb.untyped_storage().data_ptr() == x.untyped_storage().data_ptr(): xb = xb.clone()  # never a view of the dataset itself
+        yield (self.transform(xb) if self.transform else xb), y[s]
 
 # %% ../nbs/04_data.ipynb #c053
 class DeviceLoader:
@@ -437,6 +491,7 @@ class DeviceLoader:
             yield (self.transform(xb) if self.transform else xb), yb
     def __repr__(self)->str: return f"DeviceLoader({len(self.dataset)} items → {self.device}, batch {self.batch_size}, num_workers {self.loader.num_workers})"
 
+# %% ../nbs/04_data.ipynb #c053d
 @dataclass
 class DataLoaders:
     "Training and validation batches, with what a model needs to know about them."
@@ -448,24 +503,44 @@ class DataLoaders:
     device:str='cpu'
     settings:LoaderSettings|None=None  # how the loaders were chosen
 
-    @property
-    def num_classes(self)->int: return len(self.classes)
-    def one_batch(self)->tuple[torch.Tensor, torch.Tensor]:
-        "The first validation batch: a sample for planning memory or exporting."
-        return next(iter(self.valid))
-    def __str__(self)->str:
-        n = lambda l: len(getattr(l, 'dataset', ()) or ())
-        return (f"DataLoaders: {n(self.train)} train / {n(self.valid)} valid images {'×'.join(map(str, self.input_shape))}, "
-                f"{self.num_classes} classes, batch {self.batch_size}, {type(self.train).__name__} on {self.device}")
-    __repr__ = __str__
-    def _repr_html_(self)->str: return f"<code>{html.escape(str(self))}</code>"
+@patch(as_prop=True)
+def num_classes(self:DataLoaders)->int: return len(self.classes)
 
+@patch
+def one_batch(self:DataLoaders)->tuple[torch.Tensor, torch.Tensor]:
+    "The first validation batch: a sample for planning memory or exporting."
+    return next(iter(self.valid))
+
+# %% ../nbs/04_data.ipynb #c053e
+@patch
+def __str__(self:DataLoaders)->str:
+    n = lambda l: len(getattr(l, 'dataset', ()) or ())
+    return (f"DataLoaders: {n(self.train)} train / {n(self.valid)} valid images {'×'.join(map(str, self.input_shape))}, "
+            f"{self.num_classes} classes, batch {self.batch_size}, {type(self.train).__name__} on {self.device}")
+@patch
+def __repr__(self:DataLoaders)->str: return str(self)
+@patch
+def _repr_html_(self:DataLoaders)->str: return f"<code>{html.escape(str(self))}</code>"
+
+# %% ../nbs/04_data.ipynb #c053g
 def _resident_ok(ds, device:torch.device, max_bytes:int|None)->bool:
+    "Is `ds` an in-memory dataset small enough to live on `device` for the whole run?"
     if not isinstance(ds, LabeledTensors): return False
     if max_bytes is None:  # a tenth of the card leaves the rest for the model; on the CPU the data is in RAM already
         max_bytes = torch.cuda.get_device_properties(device).total_memory // 10 if device.type == 'cuda' else 2**31
     return ds.nbytes <= max_bytes
 
+def _loaders(train_ds, valid_ds, bs:int, vbs:int, dev:torch.device, resident:bool, tfm, seed:int, settings:LoaderSettings)->tuple:
+    "(train, valid, settings): `TensorLoader`s for resident data, else `DeviceLoader`s over `DataLoader`s that use `settings`."
+    if resident:
+        why = ['TensorLoader: the data is on the device, no workers or pinning needed']
+        return (TensorLoader(train_ds, bs, shuffle=True, seed=seed, device=dev, transform=tfm), TensorLoader(valid_ds, vbs, shuffle=False, device=dev),
+                LoaderSettings(str(dev), 0, False, False, None, why))
+    kw = settings.kwargs()
+    train = DeviceLoader(DataLoader(train_ds, bs, shuffle=True, generator=torch.Generator().manual_seed(seed), **kw), dev, tfm)
+    return train, DeviceLoader(DataLoader(valid_ds, vbs, shuffle=False, **kw), dev), settings
+
+# %% ../nbs/04_data.ipynb #c053i
 def make_loaders(train_ds, valid_ds, # datasets of (x, y): `LabeledTensors`, `FolderDataset`, ...
                  batch_size:int|None=None, # default: the strategy's `micro_batch`, else 64
                  device:str|None=None, # default: the strategy's device, else 'cpu'
@@ -480,21 +555,14 @@ def make_loaders(train_ds, valid_ds, # datasets of (x, y): `LabeledTensors`, `Fo
     settings = loader_settings(strategy, device)
     dev = torch.device(settings.device)
     bs = batch_size or getattr(strategy, 'micro_batch', None) or 64
-    vbs = valid_batch_size or 2 * bs
     shape = tuple(getattr(train_ds, 'input_shape', None) or train_ds[0][0].shape)
     if resident is None: resident = _resident_ok(train_ds, dev, max_resident_bytes) and _resident_ok(valid_ds, dev, max_resident_bytes)
     tfm = _augment_for(augment, shape, seed, batched=resident)
-    if resident:
-        train = TensorLoader(train_ds, bs, shuffle=True, seed=seed, device=dev, transform=tfm)
-        valid = TensorLoader(valid_ds, vbs, shuffle=False, device=dev)
-        settings = LoaderSettings(str(dev), 0, False, False, None, ['TensorLoader: the data is on the device, no workers or pinning needed'])
-    else:
-        kw = settings.kwargs()
-        train = DeviceLoader(DataLoader(train_ds, bs, shuffle=True, generator=torch.Generator().manual_seed(seed), **kw), dev, tfm)
-        valid = DeviceLoader(DataLoader(valid_ds, vbs, shuffle=False, **kw), dev)
+    train, valid, settings = _loaders(train_ds, valid_ds, bs, valid_batch_size or 2 * bs, dev, resident, tfm, seed, settings)
     classes = list(getattr(train_ds, 'classes', None) or [str(i) for i in range(int(train_ds.targets.max()) + 1)])
     return DataLoaders(train, valid, classes, shape, bs, str(dev), settings)
 
+# %% ../nbs/04_data.ipynb #c053j
 def mnist_sample_loaders(batch_size:int|None=None, # default: the strategy's `micro_batch`, else 64
                          device:str|None=None, # default: the strategy's device, else 'cpu'
                          strategy=None, augment=False, seed:int=0)->DataLoaders:

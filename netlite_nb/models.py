@@ -5,15 +5,16 @@
 # %% ../nbs/05_models.ipynb #c003
 from __future__ import annotations
 import difflib, html, math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 import torch
 from torch import nn
 import torch.nn.functional as F
+from fastcore.basics import patch
 from .probe import fmt_bytes
 
 # %% auto #0
-__all__ = ['MODELS', 'InputShapeError', 'ZooModel', 'register', 'UnknownModelError', 'list_models', 'create_model', 'MLP', 'mlp',
+__all__ = ['MODELS', 'InputShapeError', 'ZooModel', 'MLP', 'register', 'list_models', 'UnknownModelError', 'create_model', 'mlp',
            'conv_bn_act', 'DSBlock', 'NetliteCNN', 'netlite_tiny', 'netlite_small', 'BasicBlock', 'ResNet', 'resnet',
            'Attention', 'TransformerBlock', 'ViT', 'vit_tiny', 'LayerRow', 'ModelSummary', 'summary']
 
@@ -29,20 +30,33 @@ class ZooModel(nn.Module):
         super().__init__()
         self.input_shape = tuple(input_shape)
 
-    def check_input(self, x:torch.Tensor):
-        C, H, W = self.input_shape
-        ok = x.ndim == 4 and x.shape[1] == C and (tuple(x.shape[2:]) == (H, W) if self.fixed_size else min(x.shape[2:]) >= self.min_size)
-        if not ok:
-            size = f"{H}×{W}" if self.fixed_size else f"at least {self.min_size}×{self.min_size} (built for {H}×{W})"
-            hint = (" A single image needs a batch dimension: x.unsqueeze(0)." if x.ndim == 3 else
-                    " Grey images with a colour model (or the reverse): build it with in_channels=" + str(x.shape[1]) + "." if x.ndim == 4 and x.shape[1] != C else
-                    f" Resize the images, or build the model with image_size={x.shape[-1]}." if x.ndim == 4 else '')
-            raise InputShapeError(f"{type(self).__name__} expects a batch of shape [batch, {C}, {H}, {W}] — {C} channel(s), {size} pixels — "
-                                  f"but got {list(x.shape)}.{hint}")
-
     def forward(self, x:torch.Tensor)->torch.Tensor:
         self.check_input(x)
         return self.head(self.features(x))
+
+# %% ../nbs/05_models.ipynb #c006b
+@patch
+def check_input(self:ZooModel, x:torch.Tensor):
+    "Raise `InputShapeError`, with the likely fix, when `x` is not a batch this model can take."
+    C, H, W = self.input_shape
+    ok = x.ndim == 4 and x.shape[1] == C and (tuple(x.shape[2:]) == (H, W) if self.fixed_size else min(x.shape[2:]) >= self.min_size)
+    if not ok:
+        size = f"{H}×{W}" if self.fixed_size else f"at least {self.min_size}×{self.min_size} (built for {H}×{W})"
+        hint = (" A single image needs a batch dimension: x.unsqueeze(0)." if x.ndim == 3 else
+                " Grey images with a colour model (or the reverse): build it with in_channels=" + str(x.shape[1]) + "." if x.ndim == 4 and x.shape[1] != C else
+                f" Resize the images, or build the model with image_size={x.shape[-1]}." if x.ndim == 4 else '')
+        raise InputShapeError(f"{type(self).__name__} expects a batch of shape [batch, {C}, {H}, {W}] — {C} channel(s), {size} pixels — "
+                              f"but got {list(x.shape)}.{hint}")
+
+# %% ../nbs/05_models.ipynb #c010
+class MLP(ZooModel):
+    "Flatten, then Linear + ReLU for each hidden size, then a Linear classifier."
+    def __init__(self, num_classes=10, input_shape=(1, 28, 28), hidden=(128, 64), dropout:float=0.1):
+        super().__init__(input_shape)
+        sizes, layers = [math.prod(input_shape), *hidden], [nn.Flatten()]
+        for a, b in zip(sizes, sizes[1:]): layers += [nn.Linear(a, b), nn.ReLU(), *([nn.Dropout(dropout)] if dropout else [])]
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Linear(sizes[-1], num_classes)
 
 # %% ../nbs/05_models.ipynb #c008
 MODELS:dict[str, Callable] = {}
@@ -54,12 +68,13 @@ def register(name:str):
         return fn
     return deco
 
-class UnknownModelError(ValueError):
-    "A model name that is not in the zoo."
-
 def list_models()->list[str]:
     "The names `create_model` accepts."
     return list(MODELS)
+
+# %% ../nbs/05_models.ipynb #c008a
+class UnknownModelError(ValueError):
+    "A model name that is not in the zoo."
 
 def create_model(name:str, # one of `list_models()`
                  num_classes:int=10, # number of output classes
@@ -75,16 +90,7 @@ def create_model(name:str, # one of `list_models()`
     image_size = image_size or (28 if in_channels == 1 else 32)
     return MODELS[name](num_classes, in_channels, image_size, **kw)
 
-# %% ../nbs/05_models.ipynb #c010
-class MLP(ZooModel):
-    "Flatten, then Linear + ReLU for each hidden size, then a Linear classifier."
-    def __init__(self, num_classes=10, input_shape=(1, 28, 28), hidden=(128, 64), dropout:float=0.1):
-        super().__init__(input_shape)
-        sizes, layers = [math.prod(input_shape), *hidden], [nn.Flatten()]
-        for a, b in zip(sizes, sizes[1:]): layers += [nn.Linear(a, b), nn.ReLU(), *([nn.Dropout(dropout)] if dropout else [])]
-        self.features = nn.Sequential(*layers)
-        self.head = nn.Linear(sizes[-1], num_classes)
-
+# %% ../nbs/05_models.ipynb #c008c
 @register('mlp')
 def mlp(num_classes=10, in_channels=1, image_size=28, hidden=(128, 64), dropout=0.1):
     "The blog's FFN: hidden layers [128, 64] by default."
@@ -105,6 +111,7 @@ class DSBlock(nn.Module):
         y = self.pw(self.dw(x))
         return x + y if self.residual else y
 
+# %% ../nbs/05_models.ipynb #c018d
 class NetliteCNN(ZooModel):
     "Stem conv, depthwise-separable stages, global average pooling and an MLP head."
     fixed_size, min_size = False, 8
@@ -119,6 +126,7 @@ class NetliteCNN(ZooModel):
         self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
         self.head = nn.Sequential(nn.Linear(c, head), nn.SiLU(), nn.Dropout(dropout), nn.Linear(head, num_classes))
 
+# %% ../nbs/05_models.ipynb #c018e
 @register('netlite_tiny')
 def netlite_tiny(num_classes=10, in_channels=1, image_size=28, **kw):
     "≈0.5 M parameters: 32 → 64 → 128 → 384 channels, 28×28 → 14×14 → 7×7 → 4×4, head 640."
@@ -143,6 +151,7 @@ class BasicBlock(nn.Module):
         y = F.relu(self.bn1(self.conv1(x)))
         return F.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
 
+# %% ../nbs/05_models.ipynb #c022c
 class ResNet(ZooModel):
     "CIFAR-style ResNet: 3×3 stem, stages of `BasicBlock`s, global average pooling, linear classifier."
     fixed_size, min_size = False, 8
@@ -175,6 +184,7 @@ class Attention(nn.Module):
         a = (q @ k.transpose(-2, -1) * self.scale).softmax(-1)
         return self.proj((a @ v).transpose(1, 2).reshape(B, N, D))
 
+# %% ../nbs/05_models.ipynb #c026c
 class TransformerBlock(nn.Module):
     "Pre-norm block: x + attention(LN(x)), then x + MLP(LN(x))."
     def __init__(self, dim:int, heads:int, mlp_ratio:int=2):
@@ -185,6 +195,7 @@ class TransformerBlock(nn.Module):
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
+# %% ../nbs/05_models.ipynb #c026e
 class ViT(ZooModel):
     "Patch embedding, learned positions, transformer blocks, mean pooling, linear classifier."
     def __init__(self, num_classes=10, input_shape=(1, 28, 28), patch:int=4, dim:int=128, depth:int=4, heads:int=4, mlp_ratio:int=2):
@@ -225,38 +236,50 @@ class ModelSummary:
     param_bytes:int
     output_shape:tuple
 
-    @property
-    def activation_bytes(self)->int: return sum(r.activation_bytes for r in self.rows)
-    def _lines(self)->list[str]:
-        w = max([len(r.name) for r in self.rows] + [5])
-        out = [f"{self.model} on input {list(self.input_shape)}", f"{'layer':<{w}}  {'type':<16} {'output':<20} {'params':>10} {'activations':>12}"]
-        out += [f"{r.name:<{w}}  {r.kind:<16} {str(list(r.output_shape)):<20} {r.params:>10,} {fmt_bytes(r.activation_bytes):>12}" for r in self.rows]
-        out.append(f"total: {self.params:,} parameters ({self.trainable:,} trainable, {fmt_bytes(self.param_bytes)}), "
-                   f"activations {fmt_bytes(self.activation_bytes)} for this batch, output {list(self.output_shape)}")
-        return out
-    def __str__(self)->str: return '\n'.join(self._lines())
-    __repr__ = __str__
-    def _repr_html_(self)->str: return f"<pre>{html.escape(str(self))}</pre>"
+# %% ../nbs/05_models.ipynb #c033a
+@patch(as_prop=True)
+def activation_bytes(self:ModelSummary)->int:
+    "The outputs of all the leaf layers together."
+    return sum(r.activation_bytes for r in self.rows)
 
+@patch
+def _lines(self:ModelSummary)->list[str]:
+    w = max([len(r.name) for r in self.rows] + [5])
+    out = [f"{self.model} on input {list(self.input_shape)}", f"{'layer':<{w}}  {'type':<16} {'output':<20} {'params':>10} {'activations':>12}"]
+    out += [f"{r.name:<{w}}  {r.kind:<16} {str(list(r.output_shape)):<20} {r.params:>10,} {fmt_bytes(r.activation_bytes):>12}" for r in self.rows]
+    out.append(f"total: {self.params:,} parameters ({self.trainable:,} trainable, {fmt_bytes(self.param_bytes)}), "
+               f"activations {fmt_bytes(self.activation_bytes)} for this batch, output {list(self.output_shape)}")
+    return out
 
+@patch
+def __str__(self:ModelSummary)->str: return '\n'.join(self._lines())
+@patch
+def __repr__(self:ModelSummary)->str: return str(self)
+@patch
+def _repr_html_(self:ModelSummary)->str: return f"<pre>{html.escape(str(self))}</pre>"
+
+# %% ../nbs/05_models.ipynb #c033c
 def _out_tensor(o):
     while isinstance(o, (tuple, list)) and o: o = o[0]
     return o if isinstance(o, torch.Tensor) else None
 
-def summary(model:nn.Module, # any module; zoo models or not
-            x:torch.Tensor, # a batch, e.g. `dls.one_batch()[0]`, or `torch.empty(..., device='meta')`
-           )->ModelSummary:
-    "Per-layer output shapes, parameters and activation bytes for one forward pass of `x`."
-    rows, hooks = [], []
+def _record_leaves(model:nn.Module, rows:list)->list:
+    "Forward hooks on every leaf module of `model`, each appending a `LayerRow` to `rows`; returns their handles."
     def hook(name):
         def f(mod, inp, out):
             t = _out_tensor(out)
             if t is None: return
             rows.append(LayerRow(name, type(mod).__name__, tuple(t.shape), sum(p.numel() for p in mod.parameters(recurse=False)), t.numel() * t.element_size()))
         return f
-    for name, mod in model.named_modules():
-        if name and not any(True for _ in mod.children()): hooks.append(mod.register_forward_hook(hook(name)))
-    was_training = model.training
+    return [mod.register_forward_hook(hook(name)) for name, mod in model.named_modules() if name and not any(True for _ in mod.children())]
+
+# %% ../nbs/05_models.ipynb #c033d
+def summary(model:nn.Module, # any module; zoo models or not
+            x:torch.Tensor, # a batch, e.g. `dls.one_batch()[0]`, or `torch.empty(..., device='meta')`
+           )->ModelSummary:
+    "Per-layer output shapes, parameters and activation bytes for one forward pass of `x`."
+    rows = []
+    hooks, was_training = _record_leaves(model, rows), model.training
     try:
         model.eval()
         with torch.no_grad(): out = model(x)

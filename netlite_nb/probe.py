@@ -9,11 +9,12 @@ from dataclasses import dataclass, field, asdict
 from functools import lru_cache
 from importlib import resources
 import psutil, torch
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['LOW_PRECISION', 'GPUSpec', 'gpu_catalogue', 'UnknownGPUError', 'lookup_gpu', 'find_gpu', 'fp16_is_fast',
-           'bf16_is_native', 'GPUInfo', 'CPUInfo', 'SystemMemory', 'TorchBuild', 'HardwareProfile', 'probe',
-           'fmt_bytes', 'rows_text', 'rows_html', 'FakeNVML', 'MemoryReading', 'device_memory', 'frontend',
+           'bf16_is_native', 'fmt_bytes', 'GPUInfo', 'CPUInfo', 'SystemMemory', 'TorchBuild', 'FakeNVML',
+           'HardwareProfile', 'probe', 'rows_text', 'rows_html', 'MemoryReading', 'device_memory', 'frontend',
            'in_notebook', 'is_oom', 'free_memory']
 
 # %% ../nbs/00_probe.ipynb #c007
@@ -35,6 +36,7 @@ class GPUSpec:
     @property
     def memory_bytes(self)->int: return int(self.memory_gb * 2**30)
 
+# %% ../nbs/00_probe.ipynb #c007a
 @lru_cache(None)
 def gpu_catalogue()->tuple[GPUSpec, ...]:
     "Every GPU the package knows, from the shipped `gpus.json`."
@@ -53,6 +55,7 @@ def _words(name:str)->list[str]:
     ws = [w for w in re.split(r'[\s_/,]+', s) if w and w not in _NOISE]
     return ['laptop' if w in ('mobile','notebook') else w for w in ws]
 
+# %% ../nbs/00_probe.ipynb #c010d
 class UnknownGPUError(LookupError):
     "A GPU name that is not in the catalogue."
 
@@ -63,9 +66,9 @@ def _unexplained(extra:list[str])->bool:
     "Does the query carry a word that no catalogue name explains? ('tie' in 'GTX 1050 Tie' is a typo, not a detail)"
     return any(x.isalpha() and x not in _HARMLESS for x in extra)
 
-def lookup_gpu(name:str)->GPUSpec:
-    "The catalogue entry for a loosely written GPU `name`; raises `UnknownGPUError` listing the closest names."
-    q = _words(name)
+# %% ../nbs/00_probe.ipynb #c010e
+def _scored(q:list[str])->list[tuple[int, GPUSpec]]:
+    "(score, entry) for every catalogue entry the query words `q` may mean, most specific first."
     scored = []
     for g in gpu_catalogue():
         w = _words(g.name)
@@ -75,7 +78,13 @@ def lookup_gpu(name:str)->GPUSpec:
             scored.append((100*len(req) - len(extra), g))
     if not scored:  # the query is less specific than the names: '1050' -> GTX 1050, 'GTX 1060' -> ambiguous
         scored = [(-len([x for x in _words(g.name) if x not in q]), g) for g in gpu_catalogue() if q and all(x in _words(g.name) for x in q)]
-    scored.sort(key=lambda t: -t[0])
+    return sorted(scored, key=lambda t: -t[0])
+
+# %% ../nbs/00_probe.ipynb #c010i
+def lookup_gpu(name:str)->GPUSpec:
+    "The catalogue entry for a loosely written GPU `name`; raises `UnknownGPUError` listing the closest names."
+    q = _words(name)
+    scored = _scored(q)
     if scored and (len(scored) == 1 or scored[0][0] > scored[1][0]): return scored[0][1]
     names = [g.name for g in gpu_catalogue()]
     if scored: close = [g.name for s, g in scored if s == scored[0][0]]
@@ -99,6 +108,7 @@ def _cc_tuple(cc)->tuple[int,int]|None:
     major, minor = str(cc).split('.')
     return int(major), int(minor)
 
+# %% ../nbs/00_probe.ipynb #c017a
 def fp16_is_fast(cc)->bool:
     "Does an NVIDIA GPU of compute capability `cc` run fp16 at least as fast as fp32?"
     cc = _cc_tuple(cc)
@@ -108,6 +118,14 @@ def bf16_is_native(cc)->bool:
     "Does an NVIDIA GPU of compute capability `cc` have bf16 in hardware (Ampere and newer)?"
     cc = _cc_tuple(cc)
     return cc is not None and cc >= (8, 0)
+
+# %% ../nbs/00_probe.ipynb #c019a
+def fmt_bytes(n:int|float|None)->str:
+    "Bytes for people, in the binary units `torch.cuda` and `nvidia-smi` use: '1.50 GiB', '12.0 MiB', '512 B'."
+    if n is None or n != n: return '?'  # unknown, or NaN (a gap in a memory series)
+    for unit, k in (('GiB', 2**30), ('MiB', 2**20), ('KiB', 2**10)):
+        if abs(n) >= k: return f"{n/k:.2f} {unit}" if unit == 'GiB' else f"{n/k:.1f} {unit}"
+    return f"{int(n)} B"
 
 # %% ../nbs/00_probe.ipynb #c020
 @dataclass
@@ -130,18 +148,21 @@ class GPUInfo:
     source:str='catalogue'            # who answered: 'nvml', 'nvidia-smi', 'torch', 'rocm-smi', 'catalogue'
     catalogue:str|None=None           # matching catalogue name, if any
 
-    @classmethod
-    def from_spec(cls, spec:GPUSpec|str)->GPUInfo:
-        "A `GPUInfo` for a catalogue GPU the reader may not own (used to plan for it)."
-        spec = lookup_gpu(spec) if isinstance(spec, str) else spec
-        backend = {'nvidia':'cuda', 'amd':'cuda', 'apple':'mps', 'intel':'xpu'}[spec.vendor]
-        return cls(name=spec.name, vendor=spec.vendor, backend=backend, total_memory=spec.memory_bytes,
-                   free_memory=spec.memory_bytes, compute_capability=spec.compute_capability, arch=spec.arch,
-                   fp16_fast=spec.fp16_fast, bf16_native=spec.bf16_native, shared_memory=spec.shared_memory,
-                   source='catalogue', catalogue=spec.name)
+# %% ../nbs/00_probe.ipynb #c020a
+@patch(cls_method=True)
+def from_spec(cls:GPUInfo, spec:GPUSpec|str)->GPUInfo:
+    "A `GPUInfo` for a catalogue GPU the reader may not own (used to plan for it)."
+    spec = lookup_gpu(spec) if isinstance(spec, str) else spec
+    backend = {'nvidia':'cuda', 'amd':'cuda', 'apple':'mps', 'intel':'xpu'}[spec.vendor]
+    return cls(name=spec.name, vendor=spec.vendor, backend=backend, total_memory=spec.memory_bytes,
+               free_memory=spec.memory_bytes, compute_capability=spec.compute_capability, arch=spec.arch,
+               fp16_fast=spec.fp16_fast, bf16_native=spec.bf16_native, shared_memory=spec.shared_memory,
+               source='catalogue', catalogue=spec.name)
 
+# %% ../nbs/00_probe.ipynb #c020e
 @dataclass
 class CPUInfo:
+    "The CPU model and how many cores and threads it offers."
     model:str
     physical_cores:int|None
     threads:int|None
@@ -149,6 +170,7 @@ class CPUInfo:
 
 @dataclass
 class SystemMemory:
+    "System RAM and swap, in bytes."
     total:int
     available:int
     swap_total:int
@@ -156,6 +178,7 @@ class SystemMemory:
 
 @dataclass
 class TorchBuild:
+    "What this PyTorch was built for, and which of its device backends can run here."
     version:str
     cuda:str|None           # CUDA version torch was built with
     hip:str|None            # ROCm/HIP version torch was built with
@@ -180,6 +203,30 @@ def _nvml_init(nvml)->str|None:
 
 def _s(x): return x.decode() if isinstance(x, bytes) else str(x)
 
+# %% ../nbs/00_probe.ipynb #c022b
+def _nvml_gpu(nvml, i:int, call, notes:list, driver:str|None, runtime:str|None)->GPUInfo|None:
+    "GPU `i` as NVML describes it (`call` runs one guarded NVML query), or None when NVML gives no handle for it."
+    h = call(f'handle of GPU {i}', nvml.nvmlDeviceGetHandleByIndex, i)
+    if h is None: return None
+    name = _s(call(f'name of GPU {i}', nvml.nvmlDeviceGetName, h) or f'NVIDIA GPU {i}')
+    try: mem = nvml.nvmlDeviceGetMemoryInfo(h, version=nvml.nvmlMemory_v2)
+    except Exception: mem = call(f'memory of GPU {i}', nvml.nvmlDeviceGetMemoryInfo, h)
+    cc = call(f'compute capability of GPU {i}', nvml.nvmlDeviceGetCudaComputeCapability, h)
+    cc = f"{cc[0]}.{cc[1]}" if cc else None
+    spec = find_gpu(name)
+    total = getattr(mem, 'total', None)
+    if total is None and spec:
+        total = spec.memory_bytes
+        notes.append(f"GPU {i}: total memory taken from the catalogue ({spec.name}) because the driver did not report it.")
+    return GPUInfo(name=name, vendor='nvidia', backend='cuda', index=i,
+        total_memory=total, free_memory=getattr(mem, 'free', None),
+        compute_capability=cc or (spec.compute_capability if spec else None),
+        arch=spec.arch if spec else None, driver_version=driver, runtime_version=runtime,
+        fp16_fast=fp16_is_fast(cc) if cc else (spec.fp16_fast if spec else None),
+        bf16_native=bf16_is_native(cc) if cc else (spec.bf16_native if spec else None),
+        source='nvml', catalogue=spec.name if spec else None)
+
+# %% ../nbs/00_probe.ipynb #c022c
 def _nvml_gpus(nvml=None)->tuple[list[GPUInfo], list[str]]:
     "NVIDIA GPUs through NVML, and notes on what could not be read."
     nvml = nvml or _nvml_module()
@@ -194,28 +241,29 @@ def _nvml_gpus(nvml=None)->tuple[list[GPUInfo], list[str]]:
     driver = call('driver version', nvml.nvmlSystemGetDriverVersion)
     cuda_v = call('CUDA driver version', nvml.nvmlSystemGetCudaDriverVersion)
     runtime = f"{cuda_v//1000}.{cuda_v%1000//10}" if isinstance(cuda_v, int) else None
-    gpus = []
-    for i in range(n):
-        h = call(f'handle of GPU {i}', nvml.nvmlDeviceGetHandleByIndex, i)
-        if h is None: continue
-        name = _s(call(f'name of GPU {i}', nvml.nvmlDeviceGetName, h) or f'NVIDIA GPU {i}')
-        try: mem = nvml.nvmlDeviceGetMemoryInfo(h, version=nvml.nvmlMemory_v2)
-        except Exception: mem = call(f'memory of GPU {i}', nvml.nvmlDeviceGetMemoryInfo, h)
-        cc = call(f'compute capability of GPU {i}', nvml.nvmlDeviceGetCudaComputeCapability, h)
-        cc = f"{cc[0]}.{cc[1]}" if cc else None
-        spec = find_gpu(name)
-        total = getattr(mem, 'total', None)
-        if total is None and spec:
-            total = spec.memory_bytes
-            notes.append(f"GPU {i}: total memory taken from the catalogue ({spec.name}) because the driver did not report it.")
-        gpus.append(GPUInfo(name=name, vendor='nvidia', backend='cuda', index=i,
-            total_memory=total, free_memory=getattr(mem, 'free', None),
-            compute_capability=cc or (spec.compute_capability if spec else None),
-            arch=spec.arch if spec else None, driver_version=_s(driver) if driver else None, runtime_version=runtime,
-            fp16_fast=fp16_is_fast(cc) if cc else (spec.fp16_fast if spec else None),
-            bf16_native=bf16_is_native(cc) if cc else (spec.bf16_native if spec else None),
-            source='nvml', catalogue=spec.name if spec else None))
-    return gpus, notes
+    gpus = [_nvml_gpu(nvml, i, call, notes, _s(driver) if driver else None, runtime) for i in range(n)]
+    return [g for g in gpus if g is not None], notes
+
+# %% ../nbs/00_probe.ipynb #c037
+class FakeNVML:
+    "A stand-in for `pynvml` answering for the GPUs given: `FakeNVML([('NVIDIA GeForce GTX 1050 Ti', 4*2**30, (6,1))])`."
+    def __init__(self, gpus:list, driver='560.94', cuda=12060, fail:dict|None=None):
+        import pynvml
+        self.gpus, self.driver, self.cuda, self.fail = gpus, driver, cuda, fail or {}
+        self.NVMLError, self.nvmlMemory_v2 = pynvml.NVMLError, pynvml.nvmlMemory_v2
+    def _maybe_fail(self, what):
+        if what in self.fail: raise self.fail[what]
+    def nvmlInit(self): self._maybe_fail('init')
+    def nvmlDeviceGetCount(self): self._maybe_fail('count'); return len(self.gpus)
+    def nvmlSystemGetDriverVersion(self): self._maybe_fail('driver'); return self.driver
+    def nvmlSystemGetCudaDriverVersion(self): self._maybe_fail('cuda'); return self.cuda
+    def nvmlDeviceGetHandleByIndex(self, i): return i
+    def nvmlDeviceGetName(self, h): return self.gpus[h][0]
+    def nvmlDeviceGetMemoryInfo(self, h, version=None):
+        self._maybe_fail('memory')
+        total = self.gpus[h][1]
+        return dataclasses.make_dataclass('Mem', ['total', 'free', 'used'])(total, total - 300*2**20, 300*2**20)
+    def nvmlDeviceGetCudaComputeCapability(self, h): self._maybe_fail('cc'); return self.gpus[h][2]
 
 # %% ../nbs/00_probe.ipynb #c024
 _SMI_FIELDS = 'index,name,memory.total,memory.free,driver_version,compute_cap'
@@ -237,7 +285,9 @@ def _parse_smi_csv(text:str)->list[GPUInfo]:
             source='nvidia-smi', catalogue=spec.name if spec else None))
     return gpus
 
+# %% ../nbs/00_probe.ipynb #c024c
 def _smi_gpus(run=subprocess.run, which=shutil.which)->tuple[list[GPUInfo], list[str]]:
+    "NVIDIA GPUs as `nvidia-smi` reports them (when it is on the PATH), and why it could not answer."
     if which('nvidia-smi') is None: return [], []
     try:
         r = run(['nvidia-smi', f'--query-gpu={_SMI_FIELDS}', '--format=csv,noheader,nounits'],
@@ -248,6 +298,7 @@ def _smi_gpus(run=subprocess.run, which=shutil.which)->tuple[list[GPUInfo], list
 
 # %% ../nbs/00_probe.ipynb #c026
 def _torch_build()->TorchBuild:
+    "This PyTorch's version, the GPU toolkits and architectures it was built for, and which backends answer here."
     hip = getattr(torch.version, 'hip', None)
     try: arch = list(torch.cuda.get_arch_list()) if (torch.version.cuda or hip) else []
     except Exception: arch = []
@@ -260,7 +311,9 @@ def _torch_build()->TorchBuild:
                   'mps': ok(lambda: torch.backends.mps.is_available()),
                   'xpu': ok(lambda: hasattr(torch, 'xpu') and torch.xpu.is_available()), 'cpu': True})
 
+# %% ../nbs/00_probe.ipynb #c026c
 def _rocm_gpus(build:TorchBuild)->tuple[list[GPUInfo], list[str]]:
+    "AMD GPUs through a ROCm build of PyTorch (they appear as `cuda` devices)."
     if not build.backends['rocm']: return [], []
     gpus, notes = [], []
     for i in range(torch.cuda.device_count()):
@@ -274,18 +327,9 @@ def _rocm_gpus(build:TorchBuild)->tuple[list[GPUInfo], list[str]]:
         except Exception as e: notes.append(f"ROCm GPU {i}: {type(e).__name__}: {e}")
     return gpus, notes
 
-def _mps_gpus(build:TorchBuild)->list[GPUInfo]:
-    if not build.backends['mps']: return []
-    chip = _cpu_model()
-    spec = find_gpu(chip)
-    try: total = torch.mps.recommended_max_memory()
-    except Exception: total = psutil.virtual_memory().total
-    return [GPUInfo(name=spec.name if spec else chip, vendor='apple', backend='mps', total_memory=total,
-        free_memory=psutil.virtual_memory().available, arch=spec.arch if spec else None, fp16_fast=True,
-        bf16_native=spec.bf16_native if spec else False, shared_memory=True, source='torch',
-        catalogue=spec.name if spec else None)]
-
+# %% ../nbs/00_probe.ipynb #c026d
 def _xpu_gpus(build:TorchBuild)->tuple[list[GPUInfo], list[str]]:
+    "Intel GPUs through PyTorch's XPU backend."
     if not build.backends['xpu']: return [], []
     gpus, notes = [], []
     for i in range(torch.xpu.device_count()):
@@ -298,8 +342,22 @@ def _xpu_gpus(build:TorchBuild)->tuple[list[GPUInfo], list[str]]:
         except Exception as e: notes.append(f"XPU {i}: {type(e).__name__}: {e}")
     return gpus, notes
 
+# %% ../nbs/00_probe.ipynb #c026e
+def _mps_gpus(build:TorchBuild)->list[GPUInfo]:
+    "Apple silicon's GPU through MPS: its memory is the system's."
+    if not build.backends['mps']: return []
+    chip = _cpu_model()
+    spec = find_gpu(chip)
+    try: total = torch.mps.recommended_max_memory()
+    except Exception: total = psutil.virtual_memory().total
+    return [GPUInfo(name=spec.name if spec else chip, vendor='apple', backend='mps', total_memory=total,
+        free_memory=psutil.virtual_memory().available, arch=spec.arch if spec else None, fp16_fast=True,
+        bf16_native=spec.bf16_native if spec else False, shared_memory=True, source='torch',
+        catalogue=spec.name if spec else None)]
+
 # %% ../nbs/00_probe.ipynb #c028
 def _cpu_model()->str:
+    "The CPU's marketing name (on Apple silicon, the chip's: 'Apple M2 Pro')."
     if sys.platform == 'darwin':
         try: return subprocess.run(['sysctl', '-n', 'machdep.cpu.brand_string'], capture_output=True, text=True, timeout=5).stdout.strip() or platform.processor()
         except Exception: pass
@@ -310,6 +368,7 @@ def _cpu_model()->str:
     except OSError: pass
     return platform.processor() or platform.machine()
 
+# %% ../nbs/00_probe.ipynb #c028a
 def _cpu_info()->CPUInfo:
     try: freq = psutil.cpu_freq()
     except Exception: freq = None
@@ -334,36 +393,12 @@ def _check_usable(g:GPUInfo, build:TorchBuild)->str|None:
         if not build.backends['cuda']: return f"{g.name}: the driver is present but PyTorch cannot use CUDA (torch.cuda.is_available() is False); update the NVIDIA driver to one that supports CUDA {build.cuda}."
     return None
 
-@dataclass
-class HardwareProfile:
-    "What this machine has for training, and which device to use."
-    gpus:list[GPUInfo]
-    cpu:CPUInfo
-    memory:SystemMemory
-    torch:TorchBuild
-    device:str                 # recommended torch device, e.g. 'cuda:0', 'mps', 'cpu'
-    reason:str                 # why that device
-    notes:list[str]=field(default_factory=list)
-    platform:str=field(default_factory=lambda: f"{platform.system()} {platform.release()} ({platform.machine()}), Python {platform.python_version()}")
-
-    @property
-    def gpu(self)->GPUInfo|None:
-        "The GPU behind the recommended device, if any."
-        return next((g for g in self.gpus if g.usable and _device_of(g) == self.device), None)
-
-    def to_dict(self)->dict: return asdict(self)
-    def to_json(self, **kw)->str: return json.dumps(self.to_dict(), indent=2, **kw)
-
-    @classmethod
-    def from_dict(cls, d:dict)->HardwareProfile:
-        d = dict(d)
-        return cls(gpus=[GPUInfo(**g) for g in d.pop('gpus')], cpu=CPUInfo(**d.pop('cpu')),
-                   memory=SystemMemory(**d.pop('memory')), torch=TorchBuild(**d.pop('torch')), **d)
-
+# %% ../nbs/00_probe.ipynb #c030d
 def _device_of(g:GPUInfo)->str:
     return g.backend if g.backend in ('mps',) else f"{g.backend}:{g.index}"
 
 def _recommend(gpus:list[GPUInfo], cpu:CPUInfo)->tuple[str, str]:
+    "The device to train on, and why."
     usable = [g for g in gpus if g.usable and g.backend != 'none']
     dedicated = [g for g in usable if not g.shared_memory]
     if dedicated:
@@ -376,6 +411,38 @@ def _recommend(gpus:list[GPUInfo], cpu:CPUInfo)->tuple[str, str]:
         return 'cpu', f"a GPU was found ({gpus[0].name}) but this PyTorch build cannot use it (see the notes); training runs on the CPU's {cpu.threads} threads."
     return 'cpu', f"no GPU that PyTorch can use was found; training runs on the CPU's {cpu.threads} threads."
 
+# %% ../nbs/00_probe.ipynb #c030h
+@dataclass
+class HardwareProfile:
+    "What this machine has for training, and which device to use."
+    gpus:list[GPUInfo]
+    cpu:CPUInfo
+    memory:SystemMemory
+    torch:TorchBuild
+    device:str                 # recommended torch device, e.g. 'cuda:0', 'mps', 'cpu'
+    reason:str                 # why that device
+    notes:list[str]=field(default_factory=list)
+    platform:str=field(default_factory=lambda: f"{platform.system()} {platform.release()} ({platform.machine()}), Python {platform.python_version()}")
+
+# %% ../nbs/00_probe.ipynb #c030i
+@patch(as_prop=True)
+def gpu(self:HardwareProfile)->GPUInfo|None:
+    "The GPU behind the recommended device, if any."
+    return next((g for g in self.gpus if g.usable and _device_of(g) == self.device), None)
+
+@patch
+def to_dict(self:HardwareProfile)->dict: return asdict(self)
+@patch
+def to_json(self:HardwareProfile, **kw)->str: return json.dumps(self.to_dict(), indent=2, **kw)
+
+@patch(cls_method=True)
+def from_dict(cls:HardwareProfile, d:dict)->HardwareProfile:
+    "The profile `to_dict` (or `json.loads` of `to_json`) wrote."
+    d = dict(d)
+    return cls(gpus=[GPUInfo(**g) for g in d.pop('gpus')], cpu=CPUInfo(**d.pop('cpu')),
+               memory=SystemMemory(**d.pop('memory')), torch=TorchBuild(**d.pop('torch')), **d)
+
+# %% ../nbs/00_probe.ipynb #c030j
 def probe(nvml=None, # an NVML module (default: `pynvml`); tests pass a fake one
           smi_run=subprocess.run, # runs `nvidia-smi` for the fallback
           smi_which=shutil.which, # finds `nvidia-smi`
@@ -396,35 +463,6 @@ def probe(nvml=None, # an NVML module (default: `pynvml`); tests pass a fake one
     return HardwareProfile(gpus=gpus, cpu=cpu, memory=_system_memory(), torch=build, device=device, reason=reason, notes=notes)
 
 # %% ../nbs/00_probe.ipynb #c032
-def fmt_bytes(n:int|float|None)->str:
-    "Bytes for people, in the binary units `torch.cuda` and `nvidia-smi` use: '1.50 GiB', '12.0 MiB', '512 B'."
-    if n is None or n != n: return '?'  # unknown, or NaN (a gap in a memory series)
-    for unit, k in (('GiB', 2**30), ('MiB', 2**20), ('KiB', 2**10)):
-        if abs(n) >= k: return f"{n/k:.2f} {unit}" if unit == 'GiB' else f"{n/k:.1f} {unit}"
-    return f"{int(n)} B"
-
-def _yn(x)->str: return '?' if x is None else ('yes' if x else 'no')
-
-def _profile_rows(p:HardwareProfile)->list[tuple[str,str]]:
-    rows = [('Recommended device', f"{p.device} — {p.reason}")]
-    for g in p.gpus:
-        rows.append((f"GPU {g.index} ({g.backend})", f"{g.name}: {fmt_bytes(g.total_memory)} total, {fmt_bytes(g.free_memory)} free"
-                     + (" (shared with the system)" if g.shared_memory else "")))
-        rows.append(('', f"arch {g.arch or '?'}" + (f", compute capability {g.compute_capability}" if g.compute_capability else "")
-                     + f", fast fp16 {_yn(g.fp16_fast)}, native bf16 {_yn(g.bf16_native)}"
-                     + (f", driver {g.driver_version}" if g.driver_version else "") + (f" (CUDA {g.runtime_version})" if g.runtime_version else "")
-                     + f", via {g.source}" + ("" if g.usable else " — NOT usable by this PyTorch")))
-    if not p.gpus: rows.append(('GPU', 'none found'))
-    c, m, t = p.cpu, p.memory, p.torch
-    rows.append(('CPU', f"{c.model}: {c.physical_cores or '?'} cores, {c.threads or '?'} threads" + (f", up to {c.max_freq_mhz:.0f} MHz" if c.max_freq_mhz else "")))
-    rows.append(('System memory', f"{fmt_bytes(m.total)} total, {fmt_bytes(m.available)} available, swap {fmt_bytes(m.swap_total)}"))
-    be = ', '.join(k for k, v in t.backends.items() if v)
-    rows.append(('PyTorch', f"{t.version}" + (f", CUDA {t.cuda}" if t.cuda else "") + (f", HIP {t.hip}" if t.hip else "") + f"; usable backends: {be}"))
-    if t.arch_list: rows.append(('', 'kernels for ' + ' '.join(t.arch_list)))
-    rows.append(('Platform', p.platform))
-    rows += [('Note', n) for n in p.notes]
-    return rows
-
 def rows_text(rows:list[tuple[str,str]])->str:
     "Aligned `key  value` lines: how every result of the book prints in a terminal."
     w = max((len(k) for k, _ in rows), default=0)
@@ -436,29 +474,37 @@ def rows_html(rows:list[tuple[str,str]], title:str='')->str:
                   f"<td style='text-align:left'>{html.escape(v)}</td></tr>" for k, v in rows)
     return f"<div>{f'<b>{html.escape(title)}</b>' if title else ''}<table>{trs}</table></div>"
 
-HardwareProfile.__str__ = lambda self: rows_text(_profile_rows(self))
-HardwareProfile._repr_html_ = lambda self: rows_html(_profile_rows(self), 'Hardware profile')
+# %% ../nbs/00_probe.ipynb #c032c
+def _yn(x)->str: return '?' if x is None else ('yes' if x else 'no')
 
-# %% ../nbs/00_probe.ipynb #c037
-class FakeNVML:
-    "A stand-in for `pynvml` answering for the GPUs given: `FakeNVML([('NVIDIA GeForce GTX 1050 Ti', 4*2**30, (6,1))])`."
-    def __init__(self, gpus:list, driver='560.94', cuda=12060, fail:dict|None=None):
-        import pynvml
-        self.gpus, self.driver, self.cuda, self.fail = gpus, driver, cuda, fail or {}
-        self.NVMLError, self.nvmlMemory_v2 = pynvml.NVMLError, pynvml.nvmlMemory_v2
-    def _maybe_fail(self, what):
-        if what in self.fail: raise self.fail[what]
-    def nvmlInit(self): self._maybe_fail('init')
-    def nvmlDeviceGetCount(self): self._maybe_fail('count'); return len(self.gpus)
-    def nvmlSystemGetDriverVersion(self): self._maybe_fail('driver'); return self.driver
-    def nvmlSystemGetCudaDriverVersion(self): self._maybe_fail('cuda'); return self.cuda
-    def nvmlDeviceGetHandleByIndex(self, i): return i
-    def nvmlDeviceGetName(self, h): return self.gpus[h][0]
-    def nvmlDeviceGetMemoryInfo(self, h, version=None):
-        self._maybe_fail('memory')
-        total = self.gpus[h][1]
-        return dataclasses.make_dataclass('Mem', ['total', 'free', 'used'])(total, total - 300*2**20, 300*2**20)
-    def nvmlDeviceGetCudaComputeCapability(self, h): self._maybe_fail('cc'); return self.gpus[h][2]
+def _gpu_rows(g:GPUInfo)->list[tuple[str,str]]:
+    "Two rows for one GPU: its memory, then its capabilities and who reported them."
+    return [(f"GPU {g.index} ({g.backend})", f"{g.name}: {fmt_bytes(g.total_memory)} total, {fmt_bytes(g.free_memory)} free"
+             + (" (shared with the system)" if g.shared_memory else "")),
+            ('', f"arch {g.arch or '?'}" + (f", compute capability {g.compute_capability}" if g.compute_capability else "")
+             + f", fast fp16 {_yn(g.fp16_fast)}, native bf16 {_yn(g.bf16_native)}"
+             + (f", driver {g.driver_version}" if g.driver_version else "") + (f" (CUDA {g.runtime_version})" if g.runtime_version else "")
+             + f", via {g.source}" + ("" if g.usable else " — NOT usable by this PyTorch"))]
+
+# %% ../nbs/00_probe.ipynb #c032d
+def _profile_rows(p:HardwareProfile)->list[tuple[str,str]]:
+    rows = [('Recommended device', f"{p.device} — {p.reason}")]
+    for g in p.gpus: rows += _gpu_rows(g)
+    if not p.gpus: rows.append(('GPU', 'none found'))
+    c, m, t = p.cpu, p.memory, p.torch
+    rows.append(('CPU', f"{c.model}: {c.physical_cores or '?'} cores, {c.threads or '?'} threads" + (f", up to {c.max_freq_mhz:.0f} MHz" if c.max_freq_mhz else "")))
+    rows.append(('System memory', f"{fmt_bytes(m.total)} total, {fmt_bytes(m.available)} available, swap {fmt_bytes(m.swap_total)}"))
+    be = ', '.join(k for k, v in t.backends.items() if v)
+    rows.append(('PyTorch', f"{t.version}" + (f", CUDA {t.cuda}" if t.cuda else "") + (f", HIP {t.hip}" if t.hip else "") + f"; usable backends: {be}"))
+    if t.arch_list: rows.append(('', 'kernels for ' + ' '.join(t.arch_list)))
+    rows.append(('Platform', p.platform))
+    rows += [('Note', n) for n in p.notes]
+    return rows
+
+@patch
+def __str__(self:HardwareProfile)->str: return rows_text(_profile_rows(self))
+@patch
+def _repr_html_(self:HardwareProfile)->str: return rows_html(_profile_rows(self), 'Hardware profile')
 
 # %% ../nbs/00_probe.ipynb #c042
 @dataclass
@@ -474,37 +520,18 @@ class MemoryReading:
     total:int|None=None           # the device's total memory
     source:str=''
 
-    @property
-    def current(self)->int|None:
-        "The best single number for 'in use now': reserved on accelerators, RSS on the CPU."
-        return self.reserved if self.reserved is not None else self.used
+# %% ../nbs/00_probe.ipynb #c042b
+@patch(as_prop=True)
+def current(self:MemoryReading)->int|None:
+    "The best single number for 'in use now': reserved on accelerators, RSS on the CPU."
+    return self.reserved if self.reserved is not None else self.used
 
-    @property
-    def peak(self)->int|None:
-        return self.peak_reserved if self.peak_reserved is not None else self.peak_used
+@patch(as_prop=True)
+def peak(self:MemoryReading)->int|None:
+    "The best single number for 'at most so far', read the same way as `current`."
+    return self.peak_reserved if self.peak_reserved is not None else self.peak_used
 
-def _peak_rss()->int|None:
-    try:
-        import resource
-        r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return r if sys.platform == 'darwin' else r * 1024  # bytes on macOS, KiB on Linux
-    except ImportError:
-        return getattr(psutil.Process().memory_info(), 'peak_wset', None)  # Windows
-
-def _nvml_used(index:int, nvml=None)->tuple[int|None, int|None]:
-    "(used, total) of CUDA device `index` as NVML sees it, matched by UUID so CUDA_VISIBLE_DEVICES cannot mislead."
-    nvml = nvml or _nvml_module()
-    if nvml is None or _nvml_init(nvml): return None, None
-    try:
-        uuid = str(torch.cuda.get_device_properties(index).uuid)
-        for i in range(nvml.nvmlDeviceGetCount()):
-            h = nvml.nvmlDeviceGetHandleByIndex(i)
-            if uuid in _s(nvml.nvmlDeviceGetUUID(h)):
-                m = nvml.nvmlDeviceGetMemoryInfo(h)
-                return m.used, m.total
-    except Exception: pass
-    return None, None
-
+# %% ../nbs/00_probe.ipynb #c042f
 _PROCESS = {}
 
 def _this_process()->dict:
@@ -523,6 +550,31 @@ def _rss()->int:
         except (OSError, ValueError, IndexError): pass
     return p['proc'].memory_info().rss
 
+def _peak_rss()->int|None:
+    "The most this process has had resident (None where the OS does not say)."
+    try:
+        import resource
+        r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return r if sys.platform == 'darwin' else r * 1024  # bytes on macOS, KiB on Linux
+    except ImportError:
+        return getattr(psutil.Process().memory_info(), 'peak_wset', None)  # Windows
+
+# %% ../nbs/00_probe.ipynb #c042j
+def _nvml_used(index:int, nvml=None)->tuple[int|None, int|None]:
+    "(used, total) of CUDA device `index` as NVML sees it, matched by UUID so CUDA_VISIBLE_DEVICES cannot mislead."
+    nvml = nvml or _nvml_module()
+    if nvml is None or _nvml_init(nvml): return None, None
+    try:
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            if uuid in _s(nvml.nvmlDeviceGetUUID(h)):
+                m = nvml.nvmlDeviceGetMemoryInfo(h)
+                return m.used, m.total
+    except Exception: pass
+    return None, None
+
+# %% ../nbs/00_probe.ipynb #c042l
 def device_memory(device='cpu', # a torch device or its name: 'cpu', 'cuda', 'cuda:1', 'mps', 'xpu'
                   nvml=None)->MemoryReading:
     "Current and peak memory of `device`, read the same way on CUDA, ROCm, MPS, XPU and CPU."

@@ -135,6 +135,20 @@ def test_loaders_follow_the_strategy():
     xb, yb = next(iter(dl.train))
     assert xb.shape == (32, 1, 28, 28)
 
+def test_notebook_detection_is_chapter_00s(monkeypatch):
+    "Loaders ask `probe.in_notebook()` (one rule for the book): a Jupyter kernel, Colab's subclass of it, not a terminal."
+    import netlite_nb.data as data, netlite_nb.probe as probe
+    assert 'in_notebook' not in data.__all__ and data.in_notebook is probe.in_notebook
+    class ZMQInteractiveShell: pass
+    class Shell(ZMQInteractiveShell): pass                       # google.colab._shell.Shell subclasses the Jupyter kernel's shell
+    class TerminalInteractiveShell: pass
+    class S: num_workers, device = 4, 'cpu'
+    for shell, workers in [(ZMQInteractiveShell(), 0), (Shell(), 0), (TerminalInteractiveShell(), 4), (None, 4)]:
+        monkeypatch.setattr(probe, '_ipython', lambda: shell)
+        assert loader_settings(S(), system='Windows').num_workers == workers, type(shell).__name__
+    monkeypatch.setattr(probe, '_ipython', lambda: ZMQInteractiveShell())
+    assert loader_settings(S(), system='Linux').num_workers == 4   # workers start fine from a notebook on Linux (fork)
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
 def test_tensor_loader_on_cuda():
     dls = mnist_sample_loaders(device='cuda', augment=True)
