@@ -131,7 +131,7 @@ def _plan(args):
     return 0 if plan.fits is not False else 1
 
 def _plan_args(p):
-    p.add_argument('--model', default='mlp', choices=list_models(), help="a chapter 05 model (default mlp)")
+    p.add_argument('--model', default='mlp', help=f"a chapter 05 model: {', '.join(list_models())} (default mlp)")
     p.add_argument('--input', default=(1, 28, 28), type=_input_shape, help="one sample's shape, CxHxW: 1x28x28 (MNIST, the default) or 3x32x32 (CIFAR-10)")
     p.add_argument('--batch-size', type=_positive, default=64)
     p.add_argument('--gpu', default='cpu', help="a GPU name from the catalogue, e.g. 'gtx 1050 ti'; 'list' lists them; 'cuda' for this machine's GPU; 'cpu'")

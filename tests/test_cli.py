@@ -112,7 +112,7 @@ def test_plan_json():
 
 @pytest.mark.parametrize('args,says', [
     (['plan', '--input', '28x28'], 'CxHxW, e.g. 1x28x28'), (['plan', '--input', '3x32x30'], 'square'),
-    (['plan', '--batch-size', '0'], 'at least 1'), (['plan', '--model', 'vit'], 'invalid choice'),
+    (['plan', '--batch-size', '0'], 'at least 1'),
     (['plan', '--precision', 'fp8'], 'invalid choice'), (['export'], 'required'), (['nonsense'], 'invalid choice')])
 def test_argparse_usage_errors_exit_2(args, says):
     rc, out, err = run_main(*args)
@@ -121,7 +121,7 @@ def test_argparse_usage_errors_exit_2(args, says):
 
 @pytest.mark.parametrize('args,says', [
     (['plan', '--gpu', 'rtx 2080 super'], 'is not in the catalogue'), (['plan', '--gpu', '1060'], 'is ambiguous'),
-    (['train', 'no_such.yaml'], 'No run configuration'), (['train', 'BAD'], "Did you mean 'train.epochs'")])
+    (['plan', '--model', 'resnet5'], "Did you mean 'resnet'? Available: mlp"), (['train', 'no_such.yaml'], 'No run configuration'), (['train', 'BAD'], "Did you mean 'train.epochs'")])
 def test_our_usage_errors_exit_2_with_one_line_naming_the_cli_fix(args, says, tmp_path):
     if 'BAD' in args:   # a configuration with an unknown key
         (tmp_path / 'bad.yaml').write_text('model: {name: mlp}\ntrain: {epoch: 1}\n')
