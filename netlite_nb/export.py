@@ -605,7 +605,7 @@ def model_from_checkpoint(path,                 # a run directory, a checkpoint 
                           name:str|None=None,   # chapter 05 model name; None: from the run's config.yaml
                           **kwargs,             # passed to `create_model`, over the configuration's `model.kwargs`
                          )->tuple[nn.Module, dict]:
-    "Rebuild the model a chapter 07 checkpoint holds; returns (model in eval mode, what was loaded: weights, name, kwargs, input_shape, data)."
+    "Rebuild the model a chapter 07 checkpoint holds; returns (model in eval mode, what was loaded: weights, run_dir, name, kwargs, input_shape, data)."
     w = _weights_file(path)
     cfg, data = _run_sections(w)
     name = name or cfg.get('name')
@@ -617,4 +617,5 @@ def model_from_checkpoint(path,                 # a run directory, a checkpoint 
     try: st.load_model(model, str(w), device='cpu')
     except RuntimeError as e:
         raise ValueError(f"The weights in {str(w)!r} do not fit create_model({name!r}, **{kw}): {str(e).splitlines()[0][:300]}") from None
-    return model.eval(), {'weights': w, 'name': name, 'kwargs': kw, 'input_shape': tuple(model.input_shape), 'data': data}
+    run_dir = w.parent.parent if w.parent.name.startswith('step-') else w.parent  # where `onnx_path` puts the run's files
+    return model.eval(), {'weights': w, 'run_dir': run_dir, 'name': name, 'kwargs': kw, 'input_shape': tuple(model.input_shape), 'data': data}

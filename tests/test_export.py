@@ -350,10 +350,10 @@ def test_a_chapter_10_run_on_colour_images_rebuilds_and_exports(tmp_path):
     assert written['run']['model']['name'] == 'netlite_tiny' and 'num_classes' not in str(written['run']['model'])
     model, info = model_from_checkpoint(tmp_path/'run')
     assert info['kwargs'] == {'num_classes': 4, 'in_channels': 3} and info['input_shape'] == (3, 32, 32)
-    assert info['data']['name'] == 'folder'
+    assert info['data']['name'] == 'folder' and info['run_dir'] == tmp_path/'run'
     xs = torch.rand(8, 3, 32, 32)
     assert torch.allclose(model(xs), t.eval_model.cpu().eval()(xs), atol=1e-6)
-    r = export_onnx(model, xs, E.onnx_path(tmp_path/'run', info['name'], 'int8'), quantize='int8',
+    r = export_onnx(model, xs, E.onnx_path(info['run_dir'], info['name'], 'int8'), quantize='int8',
                     calibration=[(torch.rand(32, 3, 32, 32), 0)] * 4, measure_speed=False)
     assert r.path == tmp_path/'run'/'onnx'/'netlite_tiny.int8.onnx' and r.fp32_path.name == 'netlite_tiny.fp32.onnx'
     assert r.max_abs_diff['fp32'] <= 1e-4 and r.input_shape == ('batch', 3, 32, 32)
