@@ -1,0 +1,163 @@
+"""The CUDA paths of netlite_nb on a real card, in one command: `python bench/gpu_check.py [--quick]`.
+
+Nothing here can be checked on a CPU-only machine, so this is kept ready for the moment a GPU is at hand. It prints one
+table row per check (what was measured, what it should be, ok) and exits 1 when any check fails, 2 when there is no CUDA
+device (nothing was checked, which is not a pass). The checks:
+
+- probe: NVML's total and free memory against `torch.cuda.mem_get_info`, and `device_memory` against `torch.cuda`;
+- allocator settings: a strategy's `alloc_conf` (expandable segments) applied before CUDA starts, seen in the
+  allocator's own snapshot (in a fresh process: the settings are read when CUDA starts);
+- planner: `plan_memory(..., device_or_gpu='cuda')`'s reserved bytes against `torch.cuda.max_memory_reserved` after two
+  real training steps, for three zoo models (target within ±10 %), each in a fresh process so one model's cached
+  blocks do not count for the next;
+- precision: a Trainer step in bf16 and fp16 autocast (with GradScaler for fp16): the forward really computes in the
+  low dtype, the loss stays finite and falls, the scaler is on only for fp16;
+- out of memory: `torch.cuda.set_per_process_memory_fraction` makes a small budget, the Trainer's first micro-batch
+  raises a real `torch.OutOfMemoryError`, and the run recovers (smaller micro-batch or checkpointing) and finishes
+  every optimizer step;
+- dashboard: `LiveDashboard`'s VRAM readings during that run against `torch.cuda.memory_reserved` right after.
+"""
+import argparse, json, os, subprocess, sys, textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+ROWS = []
+
+def row(name, measured, expected, ok):
+    ROWS.append((name, str(measured), str(expected), bool(ok)))
+    print(f"{'ok ' if ok else 'BAD'}  {name}: {measured}  (expected {expected})", flush=True)
+
+def in_fresh_process(code:str)->dict:
+    "Run `code` in a new Python (CUDA not yet started there); it prints one JSON line, which is returned."
+    r = subprocess.run([sys.executable, '-c', textwrap.dedent(code)], capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, 'PYTHONPATH': str(ROOT)}, timeout=600)
+    if r.returncode: raise RuntimeError(f"child failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+def check_probe():
+    import torch
+    from netlite_nb.probe import probe, device_memory
+    hw = probe()
+    g = next((g for g in hw.gpus if g.backend == 'cuda'), None)
+    free, total = torch.cuda.mem_get_info()
+    row('probe finds the CUDA card with NVML', g and f"{g.name} via {g.source}", 'a GPU read by nvml', g is not None and g.source == 'nvml')
+    if g is None: return
+    row('probe total memory vs mem_get_info', f"{g.total_memory / 2**30:.2f} GiB", f"{total / 2**30:.2f} GiB ±2%", abs(g.total_memory - total) <= 0.02 * total)
+    r = device_memory('cuda')
+    row('device_memory total vs mem_get_info', f"{r.total / 2**30:.2f} GiB", f"{total / 2**30:.2f} GiB ±2%", abs(r.total - total) <= 0.02 * total)
+    row('device_memory reserved vs torch.cuda', r.reserved, torch.cuda.memory_reserved(), r.reserved == torch.cuda.memory_reserved())
+    # NVML's used memory is the whole card's (other processes too): at least what this process reserved
+    row('NVML used >= reserved', r.used, f">= {r.reserved}", r.used is not None and r.used >= r.reserved)
+
+def check_alloc_conf():
+    out = in_fresh_process("""
+        import json, torch
+        from netlite_nb.strategies import load_strategy, apply_allocator_settings
+        s = load_strategy('gtx_1050_ti')
+        note = apply_allocator_settings(s)
+        x = torch.empty(64 * 2**20, device='cuda')
+        segs = torch.cuda.memory_snapshot()
+        print(json.dumps({'conf': s.alloc_conf, 'note': note, 'expandable': any(sg.get('is_expandable') for sg in segs)}))
+    """)
+    row("strategy alloc_conf applied before CUDA starts", out['note'], 'applied (...) before CUDA started', 'before CUDA started' in out['note'])
+    want = 'expandable_segments:True' in (out['conf'] or '')
+    row('allocator snapshot shows expandable segments', out['expandable'], want, out['expandable'] == want)
+
+def check_planner(batch:int):
+    for name in ('netlite_tiny', 'resnet', 'vit_tiny'):
+        out = in_fresh_process(f"""
+            import json, torch
+            from netlite_nb.models import create_model
+            from netlite_nb.budget import plan_memory, make_optimizer
+            torch.manual_seed(0)
+            ch = 3 if {name!r} == 'resnet' else 1
+            size = 32 if ch == 3 else 28
+            m = create_model({name!r}, num_classes=10, in_channels=ch)
+            x, y = torch.randn({batch}, ch, size, size), torch.randint(0, 10, ({batch},))
+            plan = plan_memory(m, (x, y), device_or_gpu='cuda')
+            m = m.cuda(); x, y = x.cuda(), y.cuda()
+            opt = make_optimizer('adamw', m.parameters())
+            for _ in range(2):
+                torch.nn.functional.cross_entropy(m(x), y).backward(); opt.step(); opt.zero_grad(set_to_none=True)
+            torch.cuda.synchronize()
+            print(json.dumps({{'planned': plan.reserved, 'measured': torch.cuda.max_memory_reserved()}}))
+        """)
+        err = out['planned'] / out['measured'] - 1
+        row(f"planner reserved, {name} batch {batch}", f"{out['planned'] / 2**20:.1f} MiB planned, {out['measured'] / 2**20:.1f} MiB measured ({err:+.1%})",
+            'within ±10%', abs(err) <= 0.10)
+
+def _loaders(n, bs):
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 1, 28, 28, generator=g); y = (x.mean((1, 2, 3)) > 0).long() + 2 * (x[:, :, :14].mean((1, 2, 3)) > 0).long()
+    return DataLoader(TensorDataset(x, y), bs, shuffle=True, generator=g), DataLoader(TensorDataset(x[:256], y[:256]), 256)
+
+def check_precision():
+    import torch
+    from netlite_nb.models import create_model
+    from netlite_nb.train import Trainer
+    from netlite_nb.probe import bf16_is_native
+    cc = '.'.join(map(str, torch.cuda.get_device_capability()))
+    for prec in ('bf16', 'fp16'):
+        if prec == 'bf16' and not bf16_is_native(cc): row('bf16 autocast', f'skipped: compute capability {cc}', 'cc >= 8.0', True); continue
+        m = create_model('netlite_tiny', num_classes=4)
+        seen = []
+        h = m.head.register_forward_hook(lambda mod, a, o: seen.append(o.dtype)) if hasattr(m, 'head') else None
+        t = Trainer(m, _loaders(2048, 128), device='cuda', precision=prec, progress=False, verbose=False, log_every=1, lr=3e-3)
+        t.fit(2)
+        if h: h.remove()
+        losses = [r['loss'] for r in t.history if 'loss' in r]
+        want = {'bf16': torch.bfloat16, 'fp16': torch.float16}[prec]
+        row(f'{prec}: forward computes in {want}', seen[:1], [want], bool(seen) and seen[0] == want)
+        first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3   # means of three records: one step's loss is noisy
+        row(f'{prec}: loss finite and falling', f"{first:.3f} -> {last:.3f}", 'finite, lower',
+            all(map(lambda v: v == v and abs(v) != float('inf'), losses)) and last < first)
+        row(f'{prec}: GradScaler enabled', t.scaler.is_enabled(), prec == 'fp16', t.scaler.is_enabled() == (prec == 'fp16'))
+
+def check_oom_and_dashboard():
+    import torch
+    from netlite_nb.models import create_model
+    from netlite_nb.train import Trainer
+    from netlite_nb.live import LiveDashboard
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    base = torch.cuda.memory_reserved()
+    budget = base + 1536 * 2**20   # room for the model and a modest batch, far less than a batch of 4096 needs
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
+    try:
+        dash = LiveDashboard(mode='text', interval=0.0)
+        m = create_model('resnet', num_classes=4, in_channels=1, image_size=28)
+        t = Trainer(m, _loaders(8192, 4096), device='cuda', precision='fp32', progress=False, verbose=False, log_every=1,
+                    callbacks=[dash], plan=False, accum_steps=1)
+        t.fit(1)
+        row('a real torch.OutOfMemoryError was raised and reported', len(t.oom_reports), '>= 1', len(t.oom_reports) >= 1)
+        row('the run recovered and finished every step', t.step, 2, t.step == 2)
+        row('micro-batch after recovery', t.micro_batch, '< 4096 (or checkpointing on)', t.micro_batch < 4096 or t.state.checkpointing)
+        now = torch.cuda.memory_reserved()
+        r = dash.reading
+        row('dashboard VRAM reading is torch.cuda.memory_reserved', r and r.reserved, now, r is not None and r.reserved == now)
+        row('dashboard peak <= budget', f"{dash.peak / 2**20:.0f} MiB", f"<= {budget / 2**20:.0f} MiB", dash.peak <= budget)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+def main(argv=None)->int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--quick', action='store_true', help='smaller batches for the planner check')
+    args = ap.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("No CUDA device: nothing was checked (exit 2). Run this on a machine with an NVIDIA GPU.")
+        return 2
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}")
+    for check in (check_probe, check_alloc_conf, lambda: check_planner(64 if args.quick else 256), check_precision, check_oom_and_dashboard):
+        try: check()
+        except Exception as e: row(getattr(check, '__name__', 'planner'), f"raised {type(e).__name__}: {str(e)[:300]}", 'no error', False)
+    w = max(len(n) for n, *_ in ROWS)
+    print('\n' + '\n'.join(f"{n:<{w}}  {'ok ' if ok else 'BAD'}  {m}  [{e}]" for n, m, e, ok in ROWS))
+    bad = [n for n, *_, ok in ROWS if not ok]
+    print(f"\n{len(ROWS) - len(bad)} of {len(ROWS)} checks passed" + (f"; failed: {', '.join(bad)}" if bad else ''))
+    return 1 if bad else 0
+
+if __name__ == '__main__': sys.exit(main())
