@@ -11,10 +11,11 @@ from . import __version__
 from .probe import UnknownGPUError, gpu_catalogue, probe
 from .budget import BudgetTooSmallError, fit_to_budget, max_batch_size, plan_memory, resize_batch
 from .layers import memory_transform
-from .data import mnist_sample, mnist_sample_loaders
+from .data import make_loaders, mnist_sample
 from .models import UnknownModelError, create_model, list_models
-from .strategies import ConfigError
-from .run import run_demo, train_from_config
+from .strategies import ConfigError, DataConfig, UnknownStrategyError, list_strategies, strategy_table
+from .checkpoint import read_run_config
+from .run import datasets_for, run_demo, train_from_config
 
 # %% auto #0
 __all__ = ['COMMANDS', 'command', 'build_parser', 'UsageError', 'main']
@@ -42,13 +43,16 @@ def build_parser()->argparse.ArgumentParser:
 class UsageError(ValueError):
     "A command line that cannot run as typed: exit status 2, like argparse's own usage errors."
 
-_USAGE_ERRORS = (UsageError, UnknownGPUError, UnknownModelError, ConfigError)  # a name or key the user typed that names nothing
+_USAGE_ERRORS = (UsageError, UnknownGPUError, UnknownModelError, UnknownStrategyError, ConfigError)  # a name or key the user typed that names nothing
 
 def _sentence(e:BaseException)->str:
     "The error as the one line the CLI prints; a catalogue miss names the CLI's list, not a Python function."
     if isinstance(e, UnknownGPUError) and e.closest:
         return (f"GPU name {e.query!r} {'is ambiguous' if e.ambiguous else 'is not in the catalogue'}. Closest: {', '.join(e.closest)}. "
                 f"`netlite plan --gpu list` lists all {len(gpu_catalogue())} names.")
+    if isinstance(e, UnknownStrategyError) and e.query:
+        return (f"No strategy or GPU called {e.query!r}. {e.hint}`netlite train --list-strategies` lists the {len(list_strategies())} "
+                f"built-in strategies; any GPU of `netlite plan --gpu list` works too.")
     msg = (str(e).strip().splitlines() or [''])[0]
     return msg if msg and isinstance(e, (ValueError, LookupError, OSError, RuntimeError)) else f"{type(e).__name__}: {msg}"
 
@@ -170,6 +174,8 @@ def _train_summary(t)->dict:
 
 @command('train', 'Train from a run configuration (YAML; a run\'s own config.yaml repeats it): strategy, model, data, optimizer, schedule, epochs; --set overrides; --resume continues.')
 def _train(args):
+    if args.list_strategies: print(strategy_table()); return 0
+    if args.config is None: raise UsageError("Give a run configuration (a YAML file), or --list-strategies to see the strategy names it can use.")
     if not Path(args.config).is_file():
         raise UsageError(f"No run configuration at {args.config!r}: give a YAML file, e.g. one written like chapter 06's, or runs/RUN/config.yaml to repeat a run.")
     quiet = args.quiet or args.json   # --json keeps stdout for the JSON alone
@@ -184,7 +190,8 @@ def _train(args):
     return 130 if t.interrupted else 0
 
 def _train_args(p):
-    p.add_argument('config', help="the run configuration, a YAML file (a run's config.yaml repeats that run)")
+    p.add_argument('config', nargs='?', help="the run configuration, a YAML file (a run's config.yaml repeats that run)")
+    p.add_argument('--list-strategies', action='store_true', help="list the built-in strategies a configuration's `strategy:` can name, and exit")
     p.add_argument('--set', action='append', default=[], metavar='KEY=VALUE', help='override a key, e.g. --set train.epochs=2 (repeatable)')
     p.add_argument('--out', default=None, help='run directory (default: train.checkpoint_dir/MODEL-TIMESTAMP)')
     p.add_argument('--resume', default=None, metavar='RUN_DIR', help='continue the run saved in RUN_DIR')
@@ -197,26 +204,39 @@ _train.add_arguments = _train_args
 def _export(args):
     # a startup-time choice: ONNX and ONNX Runtime take about 2 s to import (python -X importtime), which every
     # other command would pay; chapter 09 is loaded only when a checkpoint is exported
-    from netlite_nb.export import export_onnx, model_from_checkpoint
+    from netlite_nb.export import export_onnx, model_from_checkpoint, onnx_path
     model, info = model_from_checkpoint(args.checkpoint, args.model)
-    shape = tuple(getattr(model, 'input_shape', (1, 28, 28)))
-    if shape != (1, 28, 28):
-        raise ValueError(f"`netlite export` verifies on the embedded MNIST sample (1×28×28 digits), but this model takes {shape}: "
-                         f"export it with its own data at the end of training, `netlite train CONFIG --set export.onnx=model.onnx`.")
-    out = args.out or info['weights'].parent / f"{info['name']}.onnx"
+    dls = _run_loaders(info)
+    if tuple(dls.input_shape) != tuple(info['input_shape']):
+        raise UsageError(f"The run's data ({_data_name(info)}) has images of shape {tuple(dls.input_shape)}, but the weights were built for "
+                         f"{tuple(info['input_shape'])}: fix `data:` in the run's config.yaml, or pass --model for weights of another model.")
     quantize = 'int8' if args.int8 else 'fp16' if args.fp16 else None
-    dls = mnist_sample_loaders(batch_size=64)
-    report = export_onnx(model, next(iter(dls.train))[0], out, opset=args.opset, dynamic_batch=not args.static_batch,
-                         quantize=quantize, calibration=dls.train if quantize == 'int8' else None, valid=mnist_sample()[1])
+    out = args.out or onnx_path(info['run_dir'], info['name'], quantize)
+    report = export_onnx(model, dls.one_batch(), out, opset=args.opset, dynamic_batch=not args.static_batch, quantize=quantize,
+                         calibration=dls.train if quantize == 'int8' else None, valid=dls.valid, int8_target=args.int8_target,
+                         max_calibration_batches=args.calibration_batches)
     print(_json(report) if args.json else report)
+
+def _data_name(info:dict)->str:
+    d = info['data']
+    return f"{d['name']} at {d['root']!r}" if d.get('root') else d.get('name', 'the embedded MNIST sample')
+
+def _run_loaders(info:dict):
+    "Loaders (batch 64, CPU) of the data the run trained on: its config.yaml's `data:`, or the MNIST sample for bare weights."
+    seed = ((read_run_config(info['weights']).get('run') or {}).get('train') or {}).get('seed') or 0  # the run's own train/valid split
+    tr, va = datasets_for(DataConfig(**info['data']), seed=seed) if info['data'] else mnist_sample()
+    return make_loaders(tr, va, batch_size=64, device='cpu', seed=seed)
 
 def _export_args(p):
     p.add_argument('checkpoint', help='a run directory, a checkpoint directory (step-*) or a .safetensors file')
     p.add_argument('--model', help="chapter 05 model name, when the checkpoint has no config.yaml naming it")
     q = p.add_mutually_exclusive_group()
-    q.add_argument('--int8', action='store_true', help='static INT8 (QDQ, per channel), calibrated on the MNIST sample')
+    q.add_argument('--int8', action='store_true', help="static INT8 (QDQ, per channel), calibrated on the run's training data")
     q.add_argument('--fp16', action='store_true', help='half precision, for GPUs with fast fp16')
-    p.add_argument('--out', '-o', type=Path, help='the .onnx file to write (default: NAME.onnx next to the weights)')
+    p.add_argument('--int8-target', default='auto', choices=['auto', 'vnni', 'no-vnni', 'any'],
+                   help="the CPU the INT8 file will run on: auto (this one), vnni (x86 with VNNI, or ARM), no-vnni, any (default auto)")
+    p.add_argument('--calibration-batches', type=_positive, default=8, metavar='N', help='training batches of 64 that calibrate INT8 (default 8)')
+    p.add_argument('--out', '-o', type=Path, help='the .onnx file to write (default: RUN/onnx/MODEL.PRECISION.onnx in the run directory)')
     p.add_argument('--opset', type=int, help="ONNX opset (default: the exporter's)")
     p.add_argument('--static-batch', action='store_true', help='fix the batch size to that of the sample (64)')
     p.add_argument('--json', action='store_true', help="print the export's report as JSON")

@@ -97,16 +97,29 @@ def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path (a run's o
     if note: trainer.notes.append(note)
     trainer.fit(epochs=None if t.steps else t.epochs, steps=t.steps, resume=resume)
     if cfg.export.onnx and not trainer.interrupted:
-        trainer.export_report = export_trained(trainer, dls, cfg.export.onnx, quantize=cfg.export.quantize, opset=cfg.export.opset)
+        trainer.export_report = export_trained(trainer, dls, _export_path(cfg.export.onnx, trainer.run_dir), quantize=cfg.export.quantize,
+                                               opset=cfg.export.opset, model_name=cfg.model.name)
     return trainer
 
 # %% ../nbs/10_run.ipynb #r012
-def export_trained(trainer:Trainer, dls, path, quantize:str|None='int8', opset:int|None=None):
+def _export_path(onnx, # the configuration's `export.onnx`: true, a relative name or an absolute path
+                 run_dir)->Path|None:
+    "The path as written (absolute, or the run has no directory), else None: chapter 09's `onnx_path` in the run directory."
+    return Path(onnx) if isinstance(onnx, (str, Path)) and (run_dir is None or Path(onnx).is_absolute()) else None
+
+def export_trained(trainer:Trainer, dls,
+                   path=None,                   # the .onnx file; None: chapter 09's `onnx_path(trainer.run_dir, model_name, quantize)`
+                                                # (./onnx/ for a trainer without a run directory)
+                   quantize:str|None='int8', opset:int|None=None,
+                   model_name:str|None=None,    # names the file in the run directory; default the model's class name
+                   int8_target:str='auto',      # the CPU the INT8 file is for (chapter 09): 'auto', 'vnni', 'no-vnni', 'any'
+                  ):
     "Export the trained (EMA, if on) model with chapter 09 and return its `ExportReport`."
     # a startup-time choice: ONNX and ONNX Runtime take about 2 s to import (python -X importtime), which every
     # `netlite` command would pay through this module; chapter 09 is loaded only when a run exports
-    from netlite_nb.export import export_onnx
-    return export_onnx(trainer.eval_model, dls.one_batch(), path, opset=opset, quantize=quantize,
+    from netlite_nb.export import export_onnx, onnx_path
+    if path is None: path = onnx_path(trainer.run_dir or Path('.'), model_name or type(trainer.model).__name__.lower(), quantize)
+    return export_onnx(trainer.eval_model, dls.one_batch(), path, opset=opset, quantize=quantize, int8_target=int8_target,
                        calibration=dls.train if quantize == 'int8' else None, valid=dls.valid)
 
 # %% ../nbs/10_run.ipynb #r020
@@ -158,7 +171,7 @@ def run_demo(run_dir='runs/demo', # where the checkpoint, config.yaml and the ON
              epochs:int|None=None, # default `DEMO['epochs']`
              steps:int|None=None, # stop after this many optimizer steps instead (quick checks)
              seed:int=0, device:str|None=None, # default: the strategy's
-             export:bool=True, # export ONNX + INT8 with chapter 09
+             export:bool=True, # export ONNX + INT8 with chapter 09: RUN_DIR/onnx/netlite_tiny.{int8,fp32}.onnx
              progress:bool|None=None, verbose:bool=True, callbacks=())->DemoResult:
     "Probe → strategy → plan → train netlite_tiny on the MNIST sample → evaluate → checkpoint → export → summary."
     t0, hw, bs = time.perf_counter(), probe(), DEMO['batch_size']
@@ -174,7 +187,7 @@ def run_demo(run_dir='runs/demo', # where the checkpoint, config.yaml and the ON
                       callbacks=callbacks, progress=progress, verbose=verbose, config=cfg)
     trainer.fit(epochs=None if steps else (epochs or DEMO['epochs']), steps=steps)
     m = trainer.last_metrics
-    rep = export_trained(trainer, dls, Path(run_dir) / 'netlite_tiny_int8.onnx', quantize='int8') if export and not trainer.interrupted else None
+    rep = export_trained(trainer, dls, None, quantize='int8', model_name=DEMO['model']) if export and not trainer.interrupted else None
     return DemoResult(str(trainer.device), strat.name, trainer.precision.name, trainer.micro_batch, trainer.accum_steps,
                       trainer.epoch, trainer.step, m.get('accuracy', float('nan')), m.get('valid_loss', float('nan')),
                       trainer.state.elapsed, time.perf_counter() - t0, str(find_checkpoint(trainer.run_dir)),

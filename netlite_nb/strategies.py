@@ -32,6 +32,10 @@ class ConfigError(ValueError):
 
 class UnknownStrategyError(LookupError):
     "A strategy name that is neither a built-in profile nor a GPU in the catalogue."
+    def __init__(self, msg:str, query:str='', # the name as written
+                 hint:str=''): # the closest profile and GPU names, as a sentence
+        super().__init__(msg)
+        self.query, self.hint = query, hint
 
 # %% ../nbs/06_strategies.ipynb #s7a1
 @dataclass
@@ -310,8 +314,9 @@ def _by_name(name:str)->Strategy:
     hint = f"Closest strategies: {', '.join(close)}. " if close else ''
     m = re.search(r'Closest: (.*?)\. See', gpu_err)
     if m: hint += f"{'As a GPU name it is ambiguous' if 'ambiguous' in gpu_err else 'Closest GPUs'}: {m[1]}. "
-    raise UnknownStrategyError(f"No strategy or GPU called {name!r}. {hint}"
-                               f"list_strategies() has the {len(profs)} built-in names; any GPU in gpu_catalogue() works too.")
+    raise UnknownStrategyError(f"No strategy or GPU called {name!r}. {hint}list_strategies() has the {len(profs)} built-in names "
+                               f"(`netlite train --list-strategies` on the command line); any GPU in gpu_catalogue() "
+                               f"(`netlite plan --gpu list`) works too.", query=name, hint=hint)
 
 # %% ../nbs/06_strategies.ipynb #c27h
 def load_strategy(name:str|Strategy, # a profile name, alias, GPU name ('gtx 1070'), or 'auto' (probe this machine)
@@ -489,7 +494,7 @@ class TrainConfig:
 
 @dataclass
 class ExportConfig:
-    onnx:str|None=None            # path of the ONNX file written after training; None: no export
+    onnx:str|bool|None=None       # export after training: true or a relative name -> RUN_DIR/onnx/MODEL.PRECISION.onnx; an absolute path as written; None: no export
     quantize:str|None=None        # None, 'int8' or 'fp16'
     opset:int|None=None           # None: the exporter's default
 
@@ -604,6 +609,7 @@ def _validate_config(c:RunConfig):
     _check(t.ema is None or 0 < t.ema < 1, f"train.ema is a decay between 0 and 1, e.g. 0.999; got {t.ema}.")
     _check(t.early_stopping is None or t.early_stopping >= 1, "train.early_stopping is a patience in epochs, at least 1.")
     _check(e.quantize in QUANTIZE, f"export.quantize must be null, 'int8' or 'fp16', not {e.quantize!r}.")
+    _check(e.onnx is None or isinstance(e.onnx, (str, bool)), f"export.onnx must be true, a file name or null, not {e.onnx!r}.")
 
 # %% ../nbs/06_strategies.ipynb #c65b
 def save_config(cfg:RunConfig|dict, # a resolved `RunConfig`, or any plain mapping (the `Trainer` adds what it decided)
