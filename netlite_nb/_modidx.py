@@ -555,6 +555,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'netlite_nb.probe._cpu_model': ('probe.html#_cpu_model', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._device_of': ('probe.html#_device_of', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._gpu_rows': ('probe.html#_gpu_rows', 'netlite_nb/probe.py'),
+                                  'netlite_nb.probe._install_line': ('probe.html#_install_line', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._ipython': ('probe.html#_ipython', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._memory_words': ('probe.html#_memory_words', 'netlite_nb/probe.py'),
                                   'netlite_nb.probe._mps_gpus': ('probe.html#_mps_gpus', 'netlite_nb/probe.py'),

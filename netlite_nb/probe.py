@@ -395,17 +395,29 @@ def _system_memory()->SystemMemory:
     vm, sw = psutil.virtual_memory(), psutil.swap_memory()
     return SystemMemory(total=vm.total, available=vm.available, swap_total=sw.total, swap_free=sw.free)
 
+# %% ../nbs/00_probe.ipynb #c029a
+_PRE_TURING = 'pip install "torch>=2.6,<2.15" torchvision --index-url https://download.pytorch.org/whl/cu126'
+
+def _install_line(g:GPUInfo, system:str|None=None)->str:
+    "The README's install line for NVIDIA card `g` on `system` (default this OS: 'Linux', 'Windows', ...)."
+    cc = _cc_tuple(g.compute_capability)
+    if cc and cc < (7, 5): return _PRE_TURING + ' (the last wheels with kernels for compute capability below 7.5)'
+    system = system or platform.system()
+    new = ('pip install torch torchvision --index-url https://download.pytorch.org/whl/cu130' if system == 'Windows'
+           else "pip install torch torchvision (PyPI's default, the CUDA 13 build)")
+    return f"{new}; CUDA 13 needs an NVIDIA driver >= 580, with an older one use {_PRE_TURING}"
+
 # %% ../nbs/00_probe.ipynb #c030
-def _check_usable(g:GPUInfo, build:TorchBuild)->str|None:
-    "Why this torch build cannot train on `g`, or None when it can."
+def _check_usable(g:GPUInfo, build:TorchBuild, system:str|None=None)->str|None:
+    "Why this torch build cannot train on `g` (with the install line for it on `system`), or None when it can."
     if g.vendor == 'nvidia':
-        if not build.cuda: return f"{g.name}: this PyTorch ({build.version}) is a CPU-only build. Install a CUDA build: pip install torch --index-url https://download.pytorch.org/whl/cu126"
+        if not build.cuda: return (f"{g.name}: this PyTorch ({build.version}) is a CPU-only build. Replace it with a CUDA build: "
+                                   f"pip uninstall -y torch torchvision, then {_install_line(g, system)}")
         cc = _cc_tuple(g.compute_capability)
         sms = sorted(int(a.split('_')[1]) for a in build.arch_list if a.startswith('sm_'))
         if cc and sms and cc[0]*10+cc[1] < sms[0]:
             return (f"{g.name} (compute capability {g.compute_capability}) is older than anything this PyTorch build has kernels for "
-                    f"({', '.join(build.arch_list)}; CUDA {build.cuda}). Install a build that still supports it, e.g. the CUDA 12.6 wheels: "
-                    "pip install torch torchvision --index-url https://download.pytorch.org/whl/cu126")
+                    f"({', '.join(build.arch_list)}; CUDA {build.cuda}). Install a build that still supports it: {_install_line(g, system)}")
         if not build.backends['cuda']: return f"{g.name}: the driver is present but PyTorch cannot use CUDA (torch.cuda.is_available() is False); update the NVIDIA driver to one that supports CUDA {build.cuda}."
     return None
 

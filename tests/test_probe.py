@@ -216,3 +216,24 @@ def _child_reading():
     from netlite_nb.probe import _rss, _PROCESS
     block = _touched_mapping(128 * 2**20)             # only the child holds this
     return os.getpid(), _PROCESS['pid'] if _rss() else None, _rss(), psutil.Process().memory_info().rss
+
+
+def _readme_lines():
+    "The install line of each row of the README's 'Which PyTorch for your hardware' table, by the row's first words."
+    rows = [l for l in (Path(__file__).parent.parent / 'README.md').read_text().splitlines() if l.startswith('| ')]
+    return {r.split('|')[1].strip()[:14]: r.split('|')[2] for r in rows}
+
+
+@pytest.mark.parametrize('card,cuda,system,expect', [
+    ('GTX 1050 Ti', '13.0', 'Linux', 'NVIDIA Pascal:'), ('GTX 1050 Ti', None, 'Windows', 'NVIDIA Pascal:'),
+    ('MX150', None, 'Linux', 'NVIDIA Pascal:'), ('RTX 3060', None, 'Windows', 'NVIDIA Turing '), ('RTX 2060', None, 'Linux', None)])
+def test_check_usable_names_the_readme_s_install_line(card, cuda, system, expect):
+    "A torch build that cannot use the card names the README's line for it: cu126 below 7.5, PyPI (cu130 on Windows) above."
+    import dataclasses
+    from netlite_nb.probe import GPUInfo, TorchBuild, _check_usable
+    b = TorchBuild('2.14.1', cuda, None, ['sm_75', 'sm_80', 'sm_90'] if cuda else [], {'cuda': bool(cuda), 'rocm': False, 'mps': False, 'xpu': False, 'cpu': True})
+    why = _check_usable(GPUInfo.from_spec(card), b, system)
+    advice = why.split('supports it: ')[-1].split('then ')[-1].split(';')[0].split(' (')[0]
+    if expect: assert f"`{advice}`" in _readme_lines()[expect], (advice, _readme_lines()[expect])
+    else: assert advice == 'pip install torch torchvision' and "PyPI's default" in why and 'cu130' not in why.split(';')[0]
+    if not cuda: assert 'CPU-only build' in why and 'pip uninstall -y torch torchvision' in why
