@@ -164,3 +164,59 @@ def test_export_json(tmp_path):
     d = json.loads(out)
     assert rc == 0 and d['path'] == str(tmp_path / 'm.onnx') and d['precision'] == 'fp32' and d['size'] > 0
     assert d['max_abs_diff']['fp32'] <= d['tolerance']['fp32']
+
+
+def test_an_unknown_strategy_names_the_cli_lists_and_train_lists_them(tmp_path):
+    from netlite_nb.strategies import list_strategies
+    (tmp_path / 'v.yaml').write_text('strategy: voodoo_3\nmodel: {name: mlp}\ntrain: {steps: 1}\n')
+    rc, out, err = run_main('train', str(tmp_path / 'v.yaml'))
+    assert rc == 2 and err.count('\n') == 1 and err.startswith("netlite train: No strategy or GPU called 'voodoo_3'")
+    assert '`netlite train --list-strategies`' in err and '`netlite plan --gpu list`' in err
+    assert 'list_strategies()' not in err and 'gpu_catalogue' not in err
+    rc, out, err = run_main('train', '--list-strategies')
+    assert rc == 0 and all(f"`{n}`" in out for n in list_strategies())
+    rc, out, err = run_main('train')
+    assert rc == 2 and '--list-strategies' in err and err.count('\n') == 1
+
+
+def _image_folder(root, classes=4, per_class=48, size=12):   # ≥ 128 training images: INT8 calibration needs them
+    import numpy as np
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        (root / f"class{c}").mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(root / f"class{c}" / f"{i}.png")
+
+
+def test_export_a_run_on_a_colour_image_folder_with_its_own_data(tmp_path):
+    "`netlite export RUN` rebuilds a 3-channel, 4-class run from its config.yaml and verifies it on the run's own images."
+    from netlite_nb.run import train_from_config
+    _image_folder(tmp_path / 'pets')
+    cfg = {'strategy': 'cpu', 'model': {'name': 'netlite_tiny'}, 'data': {'name': 'folder', 'root': str(tmp_path / 'pets'), 'batch_size': 8},
+           'train': {'steps': 1, 'checkpoint_dir': None}}
+    train_from_config(cfg, run_dir=tmp_path / 'run', progress=False, verbose=False)
+    rc, out, err = run_main('export', str(tmp_path / 'run'), '--int8', '--int8-target', 'any', '--calibration-batches', '3', '--json')
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d['path'] == str(tmp_path / 'run' / 'onnx' / 'netlite_tiny.int8.onnx') and d['precision'] == 'int8'
+    assert d['fp32_path'] == str(tmp_path / 'run' / 'onnx' / 'netlite_tiny.fp32.onnx') and Path(d['fp32_path']).is_file()
+    assert d['input_shape'] == ['batch', 3, 32, 32] and d['max_abs_diff']['fp32'] <= d['tolerance']['fp32']
+    assert set(d['accuracy']) >= {'pytorch', 'fp32', 'int8'}   # measured on the run's own validation images
+    # data that is not what the weights were built for is a usage error saying what to fix
+    c = tmp_path / 'run' / 'config.yaml'
+    written = yaml.safe_load(c.read_text()); written['run']['data'] = {'name': 'mnist_sample'}
+    c.write_text(yaml.safe_dump(written))
+    rc, out, err = run_main('export', str(tmp_path / 'run'))
+    assert rc == 2 and err.count('\n') == 1 and '(1, 28, 28)' in err and '(3, 32, 32)' in err and 'config.yaml' in err
+
+
+def test_export_a_demo_like_mnist_run_into_its_run_directory(tmp_path):
+    from netlite_nb.run import run_demo
+    run_demo(run_dir=tmp_path / 'demo', steps=3, export=False, progress=False, verbose=False)
+    rc, out, err = run_main('export', str(tmp_path / 'demo'), '--int8', '--calibration-batches', '4')
+    assert rc == 0, err
+    assert (tmp_path / 'demo' / 'onnx' / 'netlite_tiny.int8.onnx').is_file() and (tmp_path / 'demo' / 'onnx' / 'netlite_tiny.fp32.onnx').is_file()
+    assert 'static QDQ' in out and 'limit 1.0e-04: ok' in out
+    rc, out, err = run_main('export', str(tmp_path / 'demo'), '--int8-target', 'avx9000')
+    assert rc == 2 and 'invalid choice' in err

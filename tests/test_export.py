@@ -228,7 +228,8 @@ def test_cli_export_from_a_checkpoint(mlp, tmp_path, capsys):
     (tmp_path/'run'/'config.yaml').write_text(yaml.safe_dump({'run': {'model': {'name': 'mlp'}}}))
     assert main(['export', str(tmp_path/'run'), '--int8']) == 0
     out = capsys.readouterr().out
-    assert (ck/'mlp.onnx').is_file() and (ck/'mlp.fp32.onnx').is_file()
+    assert (tmp_path/'run'/'onnx'/'mlp.int8.onnx').is_file() and (tmp_path/'run'/'onnx'/'mlp.fp32.onnx').is_file()
+    assert [p.name for p in ck.iterdir()] == ['model.safetensors']   # the run's files go to RUN/onnx, not next to the weights
     assert 'static QDQ' in out and 'accuracy' in out and 'limit 1.0e-04: ok' in out
     # a bare weights file, with no config.yaml around it, needs the model's name
     bare = tmp_path/'bare'/'weights.safetensors'; bare.parent.mkdir()

@@ -40,3 +40,24 @@ def test_demo_reaches_target_accuracy(tmp_path, request):
     r = run_demo(run_dir=tmp_path / 'demo', progress=False)
     print(r)
     assert r.accuracy >= 0.975, r
+
+
+def test_every_output_of_a_run_lands_in_its_run_directory(tmp_path, monkeypatch):
+    "A relative export.onnx is a switch, not a path from the working directory: two runs never overwrite one file."
+    monkeypatch.chdir(tmp_path)
+    cfg = yaml.safe_load(SMALL)
+    cfg = {**cfg, 'strategy': 'cpu', 'export': {'onnx': 'model.onnx', 'quantize': 'int8'}}
+    a = train_from_config(cfg, run_dir=tmp_path / 'a', progress=False, verbose=False)
+    b = train_from_config(cfg, ['export.onnx=true', 'export.quantize=null'], run_dir=tmp_path / 'b', progress=False, verbose=False)
+    assert a.export_report.path == tmp_path / 'a' / 'onnx' / 'mlp.int8.onnx' and a.export_report.fp32_path == tmp_path / 'a' / 'onnx' / 'mlp.fp32.onnx'
+    assert b.export_report.path == tmp_path / 'b' / 'onnx' / 'mlp.fp32.onnx'
+    assert not (tmp_path / 'model.onnx').exists() and not list(tmp_path.glob('*.onnx'))
+    elsewhere = tmp_path / 'shipped' / 'm.onnx'; elsewhere.parent.mkdir()
+    c = train_from_config(cfg, [f'export.onnx={elsewhere}'], run_dir=tmp_path / 'c', progress=False, verbose=False)
+    assert c.export_report.path == elsewhere                             # an absolute path is taken as written
+
+
+def test_the_demo_exports_into_runs_demo_onnx(tmp_path):
+    r = run_demo(run_dir=tmp_path / 'demo', steps=3, progress=False, verbose=False)
+    assert r.export.path == tmp_path / 'demo' / 'onnx' / 'netlite_tiny.int8.onnx'
+    assert r.export.fp32_path == tmp_path / 'demo' / 'onnx' / 'netlite_tiny.fp32.onnx' and r.export.fp32_path.is_file()

@@ -530,3 +530,12 @@ def test_with_chapter_01_s_planner():
     bigger = budget.plan_memory(cnn, (torch.empty(m, 3, 64, 64, device='meta'), torch.empty(m, dtype=torch.long, device='meta')),
                                 optimizer=s.optimizer, device_or_gpu=hw.gpus[0], budget=s.budget_bytes, transform=s.model_transform())
     assert not bigger.fits
+
+
+def test_an_unknown_strategy_names_the_python_and_the_cli_lists():
+    with pytest.raises(UnknownStrategyError) as e: load_strategy('Voodoo 3')
+    msg = str(e.value)
+    assert 'list_strategies()' in msg and '`netlite train --list-strategies`' in msg and '`netlite plan --gpu list`' in msg
+    assert e.value.query == 'Voodoo 3'
+    with pytest.raises(UnknownStrategyError) as e: load_strategy('rtx_306_12gb')
+    assert 'rtx_3060_12gb' in e.value.hint and e.value.hint in str(e.value)
