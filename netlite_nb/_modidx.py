@@ -81,6 +81,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget.default_loss': ('budget.html#default_loss', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.find_batch_size': ('budget.html#find_batch_size', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.fit_to_budget': ('budget.html#fit_to_budget', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget.is_traced': ('budget.html#is_traced', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.make_optimizer': ('budget.html#make_optimizer', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.max_batch_size': ('budget.html#max_batch_size', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.plan_memory': ('budget.html#plan_memory', 'netlite_nb/budget.py'),

@@ -12,13 +12,13 @@ from torch import nn
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only, tree_flatten
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from fastcore.basics import patch
 from .probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes, free_memory, gpu_catalogue, in_notebook, is_oom, lookup_gpu
 
 # %% auto #0
 __all__ = ['OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'KERNEL_STATE_BYTES', 'TENSOR_TERMS', 'COLORS', 'LEVERS', 'Allocation',
-           'AllocationTracker', 'ShapeMismatchError', 'resize_batch', 'default_loss', 'register_optimizer',
+           'AllocationTracker', 'ShapeMismatchError', 'resize_batch', 'default_loss', 'is_traced', 'register_optimizer',
            'make_optimizer', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes', 'Target',
            'resolve_target', 'cpu_workspace_bytes', 'MemoryPlan', 'plan_memory', 'plot_plans', 'BudgetTooSmallError',
            'max_batch_size', 'Change', 'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
@@ -147,6 +147,11 @@ def default_loss(out, y):
     "Cross-entropy for integer targets, MSE for float targets, the mean output when there are none."
     if y is None: return out.float().mean()
     return F.cross_entropy(out, y) if not y.is_floating_point() else F.mse_loss(out, y)
+
+# %% ../nbs/01_budget.ipynb #it1
+def is_traced(t:torch.Tensor)->bool:
+    "Is `t` one of the planner's data-less tensors: on 'meta', or a FakeTensor (mixed-precision traces)?"
+    return t.device.type == 'meta' or isinstance(t, FakeTensor)
 
 # %% ../nbs/01_budget.ipynb #c014c
 def _fake_copy(model:nn.Module, fm:FakeTensorMode|None)->nn.Module:

@@ -8,8 +8,7 @@ import importlib.util, math
 from functools import lru_cache
 import torch
 from fastcore.basics import patch
-from torch._subclasses.fake_tensor import FakeTensor
-from .budget import make_optimizer, register_lever, register_optimizer
+from .budget import is_traced, make_optimizer, register_lever, register_optimizer
 
 # %% auto #0
 __all__ = ['dynamic_map', 'quantize_blockwise', 'dequantize_blockwise', 'AdamW8bit', 'state_bytes', 'adamw8bit_backend']
@@ -74,7 +73,7 @@ _TABLES = {}  # (signed, device) -> (code map, bucket base index, bucket midpoin
 
 def _tables(signed:bool, like:torch.Tensor)->tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     "The code map and the two lookup tables of a map, on `like`'s device."
-    if like.device.type == 'meta' or isinstance(like, FakeTensor):
+    if is_traced(like):
         return (torch.empty(256, device=like.device), torch.empty(2**16, dtype=torch.uint8, device=like.device),
                 torch.empty(2**16, device=like.device))
     k = (signed, like.device)
@@ -275,7 +274,7 @@ def _first_device(params)->torch.device:
     for p in params:
         if isinstance(p, dict): p = p['params'][0] if isinstance(p['params'], (list, tuple)) else next(iter(p['params']))
         if isinstance(p, tuple): p = p[1]
-        return torch.device('meta') if isinstance(p, FakeTensor) else p.device
+        return torch.device('meta') if is_traced(p) else p.device
     return torch.device('cpu')
 
 def _adamw8bit(params, lr, weight_decay, foreach):
