@@ -388,7 +388,7 @@ class Trainer:
         self.last_metrics, self.oom_reports, self.stop, self.interrupted = {}, [], False, False
         self.eval_batch = None  # samples per evaluation forward pass; None: the loader's batch (halved after an OOM)
         self._ckpt, self._rng_window, self._in_update, self._stop_requested, self._running = None, None, False, False, False
-        self._step_skipped = False
+        self._step_skipped, self._rng_end = False, None
 
     def log(self, msg:str):
         "Print `msg` when verbose (the trainer's one voice)."
@@ -909,6 +909,7 @@ def fit(self:Trainer, epochs:int|None=None, # passes over the training data
     try:
         self._call('before_fit')
         with _GracefulInterrupt(self): self._fit_epochs()
+        self._rng_end = rng_state()
         if self.valid_data is not None and (not self.history or 'valid_loss' not in self.history[-1]): self.validate()
         if self.run_dir is not None: self.save_checkpoint()
     except KeyboardInterrupt:
@@ -927,7 +928,8 @@ def _epoch_iter(self:Trainer):
     "An iterator over this epoch's batches, rebuilt at the saved position when resuming mid-epoch."
     gens, s = loader_generators(self.train_data), self.state
     if s.batch_in_epoch > 0 and s.rng_epoch is not None:  # a resumed run, or a second `fit` mid-epoch: the same order, continued
-        now = self._ckpt['rng'] if self._ckpt is not None else rng_state()
+        # the random stream goes on from the last step (the end of the last `fit` validated, which draws from it)
+        now = self._ckpt['rng'] if self._ckpt is not None else (self._rng_end or rng_state())
         set_rng_state(s.rng_epoch)
         for g, state in zip(gens, s.gen_epoch or []): g.set_state(state)
         it = iter(self.train_data)
@@ -936,7 +938,7 @@ def _epoch_iter(self:Trainer):
     else:
         s.rng_epoch, s.gen_epoch = rng_state(), [g.get_state() for g in gens]
         it = iter(self.train_data)
-    self._ckpt = None
+    self._ckpt = self._rng_end = None
     return it
 
 # %% ../nbs/07_train.ipynb #g027

@@ -112,7 +112,7 @@ def test_a_flipped_byte_is_caught_and_the_previous_checkpoint_used(tmp_path, nam
     (dict(accum_steps=0), 'accum_steps must be a whole number'), (dict(lr=-1e-3), 'lr must be a positive'),
     (dict(lr=float('nan')), 'lr must be'), (dict(ema=1.5), 'ema is a decay'), (dict(log_every=0), 'log_every'),
     (dict(keep_checkpoints=0), 'keep_checkpoints'), (dict(checkpoint_every=-1), 'checkpoint_every'),
-    (dict(weight_decay=-0.1), 'weight_decay'), (dict(warmup=-1), 'warmup'), (dict(min_lr_ratio=2), 'min_lr_ratio')])
+    (dict(weight_decay=-0.1), 'weight_decay must be 0 or more'), (dict(warmup=-1), 'warmup'), (dict(min_lr_ratio=2), 'min_lr_ratio')])
 def test_bad_options_are_refused_with_a_sentence(kw, words):
     fails(lambda: Trainer(mlp(), loaders(), **KW, **kw), words, exc=ValueError)
 
