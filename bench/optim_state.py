@@ -1,10 +1,11 @@
-"""Chapter 03's AdamW8bit against torch.optim.AdamW: state bytes per parameter, and accuracy on the MNIST sample.
+"""Chapter 03's AdamW8bit against torch.optim.AdamW (and bitsandbytes where installed): step time, state bytes per parameter, accuracy on the MNIST sample.
 
 Same model, initial weights, batch order, schedule (cosine from lr 2e-3, weight decay 0.01) for every optimizer;
 final validation accuracy averaged over seeds.
 
     python bench/optim_state.py                  # 3 seeds x 4 optimizers, 5 epochs
     python bench/optim_state.py --seeds 0 --epochs 2
+    python bench/optim_state.py --step-only      # just the step-time table (~1 minute)
 """
 from __future__ import annotations
 import argparse, math, os, statistics, sys, time
@@ -91,14 +92,48 @@ def large_tensor_state():
     return '\n'.join(["state on 2 x Linear(2048, 2048) (8.4M parameters, biases included):"] + out)
 
 
+def _bnb_adamw8bit():
+    try: import bitsandbytes
+    except Exception: return None
+    return lambda p, lr: bitsandbytes.optim.AdamW8bit(p, lr=lr, weight_decay=0.01)
+
+
+def step_time(repeats=11, size=2048):
+    "One size x size weight: each optimizer's step in turn, `repeats` rounds; median step time and median ratio to AdamW's."
+    makers = {'torch.optim.AdamW': OPTIMIZERS['torch.optim.AdamW'], 'AdamW8bit (netlite_nb)': OPTIMIZERS['AdamW8bit']}
+    if _bnb_adamw8bit(): makers['bitsandbytes.optim.AdamW8bit'] = _bnb_adamw8bit()
+    torch.manual_seed(0)
+    ws = {n: nn.Parameter(torch.randn(size, size) * 0.02) for n in makers}
+    grads = [torch.randn(size, size) * 1e-3 for _ in range(3)]
+    opts = {n: make([ws[n]], 1e-3) for n, make in makers.items()}
+    times = {n: [] for n in makers}
+    for r in range(repeats + 1):
+        for n, o in opts.items():  # interleaved, so a change in the machine's load hits every optimizer alike
+            ws[n].grad = grads[r % 3]
+            t0 = time.perf_counter(); o.step(); dt = time.perf_counter() - t0
+            if r: times[n].append(dt)  # the first round creates the state
+    base = times['torch.optim.AdamW']
+    out = [f"step on one {size}x{size} fp32 weight ({size * size / 1e6:.1f}M parameters), {repeats} interleaved rounds, "
+           f"{torch.get_num_threads()} thread(s):",
+           f"{'optimizer':32s} {'median ms':>9s} {'× AdamW':>8s} {'state B/param':>13s}"]
+    for n, ts in times.items():
+        ratio = statistics.median(t / b for t, b in zip(ts, base))
+        out.append(f"{n:32s} {statistics.median(ts) * 1e3:9.1f} {ratio:8.2f} {state_bytes(opts[n]) / size**2:13.3f}")
+    if not _bnb_adamw8bit(): out.append('(bitsandbytes not installed: pip install -e ".[bnb]" to compare with it)')
+    return '\n'.join(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--seeds', default='0,1,2')
     ap.add_argument('--epochs', type=int, default=5)
     ap.add_argument('--threads', type=int, default=1)
+    ap.add_argument('--step-only', action='store_true', help='only the step-time table')
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)\n")
+    print(step_time(), '\n')
+    if a.step_only: return
     print(large_tensor_state(), '\n')
     t0 = time.perf_counter()
     print(accuracy_table([int(s) for s in a.seeds.split(',')], a.epochs))

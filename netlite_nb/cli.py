@@ -4,18 +4,20 @@
 
 # %% ../nbs/11_cli.ipynb #c003
 from __future__ import annotations
-import argparse, json, sys
+import argparse, dataclasses, json, os, platform, sys
 from pathlib import Path
 import torch
-from .probe import UnknownGPUError, probe
+from . import __version__
+from .probe import UnknownGPUError, gpu_catalogue, probe
 from .budget import BudgetTooSmallError, fit_to_budget, max_batch_size, plan_memory, resize_batch
 from .layers import memory_transform
 from .data import mnist_sample, mnist_sample_loaders
-from .models import create_model
+from .models import UnknownModelError, create_model, list_models
+from .strategies import ConfigError
 from .run import run_demo, train_from_config
 
 # %% auto #0
-__all__ = ['COMMANDS', 'command', 'build_parser', 'main']
+__all__ = ['COMMANDS', 'command', 'build_parser', 'UsageError', 'main']
 
 # %% ../nbs/11_cli.ipynb #c006
 COMMANDS = {}
@@ -29,19 +31,43 @@ def command(name:str, help:str):
 
 def build_parser()->argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog='netlite', description='netlite_nb: train neural networks on the hardware you own.')
+    p.add_argument('--version', action='version', version=f"netlite_nb {__version__} (torch {torch.__version__}, Python {platform.python_version()})")
     sub = p.add_subparsers(dest='command', metavar='COMMAND')
     for name, (help, run) in COMMANDS.items():
         sp = sub.add_parser(name, help=help, description=help)
         getattr(run, 'add_arguments', lambda p: None)(sp)
     return p
 
+# %% ../nbs/11_cli.ipynb #c006b
+class UsageError(ValueError):
+    "A command line that cannot run as typed: exit status 2, like argparse's own usage errors."
+
+_USAGE_ERRORS = (UsageError, UnknownGPUError, UnknownModelError, ConfigError)  # a name or key the user typed that names nothing
+
+def _sentence(e:BaseException)->str:
+    "The error as the one line the CLI prints; a catalogue miss names the CLI's list, not a Python function."
+    if isinstance(e, UnknownGPUError) and e.closest:
+        return (f"GPU name {e.query!r} {'is ambiguous' if e.ambiguous else 'is not in the catalogue'}. Closest: {', '.join(e.closest)}. "
+                f"`netlite plan --gpu list` lists all {len(gpu_catalogue())} names.")
+    msg = (str(e).strip().splitlines() or [''])[0]
+    return msg if msg and isinstance(e, (ValueError, LookupError, OSError, RuntimeError)) else f"{type(e).__name__}: {msg}"
+
 def main(argv:list[str]|None=None)->int:
-    "Entry point of the `netlite` console script."
+    "Entry point of the `netlite` console script: 0 done, 1 failed, 2 usage error (argparse exits with 2 itself), 130 interrupted."
     p = build_parser()
     args = p.parse_args(argv)
     if not args.command:
         p.print_help(); return 2
-    return COMMANDS[args.command][1](args) or 0
+    try: return COMMANDS[args.command][1](args) or 0
+    except KeyboardInterrupt: return 130
+    except Exception as e:
+        if os.environ.get('NETLITE_TRACEBACK'): raise
+        print(f"netlite {args.command}: {_sentence(e)}", file=sys.stderr)
+        return 2 if isinstance(e, _USAGE_ERRORS) else 1
+
+def _json(o)->str:
+    "`o` (a dataclass, or plain data holding some) as indented JSON for `--json`; paths and other objects become strings."
+    return json.dumps(dataclasses.asdict(o) if dataclasses.is_dataclass(o) else o, indent=2, default=str)
 
 # %% ../nbs/11_cli.ipynb #c008
 @command('probe', 'Show the GPUs, CPU, memory and PyTorch build of this machine, and which device to train on.')
@@ -51,40 +77,70 @@ def _probe(args):
 _probe.add_arguments = lambda p: p.add_argument('--json', action='store_true', help='print JSON (for bug reports)')
 
 # %% ../nbs/11_cli.ipynb #c012
-def _cli_model(name:str, in_channels:int=1, size:int=28):
-    "A chapter 05 model and a one-sample batch on the meta device (no memory is used) for `netlite plan`."
-    m = create_model(name, num_classes=10, in_channels=in_channels)
-    return m, (torch.empty(1, in_channels, size, size, device='meta'), torch.empty(1, dtype=torch.long, device='meta'))
+def _cli_model(name:str, shape:tuple[int,int,int]=(1, 28, 28)):
+    "A chapter 05 model and a one-sample batch of `shape` (C, H, W) on the meta device (no memory is used) for `netlite plan`."
+    c, h, w = shape
+    m = create_model(name, num_classes=10, in_channels=c, image_size=h)
+    return m, (torch.empty(1, c, h, w, device='meta'), torch.empty(1, dtype=torch.long, device='meta'))
+
+def _input_shape(s:str)->tuple[int,int,int]:
+    "`--input` as (C, H, W): '1x28x28' -> (1, 28, 28); anything else is a usage error saying how to write it."
+    try: c, h, w = (int(v) for v in s.lower().replace('×', 'x').split('x'))
+    except ValueError: raise argparse.ArgumentTypeError(f"{s!r} is not one sample's shape: write CxHxW, e.g. 1x28x28 (MNIST) or 3x32x32 (CIFAR-10)") from None
+    if min(c, h, w) < 1 or h != w: raise argparse.ArgumentTypeError(f"{s!r}: the zoo models take square images of at least one channel, e.g. 1x28x28")
+    return c, h, w
+
+def _positive(s:str)->int:
+    "A count that must be at least 1 (`--batch-size`, `--micro-batch`)."
+    try: n = int(s)
+    except ValueError: n = 0
+    if n < 1: raise argparse.ArgumentTypeError(f"{s!r} is not a whole number of samples of at least 1")
+    return n
 
 _CHECKPOINTED = memory_transform(True)  # what the Trainer applies when it switches checkpointing on
 
-@command('plan', 'Predict the memory of a training step on a GPU (or the CPU) and say whether it fits.')
+# %% ../nbs/11_cli.ipynb #c012b
+def _gpu_list(as_json:bool):
+    "The catalogue, one card a line (or JSON), for `netlite plan --gpu list`."
+    cat = gpu_catalogue()
+    if as_json: print(_json([dataclasses.asdict(g) for g in cat])); return
+    print(f"{len(cat)} GPUs (use any of these names, or a loose form like '1050 ti', with --gpu; 'cpu' and 'cuda' plan for this machine):")
+    for g in cat: print(f"  {g.name:<28} {g.memory_gb:>5g} GB  {g.vendor:<6} {g.kind:<10} {g.arch}")
+
+def _suggestions(model, sample, args, kw, plan)->dict:
+    "The largest batch that fits and, when the asked one does not, the changes that would make it fit."
+    try: r = {'largest_batch': max_batch_size(model, sample, device_or_gpu=args.gpu, **kw), 'largest_batch_error': None}
+    except BudgetTooSmallError as e: r = {'largest_batch': None, 'largest_batch_error': str(e)}
+    ch = fit_to_budget(model, resize_batch(sample, args.batch_size), device_or_gpu=args.gpu, **kw) if plan.fits is False else []
+    r['changes'] = [dict(description=c.description, saving=c.saving, total=c.new_plan.total, fits=c.fits, slowdown=c.slowdown, text=str(c)) for c in ch]
+    return r
+
+# %% ../nbs/11_cli.ipynb #c012c
+@command('plan', 'Predict the memory of a training step on a GPU (or the CPU) and say whether it fits; exit status 1 if it does not.')
 def _plan(args):
-    try:
-        c, h, w = (int(v) for v in args.input.lower().split('x'))
-        model, sample = _cli_model(args.model, c, h)
-        kw = dict(optimizer=args.optimizer, precision=args.precision, transform=_CHECKPOINTED if args.checkpointing else None)
-        plan = plan_memory(model, resize_batch(sample, args.batch_size), device_or_gpu=args.gpu, micro_batch=args.micro_batch, **kw)
-    except (UnknownGPUError, ValueError) as e:
-        print(f"netlite plan: {e}", file=sys.stderr); return 2
-    print(plan)
-    if args.suggest:
-        try: print(f"largest batch that fits: {max_batch_size(model, sample, device_or_gpu=args.gpu, **kw)}")
-        except BudgetTooSmallError as e: print(e)
-        if plan.fits is False:
-            for c in fit_to_budget(model, resize_batch(sample, args.batch_size), device_or_gpu=args.gpu, **kw): print(f"  - {c}")
+    if args.gpu.strip().lower() == 'list': return _gpu_list(args.json)
+    model, sample = _cli_model(args.model, args.input)
+    kw = dict(optimizer=args.optimizer, precision=args.precision, transform=_CHECKPOINTED if args.checkpointing else None)
+    plan = plan_memory(model, resize_batch(sample, args.batch_size), device_or_gpu=args.gpu, micro_batch=args.micro_batch, **kw)
+    sugg = _suggestions(model, sample, args, kw, plan) if args.suggest else None
+    if args.json: print(_json({'plan': {**dataclasses.asdict(plan), 'fits': plan.fits, 'headroom': plan.headroom}, 'suggest': sugg}))
+    else:
+        print(plan)
+        if sugg: print(f"largest batch that fits: {sugg['largest_batch']}" if sugg['largest_batch'] else sugg['largest_batch_error'])
+        for c in (sugg or {}).get('changes', []): print(f"  - {c['text']}")
     return 0 if plan.fits is not False else 1
 
 def _plan_args(p):
-    p.add_argument('--model', default='mlp', help="a chapter 05 model name: mlp, netlite_tiny, netlite_small, resnet, vit_tiny")
-    p.add_argument('--input', default='1x28x28', help="one sample's shape, CxHxW: 1x28x28 (MNIST) or 3x32x32 (CIFAR-10)")
-    p.add_argument('--batch-size', type=int, default=64)
-    p.add_argument('--gpu', default='cpu', help="a GPU name from the catalogue, e.g. 'gtx 1050 ti'; 'cuda' for this machine's GPU; 'cpu'")
+    p.add_argument('--model', default='mlp', help=f"a chapter 05 model: {', '.join(list_models())} (default mlp)")
+    p.add_argument('--input', default=(1, 28, 28), type=_input_shape, help="one sample's shape, CxHxW: 1x28x28 (MNIST, the default) or 3x32x32 (CIFAR-10)")
+    p.add_argument('--batch-size', type=_positive, default=64)
+    p.add_argument('--gpu', default='cpu', help="a GPU name from the catalogue, e.g. 'gtx 1050 ti'; 'list' lists them; 'cuda' for this machine's GPU; 'cpu'")
     p.add_argument('--precision', default='fp32', choices=['fp32', 'fp16', 'bf16'])
     p.add_argument('--optimizer', default='adamw', choices=['sgd', 'adamw', 'adamw8bit'])
-    p.add_argument('--micro-batch', type=int, default=None, help='samples per forward/backward (gradient accumulation)')
+    p.add_argument('--micro-batch', type=_positive, default=None, help='samples per forward/backward (gradient accumulation)')
     p.add_argument('--checkpointing', action='store_true', help='checkpoint activations of about sqrt(n) block segments')
     p.add_argument('--suggest', action='store_true', help='also print the largest batch that fits and changes that would make it fit')
+    p.add_argument('--json', action='store_true', help='print the plan (and suggestions) as JSON')
 _plan.add_arguments = _plan_args
 
 # %% ../nbs/11_cli.ipynb #35cc18e5
@@ -106,25 +162,34 @@ def _demo_args(p):
 _demo.add_arguments = _demo_args
 
 # %% ../nbs/11_cli.ipynb #c016
-@command('train', 'Train from a run configuration (YAML): strategy, model, data, optimizer, schedule, epochs; --set overrides; --resume continues.')
+def _train_summary(t)->dict:
+    "What `netlite train` reports: steps, metrics, where the run is, notes, and the export's report."
+    rep = getattr(t, 'export_report', None)
+    return dict(steps=t.step, epochs=t.epoch, metrics=dict(t.last_metrics), run_dir=str(t.run_dir), interrupted=t.interrupted,
+                notes=list(t.notes), export=dataclasses.asdict(rep) if rep is not None else None)
+
+@command('train', 'Train from a run configuration (YAML; a run\'s own config.yaml repeats it): strategy, model, data, optimizer, schedule, epochs; --set overrides; --resume continues.')
 def _train(args):
-    try:
-        t = train_from_config(args.config, overrides=args.set, run_dir=args.out, resume=args.resume,
-                              progress=False if args.quiet else None, verbose=not args.quiet)
-    except (ValueError, LookupError, FileNotFoundError, ImportError) as e:
-        print(f"netlite train: {e}", file=sys.stderr); return 2
-    m = t.last_metrics
-    print(f"{t.step} optimizer steps, {t.epoch} epochs" + (f"; valid loss {m['valid_loss']:.4f}" if 'valid_loss' in m else '')
-          + (f", accuracy {100*m['accuracy']:.2f}%" if 'accuracy' in m else '') + f"; run directory {t.run_dir}")
-    if getattr(t, 'export_report', None) is not None: print(t.export_report)
+    if not Path(args.config).is_file():
+        raise UsageError(f"No run configuration at {args.config!r}: give a YAML file, e.g. one written like chapter 06's, or runs/RUN/config.yaml to repeat a run.")
+    quiet = args.quiet or args.json   # --json keeps stdout for the JSON alone
+    t = train_from_config(args.config, overrides=args.set, run_dir=args.out, resume=args.resume,
+                          progress=False if quiet else None, verbose=not quiet)
+    if args.json: print(_json(_train_summary(t)))
+    else:
+        m = t.last_metrics
+        print(f"{t.step} optimizer steps, {t.epoch} epochs" + (f"; valid loss {m['valid_loss']:.4f}" if 'valid_loss' in m else '')
+              + (f", accuracy {100*m['accuracy']:.2f}%" if 'accuracy' in m else '') + f"; run directory {t.run_dir}")
+        if getattr(t, 'export_report', None) is not None: print(t.export_report)
     return 130 if t.interrupted else 0
 
 def _train_args(p):
-    p.add_argument('config', help='the run configuration, a YAML file')
+    p.add_argument('config', help="the run configuration, a YAML file (a run's config.yaml repeats that run)")
     p.add_argument('--set', action='append', default=[], metavar='KEY=VALUE', help='override a key, e.g. --set train.epochs=2 (repeatable)')
     p.add_argument('--out', default=None, help='run directory (default: train.checkpoint_dir/MODEL-TIMESTAMP)')
     p.add_argument('--resume', default=None, metavar='RUN_DIR', help='continue the run saved in RUN_DIR')
     p.add_argument('--quiet', action='store_true', help='no progress bar or run description')
+    p.add_argument('--json', action='store_true', help='print the result (steps, metrics, run directory, export report) as JSON; implies --quiet')
 _train.add_arguments = _train_args
 
 # %% ../nbs/11_cli.ipynb #37ab7724
@@ -132,23 +197,18 @@ _train.add_arguments = _train_args
 def _export(args):
     # a startup-time choice: ONNX and ONNX Runtime take about 2 s to import (python -X importtime), which every
     # other command would pay; chapter 09 is loaded only when a checkpoint is exported
-    from netlite_nb.export import ExportError, export_onnx, model_from_checkpoint
-    try:
-        model, info = model_from_checkpoint(args.checkpoint, args.model)
-        shape = tuple(getattr(model, 'input_shape', (1, 28, 28)))
-        if shape != (1, 28, 28):
-            raise ValueError(f"`netlite export` verifies on the embedded MNIST sample (1×28×28 digits), but this model takes {shape}. "
-                             f"Export it from Python with export_onnx(model, sample, path, calibration=..., valid=...).")
-        out = args.out or info['weights'].parent / f"{info['name']}.onnx"
-        quantize = 'int8' if args.int8 else 'fp16' if args.fp16 else None
-        dls = mnist_sample_loaders(batch_size=64)
-        report = export_onnx(model, next(iter(dls.train))[0], out, opset=args.opset, dynamic_batch=not args.static_batch,
-                             quantize=quantize, calibration=dls.train if quantize == 'int8' else None, valid=mnist_sample()[1])
-    except (ExportError, OSError, ValueError) as e:
-        print(f"netlite export: {e}", file=sys.stderr)
-        return 1
-    print(report)
-    return 0
+    from netlite_nb.export import export_onnx, model_from_checkpoint
+    model, info = model_from_checkpoint(args.checkpoint, args.model)
+    shape = tuple(getattr(model, 'input_shape', (1, 28, 28)))
+    if shape != (1, 28, 28):
+        raise ValueError(f"`netlite export` verifies on the embedded MNIST sample (1×28×28 digits), but this model takes {shape}: "
+                         f"export it with its own data at the end of training, `netlite train CONFIG --set export.onnx=model.onnx`.")
+    out = args.out or info['weights'].parent / f"{info['name']}.onnx"
+    quantize = 'int8' if args.int8 else 'fp16' if args.fp16 else None
+    dls = mnist_sample_loaders(batch_size=64)
+    report = export_onnx(model, next(iter(dls.train))[0], out, opset=args.opset, dynamic_batch=not args.static_batch,
+                         quantize=quantize, calibration=dls.train if quantize == 'int8' else None, valid=mnist_sample()[1])
+    print(_json(report) if args.json else report)
 
 def _export_args(p):
     p.add_argument('checkpoint', help='a run directory, a checkpoint directory (step-*) or a .safetensors file')
@@ -159,4 +219,5 @@ def _export_args(p):
     p.add_argument('--out', '-o', type=Path, help='the .onnx file to write (default: NAME.onnx next to the weights)')
     p.add_argument('--opset', type=int, help="ONNX opset (default: the exporter's)")
     p.add_argument('--static-batch', action='store_true', help='fix the batch size to that of the sample (64)')
+    p.add_argument('--json', action='store_true', help="print the export's report as JSON")
 _export.add_arguments = _export_args

@@ -4,7 +4,7 @@
 
 # %% ../nbs/09_export.ipynb #c003
 from __future__ import annotations
-import contextlib, copy, ctypes, io, logging, os, re, sys, tempfile, time, warnings
+import contextlib, copy, ctypes, io, logging, os, platform, re, sys, tempfile, time, warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
@@ -14,10 +14,11 @@ from fastcore.basics import patch
 from .probe import fmt_bytes, rows_html, rows_text
 from .models import create_model
 from .checkpoint import find_checkpoint, read_run_config
+from safetensors import safe_open
 
 # %% auto #0
-__all__ = ['ExportError', 'onnx_session', 'run_onnx', 'calibration_batches', 'quantize_int8', 'ExportReport', 'export_onnx',
-           'model_from_checkpoint']
+__all__ = ['INT8_TARGETS', 'ExportError', 'onnx_session', 'run_onnx', 'calibration_batches', 'int8_weight_range', 'quantize_int8',
+           'ExportReport', 'onnx_path', 'fp32_path_of', 'export_onnx', 'model_from_checkpoint']
 
 # %% ../nbs/09_export.ipynb #c007
 class ExportError(RuntimeError):
@@ -231,12 +232,43 @@ from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, 
                                       quantize_dynamic, quantize_static)
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
-_WEIGHTS = dict(weight_type=QuantType.QInt8, per_channel=True, reduce_range=True)  # 7-bit: no 16-bit saturation on any CPU
+_WEIGHTS = dict(weight_type=QuantType.QInt8, per_channel=True)  # reduce_range is chosen by `int8_weight_range`
 
 class _Batches(CalibrationDataReader):
     "Feeds prepared calibration batches to `quantize_static`."
     def __init__(self, name:str, xs:list): self.name, self.it = name, iter(xs)
     def get_next(self): x = next(self.it, None); return None if x is None else {self.name: x}
+
+# %% ../nbs/09_export.ipynb #q002
+INT8_TARGETS = ('auto', 'vnni', 'no-vnni', 'any')
+
+def _cpu_flags(cpuinfo='/proc/cpuinfo')->set[str]|None:
+    "The CPU's feature flags from `cpuinfo` (Linux); None where they cannot be read."
+    try: text = Path(cpuinfo).read_text()
+    except OSError: return None
+    m = re.search(r'^(?:flags|Features)\s*:(.*)$', text, re.M)  # x86 says `flags`, ARM `Features`
+    return set(m[1].split()) if m else None
+
+def _is_arm(machine:str)->bool: return machine.lower() in ('arm64', 'aarch64') or machine.lower().startswith('armv8')
+
+# %% ../nbs/09_export.ipynb #q003
+def int8_weight_range(target:str='auto',          # 'auto' (this CPU), 'vnni' (x86 with VNNI, or ARM), 'no-vnni', 'any' (portable)
+                      cpuinfo='/proc/cpuinfo',    # where the CPU's flags are listed (Linux)
+                      machine:str|None=None,      # `platform.machine()`; None: this machine's
+                     )->tuple[bool, str]:
+    "(reduce_range, why): 7-bit INT8 weights where ONNX Runtime's u8s8 kernel would saturate 16-bit pair sums, 8-bit where it is safe."
+    if target not in INT8_TARGETS: raise ValueError(f"int8_target={target!r}: use one of {', '.join(map(repr, INT8_TARGETS))}.")
+    sat = "ONNX Runtime's u8s8 kernel (VPMADDUBSW) adds pairs of products in 16 bits and would saturate with 8-bit weights"
+    if target == 'any': return True, "int8_target='any': 7-bit weights compute the same integer sums on every CPU"
+    if target == 'vnni': return False, "int8_target='vnni': the file is for a CPU with VNNI or ARM, which accumulates in 32 bits"
+    if target == 'no-vnni': return True, f"int8_target='no-vnni': on x86 without VNNI {sat}"
+    machine = machine if machine is not None else platform.machine()
+    if _is_arm(machine): return False, f"this CPU is ARM ({machine}): its int8 dot products accumulate in 32 bits"
+    flags = _cpu_flags(cpuinfo)
+    if flags is None: return True, f"this CPU's flags cannot be read on {platform.system() or 'this OS'}: 7-bit weights are safe on every CPU"
+    vnni = sorted({'avx512_vnni', 'avx_vnni'} & flags)
+    if vnni: return False, f"this CPU has {'/'.join(vnni)}: int8 dot products accumulate in 32 bits"
+    return True, f"this CPU has no VNNI ({'AVX-512' if 'avx512f' in flags else 'AVX2' if 'avx2' in flags else 'no AVX2'}): {sat}"
 
 # %% ../nbs/09_export.ipynb #f034
 def _drop_zero_bias_points(path:Path):
@@ -255,27 +287,53 @@ def _drop_zero_bias_points(path:Path):
 # %% ../nbs/09_export.ipynb #f035
 def _has_conv(path)->bool: return any(n.op_type in ('Conv', 'ConvTranspose') for n in onnx.load(str(path)).graph.node)
 
+# %% ../nbs/09_export.ipynb #q009
+@contextlib.contextmanager
+def _cwd(folder):
+    "Work in `folder` for a while: when ONNX Runtime's symbolic shape inference fails it leaves debug files in the working directory."
+    old = os.getcwd(); os.chdir(folder)
+    try: yield
+    finally: os.chdir(old)
+
+def _preprocess(src:Path, dst:Path)->list[str]:
+    "Write `src` prepared for quantization to `dst`; returns notes on the fallbacks taken (none when all went well)."
+    src, dst = Path(src).resolve(), Path(dst).resolve()
+    try:
+        with tempfile.TemporaryDirectory() as d, _cwd(d): quant_pre_process(str(src), str(dst))
+        return []
+    except Exception as e: why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    try:
+        quant_pre_process(str(src), str(dst), skip_symbolic_shape=True)
+        return [f"INT8 pre-processing: ONNX Runtime's symbolic shape inference failed ({why}); used ONNX's shape inference instead."]
+    except Exception as e2: why2 = f"{type(e2).__name__}: {str(e2).splitlines()[0][:200] if str(e2) else ''}"
+    onnx.save(onnx.load(str(src)), str(dst))
+    return [f"INT8 pre-processing failed ({why}; then {why2}); quantized the fp32 graph without it (fewer fused operations)."]
+
 # %% ../nbs/09_export.ipynb #f036
-def quantize_int8(src, dst, calib:list[np.ndarray]|None=None)->str:
-    "Quantize the fp32 ONNX file `src` into `dst`; returns how. Static QDQ per-channel with `calib` batches, else dynamic (Linear-only models)."
+def quantize_int8(src, dst,
+                  calib:list[np.ndarray]|None=None,  # calibration batches: static QDQ; None: dynamic (Linear-only models)
+                  reduce_range:bool=True,            # 7-bit weights (see `int8_weight_range`); False: full 8-bit
+                 )->tuple[str, list[str]]:
+    "Quantize the fp32 ONNX file `src` into `dst`; returns (how, notes on pre-processing fallbacks)."
     src, dst = Path(src), Path(dst)
     if calib is None and _has_conv(src):
         raise ValueError("INT8 for a model with convolutions needs calibration data (`calibration=dls.valid`): dynamic quantization "
                          "would turn them into ConvInteger, which ONNX Runtime's CPU provider may not load (onnxruntime #12558).")
+    bits = '7-bit range' if reduce_range else 'full 8-bit range'
     with tempfile.TemporaryDirectory() as d, _quietly():
         pre = Path(d)/'pre.onnx'
-        quant_pre_process(str(src), str(pre))
+        notes = _preprocess(src, pre)
         if calib is None:
-            quantize_dynamic(str(pre), str(dst), **_WEIGHTS)
+            quantize_dynamic(str(pre), str(dst), reduce_range=reduce_range, **_WEIGHTS)
             _tidy(dst)
-            return 'dynamic (int8 weights per channel, 7-bit range; activations quantized at run time)'
+            return f'dynamic (int8 weights per channel, {bits}; activations quantized at run time)', notes
         name = onnx.load(str(pre)).graph.input[0].name
         quantize_static(str(pre), str(dst), _Batches(name, calib), quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8,
-                        calibrate_method=CalibrationMethod.MinMax, **_WEIGHTS)
+                        calibrate_method=CalibrationMethod.MinMax, reduce_range=reduce_range, **_WEIGHTS)
     _drop_zero_bias_points(dst)
     _tidy(dst)
-    return (f"static QDQ (uint8 activations, int8 weights per channel, 7-bit range; "
-            f"{len(calib)} calibration batches, {sum(map(len, calib))} samples)")
+    return (f"static QDQ (uint8 activations, int8 weights per channel, {bits}; "
+            f"{len(calib)} calibration batches, {sum(map(len, calib))} samples)"), notes
 
 # %% ../nbs/09_export.ipynb #c029
 class _Half(nn.Module):
@@ -307,7 +365,7 @@ def _compare(model, sessions:dict, x_sample, valid, max_batches:int=40)->tuple[d
         for k, s in sessions.items():
             out = run_onnx(s, x)
             diff[k] = max(diff[k], float(np.abs(out - ref).max()))
-            agree[k] += int((out.argmax(1) == ref.argmax(1)).sum())
+            agree[k] += float((out.argmax(1) == ref.argmax(1)).reshape(len(x), -1).mean(1).sum())  # per input, also for per-pixel outputs
             if y is not None: correct[k] += int((out.argmax(1) == y).sum())
     acc = {k: 100 * v / n_lab for k, v in correct.items()} if n_lab else {}
     return diff, acc, {k: 100 * v / n for k, v in agree.items()}, n
@@ -356,6 +414,8 @@ class ExportReport:
     fp32_path:Path|None=None    # the fp32 reference file when `path` is quantized
     fp32_size:int|None=None     # its size in bytes
     quantization:str|None=None  # how the file was quantized
+    int8_range:str|None=None    # INT8: '8-bit' or '7-bit' weights (`reduce_range`), chosen for the CPU that runs the file
+    int8_range_why:str|None=None  # why that range
     notes:list=field(default_factory=list)
 
 # %% ../nbs/09_export.ipynb #f050
@@ -387,6 +447,7 @@ def _report_rows(r:ExportReport)->list[tuple[str, str]]:
     rows += [('exporter', r.exporter + (f" (fallback: {r.fallback_reason})" if r.fallback_reason else '')),
              ('opset', str(r.opset)), ('input', f"({', '.join(map(str, r.input_shape))}) float32")]
     if r.quantization: rows.append(('quantization', r.quantization))
+    if r.int8_range: rows.append(('int8 weights', f"{r.int8_range}: {r.int8_range_why}"))
     for p, d in r.max_abs_diff.items():
         t = r.tolerance.get(p)
         lim = f" (limit {t:.1e}: {'ok' if d <= t else 'FAILED'})" if t is not None else ''
@@ -403,13 +464,34 @@ def __str__(self:ExportReport): return rows_text(_report_rows(self))
 @patch
 def _repr_html_(self:ExportReport): return rows_html(_report_rows(self), 'ONNX export')
 
+# %% ../nbs/09_export.ipynb #q021
+def onnx_path(run_dir,                 # the run directory (chapter 07's `run_dir`)
+              model_name:str,          # chapter 05 model name, e.g. 'netlite_tiny'
+              quantize:str|None=None,  # None (fp32), 'int8' or 'fp16'
+              mkdir:bool=True,         # create RUN_DIR/onnx
+             )->Path:
+    "Where a run's ONNX file in `quantize` precision goes: RUN_DIR/onnx/MODEL.PRECISION.onnx."
+    folder = Path(run_dir) / 'onnx'
+    if mkdir: folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{model_name}.{quantize or 'fp32'}.onnx"
+
+def fp32_path_of(path, quantize:str|None)->Path:
+    "The fp32 reference file next to a `quantize` file at `path`: MODEL.int8.onnx -> MODEL.fp32.onnx, other.onnx -> other.fp32.onnx."
+    path = Path(path)
+    if quantize is None: return path
+    stem = path.stem[:-len(quantize) - 1] if path.stem.endswith('.' + quantize) else path.stem
+    return path.with_name(stem + '.fp32.onnx')
+
 # %% ../nbs/09_export.ipynb #f059
-def _derived_file(m, x, fp32_path:Path, path:Path, quantize:str, calib, opset, dynamic)->tuple[str|None, float|None]:
-    "Write the `quantize` file at `path` from the fp32 model `m` or its file; returns (how it was quantized, its tolerance)."
-    if quantize == 'int8': return quantize_int8(fp32_path, path, calib), None
+def _derived_file(m, x, fp32_path:Path, path:Path, quantize:str, calib, opset, dynamic, int8_target)->tuple[float|None, dict]:
+    "Write the `quantize` file at `path` from the fp32 model `m` or its file; returns (its tolerance, report fields it decided)."
+    if quantize == 'int8':
+        rr, why = int8_weight_range(int8_target)
+        how, notes = quantize_int8(fp32_path, path, calib, reduce_range=rr)
+        return None, dict(quantization=how, int8_range='7-bit' if rr else '8-bit', int8_range_why=why, notes=notes)
     _export_file(_Half(m).eval(), x, path, opset, dynamic)
     with torch.no_grad(): scale = max(1.0, float(m(x).abs().max()))
-    return None, 1e-2 * scale
+    return 1e-2 * scale, {}
 
 # %% ../nbs/09_export.ipynb #f060
 def _file_facts(path:Path)->tuple[int, tuple]:
@@ -422,7 +504,8 @@ def _file_facts(path:Path)->tuple[int, tuple]:
 def _notes(quantize:str|None, acc:dict, fallback_reason:str|None)->list[str]:
     notes = []
     if quantize and acc and acc['pytorch'] - acc[quantize] > 1.0:
-        notes.append(f"{quantize} loses {acc['pytorch'] - acc[quantize]:.2f} points of accuracy: calibrate on more batches, or keep fp32.")
+        notes.append(f"{quantize} loses {acc['pytorch'] - acc[quantize]:.2f} points of accuracy: calibrate on more batches "
+                     f"(`max_calibration_batches=`), or keep fp32.")
     if fallback_reason: notes.append('The TorchScript exporter traced one call of forward: check that the parity inputs exercise every branch.')
     return notes
 
@@ -444,18 +527,22 @@ def export_onnx(model:nn.Module,              # the trained model; it is not mod
                 valid=None,                   # (x, y) tensors or a loader of (x, y): adds accuracy and more parity inputs
                 tolerance:float=1e-4,         # largest allowed |ONNX - PyTorch| of fp32 logits
                 measure_speed:bool=True,      # time ONNX Runtime at batch 1 and 64
+                int8_target:str='auto',       # the CPU the INT8 file is for: 'auto' (this one), 'vnni', 'no-vnni', 'any'
+                max_calibration_batches:int=8,  # static INT8 calibrates on at most this many batches
                )->ExportReport:
     "Export `model` to ONNX at `path`, optionally as INT8 or FP16, verify it with ONNX Runtime, and report."
     if quantize not in (None, 'int8', 'fp16'): raise ValueError(f"quantize={quantize!r}: use None, 'int8' or 'fp16'.")
+    if quantize == 'int8': int8_weight_range(int8_target)  # a wrong target fails before any work
     path = _check_output_path(path)
     x = (sample[0] if isinstance(sample, (tuple, list)) else sample).detach().cpu().float()
-    calib = calibration_batches(calibration, tuple(x.shape[1:])) if (quantize == 'int8' and calibration is not None) else None
+    calib = (calibration_batches(calibration, tuple(x.shape[1:]), max_batches=max_calibration_batches)
+             if (quantize == 'int8' and calibration is not None) else None)
     m = copy.deepcopy(model).cpu().float().eval()
-    fp32_path = path if quantize is None else path.with_name(path.stem + '.fp32.onnx')
+    fp32_path = fp32_path_of(path, quantize)
     exporter, reason = _export_file(m, x, fp32_path, opset, dynamic_batch)
-    files, tol, how = {'fp32': fp32_path}, {'fp32': tolerance}, None
+    files, tol, decided = {'fp32': fp32_path}, {'fp32': tolerance}, {}
     if quantize:
-        how, tol[quantize] = _derived_file(m, x, fp32_path, path, quantize, calib, opset, dynamic_batch)
+        tol[quantize], decided = _derived_file(m, x, fp32_path, path, quantize, calib, opset, dynamic_batch, int8_target)
         files[quantize] = path
     sessions = {p: onnx_session(f) for p, f in files.items()}
     if dynamic_batch: _check_batch_of_one(m, sessions, x)
@@ -465,7 +552,8 @@ def export_onnx(model:nn.Module,              # the trained model; it is not mod
     r = ExportReport(path=path, precision=quantize or 'fp32', size=path.stat().st_size, opset=opset_used, exporter=exporter,
                      fallback_reason=reason, input_shape=shape, max_abs_diff=diff, tolerance=tol, n_compared=n, accuracy=acc,
                      agreement=agree, latency_ms=lat, fp32_path=fp32_path if quantize else None,
-                     fp32_size=fp32_path.stat().st_size if quantize else None, quantization=how, notes=_notes(quantize, acc, reason))
+                     fp32_size=fp32_path.stat().st_size if quantize else None,
+                     **{**decided, 'notes': decided.get('notes', []) + _notes(quantize, acc, reason)})
     _check_parity(r)
     return r
 
@@ -479,29 +567,55 @@ def _weights_file(path)->Path:
     return find_checkpoint(p, weights_only=True) / 'model.safetensors'  # chapter 06a's rules: itself, `latest`, else the newest step-*
 
 # %% ../nbs/09_export.ipynb #f070
-def _model_config(weights:Path)->dict:
-    "The `model:` section of the configuration of the run a checkpoint belongs to."
+def _run_sections(weights:Path)->tuple[dict, dict]:
+    "The `model:` and `data:` sections of the configuration of the run a checkpoint belongs to."
     cfg = read_run_config(weights)
     for sec in (cfg.get('run') or {}, cfg):  # a run's config.yaml nests the user's configuration under `run:`
         m = sec.get('model') if isinstance(sec, dict) else None
-        if isinstance(m, dict) and isinstance(m.get('name'), str): return m
-    return {}
+        if isinstance(m, dict) and isinstance(m.get('name'), str): return m, (sec.get('data') or {})
+    return {}, {}
+
+# %% ../nbs/09_export.ipynb #q031
+def _file_shapes(w:Path)->dict:
+    with safe_open(str(w), 'pt') as f: return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+
+def _meta_shapes(name:str, kw:dict)->dict:
+    with torch.device('meta'): m = create_model(name, **kw)
+    return {k: tuple(v.shape) for k, v in m.state_dict().items()}
+
+def _fits(name:str, kw:dict, shapes:dict)->bool:
+    try: built = _meta_shapes(name, kw)
+    except Exception: return False
+    return all(built.get(k) == v for k, v in shapes.items())
+
+# %% ../nbs/09_export.ipynb #q032
+def _input_kwargs(name:str, kw:dict, shapes:dict)->dict:
+    "`kw` completed with the `num_classes` and `in_channels` that the weights' `shapes` were built for (what `kw` sets stays)."
+    kw = dict(kw)
+    if 'num_classes' not in kw:
+        a, b = (_meta_shapes(name, {**kw, 'num_classes': n}) for n in (10, 11))
+        k = next((k for k in a if a[k] != b.get(k) and k in shapes and len(shapes[k]) == len(a[k])), None)
+        if k: kw['num_classes'] = shapes[k][next(i for i, (p, q) in enumerate(zip(a[k], b[k])) if p != q)]
+    if 'in_channels' not in kw:
+        kw['in_channels'] = next((c for c in (1, 3) if _fits(name, {**kw, 'in_channels': c}, shapes)), 1)
+    return kw
 
 # %% ../nbs/09_export.ipynb #f071
 def model_from_checkpoint(path,                 # a run directory, a checkpoint directory or a .safetensors file
                           name:str|None=None,   # chapter 05 model name; None: from the run's config.yaml
                           **kwargs,             # passed to `create_model`, over the configuration's `model.kwargs`
                          )->tuple[nn.Module, dict]:
-    "Rebuild the model a chapter 07 checkpoint holds; returns (model in eval mode, what was loaded)."
+    "Rebuild the model a chapter 07 checkpoint holds; returns (model in eval mode, what was loaded: weights, run_dir, name, kwargs, input_shape, data)."
     w = _weights_file(path)
-    cfg = _model_config(w)
+    cfg, data = _run_sections(w)
     name = name or cfg.get('name')
     if not name:
         raise ValueError(f"Which model are the weights in {str(w)!r} for? No config.yaml with `model: {{name: ...}}` next to it; "
                          f"pass the name (`--model netlite_tiny` on the command line).")
-    kw = {**(cfg.get('kwargs') or {}), **kwargs}
+    kw = _input_kwargs(name, {**(cfg.get('kwargs') or {}), **kwargs}, _file_shapes(w))
     model = create_model(name, **kw)
     try: st.load_model(model, str(w), device='cpu')
     except RuntimeError as e:
         raise ValueError(f"The weights in {str(w)!r} do not fit create_model({name!r}, **{kw}): {str(e).splitlines()[0][:300]}") from None
-    return model.eval(), {'weights': w, 'name': name, 'kwargs': kw}
+    run_dir = w.parent.parent if w.parent.name.startswith('step-') else w.parent  # where `onnx_path` puts the run's files
+    return model.eval(), {'weights': w, 'run_dir': run_dir, 'name': name, 'kwargs': kw, 'input_shape': tuple(model.input_shape), 'data': data}

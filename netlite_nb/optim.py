@@ -4,14 +4,15 @@
 
 # %% ../nbs/03_optim.ipynb #c003
 from __future__ import annotations
-import math
+import importlib.util, math
 from functools import lru_cache
 import torch
 from fastcore.basics import patch
+from torch._subclasses.fake_tensor import FakeTensor
 from .budget import make_optimizer, register_lever, register_optimizer
 
 # %% auto #0
-__all__ = ['dynamic_map', 'quantize_blockwise', 'dequantize_blockwise', 'AdamW8bit', 'state_bytes']
+__all__ = ['dynamic_map', 'quantize_blockwise', 'dequantize_blockwise', 'AdamW8bit', 'state_bytes', 'adamw8bit_backend']
 
 # %% ../nbs/03_optim.ipynb #c007
 @lru_cache(None)
@@ -22,16 +23,16 @@ def _dynamic_map_list(signed:bool, max_exponent_bits:int=7, total_bits:int=8)->t
     for i in range(max_exponent_bits):
         n = 2 ** (i + non_sign_bits - max_exponent_bits) + 1 if signed else 2 ** (i + non_sign_bits - max_exponent_bits + 1) + 1
         b = torch.linspace(0.1, 1, n, dtype=torch.float32)
-        means = ((b[:-1] + b[1:]) / 2.0).tolist()
+        means = (b[:-1] + b[1:]) / 2.0
         scale = 10 ** (-(max_exponent_bits - 1) + i)
-        data += [scale * x for x in means]
-        if signed: data += [-scale * x for x in means]
+        data += (scale * means).tolist()  # in float32, as bitsandbytes does: a product in float64 would differ by one ulp
+        if signed: data += (-scale * means).tolist()
     if additional_items > 0:
         b = torch.linspace(0.1, 1, additional_items + 1, dtype=torch.float32)
-        means = ((b[:-1] + b[1:]) / 2.0).tolist()
+        means = (b[:-1] + b[1:]) / 2.0
         scale = 10 ** (-(max_exponent_bits - 1) + max_exponent_bits - 1)
-        data += [scale * x for x in means]
-        if signed: data += [-scale * x for x in means]
+        data += (scale * means).tolist()
+        if signed: data += (-scale * means).tolist()
     data += [0.0, 1.0]
     data += [0.0] * (2 ** total_bits - len(data))
     return tuple(sorted(data))
@@ -47,28 +48,60 @@ def _code_and_mids_lists(signed:bool)->tuple[list, list]:
     code = torch.tensor(_dynamic_map_list(signed), dtype=torch.float32)
     return code.tolist(), ((code[1:] + code[:-1]) / 2).tolist()  # float32 values, exactly representable as Python floats
 
-for _signed in (True, False): _code_and_mids_lists(_signed)  # computed at import, never inside a planner's FakeTensorMode
+def _bucket_ends()->tuple[torch.Tensor, torch.Tensor]:
+    "Smallest and largest float32 of each bucket of floats that share their top 16 bits (NaN where the bucket holds NaNs)."
+    keys = torch.arange(2**16, dtype=torch.int64)
+    as_float = lambda bits: torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32).view(torch.float32)
+    lo, hi = as_float(keys << 16), as_float((keys << 16) | 0xFFFF)
+    neg = keys >= 2**15  # for negative floats more bits mean a larger magnitude
+    return torch.where(neg, hi, lo), torch.where(neg, lo, hi)
 
-def _code_and_mids(signed:bool, device:str)->tuple[torch.Tensor, torch.Tensor]:
-    "The map and its midpoints on `device`, made each call: a cached tensor could belong to a FakeTensorMode the planner has left."
-    code, mids = _code_and_mids_lists(signed)
-    return torch.tensor(code, device=device), torch.tensor(mids, device=device)
+@lru_cache(None)
+def _lookup_lists(signed:bool)->tuple[list, list]:
+    "Per bucket: the code index of its smallest value, and the midpoint above which a value takes the next code."
+    mids = torch.tensor(_code_and_mids_lists(signed)[1])
+    a, b = _bucket_ends()
+    base = torch.searchsorted(mids, a)
+    if not signed: base = torch.where(a > 0, base.clamp_min(1), base)  # v > 0 never becomes 0
+    inside = torch.cat([mids, torch.tensor([float('inf')])])[base]
+    if not signed: inside[0] = 0.0  # the bucket of +0.0 also holds positive subnormals: those go to code 1
+    return base.tolist(), inside.tolist()
+
+for _signed in (True, False): _lookup_lists(_signed)  # computed at import, never inside a planner's FakeTensorMode
+
+# %% ../nbs/03_optim.ipynb #c011b
+_TABLES = {}  # (signed, device) -> (code map, bucket base index, bucket midpoint), real tensors only
+
+def _tables(signed:bool, like:torch.Tensor)->tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    "The code map and the two lookup tables of a map, on `like`'s device."
+    if like.device.type == 'meta' or isinstance(like, FakeTensor):
+        return (torch.empty(256, device=like.device), torch.empty(2**16, dtype=torch.uint8, device=like.device),
+                torch.empty(2**16, device=like.device))
+    k = (signed, like.device)
+    if k not in _TABLES:
+        base, inside = _lookup_lists(signed)
+        _TABLES[k] = (torch.tensor(_code_and_mids_lists(signed)[0], device=like.device),
+                      torch.tensor(base, dtype=torch.uint8, device=like.device), torch.tensor(inside, device=like.device))
+    return _TABLES[k]
+
+def _nearest_code(x:torch.Tensor, signed:bool)->torch.Tensor:
+    "uint8 index of the code nearest to each value of flat fp32 `x` (ties to the lower code), as a search would find it."
+    _, base, inside = _tables(signed, x)
+    key = (x.view(torch.int32) >> 16) & 0xFFFF  # the top 16 bits: which bucket
+    return base.index_select(0, key).add_(x > inside.index_select(0, key))
 
 def quantize_blockwise(x:torch.Tensor, # any shape; flattened
                        signed:bool=True, # signed map (first moment) or unsigned (second)
                        block_size:int=256, # values per block sharing one absmax
                       )->tuple[torch.Tensor, torch.Tensor]:
-    "(uint8 codes padded to whole blocks, fp32 absmax per block) for `x`."
+    "(uint8 codes padded to whole blocks, fp32 absmax per block) for `x`: each value's nearest code."
     flat = x.reshape(-1).float()
     pad = (-flat.numel()) % block_size
     if pad: flat = torch.cat([flat, flat.new_zeros(pad)])
     blocks = flat.view(-1, block_size)
     absmax = blocks.abs().amax(1)
-    code, mids = _code_and_mids(signed, str(x.device))
     normed = blocks / absmax.clamp_min(torch.finfo(torch.float32).tiny)[:, None]
-    idx = torch.searchsorted(mids, normed.reshape(-1))
-    if not signed: idx = torch.where(normed.reshape(-1) > 0, idx.clamp_min(1), idx)  # v > 0 never becomes 0
-    return idx.to(torch.uint8), absmax
+    return _nearest_code(normed.view(-1), signed), absmax
 
 # %% ../nbs/03_optim.ipynb #c011c
 def dequantize_blockwise(codes:torch.Tensor, # uint8 from `quantize_blockwise`
@@ -77,12 +110,12 @@ def dequantize_blockwise(codes:torch.Tensor, # uint8 from `quantize_blockwise`
                          numel:int|None=None, # drop the padding: number of values wanted
                         )->torch.Tensor:
     "The fp32 values that `quantize_blockwise` encoded (flat)."
-    code, _ = _code_and_mids(signed, str(codes.device))
-    out = (code[codes.long()].view(absmax.numel(), -1) * absmax[:, None]).view(-1)
+    code = _tables(signed, codes)[0]
+    out = (code.index_select(0, codes.int()).view(absmax.numel(), -1) * absmax[:, None]).view(-1)
     return out if numel is None else out[:numel]
 
 # %% ../nbs/03_optim.ipynb #c016
-_CHUNK = 2**20  # values dequantized at once: bounds a step's temporary memory
+_CHUNK = 2**18  # values dequantized at once: bounds a step's temporary memory, and keeps it in the CPU's cache
 
 def _describe(group:dict, i:int, p:torch.Tensor)->str:
     names = group.get('param_names')
@@ -161,7 +194,9 @@ def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
         else: m = st['exp_avg'][s:e].float()
         v = dequantize_blockwise(st['exp_avg_sq_q'][qsl], st['exp_avg_sq_absmax'][bsl], False, e - s)
         m.lerp_(g, 1 - b1); v.mul_(b2).addcmul_(g, g, value=1 - b2)
-        pf[s:e].add_((m / ((v.sqrt() / bc2_sqrt).add_(group['eps']))).to(p.dtype), alpha=-step_size)
+        d = v.sqrt().div_(bc2_sqrt).add_(group['eps'])
+        if p.dtype == torch.float32: pf[s:e].addcdiv_(m, d, value=-step_size)
+        else: pf[s:e].add_(torch.div(m, d, out=d).to(p.dtype), alpha=-step_size)
         if 'exp_avg_q' in st: st['exp_avg_q'][qsl], st['exp_avg_absmax'][bsl] = quantize_blockwise(m, True, bs)
         else: st['exp_avg'][s:e] = m
         st['exp_avg_sq_q'][qsl], st['exp_avg_sq_absmax'][bsl] = quantize_blockwise(v, False, bs)
@@ -199,6 +234,9 @@ def load_state_dict(self:AdamW8bit, state_dict:dict):
     if len(groups) != len(saved):
         raise ValueError(f"The saved optimizer state has {len(saved)} parameter groups but this optimizer has {len(groups)}. "
                          "Build the optimizer with the same parameter groups as the one that was saved.")
+    if any('state1' in st or '__bnb_optimizer_quant_state__' in st for st in state_dict['state'].values()):
+        raise ValueError("This optimizer state was saved by bitsandbytes.optim.AdamW8bit (on a GPU), whose state this AdamW8bit "
+                         "cannot read. Resume on a device where bitsandbytes runs, or start a fresh optimizer here.")
     for gi, (g, sg) in enumerate(zip(groups, saved)):
         if len(g['params']) != len(sg['params']):
             raise ValueError(f"Parameter group {gi}: the saved state has {len(sg['params'])} parameters, this optimizer "
@@ -222,7 +260,33 @@ def state_bytes(opt:torch.optim.Optimizer)->int:
     return sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor))
 
 # %% ../nbs/03_optim.ipynb #ro2
-register_optimizer('adamw8bit', lambda params, lr, weight_decay, foreach: AdamW8bit(params, lr=lr, weight_decay=weight_decay))
+AdamW8bit.backend = 'netlite_nb'
+
+def adamw8bit_backend(device)->str:
+    "'bitsandbytes' where its fused 8-bit AdamW kernel runs on `device` (CUDA, XPU) and it is installed, else 'netlite_nb'."
+    device = torch.device(device)
+    if device.type not in ('cuda', 'xpu') or importlib.util.find_spec('bitsandbytes') is None: return 'netlite_nb'
+    try: import bitsandbytes  # registers its kernels for the devices this machine has
+    except Exception: return 'netlite_nb'  # installed but broken (e.g. no library for this CUDA): ours still runs
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return 'bitsandbytes' if has('bitsandbytes::optimizer_update_8bit_blockwise', device.type.upper()) else 'netlite_nb'
+
+def _first_device(params)->torch.device:
+    for p in params:
+        if isinstance(p, dict): p = p['params'][0] if isinstance(p['params'], (list, tuple)) else next(iter(p['params']))
+        if isinstance(p, tuple): p = p[1]
+        return torch.device('meta') if isinstance(p, FakeTensor) else p.device
+    return torch.device('cpu')
+
+def _adamw8bit(params, lr, weight_decay, foreach):
+    params = list(params)
+    if adamw8bit_backend(_first_device(params)) == 'netlite_nb': return AdamW8bit(params, lr=lr, weight_decay=weight_decay)
+    import bitsandbytes
+    opt = bitsandbytes.optim.AdamW8bit([p[1] if isinstance(p, tuple) else p for p in params], lr=lr, weight_decay=weight_decay)
+    opt.backend = 'bitsandbytes'
+    return opt
+
+register_optimizer('adamw8bit', _adamw8bit)
 
 # %% ../nbs/03_optim.ipynb #lv1
 @register_lever

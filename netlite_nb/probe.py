@@ -57,27 +57,43 @@ def _words(name:str)->list[str]:
 
 # %% ../nbs/00_probe.ipynb #c010d
 class UnknownGPUError(LookupError):
-    "A GPU name that is not in the catalogue."
+    "A GPU name that is not in the catalogue, or that fits several entries."
+    def __init__(self, msg:str, query:str='', # the name as written
+                 closest:tuple=(), # catalogue names it may have meant
+                 ambiguous:bool=False): # True: each of `closest` fits the name equally well
+        super().__init__(msg)
+        self.query, self.closest, self.ambiguous = query, tuple(closest), ambiguous
 
-_SERIES = {'gtx', 'rtx', 'rx', 'arc'}  # people often leave these out: '1050 ti', '6600'
+_SERIES = {'gtx', 'rtx', 'rx', 'arc', 'tesla'}  # people often leave these out: '1050 ti', '6600', 't4'
 _HARMLESS = {'gb', 'edition', 'founders', 'oc', 'desktop', 'series', 'design', 'core'}  # words that never change the card
 
 def _unexplained(extra:list[str])->bool:
     "Does the query carry a word that no catalogue name explains? ('tie' in 'GTX 1050 Tie' is a typo, not a detail)"
     return any(x.isalpha() and x not in _HARMLESS for x in extra)
 
+def _memory_words(w:list[str])->set[str]:
+    "The words of a memory size in the normalised name `w`: {'6', 'gb'} in ['gtx', '1060', '6', 'gb']."
+    return {x for i, x in enumerate(w) if x == 'gb' or w[i+1:i+2] == ['gb']}
+
+def _other_memory(q:list[str], g:GPUSpec)->bool:
+    "Does the query state a memory size that is not `g`'s? ('RTX 3060 8GB' is not the 12 GB card)"
+    return any(q[i+1:i+2] == ['gb'] and x.isdigit() and float(x) != g.memory_gb for i, x in enumerate(q))
+
 # %% ../nbs/00_probe.ipynb #c010e
 def _scored(q:list[str])->list[tuple[int, GPUSpec]]:
     "(score, entry) for every catalogue entry the query words `q` may mean, most specific first."
-    scored = []
-    for g in gpu_catalogue():
+    scored, cat = [], [g for g in gpu_catalogue() if not _other_memory(q, g)]
+    for g in cat:
         w = _words(g.name)
         req = [x for x in w if x not in _SERIES]
         extra = [x for x in q if x not in w]
         if q and all(x in q for x in req) and not _unexplained(extra):  # an RTX 4070 Super is not an RTX 4070, a typo is no card
             scored.append((100*len(req) - len(extra), g))
-    if not scored:  # the query is less specific than the names: '1050' -> GTX 1050, 'GTX 1060' -> ambiguous
-        scored = [(-len([x for x in _words(g.name) if x not in q]), g) for g in gpu_catalogue() if q and all(x in _words(g.name) for x in q)]
+    if not scored:  # the name leaves out only a memory size: 'GTX 1060' -> 3 GB or 6 GB, ambiguous; never 'Ti', 'Super', 'Laptop'
+        for g in cat:
+            w = _words(g.name)
+            missing = {x for x in w if x not in q} - _SERIES
+            if q and all(x in w for x in q) and missing <= _memory_words(w): scored.append((-len(missing), g))
     return sorted(scored, key=lambda t: -t[0])
 
 # %% ../nbs/00_probe.ipynb #c010i
@@ -93,7 +109,7 @@ def lookup_gpu(name:str)->GPUSpec:
         close = [keys[k] for k in difflib.get_close_matches(' '.join(q), list(keys), n=5, cutoff=0.3)] or names[:5]
     what = 'is ambiguous' if scored else 'is not in the catalogue'
     raise UnknownGPUError(f"GPU name {name!r} {what}. Closest: {', '.join(close)}. "
-                          f"See `gpu_catalogue()` for all {len(names)} names.")
+                          f"See `gpu_catalogue()` for all {len(names)} names.", name, close, bool(scored))
 
 # %% ../nbs/00_probe.ipynb #c015b
 def find_gpu(name:str|None)->GPUSpec|None:

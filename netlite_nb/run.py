@@ -9,11 +9,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from torch import nn
 from fastcore.basics import patch
+import yaml
 from .probe import fmt_bytes, probe, rows_html, rows_text
 from .budget import resize_batch
 from .data import image_folder, load_dataset, make_loaders, mnist_sample, mnist_sample_loaders
 from .models import create_model
-from .strategies import RunConfig, load_config, pick_strategy, size_config
+from .strategies import ConfigError, RunConfig, load_config, pick_strategy, size_config
 from .checkpoint import find_checkpoint, read_state, seed_everything
 from .train import EarlyStopping, Trainer
 
@@ -51,6 +52,20 @@ def _split_of_run(cfg:RunConfig, resume)->RunConfig:
 
 def _timestamp()->str: return time.strftime('%Y%m%d-%H%M%S')
 
+# %% ../nbs/10_run.ipynb #r010b
+def _run_section(config)->tuple:
+    "(`config`, None), or (its `run:` section, a note) when `config` is the `config.yaml` a run saved, or that file's mapping."
+    path = Path(config) if isinstance(config, (str, Path)) else None
+    raw = yaml.safe_load(path.read_text()) if path is not None and path.is_file() else config
+    if not (isinstance(raw, dict) and isinstance(raw.get('run'), dict) and 'versions' in raw): return config, None
+    where = f"{str(path)!r}" if path is not None else 'this configuration'
+    if 'demo' in raw['run']:
+        raise ConfigError(f"{where} was saved by `netlite demo`, which has its own recipe: repeat it with "
+                          f"`netlite demo --seed {raw['run'].get('seed', 0)}`.")
+    s = raw['run'].get('strategy') or {}
+    return raw['run'], (f"{where} is the configuration a run saved: training from its `run:` section, the settings that run resolved "
+                        f"(micro-batch {s.get('micro_batch')} × {s.get('accum_steps')}, as it had).")
+
 # %% ../nbs/10_run.ipynb #r011
 def _trainer_for(cfg:RunConfig, model:nn.Module, dls, run_dir, callbacks, progress, verbose)->Trainer:
     "The chapter 07 `Trainer` a resolved configuration describes."
@@ -62,12 +77,13 @@ def _trainer_for(cfg:RunConfig, model:nn.Module, dls, run_dir, callbacks, progre
                    seed=t.seed, deterministic=t.deterministic, run_dir=run_dir, callbacks=cbs, progress=progress,
                    verbose=verbose, config=cfg.to_dict())
 
-def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path, or a mapping
+def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path (a run's own `config.yaml` too), or a mapping
                       overrides=(), # dotted overrides, e.g. ['train.epochs=1', 'data.batch_size=64']
                       run_dir=None, # default: `train.checkpoint_dir`/MODEL-TIMESTAMP
                       resume=None, # a run or checkpoint directory to continue
                       callbacks=(), progress:bool|None=None, verbose:bool=True)->Trainer:
     "Build data, model and `Trainer` from a run configuration, train, and export if the configuration asks."
+    config, note = (config, None) if isinstance(config, RunConfig) else _run_section(config)
     cfg = config if isinstance(config, RunConfig) else load_config(config, list(overrides))
     if resume is not None: cfg = _split_of_run(cfg, resume)
     t, ds = cfg.train, datasets_for(cfg.data, seed=cfg.train.seed)
@@ -78,6 +94,7 @@ def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path, or a mapp
     if run_dir is None and resume is not None: run_dir = find_checkpoint(resume).parent
     if run_dir is None and t.checkpoint_dir: run_dir = Path(t.checkpoint_dir) / f"{cfg.model.name}-{_timestamp()}"
     trainer = _trainer_for(cfg, model, dls, run_dir, callbacks, progress, verbose)
+    if note: trainer.notes.append(note)
     trainer.fit(epochs=None if t.steps else t.epochs, steps=t.steps, resume=resume)
     if cfg.export.onnx and not trainer.interrupted:
         trainer.export_report = export_trained(trainer, dls, cfg.export.onnx, quantize=cfg.export.quantize, opset=cfg.export.opset)

@@ -51,3 +51,116 @@ def test_cli_train_auto_sizes_the_batch_for_the_model(tmp_path):
     again = yaml.safe_load((tmp_path / 'run' / 'config.yaml').read_text())
     assert (again['micro_batch'], again['accum_steps']) == (saved['micro_batch'], saved['accum_steps'])
     assert find_checkpoint(tmp_path / 'run').name == 'step-0000003'
+
+
+# --- issue 15: the planner for cards you do not own, --json, --version, exit statuses, a run's config.yaml -----------
+
+import contextlib, io, json
+import pytest
+from netlite_nb.cli import main
+from netlite_nb.models import list_models
+from netlite_nb.probe import gpu_catalogue
+
+
+def run_main(*args):
+    "`netlite ARGS` in this process: (exit status, stdout, stderr); argparse's own exits count as the status."
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try: rc = main(list(args))
+        except SystemExit as e: rc = e.code
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_plan_suggest_for_a_card_this_machine_lacks():
+    "The issue's command: plan and suggest for a GTX 1050 Ti on a CPU-only machine (it crashed in autocast)."
+    rc, out, err = run_main('plan', '--model', 'vit_tiny', '--batch-size', '4096', '--gpu', 'gtx 1050 ti', '--suggest')
+    assert rc == 1 and err == '' and 'does NOT fit' in out          # 1: it does not fit, and says what would
+    assert 'largest batch that fits:' in out and out.count('  - ') >= 3
+
+
+GRID_GPUS = ['GeForce GTX 1050 Ti', 'Radeon RX 6600', 'Apple M2', 'Intel Arc A770']
+
+@pytest.mark.parametrize('gpu', [pytest.param(g, marks=[] if g == 'GeForce GTX 1050 Ti' else pytest.mark.slow) for g in GRID_GPUS])
+@pytest.mark.parametrize('model', [pytest.param(m, marks=[] if m == 'mlp' else pytest.mark.slow) for m in list_models()])
+def test_every_zoo_model_plans_and_suggests(model, gpu):
+    "Every zoo model × --suggest × catalogue cards of each vendor (the fast run keeps mlp on the GTX 1050 Ti)."
+    shape = '3x32x32' if model == 'resnet' else '1x28x28'
+    rc, out, err = run_main('plan', '--model', model, '--input', shape, '--batch-size', '8', '--gpu', gpu, '--suggest', '--json')
+    assert rc in (0, 1) and err == '', err
+    d = json.loads(out)
+    assert d['plan']['device'] == gpu and d['plan']['fits'] == (rc == 0) and (d['suggest']['largest_batch'] or 0) >= 8 * (rc == 0)
+
+
+def test_version():
+    rc, out, _ = run_main('--version')
+    assert rc == 0 and out.startswith('netlite_nb ') and 'torch' in out
+
+
+def test_gpu_list_text_and_json():
+    rc, out, _ = run_main('plan', '--gpu', 'list')
+    assert rc == 0 and all(g.name in out for g in gpu_catalogue())
+    rc, out, _ = run_main('plan', '--gpu', 'LIST', '--json')
+    assert rc == 0 and [g['name'] for g in json.loads(out)] == [g.name for g in gpu_catalogue()]
+
+
+def test_plan_json():
+    rc, out, err = run_main('plan', '--model', 'mlp', '--batch-size', '32', '--gpu', 'rtx 2080', '--json')
+    d = json.loads(out)
+    assert rc == 0 and d['plan']['fits'] is True and d['plan']['budget'] == 8 * 2**30 and d['suggest'] is None
+    assert d['plan']['batch_size'] == 32 and d['plan']['total'] == sum(d['plan']['breakdown'].values())
+
+
+@pytest.mark.parametrize('args,says', [
+    (['plan', '--input', '28x28'], 'CxHxW, e.g. 1x28x28'), (['plan', '--input', '3x32x30'], 'square'),
+    (['plan', '--batch-size', '0'], 'at least 1'),
+    (['plan', '--precision', 'fp8'], 'invalid choice'), (['export'], 'required'), (['nonsense'], 'invalid choice')])
+def test_argparse_usage_errors_exit_2(args, says):
+    rc, out, err = run_main(*args)
+    assert rc == 2 and says in err and 'Traceback' not in err
+
+
+@pytest.mark.parametrize('args,says', [
+    (['plan', '--gpu', 'rtx 2080 super'], 'is not in the catalogue'), (['plan', '--gpu', '1060'], 'is ambiguous'),
+    (['plan', '--model', 'resnet5'], "Did you mean 'resnet'? Available: mlp"), (['train', 'no_such.yaml'], 'No run configuration'), (['train', 'BAD'], "Did you mean 'train.epochs'")])
+def test_our_usage_errors_exit_2_with_one_line_naming_the_cli_fix(args, says, tmp_path):
+    if 'BAD' in args:   # a configuration with an unknown key
+        (tmp_path / 'bad.yaml').write_text('model: {name: mlp}\ntrain: {epoch: 1}\n')
+        args = ['train', str(tmp_path / 'bad.yaml')]
+    rc, out, err = run_main(*args)
+    assert rc == 2 and says in err and err.count('\n') == 1 and err.startswith(f'netlite {args[0]}: '), err
+    assert 'gpu_catalogue' not in err and 'Traceback' not in err
+    if 'gpu' in args: assert '`netlite plan --gpu list`' in err
+
+
+def test_runtime_errors_exit_1_with_one_sentence(tmp_path):
+    rc, out, err = run_main('export', str(tmp_path / 'no_run'))
+    assert rc == 1 and err.startswith('netlite export: No checkpoint') and err.count('\n') == 1
+    run = tmp_path / 'run' / 'step-0000001'; run.mkdir(parents=True)
+    (run / 'model.safetensors').write_bytes(b'not safetensors')
+    rc, out, err = run_main('export', str(tmp_path / 'run'), '--model', 'mlp')
+    assert rc == 1 and err.startswith('netlite export: ') and err.count('\n') == 1 and 'Traceback' not in err
+
+
+def test_train_json_then_repeat_from_the_run_s_config_yaml(tmp_path):
+    cfg = tmp_path / 'run.yaml'
+    cfg.write_text('strategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample, batch_size: 64}\ntrain: {steps: 3}\n')
+    rc, out, err = run_main('train', str(cfg), '--json', '--out', str(tmp_path / 'first'))
+    first = json.loads(out)
+    assert rc == 0 and first['steps'] == 3 and first['run_dir'] == str(tmp_path / 'first') and 'valid_loss' in first['metrics']
+    written = tmp_path / 'first' / 'config.yaml'
+    r = netlite('train', str(written), '--set', 'train.steps=4', '--out', str(tmp_path / 'again'))   # the file chapter 06 says repeats a run
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert 'the configuration a run saved' in r.stdout and find_checkpoint(tmp_path / 'again').name == 'step-0000004'
+    again = yaml.safe_load((tmp_path / 'again' / 'config.yaml').read_text())
+    before = yaml.safe_load(written.read_text())
+    assert again['run'] == {**before['run'], 'train': {**before['run']['train'], 'steps': 4}}
+
+
+def test_export_json(tmp_path):
+    cfg = tmp_path / 'run.yaml'
+    cfg.write_text('strategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample, batch_size: 64}\ntrain: {steps: 2}\n')
+    assert run_main('train', str(cfg), '--quiet', '--out', str(tmp_path / 'run'))[0] == 0
+    rc, out, err = run_main('export', str(tmp_path / 'run'), '--json', '--out', str(tmp_path / 'm.onnx'))
+    d = json.loads(out)
+    assert rc == 0 and d['path'] == str(tmp_path / 'm.onnx') and d['precision'] == 'fp32' and d['size'] > 0
+    assert d['max_abs_diff']['fp32'] <= d['tolerance']['fp32']

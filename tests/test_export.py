@@ -239,3 +239,121 @@ def test_cli_export_from_a_checkpoint(mlp, tmp_path, capsys):
     assert 'fp16' in capsys.readouterr().out and (tmp_path/'h.onnx').is_file()
     assert main(['export', str(tmp_path/'run'), '-o', str(tmp_path/'nowhere'/'m.onnx')]) == 1
     assert 'does not exist' in capsys.readouterr().err
+
+
+# --- issue 15: INT8 by the CPU that runs the file, exports outside the zoo shape, one place for a run's files ---
+
+_CPUINFO = {  # flags as /proc/cpuinfo lists them (x86 `flags`, ARM `Features`)
+    'avx2': ('flags', 'fpu sse4_2 avx avx2 fma', 'x86_64', True),
+    'avx512 no vnni': ('flags', 'avx avx2 avx512f avx512bw avx512vl', 'x86_64', True),
+    'avx512 vnni': ('flags', 'avx avx2 avx512f avx512bw avx512_vnni', 'x86_64', False),
+    'avx-vnni': ('flags', 'avx avx2 avx_vnni', 'x86_64', False),
+    'arm64': ('Features', 'fp asimd asimddp', 'aarch64', False),
+}
+
+
+@pytest.mark.parametrize('cpu', list(_CPUINFO))
+def test_int8_weight_range_follows_the_cpu_flags(cpu, tmp_path):
+    key, flags, machine, seven_bit = _CPUINFO[cpu]
+    info = tmp_path/'cpuinfo'
+    info.write_text(f"processor\t: 0\n{key}\t\t: {flags}\n\nprocessor\t: 1\n{key}\t\t: {flags}\n")
+    rr, why = E.int8_weight_range('auto', info, machine)
+    assert rr is seven_bit, why
+    assert ('VPMADDUBSW' in why) == seven_bit
+    # an explicit target overrides the flags
+    assert [E.int8_weight_range(t, info, machine)[0] for t in ('vnni', 'no-vnni', 'any')] == [False, True, True]
+
+
+def test_int8_weight_range_without_readable_flags_is_portable(tmp_path):
+    rr, why = E.int8_weight_range('auto', tmp_path/'missing', 'AMD64')  # Windows: no /proc/cpuinfo
+    assert rr is True and 'cannot be read' in why
+    assert E.int8_weight_range('auto', tmp_path/'missing', 'arm64')[0] is False  # Apple silicon
+    with pytest.raises(ValueError, match="use one of"):
+        E.int8_weight_range('avx2')
+
+
+def test_this_cpu_gets_the_range_it_needs_and_int8_holds_one_point(mlp, data, tmp_path):
+    "On an AVX2 CPU without VNNI (the book's test machine) 'auto' must pick 7-bit weights; on any CPU the drop stays <= 1 pp."
+    dls, valid, x = data
+    flags = E._cpu_flags() or set()
+    if 'avx2' in flags and not {'avx512_vnni', 'avx_vnni'} & flags:
+        assert E.int8_weight_range()[0] is True
+    r = export_onnx(mlp, x, tmp_path/'a.onnx', quantize='int8', calibration=dls.train, valid=valid, measure_speed=False)
+    assert r.int8_range == ('7-bit' if E.int8_weight_range()[0] else '8-bit') and r.int8_range_why
+    assert 'int8 weights' in str(r) and r.int8_range_why in str(r)
+    assert r.accuracy_drop <= 1.0 and r.agreement['int8'] >= 97, r
+    assert (np.abs(_int8_weights(r.path)).max() <= 64) == (r.int8_range == '7-bit')
+    full = export_onnx(mlp, x, tmp_path/'v.onnx', quantize='int8', int8_target='vnni', calibration=dls.train, measure_speed=False)
+    assert full.int8_range == '8-bit' and np.abs(_int8_weights(full.path)).max() == 127
+    with pytest.raises(ValueError, match='int8_target'):
+        export_onnx(mlp, x, tmp_path/'w.onnx', quantize='int8', int8_target='sse')
+
+
+class _EncDec(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU())
+        self.down = nn.Sequential(nn.MaxPool2d(2), nn.Conv2d(8, 16, 3, padding=1), nn.ReLU())
+        self.up, self.dec = nn.Upsample(scale_factor=2), nn.Conv2d(24, 2, 3, padding=1)
+    def forward(self, x):
+        e = self.enc(x)
+        return self.dec(torch.cat([e, self.up(self.down(e))], 1))
+
+
+def test_encoder_decoder_int8_falls_back_when_preprocessing_fails(data, tmp_path, monkeypatch):
+    dls, valid, x = data
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    m = _EncDec().eval()
+    r = export_onnx(m, x[:16], tmp_path/'ed.int8.onnx', quantize='int8', calibration=dls.train, measure_speed=False)
+    assert r.fp32_path == tmp_path/'ed.fp32.onnx' and r.max_abs_diff['fp32'] <= 1e-4
+    assert 0 <= r.agreement['int8'] <= 100 and 'QuantizeLinear' in _ops(r.path)
+    assert E.run_onnx(r.path, x[:1]).shape == (1, 2, 28, 28)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['ed.fp32.onnx', 'ed.int8.onnx']  # ORT's debug files stayed in a temp dir
+    # both fallbacks, forced: symbolic shape inference fails, then ONNX's too
+    calls = []
+    def failing(src, dst, **kw):
+        calls.append(kw)
+        raise Exception('Incomplete symbolic shape inference')
+    monkeypatch.setattr(E, 'quant_pre_process', failing)
+    r2 = export_onnx(m, x[:16], tmp_path/'ed2.onnx', quantize='int8', calibration=dls.train, measure_speed=False)
+    assert calls == [{}, {'skip_symbolic_shape': True}]
+    assert any('quantized the fp32 graph without it' in n and 'Incomplete symbolic shape inference' in n for n in r2.notes), r2.notes
+    assert 'QuantizeLinear' in _ops(r2.path) and r2.max_abs_diff['fp32'] <= 1e-4
+
+
+def test_onnx_path_is_one_convention_inside_the_run(tmp_path):
+    p8 = E.onnx_path(tmp_path/'run', 'netlite_tiny', 'int8')
+    assert p8 == tmp_path/'run'/'onnx'/'netlite_tiny.int8.onnx' and p8.parent.is_dir()
+    assert E.fp32_path_of(p8, 'int8') == E.onnx_path(tmp_path/'run', 'netlite_tiny') == tmp_path/'run'/'onnx'/'netlite_tiny.fp32.onnx'
+    assert E.onnx_path(tmp_path/'run', 'mlp', 'fp16').name == 'mlp.fp16.onnx'
+
+
+def _image_folder(root, classes=4, per_class=6, size=12):
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        (root/f"class{c}").mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(root/f"class{c}"/f"{i}.png")
+
+
+def test_a_chapter_10_run_on_colour_images_rebuilds_and_exports(tmp_path):
+    "The config.yaml chapter 10's train_from_config writes (a 3-channel, 4-class image-folder run) is enough to rebuild and export."
+    from netlite_nb.run import train_from_config
+    _image_folder(tmp_path/'pets')
+    cfg = {'strategy': 'cpu', 'model': {'name': 'netlite_tiny'}, 'data': {'name': 'folder', 'root': str(tmp_path/'pets'), 'batch_size': 8},
+           'train': {'steps': 1, 'checkpoint_dir': None}}
+    t = train_from_config(cfg, run_dir=tmp_path/'run', progress=False, verbose=False)
+    assert list((tmp_path/'run').glob('step-*'))  # fit saved the end of the run
+    written = yaml.safe_load((tmp_path/'run'/'config.yaml').read_text())
+    assert written['run']['model']['name'] == 'netlite_tiny' and 'num_classes' not in str(written['run']['model'])
+    model, info = model_from_checkpoint(tmp_path/'run')
+    assert info['kwargs'] == {'num_classes': 4, 'in_channels': 3} and info['input_shape'] == (3, 32, 32)
+    assert info['data']['name'] == 'folder' and info['run_dir'] == tmp_path/'run'
+    xs = torch.rand(8, 3, 32, 32)
+    assert torch.allclose(model(xs), t.eval_model.cpu().eval()(xs), atol=1e-6)
+    r = export_onnx(model, xs, E.onnx_path(info['run_dir'], info['name'], 'int8'), quantize='int8',
+                    calibration=[(torch.rand(32, 3, 32, 32), 0)] * 4, measure_speed=False)
+    assert r.path == tmp_path/'run'/'onnx'/'netlite_tiny.int8.onnx' and r.fp32_path.name == 'netlite_tiny.fp32.onnx'
+    assert r.max_abs_diff['fp32'] <= 1e-4 and r.input_shape == ('batch', 3, 32, 32)

@@ -1,8 +1,10 @@
 "Chapter 03 (optim): AdamW8bit against torch.optim.AdamW, state round trips, bad input, other devices when present."
-import copy, io
+import copy, io, os
 import pytest, torch, torch.nn as nn, torch.nn.functional as F
 from netlite_nb.budget import fit_to_budget, plan_memory
-from netlite_nb.optim import AdamW8bit, dynamic_map, quantize_blockwise, dequantize_blockwise, state_bytes
+from netlite_nb.budget import make_optimizer
+from netlite_nb.optim import AdamW8bit, adamw8bit_backend, dynamic_map, quantize_blockwise, dequantize_blockwise, state_bytes
+from netlite_nb.optim import _code_and_mids_lists, _nearest_code
 
 torch.set_num_threads(1)
 DEVICES = ['cpu'] + (['cuda'] if torch.cuda.is_available() else []) + \
@@ -181,3 +183,70 @@ def test_8bit_map_survives_fake_tensor_traces():
     opt.step()  # a real step after the traces: its quantization map is a real tensor
     assert all(torch.isfinite(p).all() for p in m.parameters()) and any(s['exp_avg_sq_q'].dtype == torch.uint8 for s in opt.state.values() if 'exp_avg_sq_q' in s)
     plan_memory(m, batch, optimizer='adamw8bit', precision='bf16')
+
+
+@pytest.mark.parametrize('signed', [True, False])
+def test_table_lookup_rounds_like_the_binary_search(signed):
+    "The lookup tables give the nearest code exactly as torch.searchsorted over the midpoints (plus v > 0 never becomes 0)."
+    mids = torch.tensor(_code_and_mids_lists(signed)[1])
+    g = torch.Generator().manual_seed(0)
+    bits = torch.randint(0, 2**31, (2_000_000,), generator=g, dtype=torch.int64).to(torch.int32)  # any positive float32 bit pattern
+    x = torch.cat([bits.view(torch.float32), -bits.view(torch.float32), mids, mids.nextafter(torch.tensor(2.)),
+                   mids.nextafter(torch.tensor(-2.)), torch.tensor([0., -0., 1., -1., 1e-45, -1e-45])])
+    x = x[x.abs() <= 1]
+    want = torch.searchsorted(mids, x)
+    if not signed: want = torch.where(x > 0, want.clamp_min(1), want)
+    assert torch.equal(_nearest_code(x, signed).long(), want)
+
+
+def test_adamw8bit_name_builds_ours_on_cpu_and_for_the_planner():
+    assert type(make_optimizer('adamw8bit', nn.Linear(4, 2).parameters())) is AdamW8bit
+    assert type(make_optimizer('adamw8bit', [nn.Parameter(torch.empty(4, 4, device='meta'))])) is AdamW8bit
+    assert adamw8bit_backend('cpu') == adamw8bit_backend('mps') == 'netlite_nb'
+
+
+def _bnb():
+    "bitsandbytes, or a skip where it is not installed; in CI (`.[dev]` installs it) a missing bitsandbytes is a failure."
+    if os.environ.get('CI'): import bitsandbytes; return bitsandbytes
+    return pytest.importorskip('bitsandbytes', reason='bitsandbytes is not installed: pip install -e ".[bnb]"')
+
+
+def test_same_code_maps_as_bitsandbytes():
+    from bitsandbytes.functional import create_dynamic_map
+    _bnb()
+    for signed in (True, False): assert torch.equal(create_dynamic_map(signed), dynamic_map(signed))
+
+
+def test_same_updates_as_bitsandbytes_on_cpu():
+    "Five steps of both on the same gradients: the weights move alike. Ours differs by design where bnb rounds a positive v to 0."
+    bnb = _bnb()
+    torch.manual_seed(0)
+    a, b = nn.Linear(512, 256, bias=False), nn.Linear(512, 256, bias=False)
+    b.load_state_dict(a.state_dict()); w0 = a.weight.detach().clone()
+    oa, ob = AdamW8bit(a.parameters(), lr=1e-3), bnb.optim.AdamW8bit(b.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        grad = torch.randn(256, 512, generator=g) * torch.rand(256, 1, generator=g)
+        a.weight.grad, b.weight.grad = grad.clone(), grad.clone(); oa.step(); ob.step()
+    da, db = a.weight - w0, b.weight - w0
+    # each update is about lr per step; 8-bit moments carry a few % error, so the two paths agree to ~1% on average
+    assert (da - db).abs().mean() < 0.01 * da.abs().mean(), ((da - db).abs().mean() / da.abs().mean()).item()
+    assert ((da - db).abs() > 0.1 * da.abs().max()).float().mean() < 1e-3  # the rare large differences: v near zero
+
+
+def test_plan_of_our_state_bounds_bitsandbytes_state():
+    "The planner traces ours; bitsandbytes' state differs by its two 1 KB code maps per 8-bit tensor, minus our block padding."
+    bnb = _bnb()
+    m = nn.Sequential(nn.Linear(300, 1000), nn.ReLU(), nn.Linear(1000, 10))
+    batch = (torch.randn(8, 300), torch.randint(0, 10, (8,)))
+    ob = bnb.optim.AdamW8bit(m.parameters()); F.cross_entropy(m(batch[0]), batch[1]).backward(); ob.step()
+    planned = plan_memory(m, batch, optimizer='adamw8bit').breakdown['optimizer']
+    eight_bit = sum(p.numel() >= 4096 for p in m.parameters())
+    assert abs(state_bytes(ob) - planned) <= eight_bit * (2 * 256 * 4 + 2 * 255), (state_bytes(ob), planned)
+
+
+def test_bitsandbytes_state_is_refused_with_a_sentence():
+    bnb = _bnb()
+    m = nn.Linear(128, 64); ob = bnb.optim.AdamW8bit(m.parameters())
+    m(torch.randn(2, 128)).sum().backward(); ob.step()
+    with pytest.raises(ValueError, match='bitsandbytes'): AdamW8bit(m.parameters()).load_state_dict(ob.state_dict())

@@ -1,8 +1,9 @@
 "Chapter 00 checks that need fakes or a subprocess: NVML answers for cards this machine does not have, nvidia-smi CSV, the CLI."
-import json, shutil, subprocess, sys
+import json, re, shutil, subprocess, sys
 from pathlib import Path
 import pynvml, pytest, torch
-from netlite_nb.probe import (FakeNVML, HardwareProfile, UnknownGPUError, _parse_smi_csv, device_memory, lookup_gpu, probe)
+from netlite_nb.probe import (FakeNVML, HardwareProfile, UnknownGPUError, _parse_smi_csv, _words, device_memory, gpu_catalogue,
+                              lookup_gpu, probe)
 
 FIXTURES = Path(__file__).parent / 'fixtures'
 no_smi = dict(smi_which=lambda name: None)  # keep the real machine's nvidia-smi (if any) out of faked probes
@@ -91,6 +92,72 @@ def test_nvidia_smi_failure_is_recorded():
     ('RX 550', 'Radeon RX 550'), ('intel uhd 620', 'Intel UHD Graphics 620'), ('Apple M4', 'Apple M4')])
 def test_catalogue_lookup(query, name):
     assert lookup_gpu(query).name == name
+
+
+def smi_name(g)->str:
+    "The name the vendor's own tools print for catalogue entry `g` (nvidia-smi/NVML, ROCm, the Intel driver, macOS)."
+    n = g.name
+    if g.vendor == 'nvidia':
+        n = re.sub(r' Laptop$', ' Laptop GPU', n)           # 'NVIDIA GeForce RTX 4060 Laptop GPU'
+        n = n.replace('RTX 5060 Ti 16GB', 'RTX 5060 Ti')    # the 8 GB and the 16 GB board share one name ('GTX 1060 6GB' keeps it)
+        return n if n.startswith('Tesla') else f'NVIDIA {n}'  # data-centre cards print without the vendor: 'Tesla T4'
+    if g.vendor == 'amd': return f'AMD {n}'                 # 'AMD Radeon RX 6600'
+    if g.vendor == 'intel':                                 # 'Intel(R) Iris(R) Xe Graphics', 'Intel(R) Arc(TM) A770 Graphics'
+        n = n.replace('Intel ', 'Intel(R) ').replace('Iris ', 'Iris(R) ')
+        return re.sub(r'Arc (\w+)$', r'Arc(TM) \1 Graphics', n)
+    return n                                                # 'Apple M2 Pro'
+
+
+def short_forms(g)->set[str]:
+    "How people write `g`: without vendor words ('rtx 2080 ti'), without the series ('2080 ti'), run together ('rtx2080ti')."
+    w = _words(g.name)
+    spaced = ' '.join(w)
+    return {spaced, ' '.join(x for x in w if x not in {'gtx', 'rtx', 'rx', 'arc', 'tesla'}), re.sub(r'(?<=[a-z]) (?=\d)|(?<=\d) (?=[a-z])', '', spaced)}
+
+
+@pytest.mark.parametrize('g', gpu_catalogue(), ids=lambda g: g.name)
+def test_every_catalogue_entry_is_found_by_its_names(g):
+    for q in [g.name, smi_name(g), *short_forms(g)]:
+        assert lookup_gpu(q) == g, (q, lookup_gpu(q).name)
+
+
+def test_vendor_names_as_printed():
+    names = {g.name: smi_name(g) for g in gpu_catalogue()}
+    assert names['GeForce RTX 2080'] == 'NVIDIA GeForce RTX 2080' and names['GeForce GTX 1050 Ti'] == 'NVIDIA GeForce GTX 1050 Ti'
+    assert names['Radeon RX 6600'] == 'AMD Radeon RX 6600' and names['Intel Iris Xe Graphics'] == 'Intel(R) Iris(R) Xe Graphics'
+    assert names['Intel Arc A770'] == 'Intel(R) Arc(TM) A770 Graphics' and names['Apple M2 Pro'] == 'Apple M2 Pro'
+    assert names['GeForce RTX 3050 Laptop'] == 'NVIDIA GeForce RTX 3050 Laptop GPU' and names['Tesla T4'] == 'Tesla T4'
+
+
+@pytest.mark.parametrize('query,name', [('NVIDIA GeForce RTX 2080', 'GeForce RTX 2080'), ('2080', 'GeForce RTX 2080'),
+    ('rtx 2080', 'GeForce RTX 2080'), ('2080 ti', 'GeForce RTX 2080 Ti'), ('1050 ti', 'GeForce GTX 1050 Ti'), ('t4', 'Tesla T4'),
+    ('m2 pro', 'Apple M2 Pro'), ('iris xe', 'Intel Iris Xe Graphics'), ('a770', 'Intel Arc A770'), ('7900 xtx', 'Radeon RX 7900 XTX'),
+    ('RTX 5060 Ti', 'GeForce RTX 5060 Ti 16GB'), ('GTX 1060 3GB', 'GeForce GTX 1060 3GB')])
+def test_common_short_forms(query, name):
+    assert lookup_gpu(query).name == name
+
+
+@pytest.mark.parametrize('query,cards', [
+    ('GTX 1060', ('GeForce GTX 1060 3GB', 'GeForce GTX 1060 6GB')),              # the one name the catalogue has twice
+    ('NVIDIA GeForce GTX 1060', ('GeForce GTX 1060 3GB', 'GeForce GTX 1060 6GB')),
+    ('1060', ('GeForce GTX 1060 3GB', 'GeForce GTX 1060 6GB'))])
+def test_genuinely_ambiguous_names_say_which(query, cards):
+    with pytest.raises(UnknownGPUError, match='ambiguous') as e:
+        lookup_gpu(query)
+    assert e.value.ambiguous and e.value.closest == cards
+
+
+@pytest.mark.parametrize('query', ['RTX 2080 Super', 'RTX 4070 Super', 'RTX 3080 Ti', 'RX 6800', 'RTX 3060 8GB', 'Apple M2 Max'])
+def test_a_word_of_the_name_is_never_implied(query):
+    "A card the catalogue lacks is not its bigger sibling: an RTX 2080 Super is no RTX 2080, an RX 6800 no RX 6800 XT."
+    with pytest.raises(UnknownGPUError, match='not in the catalogue') as e:
+        lookup_gpu(query)
+    assert not e.value.ambiguous and e.value.closest
+
+
+def test_nvml_names_an_rtx_2080_as_itself():
+    hw = probe(nvml=FakeNVML([('NVIDIA GeForce RTX 2080', 8 * 2**30, (7, 5))]), **no_smi)
+    assert hw.gpus[0].catalogue == 'GeForce RTX 2080'
 
 
 def test_unknown_gpu_lists_closest():
