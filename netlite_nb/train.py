@@ -333,7 +333,7 @@ class TrainState:
     skipped:int=0                     # updates skipped for a non-finite loss or gradient (on_nonfinite='skip')
     rng_epoch:dict|None=None          # the random states at the start of the epoch: a resume rebuilds its shuffle from them
     gen_epoch:list|None=None          # ... and those of the loader's own generators
-    history:list=field(default_factory=list)  # a record every `log_every` steps and after each validation
+    history:list=field(default_factory=list)  # a record every `log_every` steps and after each validation (checkpoints: RUN_DIR/metrics.jsonl)
 
 _STATE = frozenset(f.name for f in fields(TrainState))
 
