@@ -4,15 +4,15 @@
 
 # %% ../nbs/06a_checkpoint.ipynb #k003
 from __future__ import annotations
-import os, random, shutil
+import errno, hashlib, itertools, json, os, random, re, shutil, warnings
 from pathlib import Path
 import numpy as np, torch, yaml
 from torch import nn
 import safetensors.torch as st
 
 # %% auto #0
-__all__ = ['CHECKPOINT_FORMAT', 'seed_everything', 'rng_state', 'set_rng_state', 'loader_generators', 'save_checkpoint',
-           'find_checkpoint', 'read_state', 'load_checkpoint', 'read_run_config']
+__all__ = ['CHECKPOINT_FORMAT', 'seed_everything', 'rng_state', 'set_rng_state', 'loader_generators', 'clean_leftovers',
+           'save_checkpoint', 'find_checkpoint', 'read_state', 'load_checkpoint', 'read_run_config']
 
 # %% ../nbs/06a_checkpoint.ipynb #k006
 def seed_everything(seed:int=0, # the seed for Python, NumPy and PyTorch (all devices)
@@ -71,10 +71,103 @@ def _replace_dir(tmp:Path, final:Path):
     old = final.with_name(f".{final.name}.old-{os.getpid()}"); shutil.rmtree(old, ignore_errors=True)
     os.replace(final, old); os.replace(tmp, final); shutil.rmtree(old, ignore_errors=True)
 
+# %% ../nbs/06a_checkpoint.ipynb #k021b
+_LEFTOVER = re.compile(r'^\.(?:step-\d+|latest|metrics\.jsonl)\.(?:tmp|old)-(\d+)$')
+
+def _pid_alive(pid:int)->bool:
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except OSError: return True  # it exists, but belongs to someone else
+    return True
+
+def clean_leftovers(run_dir, # a run directory
+                   )->list[Path]:
+    "Delete the temporary files and directories that killed or failed writes of processes no longer running left in `run_dir`."
+    gone = []
+    for p in Path(run_dir).glob('.*'):
+        m = _LEFTOVER.match(p.name)
+        if m is None or int(m[1]) == os.getpid() or _pid_alive(int(m[1])): continue
+        if p.is_dir(): shutil.rmtree(p, ignore_errors=True)
+        else: p.unlink(missing_ok=True)
+        gone.append(p)
+    return gone
+
+# %% ../nbs/06a_checkpoint.ipynb #k022b
+def _sha256(p:Path)->str:
+    h = hashlib.sha256()
+    with open(p, 'rb') as f:
+        for b in iter(lambda: f.read(1 << 20), b''): h.update(b)
+    return h.hexdigest()
+
+def _write_manifest(ck:Path, step:int, finite:bool):
+    files = {p.name: _sha256(p) for p in sorted(ck.iterdir()) if p.name != 'manifest.json'}
+    with open(ck / 'manifest.json', 'w') as f:
+        json.dump({'step': step, 'finite': finite, 'files': files}, f, indent=1); f.flush(); os.fsync(f.fileno())
+
+def _damage(ck:Path, weights_only:bool=False)->str|None:
+    "Why checkpoint `ck` cannot be trusted (a file that does not match its checksum), or None."
+    m = ck / 'manifest.json'
+    if not m.is_file(): return None  # written before checksums existed
+    try: files = json.loads(m.read_text())['files']
+    except (ValueError, KeyError, TypeError): return "its manifest.json is unreadable"
+    for name, digest in files.items():
+        if weights_only and name != 'model.safetensors': continue
+        if not (ck / name).is_file(): return f"{name} is missing"
+        if _sha256(ck / name) != digest: return f"{name} does not match its sha256 checksum in manifest.json (the file was changed or damaged)"
+    return None
+
+# %% ../nbs/06a_checkpoint.ipynb #k022d
+_LINES = {}  # metrics.jsonl path -> (its size, its lines) when last seen, so a save does not reread the file
+
+def _metrics_lines(p:Path)->int:
+    if not p.is_file(): return 0
+    size = p.stat().st_size
+    if _LINES.get(str(p), (None,))[0] != size:
+        with open(p, 'rb') as f: _LINES[str(p)] = (size, f.read().count(b'\n'))
+    return _LINES[str(p)][1]
+
+def _json_line(r:dict)->str: return json.dumps(r, default=lambda o: o.item() if hasattr(o, 'item') else str(o)) + '\n'
+
+def _write_metrics(run_dir:Path, history:list, keep:int|None=None):
+    "Make `run_dir/metrics.jsonl` hold `history`: append the records it lacks, or rewrite it when it holds more (a resumed run)."
+    p = run_dir / 'metrics.jsonl'
+    n = _metrics_lines(p)
+    if n > len(history): _write_text_atomic(p, ''.join(_json_line(r) for r in history))
+    elif n < len(history):
+        with open(p, 'a') as f: f.write(''.join(_json_line(r) for r in history[n:])); f.flush(); os.fsync(f.fileno())
+    _LINES.pop(str(p), None)
+
+def _read_metrics(run_dir:Path, n:int)->list:
+    "The first `n` records of `run_dir/metrics.jsonl` (fewer when the file was not copied with the checkpoint)."
+    p = run_dir / 'metrics.jsonl'
+    if not p.is_file(): return []
+    with open(p) as f: return [json.loads(l) for l in itertools.islice(f, n)]
+
+# %% ../nbs/06a_checkpoint.ipynb #k022f
+def _disk_full(e:BaseException)->bool:
+    return getattr(e, 'errno', None) == errno.ENOSPC or any(s in str(e) for s in ('No space left', 'unexpected pos', 'file write failed'))
+
+def _disk_full_error(e, final:Path)->OSError:
+    try: prev = f"The previous checkpoint {find_checkpoint(final.parent, verify=False)} is still valid."
+    except (OSError, ValueError): prev = "There is no earlier checkpoint."
+    return OSError(errno.ENOSPC, f"No space left on device while writing checkpoint {final}; free space or set keep_checkpoints lower. {prev}")
+
+def _finite(model:nn.Module)->bool:
+    return all(bool(torch.isfinite(t).all()) for t in model.state_dict().values() if torch.is_tensor(t) and t.is_floating_point())
+
 # %% ../nbs/06a_checkpoint.ipynb #k023
 CHECKPOINT_FORMAT = 1  # the layout of state.pt; raise it when the layout changes
 
 def _state_dict(o): return o.state_dict() if o is not None else None
+
+def _write_files(tmp:Path, state:dict, model:nn.Module, ema, step:int, finite:bool):
+    "The files of a checkpoint, written and flushed to disk in the directory `tmp`, with their manifest."
+    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
+    st.save_model(model, str(tmp / 'model.safetensors'), metadata={'step': str(step)})
+    if ema is not None: st.save_model(ema, str(tmp / 'ema.safetensors'))
+    with open(tmp / 'state.pt', 'wb') as f: torch.save(state, f); f.flush(); os.fsync(f.fileno())
+    for p in tmp.glob('*.safetensors'): _fsync_file(p)
+    _write_manifest(tmp, step, finite)
 
 def save_checkpoint(run_dir, # the run directory; the checkpoint becomes RUN_DIR/step-NNNNNNN
                     step:int, # the optimizer step the checkpoint holds
@@ -84,19 +177,28 @@ def save_checkpoint(run_dir, # the run directory; the checkpoint becomes RUN_DIR
                     extra:dict|None=None, # more plain tensors and numbers for state.pt (counters, history, ...)
                     rng:dict|None=None, # the random states to save; default `rng_state()` now
                     keep:int=2, # the newest checkpoints to keep in `run_dir` (the one written is always kept)
+                    history:list|None=None, # the run's records so far: metrics.jsonl gets them, state.pt only their count
                    )->Path:
     "Write checkpoint `step` of `model` (and its optimizer, scheduler, scaler, EMA) atomically into `run_dir`; returns its path."
     run_dir = Path(run_dir); run_dir.mkdir(parents=True, exist_ok=True)
+    clean_leftovers(run_dir)
     final = run_dir / f"step-{step:07d}"
     tmp = run_dir / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
     state = {'format': CHECKPOINT_FORMAT, 'step': step, **(extra or {}), 'optimizer': _state_dict(optimizer),
              'scheduler': _state_dict(scheduler), 'scaler': _state_dict(scaler), 'rng': rng if rng is not None else rng_state()}
-    st.save_model(model, str(tmp / 'model.safetensors'), metadata={'step': str(step)})
-    if ema is not None: st.save_model(ema, str(tmp / 'ema.safetensors'))
-    with open(tmp / 'state.pt', 'wb') as f: torch.save(state, f); f.flush(); os.fsync(f.fileno())
-    for p in tmp.glob('*.safetensors'): _fsync_file(p)
+    if history is not None: state['history_len'] = len(history)
+    finite = _finite(model)
+    try:
+        if history is not None: _write_metrics(run_dir, history)
+        _write_files(tmp, state, model, ema, step, finite)
+    except (OSError, RuntimeError) as e:
+        if not _disk_full(e): raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _disk_full_error(e, final) from e
     _replace_dir(tmp, final)
+    if not finite:  # a diverged model never becomes `latest` nor pushes a good checkpoint out
+        warnings.warn(f"Checkpoint {final} holds non-finite (nan/inf) weights: `latest` still names the last finite one, and none was deleted.")
+        return final
     _write_text_atomic(run_dir / 'latest', final.name)
     for p in sorted(run_dir.glob('step-*'))[:-keep or None]:
         if p != final: shutil.rmtree(p, ignore_errors=True)
@@ -108,24 +210,39 @@ def _is_checkpoint(p:Path, weights_only:bool=False)->bool:
 
 def find_checkpoint(path, # a checkpoint directory, or a run directory holding `latest` and step-* checkpoints
                     weights_only:bool=False, # accept a directory with model.safetensors but no state.pt (enough to export)
+                    verify:bool=True, # check the files against the checksums in the checkpoint's manifest.json
                    )->Path:
-    "The checkpoint directory `path` names: itself, or in a run directory the `latest` one (else the newest complete one)."
+    "The checkpoint directory `path` names: itself, or in a run directory the `latest` one (else the newest complete one), undamaged."
     p = Path(path)
     if not p.is_dir(): raise FileNotFoundError(f"No checkpoint at {p}: it is not a directory.")
-    if _is_checkpoint(p, weights_only): return p
-    latest = p / 'latest'
-    if latest.is_file() and _is_checkpoint(p / latest.read_text().strip(), weights_only): return p / latest.read_text().strip()
-    found = sorted(q for q in p.glob('step-*') if _is_checkpoint(q, weights_only))
-    if not found: raise FileNotFoundError(f"No checkpoint in {p}: no complete step-* directory (model.safetensors"
-                                          f"{'' if weights_only else ' and state.pt'}) and no `latest` naming one.")
-    return found[-1]
+    if _is_checkpoint(p, weights_only):
+        why = _damage(p, weights_only) if verify else None
+        if why: raise ValueError(f"The checkpoint {p} is damaged: {why}. Give its run directory ({p.parent}) instead, "
+                                 "and the newest undamaged checkpoint in it is used.")
+        return p
+    clean_leftovers(p)
+    found = sorted((q for q in p.glob('step-*') if _is_checkpoint(q, weights_only)), reverse=True)
+    latest = (p / 'latest').read_text().strip() if (p / 'latest').is_file() else None
+    found.sort(key=lambda q: q.name != latest)  # `latest` first, then newest first
+    for q in found:
+        why = _damage(q, weights_only) if verify else None
+        if why is None: return q
+        warnings.warn(f"The checkpoint {q} is damaged ({why}): using the one before it.")
+    if found: raise ValueError(f"No undamaged checkpoint in {p}: every step-* directory fails its checksum check (see the warnings).")
+    raise FileNotFoundError(f"No checkpoint in {p}: no complete step-* directory (model.safetensors"
+                            f"{'' if weights_only else ' and state.pt'}) and no `latest` naming one.")
 
 # %% ../nbs/06a_checkpoint.ipynb #k033
 def read_state(path, # a checkpoint or run directory (see `find_checkpoint`)
                mmap:bool=False, # memory-map the file: tensors are read only when used
               )->dict:
-    "The contents of the `state.pt` of the checkpoint `path` names: plain tensors and numbers, loaded without running code."
-    return torch.load(find_checkpoint(path) / 'state.pt', map_location='cpu', weights_only=True, mmap=mmap)
+    "The contents of the `state.pt` of the checkpoint `path` names (plain tensors and numbers, loaded without running code), with its history."
+    return _read_state(find_checkpoint(path), mmap)
+
+def _read_state(ck:Path, mmap:bool=False)->dict:
+    s = torch.load(ck / 'state.pt', map_location='cpu', weights_only=True, mmap=mmap)
+    if 'history_len' in s: s['history'] = _read_metrics(ck.parent, s['history_len'])
+    return s
 
 def load_checkpoint(path, # a checkpoint or run directory (see `find_checkpoint`)
                     model:nn.Module, optimizer=None, scheduler=None, scaler=None, ema:nn.Module|None=None,
@@ -134,7 +251,8 @@ def load_checkpoint(path, # a checkpoint or run directory (see `find_checkpoint`
                    )->tuple[Path, dict]:
     "Load a checkpoint into `model` (and the optimizer, scheduler, scaler and EMA given); returns its path and its state."
     ck = find_checkpoint(path)
-    s = read_state(ck)
+    s = _read_state(ck)
+    if 'history_len' in s: _write_metrics(ck.parent, s['history'])  # records after this checkpoint belong to a run now undone
     st.load_model(model, str(ck / 'model.safetensors'), device=str(device))
     if ema is not None and (ck / 'ema.safetensors').is_file(): st.load_model(ema, str(ck / 'ema.safetensors'), device=str(device))
     for o, k in ((optimizer, 'optimizer'), (scheduler, 'scheduler'), (scaler, 'scaler')):

@@ -25,7 +25,7 @@ from .checkpoint import (find_checkpoint, load_checkpoint, loader_generators, rn
 # %% auto #0
 __all__ = ['PrecisionPolicy', 'choose_precision', 'micro_batches', 'Callback', 'ProgressBar', 'TensorBoardLogger',
            'EarlyStopping', 'OOMReport', 'InjectOOM', 'SimulatedMemoryLimit', 'warmup_cosine', 'TrainOptions',
-           'TrainState', 'Trainer']
+           'TrainState', 'Trainer', 'NonFiniteError']
 
 # %% ../nbs/07_train.ipynb #c009
 @dataclass
@@ -275,6 +275,30 @@ class TrainOptions:
     tensorboard:bool=False             # log to TensorBoard when `tensorboard` is installed
     plan:bool=True                     # ask chapter 01's planner for `.plan` at the start of `fit`
     verbose:bool=True                  # print the run description, reports and notes
+    on_nonfinite:str='stop'            # a nan/inf loss or gradient: 'stop' the run, or 'skip' that update (fp16: the GradScaler decides)
+
+def _need(ok:bool, msg:str):
+    if not ok: raise ValueError(msg)
+
+def _positive_int(v)->bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
+
+def _check_options(o:TrainOptions)->TrainOptions:
+    "`o`, after checking every value is one the trainer can use; else a ValueError that says which and why."
+    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    _need(o.lr is None or (num(o.lr) and o.lr > 0), f"lr must be a positive number, not {o.lr!r}.")
+    _need(num(o.weight_decay) and o.weight_decay >= 0, f"weight_decay must be 0 or more, not {o.weight_decay!r}.")
+    for k in ('micro_batch', 'accum_steps', 'checkpoint_every'):
+        v = getattr(o, k)
+        _need(v is None or _positive_int(v), f"{k} must be a whole number of at least 1 (or None for the default), not {v!r}.")
+    for k in ('keep_checkpoints', 'min_micro_batch', 'log_every'):
+        _need(_positive_int(getattr(o, k)), f"{k} must be a whole number of at least 1, not {getattr(o, k)!r}.")
+    _need(o.clip_grad is None or (num(o.clip_grad) and o.clip_grad > 0),
+          f"clip_grad is the largest gradient norm allowed: a positive number, or None for no clipping, not {o.clip_grad!r}.")
+    _need(num(o.warmup) and o.warmup >= 0, f"warmup must be 0 or more (a fraction of the run below 1, else steps), not {o.warmup!r}.")
+    _need(num(o.min_lr_ratio) and 0 <= o.min_lr_ratio <= 1, f"min_lr_ratio must be between 0 and 1, not {o.min_lr_ratio!r}.")
+    _need(o.ema is None or (num(o.ema) and 0 < o.ema < 1), f"ema is a decay between 0 and 1 (e.g. 0.999), or None, not {o.ema!r}.")
+    _need(o.on_nonfinite in ('stop', 'skip'), f"on_nonfinite must be 'stop' or 'skip', not {o.on_nonfinite!r}.")
+    return o
 
 def _resolve_options(kw:dict, s)->TrainOptions:
     "The `TrainOptions` the keyword arguments `kw` set, with what they left open filled from strategy `s` (chapter 06), else the defaults."
@@ -283,7 +307,7 @@ def _resolve_options(kw:dict, s)->TrainOptions:
         if k not in names:
             near = difflib.get_close_matches(k, names, n=1)
             raise TypeError(f"Trainer has no option {k!r}{f' (did you mean {near[0]!r}?)' if near else ''}; its options are the fields of TrainOptions: {', '.join(names)}.")
-    o = TrainOptions(**kw)
+    o = _check_options(TrainOptions(**kw))
     return replace(o, lr=o.lr if o.lr is not None else (s.lr if s is not None and s.lr else 1e-3),
                    micro_batch=o.micro_batch or (s.micro_batch if s is not None else None),
                    accum_steps=o.accum_steps or (s.accum_steps if s is not None else None),
@@ -306,9 +330,10 @@ class TrainState:
     elapsed:float=0.0                 # seconds spent in `fit`, over all its calls
     run_start:int=0                   # the step the run being continued started at
     run_offset:int=0                  # optimizer steps of that run's first epoch done before it started
+    skipped:int=0                     # updates skipped for a non-finite loss or gradient (on_nonfinite='skip')
     rng_epoch:dict|None=None          # the random states at the start of the epoch: a resume rebuilds its shuffle from them
     gen_epoch:list|None=None          # ... and those of the loader's own generators
-    history:list=field(default_factory=list)  # a record every `log_every` steps and after each validation
+    history:list=field(default_factory=list)  # a record every `log_every` steps and after each validation (checkpoints: RUN_DIR/metrics.jsonl)
 
 _STATE = frozenset(f.name for f in fields(TrainState))
 
@@ -323,7 +348,9 @@ def _strategy(s, model=None):
     if s is None or not isinstance(s, str): return s
     return pick_strategy(probe(), model=model) if s == 'auto' else load_strategy(s)
 
-def _len(data)->int|None: return len(data) if hasattr(data, '__len__') else None
+def _len(data)->int|None:
+    try: return len(data)
+    except TypeError: return None  # no length (a generator, an iterable-style dataset)
 
 # %% ../nbs/07_train.ipynb #d012
 class Trainer:
@@ -361,6 +388,7 @@ class Trainer:
         self.last_metrics, self.oom_reports, self.stop, self.interrupted = {}, [], False, False
         self.eval_batch = None  # samples per evaluation forward pass; None: the loader's batch (halved after an OOM)
         self._ckpt, self._rng_window, self._in_update, self._stop_requested, self._running = None, None, False, False, False
+        self._step_skipped, self._rng_end = False, None
 
     def log(self, msg:str):
         "Print `msg` when verbose (the trainer's one voice)."
@@ -462,7 +490,7 @@ def resolved_config(self:Trainer)->dict:
         'device': str(self.device), 'precision': self.precision.name, 'precision_reason': self.precision.reason,
         'micro_batch': s.micro_batch, 'accum_steps': self.accum_steps, 'effective_batch': self.effective_batch, 'checkpointing': s.checkpointing,
         'optimizer': {'class': type(self.opt).__name__, **g}, 'loss_fn': type(self.loss_fn).__name__,
-        'lr_schedule': o.lr_schedule, 'warmup': o.warmup, 'min_lr_ratio': o.min_lr_ratio, 'total_steps': s.total_steps, 'clip_grad': o.clip_grad,
+        'lr_schedule': o.lr_schedule, 'warmup': o.warmup, 'min_lr_ratio': o.min_lr_ratio, 'total_steps': s.total_steps, 'clip_grad': o.clip_grad, 'on_nonfinite': o.on_nonfinite,
         'ema': o.ema, 'seed': o.seed, 'deterministic': o.deterministic, 'auto_recover_oom': o.auto_recover_oom, 'log_every': o.log_every,
         'versions': {'torch': torch.__version__, 'netlite_nb': __version__}})
 
@@ -537,6 +565,32 @@ def _plan_and_suggest(self:Trainer, micro_batch:int, suggest:bool=False)->tuple[
         except Exception as e: notes.append(f"no suggestions: {type(e).__name__}: {e}")
     return plan, sugg, notes
 
+# %% ../nbs/07_train.ipynb #e005b
+class NonFiniteError(FloatingPointError):
+    "A training step produced a nan or inf loss or gradient."
+
+@patch
+def _finite_step(self:Trainer, loss:torch.Tensor, norm:torch.Tensor|None)->bool:
+    "True when the step's loss (and gradient norm) are finite; else skip the update or stop the run, as `on_nonfinite` says."
+    finite_loss = math.isfinite(loss.item())  # .item() and math: 1 µs on the CPU, where torch.isfinite takes 12
+    if finite_loss and (norm is None or math.isfinite(norm.item())): return True
+    self._step_skipped = True
+    what = 'loss' if not finite_loss else 'gradient norm'
+    if self.opts.on_nonfinite == 'skip':
+        self.state.skipped += 1
+        self.log(f"optimizer step {self.step + 1}: the {what} is {(loss if what == 'loss' else norm).item()}; update skipped (on_nonfinite='skip')")
+        return False
+    raise NonFiniteError(self._nonfinite_message(what))
+
+@patch
+def _nonfinite_message(self:Trainer, what:str)->str:
+    try: good = f"The last good checkpoint is {find_checkpoint(self.run_dir)}: resume from it with a lower lr." if self.run_dir else "There is no checkpoint (no run_dir)."
+    except (OSError, ValueError): good = "There is no checkpoint yet."
+    return (f"The {what} became nan or inf at optimizer step {self.step + 1}, so the run stopped before that update; the weights are "
+            f"those of step {self.step}. Likely causes: a learning rate too high (lr {self.opts.lr:g}; try 10× lower, or clip_grad=1.0), "
+            f"fp16 overflow (try precision='bf16' or 'fp32'), or bad data (nan/inf inputs, labels out of range). {good} "
+            "To drop such steps instead, set on_nonfinite='skip'.")
+
 # %% ../nbs/07_train.ipynb #e001
 @patch
 def _compute_window(self:Trainer, batches:list)->tuple[torch.Tensor, int]:
@@ -552,12 +606,12 @@ def _compute_window(self:Trainer, batches:list)->tuple[torch.Tensor, int]:
         part = self.loss * w if w != 1 else self.loss
         total = part if total is None else total + part
         self._call('after_backward'); self._call('after_batch')
-    self._in_update = True
+    self._in_update, self._step_skipped, norm = True, False, None
     if self.opts.clip_grad:
         if scaled_loss: self.scaler.unscale_(self.opt)
-        nn.utils.clip_grad_norm_(self.model.parameters(), self.opts.clip_grad)
-    if scaled_loss: self.scaler.step(self.opt); self.scaler.update()
-    else: self.opt.step()
+        norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.opts.clip_grad)
+    if scaled_loss: self.scaler.step(self.opt); self.scaler.update()  # the GradScaler skips inf/nan steps itself
+    elif self._finite_step(total, norm): self.opt.step()
     self.opt.zero_grad(set_to_none=True)
     return total, sum(yb.shape[0] for _, yb in batches)
 
@@ -693,7 +747,9 @@ def validate(self:Trainer, data=None, # an iterable of (x, y) batches; default t
             if out.ndim == 2 and yb.ndim == 1 and not yb.is_floating_point(): correct += (out.argmax(1) == yb).sum().item()
             for name, f in (metrics or {}).items(): extra[name] += float(f(out, yb)) * k
     finally: model.train(was)
-    res = {'valid_loss': tot / max(n, 1)}
+    if n == 0: raise ValueError("The validation data gave no samples, so there is no validation loss to report: check that the "
+                                "validation set is not empty (a split of 0 samples, an empty folder), or train without one.")
+    res = {'valid_loss': tot / n}
     if correct or (n and out.ndim == 2 and not yb.is_floating_point()): res['accuracy'] = correct / n
     res.update({k: v / max(n, 1) for k, v in extra.items()})
     self.last_metrics = res
@@ -730,8 +786,8 @@ def save_checkpoint(self:Trainer, run_dir=None)->Path:
     if self.run_dir is None: self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix='netlite-run-'))
     cbs = {f"{i}:{type(c).__name__}": c.state_dict() for i, c in enumerate(self.callbacks) if hasattr(c, 'state_dict')}
     return save_checkpoint(run_dir or self.run_dir, self.step, self.model, self.opt, self.scheduler, self.scaler, self.ema,  # chapter 06a's
-                           extra={**vars(self.state), 'elapsed': self._elapsed_now(), 'callbacks': cbs},
-                           rng=self._rng_now(), keep=self.opts.keep_checkpoints)
+                           extra={**{k: v for k, v in vars(self.state).items() if k != 'history'}, 'elapsed': self._elapsed_now(), 'callbacks': cbs},
+                           rng=self._rng_now(), keep=self.opts.keep_checkpoints, history=self.history)
 
 # %% ../nbs/07_train.ipynb #g010
 @patch
@@ -784,6 +840,10 @@ def _initial_plan(self:Trainer):
 @patch
 def _setup_run(self:Trainer, epochs, steps, resume):
     "Sizes, the start (resumed or seeded), the last step, the schedule, the plan and config.yaml of the run `fit` begins."
+    for k, v in (('epochs', epochs), ('steps', steps)):
+        _need(v is None or _positive_int(v), f"fit's {k}= must be a whole number of at least 1, not {v!r}.")
+    _need(_len(self.train_data) != 0, "The training data is empty (0 batches): check the dataset's path or split, "
+          "and that the loader's batch_size is not larger than the dataset with drop_last=True.")
     self._resolve_sizes()
     s = self.state
     if resume is not None:
@@ -850,6 +910,7 @@ def fit(self:Trainer, epochs:int|None=None, # passes over the training data
     try:
         self._call('before_fit')
         with _GracefulInterrupt(self): self._fit_epochs()
+        self._rng_end = rng_state()
         if self.valid_data is not None and (not self.history or 'valid_loss' not in self.history[-1]): self.validate()
         if self.run_dir is not None: self.save_checkpoint()
     except KeyboardInterrupt:
@@ -867,16 +928,18 @@ def fit(self:Trainer, epochs:int|None=None, # passes over the training data
 def _epoch_iter(self:Trainer):
     "An iterator over this epoch's batches, rebuilt at the saved position when resuming mid-epoch."
     gens, s = loader_generators(self.train_data), self.state
-    if self._ckpt is not None and s.batch_in_epoch > 0:
+    if s.batch_in_epoch > 0 and s.rng_epoch is not None:  # a resumed run, or a second `fit` mid-epoch: the same order, continued
+        # the random stream goes on from the last step (the end of the last `fit` validated, which draws from it)
+        now = self._ckpt['rng'] if self._ckpt is not None else (self._rng_end or rng_state())
         set_rng_state(s.rng_epoch)
         for g, state in zip(gens, s.gen_epoch or []): g.set_state(state)
         it = iter(self.train_data)
         for _ in range(s.batch_in_epoch): next(it)
-        set_rng_state(self._ckpt['rng'])
+        set_rng_state(now)
     else:
         s.rng_epoch, s.gen_epoch = rng_state(), [g.get_state() for g in gens]
         it = iter(self.train_data)
-    self._ckpt = None
+    self._ckpt = self._rng_end = None
     return it
 
 # %% ../nbs/07_train.ipynb #g027
@@ -888,7 +951,8 @@ def _one_step(self:Trainer, batches:list):
     if self.ema is not None: self.ema.update_parameters(self.model)
     s = self.state
     s.step += 1; s.samples += n; s.batch_in_epoch += len(batches)
-    self._losses.append(loss); self._rng_window, self._in_update = None, False
+    if not self._step_skipped: self._losses.append(loss)  # a skipped step's nan stays out of the history
+    self._rng_window, self._in_update = None, False
     self._log_step()
     self._call('after_step')
     if self.opts.checkpoint_every and self.run_dir is not None and s.step % self.opts.checkpoint_every == 0: self.save_checkpoint()
@@ -907,7 +971,10 @@ def _fit_epochs(self:Trainer):
             # dropout draw from torch's generators, which are cheap to copy; Python's and NumPy's are not)
             self._rng_window = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if self.device.type == 'cuda' else None)
             batches = list(itertools.islice(it, s.window))
-            if not batches: exhausted = True; break
+            if not batches:
+                _need(s.batch_in_epoch > 0, f"The training data gave no batch in epoch {s.epoch}: an empty dataset, or an iterable "
+                      "that can be iterated only once (a generator). Give a DataLoader or a list of (x, y) batches.")
+                exhausted = True; break
             self._one_step(batches)
             if len(batches) < s.window or (n_batches is not None and s.batch_in_epoch >= n_batches): exhausted = True; break
         if exhausted:

@@ -1,0 +1,207 @@
+"Issue 17: faults a run must survive and bad inputs it must refuse with a sentence — empty data, divergence, damaged checkpoints, bad arguments, leftovers and a full disk, a second fit mid-epoch."
+import errno, json, math, os, subprocess, sys, warnings
+import pytest, torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+import safetensors.torch as st
+import netlite_nb.checkpoint as ckmod
+from netlite_nb.train import Trainer, Callback
+from netlite_nb.checkpoint import find_checkpoint, read_state, clean_leftovers
+from netlite_nb.fixtures import mlp
+from train_helpers import KW, loaders, losses
+
+EMPTY = DataLoader(TensorDataset(torch.zeros(0, 20), torch.zeros(0, dtype=torch.long)), batch_size=8)
+
+
+def fails(f, *words, exc=Exception):
+    with pytest.raises(exc) as e: f()
+    for w in words: assert w in str(e.value), str(e.value)
+    return e.value
+
+
+# 1. empty data
+def test_empty_training_set_is_refused_for_steps_and_epochs():
+    fails(lambda: Trainer(mlp(), EMPTY, **KW).fit(steps=5), 'training data is empty', exc=ValueError)
+    fails(lambda: Trainer(mlp(), EMPTY, **KW).fit(epochs=2), 'training data is empty', exc=ValueError)
+
+
+def test_a_one_shot_iterable_does_not_spin_forever():
+    tr, _ = loaders()
+    batches = iter(list(tr)[:3])  # a generator: one epoch of 3 batches, then nothing
+    fails(lambda: Trainer(mlp(), batches, **KW).fit(steps=10), 'gave no batch in epoch 1', exc=ValueError)
+
+
+def test_empty_validation_set_is_refused():
+    tr, _ = loaders()
+    fails(lambda: Trainer(mlp(), (tr, EMPTY), **KW).validate(), 'validation data gave no samples', exc=ValueError)
+
+
+# 2. divergence
+def diverging(run_dir=None, optimizer='sgd', **kw):
+    torch.manual_seed(0)
+    return Trainer(mlp(), loaders(), lr=1e6, lr_schedule=None, optimizer=optimizer, run_dir=run_dir, checkpoint_every=1, **KW, **kw)
+
+
+@pytest.mark.parametrize('optimizer,clip', [('sgd', None), ('adamw', None), ('sgd', 1.0)])
+def test_divergence_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, optimizer, clip):
+    t = diverging(tmp_path, optimizer, clip_grad=clip)
+    e = fails(lambda: t.fit(steps=40), 'at optimizer step', 'learning rate too high', 'fp16 overflow', 'bad data', exc=FloatingPointError)
+    assert t.step < 40 and f'optimizer step {t.step + 1}' in str(e)
+    good = find_checkpoint(tmp_path)
+    assert str(good) in str(e)
+    assert all(torch.isfinite(v).all() for v in st.load_file(good / 'model.safetensors').values())
+    assert all(torch.isfinite(p).all() for p in t.model.parameters())     # the bad update was never applied
+
+
+def test_nonfinite_checkpoint_never_rotates_out_a_good_one(tmp_path):
+    t = Trainer(mlp(), loaders(), run_dir=tmp_path, keep_checkpoints=1, **KW).fit(steps=2)
+    with torch.no_grad(): next(t.model.parameters()).fill_(float('nan'))
+    with pytest.warns(UserWarning, match='non-finite'): t.save_checkpoint()
+    t.state.step += 1
+    with pytest.warns(UserWarning, match='non-finite'): t.save_checkpoint()
+    assert find_checkpoint(tmp_path).name == 'step-0000002' and (tmp_path / 'step-0000002').is_dir()
+
+
+def test_on_nonfinite_skip_drops_the_bad_updates():
+    t = diverging(on_nonfinite='skip').fit(steps=30)
+    assert t.step == 30 and t.skipped > 0
+    assert all(math.isfinite(r['loss']) for r in t.history if 'loss' in r)
+    fails(lambda: Trainer(mlp(), loaders(), on_nonfinite='ignore', **KW), "on_nonfinite must be 'stop' or 'skip'", exc=ValueError)
+
+
+class NaNOnce(Callback):
+    "Make the loss of optimizer step `at` nan (bad data in one batch)."
+    def __init__(self, at): self.at = at
+    def before_batch(self, t):
+        if t.step + 1 == self.at: t.xb[0, 0] = float('nan')
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='fp16 with a GradScaler needs CUDA')
+def test_fp16_keeps_gradscaler_behaviour():
+    torch.manual_seed(0)
+    t = Trainer(mlp(), loaders(), precision='fp16', callbacks=[NaNOnce(3)], **{**KW, 'device': 'cuda'}).fit(steps=6)
+    assert t.step == 6 and t.skipped == 0
+
+
+def test_one_bad_batch_stops_fp32_and_is_skipped_with_skip():
+    torch.manual_seed(0)
+    fails(lambda: Trainer(mlp(), loaders(), callbacks=[NaNOnce(3)], **KW).fit(steps=6), 'optimizer step 3', exc=FloatingPointError)
+    torch.manual_seed(0)
+    t = Trainer(mlp(), loaders(), callbacks=[NaNOnce(3)], on_nonfinite='skip', log_every=1, **KW).fit(steps=6)
+    assert t.skipped == 1 and [s for s, _ in losses(t)] == [1, 2, 4, 5, 6]
+
+
+# 7. integrity
+@pytest.mark.parametrize('name', ['state.pt', 'model.safetensors'])
+def test_a_flipped_byte_is_caught_and_the_previous_checkpoint_used(tmp_path, name):
+    Trainer(mlp(), loaders(), run_dir=tmp_path, checkpoint_every=2, keep_checkpoints=3, **KW).fit(steps=4)
+    bad = tmp_path / 'step-0000004'
+    raw = bytearray((bad / name).read_bytes()); raw[len(raw) - 9] ^= 0x01; (bad / name).write_bytes(bytes(raw))
+    with pytest.warns(UserWarning, match=f'{name} does not match its sha256'):
+        assert find_checkpoint(tmp_path).name == 'step-0000002'
+    fails(lambda: find_checkpoint(bad), 'is damaged', name, exc=ValueError)
+    with pytest.warns(UserWarning, match='damaged'):
+        t = Trainer(mlp(), loaders(), run_dir=tmp_path, **KW).fit(steps=4, resume=tmp_path)
+    assert t.step == 4
+
+
+# 9. arguments
+@pytest.mark.parametrize('kw,words', [
+    (dict(clip_grad=-1), 'clip_grad is the largest gradient norm'), (dict(clip_grad=0), 'clip_grad'),
+    (dict(micro_batch=-4), 'micro_batch must be a whole number'), (dict(micro_batch=2.5), 'micro_batch'),
+    (dict(accum_steps=0), 'accum_steps must be a whole number'), (dict(lr=-1e-3), 'lr must be a positive'),
+    (dict(lr=float('nan')), 'lr must be'), (dict(ema=1.5), 'ema is a decay'), (dict(log_every=0), 'log_every'),
+    (dict(keep_checkpoints=0), 'keep_checkpoints'), (dict(checkpoint_every=-1), 'checkpoint_every'),
+    (dict(weight_decay=-0.1), 'weight_decay must be 0 or more'), (dict(warmup=-1), 'warmup'), (dict(min_lr_ratio=2), 'min_lr_ratio')])
+def test_bad_options_are_refused_with_a_sentence(kw, words):
+    fails(lambda: Trainer(mlp(), loaders(), **KW, **kw), words, exc=ValueError)
+
+
+@pytest.mark.parametrize('kw', [dict(steps=-3), dict(steps=0), dict(epochs=-1), dict(steps=2.5)])
+def test_bad_fit_arguments_are_refused(kw):
+    t = Trainer(mlp(), loaders(), **KW)
+    fails(lambda: t.fit(**kw), f"fit's {next(iter(kw))}= must be a whole number", exc=ValueError)
+    assert t.step == 0
+
+
+# 10. leftovers, disk full, history size
+def dead_pid():
+    return int(subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'], capture_output=True, text=True).stdout)
+
+
+def test_leftovers_of_dead_writers_are_cleaned_when_the_run_dir_is_used(tmp_path):
+    Trainer(mlp(), loaders(), run_dir=tmp_path, **KW).fit(steps=2)
+    pid = dead_pid()
+    for n in (f'.step-0000004.tmp-{pid}', f'.step-0000006.old-{pid}'): (tmp_path / n).mkdir(); (tmp_path / n / 'state.pt').write_bytes(b'x' * 1000)
+    (tmp_path / f'.latest.tmp-{pid}').write_text('step-0000004')
+    mine = tmp_path / f'.step-0000008.tmp-{os.getpid()}'; mine.mkdir()
+    assert find_checkpoint(tmp_path).name == 'step-0000002'
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith('.')) == [mine.name]   # a live writer's stays
+    assert clean_leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize('error', [RuntimeError('[enforce fail at inline_container.cc:672] . unexpected pos 128 vs 64'),
+                                   OSError(errno.ENOSPC, 'No space left on device')])
+def test_disk_full_during_a_save_is_a_sentence_and_the_previous_checkpoint_stays(tmp_path, monkeypatch, error):
+    t = Trainer(mlp(), loaders(), run_dir=tmp_path, log_every=1, **KW).fit(steps=2)
+    def full(*a, **k): raise error
+    monkeypatch.setattr(torch, 'save', full)
+    e = fails(lambda: t.fit(steps=2), 'No space left on device while writing checkpoint', 'free space or set keep_checkpoints lower',
+              'step-0000002 is still valid', exc=OSError)
+    assert e.errno == errno.ENOSPC
+    monkeypatch.undo()
+    assert not [p for p in tmp_path.iterdir() if '.tmp-' in p.name]   # the half-written checkpoint is gone: its space is back
+    r = Trainer(mlp(), loaders(), run_dir=tmp_path, log_every=1, **KW).fit(steps=2, resume=tmp_path)
+    assert r.step == 2 and len(losses(r)) == 2
+
+
+def test_state_pt_does_not_grow_with_the_history_and_resume_stays_exact(tmp_path):
+    def make(d, cbs=()):
+        torch.manual_seed(0)
+        return Trainer(mlp(dropout=0.2), loaders(), run_dir=tmp_path / d, callbacks=cbs, log_every=1, checkpoint_every=1,
+                       keep_checkpoints=100, **KW)
+    full = make('a').fit(epochs=2)
+    sizes = [(p / 'state.pt').stat().st_size for p in sorted((tmp_path / 'a').glob('step-*'))]
+    assert max(sizes) - min(sizes) < 2000, sizes        # a few counters change, the history does not ride along
+    lines = (tmp_path / 'a' / 'metrics.jsonl').read_text().splitlines()
+    assert [json.loads(l) for l in lines] == full.history
+    assert read_state(tmp_path / 'a')['history'] == full.history
+    class Stop(Callback):
+        def after_step(self, t):
+            if t.step == 7: raise KeyboardInterrupt
+    make('b', [Stop()]).fit(epochs=2)
+    res = make('b').fit(epochs=2, resume=tmp_path / 'b' / 'step-0000005')   # an older checkpoint: metrics.jsonl is cut back to it
+    assert losses(res) == losses(full) and [r['step'] for r in res.history] == [r['step'] for r in full.history]
+    assert [json.loads(l) for l in (tmp_path / 'b' / 'metrics.jsonl').read_text().splitlines()] == res.history
+
+
+# 11. a second fit
+class SeenIds(Callback):
+    def __init__(self): self.seen = []
+    def before_batch(self, t): self.seen += t.xb[:, 0].tolist()
+
+
+def test_second_fit_mid_epoch_continues_the_same_order():
+    def run(*fits):
+        torch.manual_seed(0); cb = SeenIds()
+        t = Trainer(mlp(), loaders(), callbacks=[cb], log_every=1, lr_schedule=None, **KW)  # one schedule for both
+        for kw in fits: t.fit(**kw)
+        return cb.seen, t
+    (split, t2), (whole, t1) = run(dict(steps=4), dict(steps=8)), run(dict(epochs=1))
+    assert len(set(split)) == 768 and split == whole
+    assert (t2.step, t2.epoch) == (t1.step, t1.epoch) == (12, 1)
+    assert losses(t2) == losses(t1)
+
+
+def test_steps_count_from_the_start_of_the_call_and_resume_finishes_the_cut_call(tmp_path):
+    t = Trainer(mlp(), loaders(), run_dir=tmp_path, **KW)
+    t.fit(steps=3); t.fit(steps=3)
+    assert t.step == 6                                   # live: 3 more
+    class Stop(Callback):
+        def after_step(self, t):
+            if t.step == 8: raise KeyboardInterrupt
+    t.callbacks.append(Stop()); t._hooks = __import__('netlite_nb.train', fromlist=['_hooks'])._hooks(t.callbacks)
+    t.fit(steps=5)
+    assert t.interrupted and t.step == 8
+    r = Trainer(mlp(), loaders(), run_dir=tmp_path, **KW).fit(steps=5, resume=tmp_path)
+    assert r.step == 11                                  # the cut call (6 -> 11) finished, not 5 more
