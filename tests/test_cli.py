@@ -1,4 +1,5 @@
 "The `netlite` command (chapter 11) in a subprocess: demo, train from a configuration, resume, sizing by the planner."
+from train_helpers import image_folder
 import os, subprocess, sys
 from pathlib import Path
 import yaml
@@ -179,20 +180,10 @@ def test_an_unknown_strategy_names_the_cli_lists_and_train_lists_them(tmp_path):
     assert rc == 2 and '--list-strategies' in err and err.count('\n') == 1
 
 
-def _image_folder(root, classes=4, per_class=48, size=12):   # ≥ 128 training images: INT8 calibration needs them
-    import numpy as np
-    from PIL import Image
-    rng = np.random.default_rng(0)
-    for c in range(classes):
-        (root / f"class{c}").mkdir(parents=True)
-        for i in range(per_class):
-            Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(root / f"class{c}" / f"{i}.png")
-
-
 def test_export_a_run_on_a_colour_image_folder_with_its_own_data(tmp_path):
     "`netlite export RUN` rebuilds a 3-channel, 4-class run from its config.yaml and verifies it on the run's own images."
     from netlite_nb.run import train_from_config
-    _image_folder(tmp_path / 'pets')
+    image_folder(tmp_path / 'pets')  # ≥ 128 training images: INT8 calibration needs them
     cfg = {'strategy': 'cpu', 'model': {'name': 'netlite_tiny'}, 'data': {'name': 'folder', 'root': str(tmp_path / 'pets'), 'batch_size': 8},
            'train': {'steps': 1, 'checkpoint_dir': None}}
     train_from_config(cfg, run_dir=tmp_path / 'run', progress=False, verbose=False)

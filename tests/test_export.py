@@ -1,4 +1,5 @@
 "Chapter 09 checks across chapters and processes: the INT8 targets on the MNIST sample, a torch-free runtime, bad input, the CLI."
+from train_helpers import image_folder
 import json, os, subprocess, sys, textwrap
 from pathlib import Path
 import numpy as np, onnx, onnxruntime as ort, pytest, torch, torch.nn as nn, yaml
@@ -330,19 +331,10 @@ def test_onnx_path_is_one_convention_inside_the_run(tmp_path):
     assert E.onnx_path(tmp_path/'run', 'mlp', 'fp16').name == 'mlp.fp16.onnx'
 
 
-def _image_folder(root, classes=4, per_class=6, size=12):
-    from PIL import Image
-    rng = np.random.default_rng(0)
-    for c in range(classes):
-        (root/f"class{c}").mkdir(parents=True)
-        for i in range(per_class):
-            Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(root/f"class{c}"/f"{i}.png")
-
-
 def test_a_chapter_10_run_on_colour_images_rebuilds_and_exports(tmp_path):
     "The config.yaml chapter 10's train_from_config writes (a 3-channel, 4-class image-folder run) is enough to rebuild and export."
     from netlite_nb.run import train_from_config
-    _image_folder(tmp_path/'pets')
+    image_folder(tmp_path/'pets', per_class=6)
     cfg = {'strategy': 'cpu', 'model': {'name': 'netlite_tiny'}, 'data': {'name': 'folder', 'root': str(tmp_path/'pets'), 'batch_size': 8},
            'train': {'steps': 1, 'checkpoint_dir': None}}
     t = train_from_config(cfg, run_dir=tmp_path/'run', progress=False, verbose=False)

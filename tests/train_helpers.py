@@ -1,4 +1,4 @@
-"Shared by the chapter 07 and 06a tests: small loaders, a loss trace, a real SIGINT, an optimizer that counts its steps."
+"Shared by the tests: small loaders, a loss trace, a real SIGINT, an optimizer that counts its steps, a folder of colour images."
 import os, signal
 import torch
 from torch.utils.data import DataLoader
@@ -31,3 +31,14 @@ class StepCounter(torch.optim.AdamW):
         gs = [p.grad for g in self.param_groups for p in g['params'] if p.grad is not None]
         self.norms.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in gs])).item())
         return super().step(closure)
+
+
+def image_folder(root, classes=4, per_class=48, size=12):
+    "`classes` folders of `per_class` random colour PNGs (size×size) under `root`, as chapter 04's image_folder reads them."
+    import numpy as np
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        (root / f"class{c}").mkdir(parents=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(root / f"class{c}" / f"{i}.png")
