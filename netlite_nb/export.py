@@ -364,7 +364,8 @@ def _compare(model, sessions:dict, x_sample, valid, max_batches:int=40)->tuple[d
         if y is not None: n_lab += len(x); y = y.cpu().numpy(); correct['pytorch'] += int((ref.argmax(1) == y).sum())
         for k, s in sessions.items():
             out = run_onnx(s, x)
-            diff[k] = max(diff[k], float(np.abs(out - ref).max()))
+            d = float(np.abs(out - ref).max())
+            diff[k] = max(diff[k], d if np.isfinite(d) else float('inf'))  # NaN would lose every max() and pass as 0
             agree[k] += float((out.argmax(1) == ref.argmax(1)).reshape(len(x), -1).mean(1).sum())  # per input, also for per-pixel outputs
             if y is not None: correct[k] += int((out.argmax(1) == y).sum())
     acc = {k: 100 * v / n_lab for k, v in correct.items()} if n_lab else {}
@@ -513,8 +514,9 @@ def _check_parity(r:ExportReport):
     "Raise `ExportError` when a file misses its tolerance."
     if r.ok: return
     bad = ', '.join(f"{p}: {r.max_abs_diff[p]:.2e} > {t:.1e}" for p, t in r.tolerance.items() if t is not None and r.max_abs_diff[p] > t)
-    raise ExportError(f"The exported file does not compute what PyTorch computes ({bad}). Is there randomness or a "
-                      f"Python branch on tensor values in forward?\n{r}")
+    why = ("NaN or inf in the outputs: check the model's weights and the sample (a model trained to NaN exports NaN)"
+           if float('inf') in r.max_abs_diff.values() else "Is there randomness or a Python branch on tensor values in forward?")
+    raise ExportError(f"The exported file does not compute what PyTorch computes ({bad}). {why}\n{r}")
 
 # %% ../nbs/09_export.ipynb #c035
 def export_onnx(model:nn.Module,              # the trained model; it is not modified

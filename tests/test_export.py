@@ -350,3 +350,10 @@ def test_a_chapter_10_run_on_colour_images_rebuilds_and_exports(tmp_path):
                     calibration=[(torch.rand(32, 3, 32, 32), 0)] * 4, measure_speed=False)
     assert r.path == tmp_path/'run'/'onnx'/'netlite_tiny.int8.onnx' and r.fp32_path.name == 'netlite_tiny.fp32.onnx'
     assert r.max_abs_diff['fp32'] <= 1e-4 and r.input_shape == ('batch', 3, 32, 32)
+
+
+def test_parity_check_refuses_nan_outputs(tmp_path):
+    "A model whose weights went NaN exports a file of NaN: the parity check must fail, not report max_abs_diff 0.0 (issue 17)."
+    m = nn.Sequential(nn.Flatten(), nn.Linear(784, 10)).eval()
+    with torch.no_grad(): m[1].weight[0, 0] = float('nan')
+    with pytest.raises(E.ExportError, match='NaN or inf'): E.export_onnx(m, torch.randn(8, 1, 28, 28), tmp_path / 'nan.onnx')
