@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib, copy, html, math, time
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Callable
 import torch, torch.nn as nn, torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 from fastcore.basics import patch

@@ -183,7 +183,7 @@ def _draw_memory(ax, mem:Downsampled|None, total=None, plan_peak=None, events=()
             _line(ax, label, x, y / _GB, style, lw=1.2)
             top = max(top, np.nanmax(y))
     if plan_peak:  # `plan_base`: what the process held before training (RSS counts the interpreter, PyTorch, the data...)
-        label = f'plan: peak {fmt_bytes(plan_peak)}' + (f' above the start' if plan_base else '')
+        label = f'plan: peak {fmt_bytes(plan_peak)}' + (' above the start' if plan_base else '')
         _hline(ax, 'plan', (plan_base + plan_peak) / _GB, label, color='tab:orange', ls='-.', lw=1.2)
         top = max(top, plan_base + plan_peak)
     # The CPU's total is the machine's RAM: drawn, it would flatten the curves; then the title says it.

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import copy, dataclasses, difflib, html, math, os, re
 from dataclasses import dataclass, field, fields, asdict
-from functools import lru_cache, partial
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 import torch, yaml
