@@ -4,28 +4,28 @@
 
 # %% ../nbs/07_train.ipynb #c003
 from __future__ import annotations
-import contextlib, difflib, itertools, math, signal, sys, tempfile, threading, time, traceback
+import contextlib, copy, difflib, io, itertools, math, signal, sys, tempfile, threading, time, traceback
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 import numpy as np, torch
 from torch import nn
-from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR
+from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, LRScheduler, OneCycleLR, SequentialLR
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from fastcore.basics import patch
 from . import __version__
 from .probe import (LOW_PRECISION, MemoryReading, bf16_is_native, device_memory, fmt_bytes, fp16_is_fast, free_memory,
-                              in_notebook, is_oom, probe, rows_html, rows_text)
+                              frontend, in_notebook, is_oom, probe, rows_html, rows_text)
 from .budget import fit_to_budget, make_optimizer, plan_memory, resize_batch
 from .layers import CheckpointedSequential, memory_transform
 import netlite_nb.optim  # registers 'adamw8bit' with `make_optimizer`
 from .strategies import apply_allocator_settings, load_strategy, pick_strategy, save_config
 from .checkpoint import (find_checkpoint, load_checkpoint, loader_generators, rng_state, save_checkpoint, seed_everything,
-                                   set_rng_state)
+                                   set_rng_state, read_run_config, _write_metrics)
 
 # %% auto #0
 __all__ = ['PrecisionPolicy', 'choose_precision', 'micro_batches', 'Callback', 'ProgressBar', 'TensorBoardLogger',
-           'EarlyStopping', 'OOMReport', 'InjectOOM', 'SimulatedMemoryLimit', 'warmup_cosine', 'TrainOptions',
-           'TrainState', 'Trainer', 'NonFiniteError']
+           'EarlyStopping', 'OOMReport', 'InjectOOM', 'SimulatedMemoryLimit', 'warmup_cosine', 'one_cycle',
+           'TrainOptions', 'TrainState', 'Trainer', 'NonFiniteError', 'suggest_lr', 'LRFinder']
 
 # %% ../nbs/07_train.ipynb #c009
 @dataclass
@@ -153,24 +153,38 @@ class TensorBoardLogger(Callback):
 
 # %% ../nbs/07_train.ipynb #c038
 class EarlyStopping(Callback):
-    "Stop when `monitor` has not improved by `min_delta` for `patience` validations."
+    "Stop when `monitor` has not improved by `min_delta` for `patience` validations; `restore_best` ends on the best weights."
     order = 50
-    def __init__(self, monitor='valid_loss', patience:int=3, min_delta:float=0.0, mode:str='auto'):
-        self.monitor, self.patience, self.min_delta = monitor, patience, min_delta
+    def __init__(self, monitor='valid_loss', patience:int=3, min_delta:float=0.0, mode:str='auto',
+                 restore_best:bool=False, # at the end of `fit`, put back the weights of the best validation (kept on the CPU)
+                ):
+        self.monitor, self.patience, self.min_delta, self.restore_best = monitor, patience, min_delta, restore_best
         self.mode = mode if mode != 'auto' else ('min' if 'loss' in monitor else 'max')
-        self.best, self.wait = None, 0
+        self.best, self.wait, self.best_weights = None, 0, None
     def after_validate(self, t):
         v = t.last_metrics.get(self.monitor)
         if v is None: return
         better = self.best is None or (v < self.best - self.min_delta if self.mode == 'min' else v > self.best + self.min_delta)
-        if better: self.best, self.wait = v, 0
+        if better:
+            self.best, self.wait = v, 0
+            if self.restore_best: self.best_weights = (t.step, _cpu_copy(t.model), _cpu_copy(t.ema) if t.ema is not None else None)
         else:
             self.wait += 1
             if self.wait >= self.patience:
                 t.stop = True
                 t.log(f"early stopping: {self.monitor} has not improved for {self.patience} validations (best {self.best:.4f})")
+    def after_fit(self, t):
+        if not (self.restore_best and self.best_weights and self.wait): return  # the last validation was the best: nothing to undo
+        step, weights, ema = self.best_weights
+        t.model.load_state_dict(weights)
+        if ema is not None: t.ema.load_state_dict(ema)
+        t.log(f"restored the weights of step {step}, the best {self.monitor} ({self.best:.4f}), from {self.wait} validations ago")
     def state_dict(self): return {'best': self.best, 'wait': self.wait}
     def load_state_dict(self, d): self.best, self.wait = d['best'], d['wait']
+
+def _cpu_copy(m:nn.Module)->dict:
+    "A copy of `m`'s weights and buffers on the CPU (off the card, whose memory the run needs)."
+    return {k: v.detach().to('cpu', copy=True) for k, v in m.state_dict().items()}
 
 # %% ../nbs/07_train.ipynb #c042
 @dataclass
@@ -251,16 +265,40 @@ def warmup_cosine(opt:torch.optim.Optimizer, total_steps:int, warmup_steps:int=0
     warm = LinearLR(opt, start_factor=1 / (warmup_steps + 1), end_factor=1.0, total_iters=warmup_steps)
     return SequentialLR(opt, [warm, cos], milestones=[warmup_steps])
 
+# %% ../nbs/07_train.ipynb #sch02
+def one_cycle(opt:torch.optim.Optimizer, total_steps:int, warmup_steps:int|None=None, # rising steps; default a quarter of the run
+             )->OneCycleLR:
+    "torch's `OneCycleLR` up to each group's lr: rising for `warmup_steps`, then cosine annealing; momentum cycles where the optimizer has one."
+    up = max(int(total_steps * 0.25 if warmup_steps is None else warmup_steps), 2)
+    total = max(int(total_steps) + 1, up + 3)  # + 1: after `total_steps` steps it is at its lowest (torch's curve turns up after)
+    moment = 'betas' in opt.defaults or opt.defaults.get('momentum', 0) > 0  # never switch on a momentum the optimizer was built without
+    # torch's rising phase ends at step pct_start × total - 1: the peak is then reached after `up` steps, as in `warmup_cosine`
+    return OneCycleLR(opt, max_lr=[g['lr'] for g in opt.param_groups], total_steps=total, pct_start=(up + 1) / total, cycle_momentum=moment)
+
+def _build_schedule(opt, sch, steps:int, warmup:int, min_lr_ratio:float):
+    "The scheduler `lr_schedule` asks for, for a run of `steps` optimizer steps of which `warmup` rise."
+    if callable(sch):
+        r = sch(opt, steps)
+        _need(isinstance(r, LRScheduler), f"lr_schedule's callable must return a torch lr_scheduler built on the optimizer it was given, not {r!r}.")
+        return r
+    if sch == 'cosine': return warmup_cosine(opt, steps, warmup, min_lr_ratio)
+    if sch == 'onecycle': return one_cycle(opt, steps, warmup or None)
+    return LinearLR(opt, start_factor=1 / (warmup + 1), end_factor=1.0, total_iters=warmup) if warmup > 0 else None
+
+def _need(ok:bool, msg:str):
+    if not ok: raise ValueError(msg)
+
 # %% ../nbs/07_train.ipynb #d001
 @dataclass
 class TrainOptions:
     "How a `Trainer` trains: set at construction, read by `fit`, never changed by it."
-    lr:float|None=None                 # peak learning rate; default the strategy's, else 1e-3
+    lr:float|str|None=None             # peak learning rate, or 'auto' to run `lr_find` first; default the strategy's, else 1e-3
     weight_decay:float=0.01
     micro_batch:int|None=None          # most samples per forward pass; default the strategy's, else the loader batch
     accum_steps:int|None=None          # micro-batches per optimizer step; effective batch = micro_batch × accum_steps
     clip_grad:float|None=None          # max gradient norm (after unscaling)
-    lr_schedule:str|None='cosine'      # 'cosine' (warmup + cosine), 'constant' (warmup, then constant) or None
+    lr_schedule:object='cosine'        # 'cosine' (warmup + cosine), 'onecycle', 'constant' (after warmup), None, a torch
+                                       # lr_scheduler built on `trainer.opt`, or a callable (optimizer, total_steps) -> one
     warmup:float=0.05                  # warmup length: a fraction of the run (<1) or a number of steps
     min_lr_ratio:float=0.0             # where the cosine ends, as a fraction of `lr`
     ema:float|None=None                # EMA decay of the weights (e.g. 0.999); validation and predict then use the EMA model
@@ -276,16 +314,16 @@ class TrainOptions:
     plan:bool=True                     # ask chapter 01's planner for `.plan` at the start of `fit`
     verbose:bool=True                  # print the run description, reports and notes
     on_nonfinite:str='stop'            # a nan/inf loss or gradient: 'stop' the run, or 'skip' that update (fp16: the GradScaler decides)
-
-def _need(ok:bool, msg:str):
-    if not ok: raise ValueError(msg)
+    metrics:object=None                # more validation metrics: functions fn(output, target) -> mean, or a dict name -> fn
+    monitor:str='valid_loss'           # the validation value that decides the best checkpoint (RUN_DIR/best); lower is better for losses
+    keep_best:bool=True                # keep the best checkpoint by `monitor` beside the latest (with a `run_dir`)
 
 def _positive_int(v)->bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
 
 def _check_options(o:TrainOptions)->TrainOptions:
     "`o`, after checking every value is one the trainer can use; else a ValueError that says which and why."
     num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    _need(o.lr is None or (num(o.lr) and o.lr > 0), f"lr must be a positive number, not {o.lr!r}.")
+    _need(o.lr is None or o.lr == 'auto' or (num(o.lr) and o.lr > 0), f"lr must be a positive number or 'auto', not {o.lr!r}.")
     _need(num(o.weight_decay) and o.weight_decay >= 0, f"weight_decay must be 0 or more, not {o.weight_decay!r}.")
     for k in ('micro_batch', 'accum_steps', 'checkpoint_every'):
         v = getattr(o, k)
@@ -298,7 +336,16 @@ def _check_options(o:TrainOptions)->TrainOptions:
     _need(num(o.min_lr_ratio) and 0 <= o.min_lr_ratio <= 1, f"min_lr_ratio must be between 0 and 1, not {o.min_lr_ratio!r}.")
     _need(o.ema is None or (num(o.ema) and 0 < o.ema < 1), f"ema is a decay between 0 and 1 (e.g. 0.999), or None, not {o.ema!r}.")
     _need(o.on_nonfinite in ('stop', 'skip'), f"on_nonfinite must be 'stop' or 'skip', not {o.on_nonfinite!r}.")
+    _metric_fns(o.metrics)
     return o
+
+def _metric_fns(metrics)->dict:
+    "The metrics option as a dict name -> fn(output, target) -> mean value."
+    if metrics is None or isinstance(metrics, dict): return dict(metrics or {})
+    fs = [metrics] if callable(metrics) else list(metrics)
+    for f in fs: _need(callable(f) and getattr(f, '__name__', '<lambda>') != '<lambda>',
+                       f"metrics takes named functions fn(output, target) -> mean value, or a dict name -> fn (for a lambda), not {f!r}.")
+    return {f.__name__: f for f in fs}
 
 def _resolve_options(kw:dict, s)->TrainOptions:
     "The `TrainOptions` the keyword arguments `kw` set, with what they left open filled from strategy `s` (chapter 06), else the defaults."
@@ -333,6 +380,7 @@ class TrainState:
     skipped:int=0                     # updates skipped for a non-finite loss or gradient (on_nonfinite='skip')
     rng_epoch:dict|None=None          # the random states at the start of the epoch: a resume rebuilds its shuffle from them
     gen_epoch:list|None=None          # ... and those of the loader's own generators
+    best:dict|None=None               # the best validation so far by `monitor`: {'step': ..., monitor: value}
     history:list=field(default_factory=list)  # a record every `log_every` steps and after each validation (checkpoints: RUN_DIR/metrics.jsonl)
 
 _STATE = frozenset(f.name for f in fields(TrainState))
@@ -377,7 +425,8 @@ class Trainer:
         self.notes, self.checkpointed, self._transforms, self._stats, self._sample = [], [], [], None, None
         self.model = self._place_model(model)
         self.opt_spec = optimizer if optimizer is not None else (s.optimizer if s is not None else 'adamw')
-        self.opt = make_optimizer(self.opt_spec, self.model.parameters(), lr=self.opts.lr, weight_decay=self.opts.weight_decay)
+        lr = self.opts.lr if self.opts.lr != 'auto' else (s.lr if s is not None and s.lr else 1e-3)  # until `lr_find` has run
+        self.opt = make_optimizer(self.opt_spec, self.model.parameters(), lr=lr, weight_decay=self.opts.weight_decay)
         self._base_lrs, self.scaler, self.scheduler = [g['lr'] for g in self.opt.param_groups], self.precision.scaler(), None
         ema = self.opts.ema
         self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(ema), use_buffers=True) if ema else None
@@ -388,7 +437,7 @@ class Trainer:
         self.last_metrics, self.oom_reports, self.stop, self.interrupted = {}, [], False, False
         self.eval_batch = None  # samples per evaluation forward pass; None: the loader's batch (halved after an OOM)
         self._ckpt, self._rng_window, self._in_update, self._stop_requested, self._running = None, None, False, False, False
-        self._step_skipped, self._rng_end = False, None
+        self._step_skipped, self._rng_end, self.lr_found, self._lr_record = False, None, None, None
 
     def log(self, msg:str):
         "Print `msg` when verbose (the trainer's one voice)."
@@ -490,6 +539,7 @@ def resolved_config(self:Trainer)->dict:
         'device': str(self.device), 'precision': self.precision.name, 'precision_reason': self.precision.reason,
         'micro_batch': s.micro_batch, 'accum_steps': self.accum_steps, 'effective_batch': self.effective_batch, 'checkpointing': s.checkpointing,
         'optimizer': {'class': type(self.opt).__name__, **g}, 'loss_fn': type(self.loss_fn).__name__,
+        'lr_find': self._lr_record, 'metrics': list(_metric_fns(o.metrics)),
         'lr_schedule': o.lr_schedule, 'warmup': o.warmup, 'min_lr_ratio': o.min_lr_ratio, 'total_steps': s.total_steps, 'clip_grad': o.clip_grad, 'on_nonfinite': o.on_nonfinite,
         'ema': o.ema, 'seed': o.seed, 'deterministic': o.deterministic, 'auto_recover_oom': o.auto_recover_oom, 'log_every': o.log_every,
         'versions': {'torch': torch.__version__, 'netlite_nb': __version__}})
@@ -587,7 +637,7 @@ def _nonfinite_message(self:Trainer, what:str)->str:
     try: good = f"The last good checkpoint is {find_checkpoint(self.run_dir)}: resume from it with a lower lr." if self.run_dir else "There is no checkpoint (no run_dir)."
     except (OSError, ValueError): good = "There is no checkpoint yet."
     return (f"The {what} became nan or inf at optimizer step {self.step + 1}, so the run stopped before that update; the weights are "
-            f"those of step {self.step}. Likely causes: a learning rate too high (lr {self.opts.lr:g}; try 10× lower, or clip_grad=1.0), "
+            f"those of step {self.step}. Likely causes: a learning rate too high (lr {self._base_lrs[0]:g}; try 10× lower, or clip_grad=1.0), "
             f"fp16 overflow (try precision='bf16' or 'fp32'), or bad data (nan/inf inputs, labels out of range). {good} "
             "To drop such steps instead, set on_nonfinite='skip'.")
 
@@ -698,6 +748,8 @@ def _record(self:Trainer, **kw)->dict:
     m = device_memory(self.device)
     r = {'step': self.step, 'epoch': self.epoch, 'time': self._elapsed_now(), 'samples': self.samples, 'mem': m.current, 'mem_peak': m.peak, **kw}
     self.state.history.append(r)
+    if self.run_dir is not None:  # RUN_DIR/metrics.jsonl as the run goes: another process can follow it while the run lasts
+        self.run_dir.mkdir(parents=True, exist_ok=True); _write_metrics(self.run_dir, self.state.history)
     return r
 
 @patch
@@ -733,11 +785,11 @@ def validate(self:Trainer, data=None, # an iterable of (x, y) batches; default t
              metrics:dict|None=None, # extra name -> fn(output, target) -> mean value
             )->dict:
     "Loss (and accuracy, for class targets) on the validation data; appends a record to `history`."
-    data = data if data is not None else self.valid_data
+    own, data = data is None, data if data is not None else self.valid_data
     if data is None: raise ValueError("No validation data: pass `data=` or give the Trainer a (train, valid) pair.")
-    model = self.eval_model
+    model, metrics = self.eval_model, {**_metric_fns(self.opts.metrics), **(metrics or {})}
     was = model.training; model.eval()
-    tot, n, correct, extra = 0.0, 0, 0, {k: 0.0 for k in (metrics or {})}
+    tot, n, correct, extra = 0.0, 0, 0, {k: 0.0 for k in metrics}
     try:
         for xb, yb in data:
             xb, yb = _to(xb, self.device), _to(yb, self.device)
@@ -745,7 +797,7 @@ def validate(self:Trainer, data=None, # an iterable of (x, y) batches; default t
             k = len(yb)
             tot += self.loss_fn(out, yb).item() * k; n += k
             if out.ndim == 2 and yb.ndim == 1 and not yb.is_floating_point(): correct += (out.argmax(1) == yb).sum().item()
-            for name, f in (metrics or {}).items(): extra[name] += float(f(out, yb)) * k
+            for name, f in metrics.items(): extra[name] += float(f(out, yb)) * k
     finally: model.train(was)
     if n == 0: raise ValueError("The validation data gave no samples, so there is no validation loss to report: check that the "
                                 "validation set is not empty (a split of 0 samples, an empty folder), or train without one.")
@@ -754,8 +806,20 @@ def validate(self:Trainer, data=None, # an iterable of (x, y) batches; default t
     res.update({k: v / max(n, 1) for k, v in extra.items()})
     self.last_metrics = res
     self._record(**res)
+    if own: self._keep_best(res)
     self._call('after_validate')
     return res
+
+# %% ../nbs/07_train.ipynb #g004b
+@patch
+def _keep_best(self:Trainer, res:dict):
+    "After a validation: when `res` is the best so far by `monitor`, note it in the state and save RUN_DIR/best beside the latest."
+    o, v = self.opts, res.get(self.opts.monitor)
+    if v is None: return
+    b = self.state.best
+    if b is not None and not (v < b[o.monitor] if 'loss' in o.monitor else v > b[o.monitor]): return
+    self.state.best = {'step': self.step, o.monitor: v}
+    if o.keep_best and self.run_dir is not None: self.save_checkpoint(self.run_dir / 'best', keep=1, history=False)
 
 # %% ../nbs/07_train.ipynb #g005
 @patch
@@ -781,13 +845,16 @@ def _rng_now(self:Trainer)->dict:
     return s
 
 @patch
-def save_checkpoint(self:Trainer, run_dir=None)->Path:
+def save_checkpoint(self:Trainer, run_dir=None,
+                    keep:int|None=None, # newest checkpoints kept there; default `keep_checkpoints`
+                    history:bool=True, # write metrics.jsonl beside it (the best checkpoint's directory has none)
+                   )->Path:
     "Write a checkpoint of the current optimizer step into `run_dir` (default the trainer's, else a new temporary one); returns its path."
     if self.run_dir is None: self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix='netlite-run-'))
     cbs = {f"{i}:{type(c).__name__}": c.state_dict() for i, c in enumerate(self.callbacks) if hasattr(c, 'state_dict')}
     return save_checkpoint(run_dir or self.run_dir, self.step, self.model, self.opt, self.scheduler, self.scaler, self.ema,  # chapter 06a's
                            extra={**{k: v for k, v in vars(self.state).items() if k != 'history'}, 'elapsed': self._elapsed_now(), 'callbacks': cbs},
-                           rng=self._rng_now(), keep=self.opts.keep_checkpoints, history=self.history)
+                           rng=self._rng_now(), keep=keep or self.opts.keep_checkpoints, history=self.history if history else None)
 
 # %% ../nbs/07_train.ipynb #g010
 @patch
@@ -795,7 +862,7 @@ def load_checkpoint(self:Trainer, path)->Path:
     "Restore weights, optimizer, scaler, EMA, run state, callbacks and random states from a checkpoint (or run directory)."
     ck, s = load_checkpoint(path, self.model, self.opt, scaler=self.scaler, ema=self.ema, device=self.device)  # chapter 06a's
     on = self.state.checkpointing
-    self.state = TrainState(**{k: s[k] for k in _STATE})
+    self.state = TrainState(**{k: s[k] for k in _STATE if k in s})  # a field added since the checkpoint was written keeps its default
     self.state.checkpointing = on  # what the model has now; the checkpoint's is switched on below
     if s['checkpointing'] is not None and not self.enable_checkpointing(s['checkpointing']):
         self.notes.append(f"the checkpoint was trained with activation checkpointing, which cannot be switched on here: {self._why_no_checkpointing()}")
@@ -811,17 +878,24 @@ def _steps_per_epoch(self:Trainer)->int|None:
     n = _len(self.train_data)
     return None if n is None else math.ceil(n / self.window)
 
+def _schedule_words(sch)->str:
+    if isinstance(sch, str) or sch is None: return {'cosine': ', warmup+cosine', 'constant': ', warmup then constant', 'onecycle': ', one-cycle'}.get(sch, '')
+    return f", schedule {type(sch).__name__ if isinstance(sch, LRScheduler) else getattr(sch, '__name__', repr(sch))}"
+
 @patch
 def _make_scheduler(self:Trainer, steps:int):
     "The learning-rate schedule for a run of `steps` optimizer steps; a resumed run's comes back from its checkpoint."
-    o, self.scheduler = self.opts, None
-    if o.lr_schedule not in ('cosine', 'constant', None):
-        raise ValueError(f"lr_schedule must be 'cosine', 'constant' (after warmup) or None, not {o.lr_schedule!r}.")
-    if o.lr_schedule is None: return
-    for g, lr in zip(self.opt.param_groups, self._base_lrs): g['lr'] = lr; g.pop('initial_lr', None)
-    w = int(o.warmup if o.warmup >= 1 else o.warmup * steps)
-    if o.lr_schedule == 'cosine': self.scheduler = warmup_cosine(self.opt, steps, w, o.min_lr_ratio)
-    elif w > 0: self.scheduler = LinearLR(self.opt, start_factor=1 / (w + 1), end_factor=1.0, total_iters=w)
+    o, self.scheduler, sch = self.opts, None, self.opts.lr_schedule
+    if isinstance(sch, LRScheduler):
+        _need(sch.optimizer is self.opt, "lr_schedule is a scheduler built on another optimizer: build it on `trainer.opt`, "
+              "or give a callable (optimizer, total_steps) -> scheduler and the trainer builds it.")
+        self.scheduler = sch
+    elif not (sch in ('cosine', 'onecycle', 'constant', None) or (callable(sch) and not isinstance(sch, str))):
+        raise ValueError(f"lr_schedule must be 'cosine', 'onecycle', 'constant' (after warmup), None, a torch lr_scheduler built "
+                         f"on trainer.opt, or a callable (optimizer, total_steps) -> scheduler; not {sch!r}.")
+    elif sch is not None:
+        for g, lr in zip(self.opt.param_groups, self._base_lrs): g['lr'] = lr; g.pop('initial_lr', None)
+        self.scheduler = _build_schedule(self.opt, sch, steps, int(o.warmup if o.warmup >= 1 else o.warmup * steps), o.min_lr_ratio)
     if self.scheduler is not None and self._ckpt is not None:  # building a scheduler rewrites the lr: the checkpoint's comes back
         self.opt.load_state_dict(self._ckpt['optimizer'])
         if self._ckpt['scheduler'] is not None: self.scheduler.load_state_dict(self._ckpt['scheduler'])
@@ -860,6 +934,7 @@ def _setup_run(self:Trainer, epochs, steps, resume):
         if self._steps_per_epoch() is None: raise ValueError("The training data has no length: give `steps=` instead of `epochs=`.")
         steps = epochs * self._steps_per_epoch() - s.run_offset
     s.total_steps = s.run_start + steps
+    if self.opts.lr == 'auto': self._auto_lr(resume)
     self._make_scheduler(steps)
     if self.opts.plan and self.plan is None: self._initial_plan()
     self._save_config()
@@ -873,7 +948,8 @@ def _describe(self:Trainer)->str:
              f"precision {self.precision}",
              f"batch: micro-batch {self.micro_batch} × {self.accum_steps} accumulation = effective batch {self.effective_batch}; "
              f"{self.total_steps - self.step} optimizer steps",
-             f"optimizer {type(self.opt).__name__} lr {o.lr:g}" + {'cosine': ', warmup+cosine', 'constant': ', warmup then constant'}.get(o.lr_schedule, '')
+             f"optimizer {type(self.opt).__name__} lr {self._base_lrs[0]:g}" + (f" (found by lr_find: {self.lr_found.rule})" if self.lr_found else '')
+             + _schedule_words(o.lr_schedule)
              + (f", EMA {o.ema}" if self.ema else '') + (f", clip {o.clip_grad}" if o.clip_grad else '')]
     if self.checkpointing is not None: lines.insert(3, f"activation checkpointing: {'; '.join(self.checkpointed)}")
     if self.plan is not None: lines.append(f"plan (chapter 01): peak {fmt_bytes(self.plan.peak)}")
@@ -981,3 +1057,151 @@ def _fit_epochs(self:Trainer):
             s.epoch += 1; s.batch_in_epoch = 0
             if self.valid_data is not None: self.validate()
             self._call('after_epoch')
+
+# %% ../nbs/07_train.ipynb #lr01
+_RULES = {'min/10': 'a tenth of the lr at the lowest smoothed loss', 'steepest': 'where the smoothed loss falls fastest'}
+
+def suggest_lr(lrs, # the learning rates of a range test
+               smoothed, # its smoothed losses
+               rule:str='min/10', # 'min/10' or 'steepest' (see `_RULES`)
+              )->float:
+    "The learning rate `rule` reads off a range test's smoothed loss curve."
+    _need(rule in _RULES, f"rule must be one of {', '.join(map(repr, _RULES))}, not {rule!r}.")
+    lrs, sm = np.asarray(lrs, dtype=float), np.asarray(smoothed, dtype=float)
+    i = int(np.argmin(sm))
+    if rule == 'min/10' or i < 2: return float(lrs[i] / 10)  # fewer than 3 points before the minimum have no slope to read
+    slope = np.gradient(sm[:i + 1], np.log(lrs[:i + 1]))
+    return float(lrs[int(np.argmin(slope))])
+
+# %% ../nbs/07_train.ipynb #lr06
+@dataclass
+class LRFinder:
+    "A learning-rate range test: the rates tried, the losses, the suggested lr and the rule that chose it."
+    lrs:list         # the learning rate of each step, rising exponentially
+    losses:list      # each step's training loss
+    smoothed:list    # the losses smoothed (bias-corrected exponential moving average)
+    suggestion:float # what `rule` reads off the smoothed curve
+    rule:str         # 'min/10' or 'steepest'
+    stopped:str      # why the sweep ended
+
+    def summary(self)->dict:
+        "The result as plain data (what config.yaml records)."
+        return {'suggestion': self.suggestion, 'rule': f"{self.rule}: {_RULES[self.rule]}", 'steps': len(self.lrs),
+                'lr_range': [self.lrs[0], self.lrs[-1]], 'stopped': self.stopped}
+    def __repr__(self):
+        return (f"lr_find: suggested lr {self.suggestion:.3g} ({_RULES[self.rule]}); {len(self.lrs)} steps "
+                f"from {self.lrs[0]:.1g} to {self.lrs[-1]:.2g}, {self.stopped}")
+
+# %% ../nbs/07_train.ipynb #lr07
+@patch
+def plot(self:LRFinder):
+    "Loss against learning rate, the suggestion marked: a matplotlib `Figure`."
+    from matplotlib.figure import Figure  # drawing is for notebooks: a terminal run never imports matplotlib
+    fig = Figure(figsize=(6, 3.2), dpi=80); ax = fig.subplots()
+    ax.plot(self.lrs, self.losses, color='C0', alpha=0.3, label='loss')
+    ax.plot(self.lrs, self.smoothed, color='C0', label='smoothed')
+    ax.axvline(self.suggestion, color='C3', ls='--', label=f"suggestion {self.suggestion:.2g} ({self.rule})")
+    lo, hi = min(self.smoothed), max(self.smoothed[0], min(self.smoothed)) * 1.3
+    ax.set(xscale='log', xlabel='learning rate', ylabel='training loss', ylim=(lo - 0.1 * (hi - lo), hi), title='lr_find')
+    ax.legend(loc='lower left', fontsize=8); fig.tight_layout()
+    return fig
+
+@patch
+def _repr_png_(self:LRFinder)->bytes:
+    buf = io.BytesIO(); self.plot().savefig(buf, format='png'); return buf.getvalue()
+
+# %% ../nbs/07_train.ipynb #lr09
+def _cpu(o):
+    "A copy of `o` (tensors, and dicts/lists of them) on the CPU."
+    if torch.is_tensor(o): return o.detach().to('cpu', copy=True)
+    if isinstance(o, dict): return {k: _cpu(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)): return type(o)(_cpu(v) for v in o)
+    return copy.deepcopy(o)
+
+@patch
+def _snapshot(self:Trainer)->dict:
+    "Everything a trial of the optimizer changes, copied: weights and buffers, gradients, optimizer, scaler, state, random states, mode."
+    return dict(model=_cpu(self.model.state_dict()), grads=[None if p.grad is None else p.grad.detach().clone() for p in self.model.parameters()],
+                opt=_cpu(self.opt.state_dict()), scaler=_cpu(self.scaler.state_dict()), state=copy.deepcopy(self.state), rng=rng_state(),
+                gens=[g.get_state() for g in loader_generators(self.train_data)], training=self.model.training,
+                attrs={k: getattr(self, k) for k in ('xb', 'yb', 'loss', 'last_record', 'opts', '_hooks')})
+
+@patch
+def _restore(self:Trainer, snap:dict):
+    "Put back what `_snapshot` copied."
+    self.model.load_state_dict(snap['model'])
+    for p, g in zip(self.model.parameters(), snap['grads']): p.grad = g
+    self.opt.load_state_dict(snap['opt']); self.scaler.load_state_dict(snap['scaler'])
+    self.state = snap['state']; set_rng_state(snap['rng'])
+    for g, s in zip(loader_generators(self.train_data), snap['gens']): g.set_state(s)
+    self.model.train(snap['training'])
+    for k, v in snap['attrs'].items(): setattr(self, k, v)
+
+# %% ../nbs/07_train.ipynb #lr10
+@patch
+def _sweep(self:Trainer, lrs, beta:float, diverge:float)->tuple[list, list, str]:
+    "One optimizer step per learning rate in `lrs` until the smoothed loss diverges: (losses, smoothed losses, why it stopped)."
+    ratios = [b / self._base_lrs[0] for b in self._base_lrs]  # parameter groups keep their proportions
+    it, losses, smooth, avg = iter(self.train_data), [], [], 0.0
+    self.model.train()
+    for i, lr in enumerate(lrs):
+        for g, r in zip(self.opt.param_groups, ratios): g['lr'] = float(lr) * r
+        batches = list(itertools.islice(it, self.window))
+        if len(batches) < self.window: it = iter(self.train_data); batches = list(itertools.islice(it, self.window))  # full windows only
+        _need(len(batches) > 0, "lr_find needs training batches, and the training data gave none.")
+        try: loss = self._train_window(batches)[0].item()
+        except NonFiniteError: loss = math.nan
+        if not math.isfinite(loss): return losses, smooth, f"stopped at lr {lr:.2g}: the loss became nan or inf"
+        avg = beta * avg + (1 - beta) * loss
+        losses.append(loss); smooth.append(avg / (1 - beta ** (i + 1)))
+        if smooth[-1] > diverge * min(smooth): return losses, smooth, f"stopped at lr {lr:.2g}: the smoothed loss passed {diverge:g}× its lowest"
+    return losses, smooth, "reached the end of the range"
+
+# %% ../nbs/07_train.ipynb #lr11
+@patch
+def lr_find(self:Trainer, start_lr:float=1e-7, end_lr:float=10.0, num_steps:int=100,
+            beta:float=0.98, # smoothing of the loss curve (exponential moving average)
+            diverge:float=4.0, # stop once the smoothed loss is this many times its lowest
+            rule:str='min/10', # how the suggestion is read off the curve: 'min/10' or 'steepest'
+           )->LRFinder:
+    "The learning-rate range test on this trainer's model and data; the trainer is left exactly as it was."
+    _need(0 < start_lr < end_lr and _positive_int(num_steps) and num_steps >= 5,
+          f"lr_find needs 0 < start_lr < end_lr and num_steps >= 5; got {start_lr}, {end_lr}, {num_steps}.")
+    _need(rule in _RULES, f"rule must be one of {', '.join(map(repr, _RULES))}, not {rule!r}.")
+    self._resolve_sizes()
+    lrs, snap = np.geomspace(start_lr, end_lr, num_steps), self._snapshot()
+    self._hooks, self.opts = _hooks([]), replace(self.opts, on_nonfinite='stop')  # the sweep is not part of the run
+    try: losses, smooth, stopped = self._sweep(lrs, beta, diverge)
+    finally:
+        mb = self.state.micro_batch
+        self._restore(snap)
+        self.state.micro_batch = mb  # an out-of-memory error in the sweep halved it: that holds for the run too
+    _need(len(smooth) >= 2, f"lr_find: the loss was nan or inf from the first steps ({stopped}): check the data and the model's "
+          "output first (nan inputs, labels out of range), or start the sweep lower (start_lr).")
+    lrs = [float(x) for x in lrs[:len(smooth)]]
+    return LRFinder(lrs, losses, smooth, suggest_lr(lrs, smooth, rule), rule, stopped)
+
+# %% ../nbs/07_train.ipynb #lr16
+@patch
+def _set_lr(self:Trainer, lr:float):
+    "Make `lr` the peak learning rate (parameter groups keep their proportions)."
+    r = lr / self._base_lrs[0]
+    self._base_lrs = [b * r for b in self._base_lrs]
+    for g, b in zip(self.opt.param_groups, self._base_lrs): g['lr'] = b
+    self.opt.defaults['lr'] = lr
+
+@patch
+def _auto_lr(self:Trainer, resume):
+    "lr='auto': a new run takes `lr_find`'s suggestion; a resumed one the rate its checkpoint's optimizer holds."
+    if resume is not None:
+        self._base_lrs = [g.get('initial_lr', g['lr']) for g in self._ckpt['optimizer']['param_groups']]
+        self._lr_record = read_run_config(find_checkpoint(resume)).get('lr_find')
+        return
+    if self.lr_found is not None: return  # a second `fit` continues with the rate the first one found
+    self.lr_found = self.lr_find()
+    self._lr_record = self.lr_found.summary()
+    self._set_lr(self.lr_found.suggestion)
+    self.log(repr(self.lr_found))
+    if self.opts.verbose and frontend() != 'text':
+        from IPython.display import display  # a notebook, or nbdev-test: the curve, as a picture
+        display(self.lr_found)
