@@ -84,10 +84,10 @@ def _coerce(value, annotation:str, key:str):
         if 'bool' in names: return value
     elif isinstance(value, int) and 'int' in names: return value
     elif isinstance(value, (int, float)) and 'float' in names: return float(value)
-    elif isinstance(value, str) and 'str' in names: return value
-    elif isinstance(value, str) and 'float' in names:
-        try: return float(value)
-        except ValueError: pass
+    elif isinstance(value, str) and ('str' in names or 'float' in names):
+        try: return float(value) if 'float' in names else value  # a number first: optim.lr is a float or 'auto'
+        except ValueError:
+            if 'str' in names: return value
     elif isinstance(value, dict) and 'dict' in names: return dict(value)
     elif isinstance(value, (list, tuple)) and 'list' in names: return list(value)
     want = ' or '.join('null' if n == 'None' else n for n in names)
@@ -472,7 +472,7 @@ class DataConfig:
 @dataclass
 class OptimConfig:
     name:str|None=None            # None: the strategy's optimizer
-    lr:float|None=None            # None: the strategy's lr
+    lr:float|str|None=None        # None: the strategy's lr; 'auto': the Trainer's lr_find picks it at the start of the run
     weight_decay:float=0.01
 
 @dataclass
@@ -589,7 +589,8 @@ def load_config(src:str|Path|dict|None=None, # a YAML file, a mapping, or None f
     if d.batch_size is None: d.batch_size = s.effective_batch if 'accum_steps' in sec else base.effective_batch
     if o.name is None: o.name = s.optimizer
     if o.lr is None: o.lr = s.lr
-    s = _split_batch(dataclasses.replace(s, optimizer=o.name, lr=o.lr), d.batch_size)
+    _check(o.lr == 'auto' or (isinstance(o.lr, float) and o.lr > 0), f"optim.lr must be a positive number or 'auto', not {o.lr!r}.")
+    s = _split_batch(dataclasses.replace(s, optimizer=o.name, lr=s.lr if o.lr == 'auto' else o.lr), d.batch_size)
     open_split = _slug(name) == 'auto' and not {'micro_batch', 'accum_steps'} & set(sec)  # the planner sizes it once the model exists
     cfg = RunConfig(strategy=s, **parts, size_for_model=open_split)
     _validate_config(cfg)

@@ -265,3 +265,176 @@ def test_run_description_names_the_schedule_it_uses():
         assert said in d and (schedule == 'cosine' or 'cosine' not in d), d
     with pytest.raises(ValueError, match="lr_schedule must be"):
         Trainer(mlp(), dl, device='cpu', lr_schedule='linear', progress=False, verbose=False, plan=False).fit(steps=1)
+
+
+# --- issue 14: lr_find, lr='auto', schedules, metrics, best checkpoint, metrics.jsonl -------------------------------------
+
+import copy, json, random
+import numpy as np
+from netlite_nb.train import EarlyStopping, LRFinder, one_cycle
+from netlite_nb.checkpoint import loader_generators, rng_state
+
+
+def _cpu(o):
+    if torch.is_tensor(o): return o.detach().to('cpu', copy=True)
+    if isinstance(o, dict): return {k: _cpu(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)): return type(o)(_cpu(v) for v in o)
+    return copy.deepcopy(o)
+
+
+def _same(a, b)->bool:
+    if torch.is_tensor(a): return torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict): return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)): return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, np.ndarray): return np.array_equal(a, b)
+    if hasattr(a, '__dataclass_fields__'): return _same(vars(a), vars(b))
+    return a == b
+
+
+def _everything(t):
+    "Every piece of a trainer a trial of the optimizer could change, copied for comparison."
+    return dict(model=_cpu(t.model.state_dict()), grads=[_cpu(p.grad) for p in t.model.parameters()], opt=_cpu(t.opt.state_dict()),
+                sched=_cpu(t.scheduler.state_dict()), state=copy.deepcopy(t.state), rng=rng_state(), np=np.random.get_state()[1].copy(),
+                py=random.getstate(), gens=[g.get_state() for g in loader_generators(t.train_data)], training=t.model.training)
+
+
+def _bn_trainer(**kw):
+    dl = DataLoader(blobs(256, dtype=torch.float64), 16, shuffle=True, generator=torch.Generator().manual_seed(3))
+    return Trainer(bn_net(), dl, log_every=1, **{**KW, **kw})
+
+
+def test_lr_find_leaves_the_trainer_bit_for_bit():
+    "Weights, BatchNorm statistics, gradients, optimizer, scheduler, state, every generator and the loader's position: as they were."
+    t, ref = _bn_trainer(), _bn_trainer()
+    t.fit(steps=5); ref.fit(steps=5)                    # mid-epoch, with moments, a schedule and a shuffled order under way
+    np.random.seed(7); random.seed(7); before = _everything(t)
+    found = t.lr_find(num_steps=60)
+    assert _same(_everything(t), before)
+    assert isinstance(found, LRFinder) and len(found.lrs) == len(found.losses) == len(found.smoothed) >= 2
+    t.fit(steps=12); ref.fit(steps=12)                  # the run goes on as if the sweep never happened
+    assert losses(t) == losses(ref) and state_equal(t.model, ref.model)
+
+
+def test_lr_find_sweep_without_the_restore_would_be_seen():
+    "The comparison above can fail: the sweep itself moves every piece it checks."
+    t = _bn_trainer(); t.fit(steps=5); before = _everything(t)
+    t._sweep(np.geomspace(1e-6, 1, 10), 0.98, 4.0)
+    after = _everything(t)
+    for k in ('model', 'opt', 'gens'): assert not _same(after[k], before[k]), k
+
+
+def test_lr_find_stops_on_divergence_and_suggests_by_its_rule():
+    torch.manual_seed(0)
+    t = Trainer(mlp(), loaders(), optimizer='sgd', **KW)
+    f = t.lr_find(end_lr=1e3)
+    assert len(f.lrs) < 100 and ('passed 4×' in f.stopped or 'nan' in f.stopped)
+    i = int(np.argmin(f.smoothed))
+    assert f.suggestion == f.lrs[i] / 10 and f.rule == 'min/10'
+    steep = t.lr_find(end_lr=1e3, rule='steepest')
+    assert steep.lrs == f.lrs and steep.suggestion <= f.lrs[i]       # the same sweep (state restored), read by the other rule
+    png = f._repr_png_(); assert png[:8] == b'\x89PNG\r\n\x1a\n'
+    with pytest.raises(ValueError, match='rule must be one of'): t.lr_find(rule='valley')
+
+
+class _StopAt(Callback):
+    def __init__(self, step): self.at = step
+    def after_step(self, t):
+        if t.step == self.at: raise KeyboardInterrupt
+
+
+def test_lr_auto_trains_with_the_suggestion_records_it_and_resumes_with_it(tmp_path):
+    def run(run_dir, lr='auto', cbs=(), resume=None):
+        torch.manual_seed(0)
+        return Trainer(mlp(), loaders(), lr=lr, run_dir=run_dir, callbacks=cbs, checkpoint_every=2, log_every=1, **KW).fit(epochs=1, resume=resume)
+    auto = run(tmp_path / 'auto')
+    sugg = auto.lr_found.suggestion
+    assert losses(auto) == losses(run(None, lr=sugg))                    # exactly the run lr=<suggestion> gives
+    cfg = yaml.safe_load((tmp_path / 'auto' / 'config.yaml').read_text())
+    assert cfg['optimizer']['lr'] == cfg['lr_find']['suggestion'] == sugg and cfg['lr_find']['rule'].startswith('min/10')
+    run(tmp_path / 'cut', cbs=[_StopAt(5)])
+    resumed = run(tmp_path / 'cut', resume=tmp_path / 'cut')
+    assert resumed.lr_found is None and losses(resumed) == losses(auto)  # no second sweep: the checkpoint's rate goes on
+    assert yaml.safe_load((tmp_path / 'cut' / 'config.yaml').read_text())['lr_find']['suggestion'] == sugg
+
+
+def test_run_config_lr_auto(tmp_path):
+    from netlite_nb.run import train_from_config
+    from test_cli import SMALL
+    t = train_from_config(yaml.safe_load(SMALL), ['optim.lr=auto'], run_dir=tmp_path / 'r', progress=False, verbose=False)
+    cfg = yaml.safe_load((tmp_path / 'r' / 'config.yaml').read_text())
+    assert cfg['run']['optim']['lr'] == 'auto' and cfg['lr_find']['suggestion'] == t.lr_found.suggestion == cfg['optimizer']['lr']
+
+
+def _lrs(schedule, steps=30, lr=1e-2, built=None):
+    torch.manual_seed(0)
+    t = Trainer(mlp(), loaders(), lr=lr, lr_schedule=schedule, log_every=1, **KW)
+    if built is not None: t.opts.lr_schedule = built(t.opt)
+    return [r['lr'] for r in t.fit(steps=steps).history if 'lr' in r]
+
+
+def _torch_lrs(make, steps=30, lr=1e-2):
+    opt = torch.optim.AdamW(mlp().parameters(), lr=lr); s = make(opt); out = []
+    for _ in range(steps): opt.step(); s.step(); out.append(opt.param_groups[0]['lr'])
+    return out
+
+
+@pytest.mark.parametrize('kind', ['onecycle', 'callable', 'built'])
+def test_schedules_one_cycle_callable_and_any_torch_scheduler(kind):
+    if kind == 'onecycle': got, want = _lrs('onecycle'), _torch_lrs(lambda o: one_cycle(o, 30, 1))   # warmup 5 % of 30 steps: 1
+    elif kind == 'callable': got, want = _lrs(lambda opt, n: torch.optim.lr_scheduler.StepLR(opt, n // 3, 0.5)), _torch_lrs(lambda o: torch.optim.lr_scheduler.StepLR(o, 10, 0.5))
+    else: got, want = _lrs(None, built=lambda o: torch.optim.lr_scheduler.ExponentialLR(o, 0.8)), _torch_lrs(lambda o: torch.optim.lr_scheduler.ExponentialLR(o, 0.8))
+    assert got == pytest.approx(want, rel=1e-12)
+    assert got != pytest.approx(_lrs('cosine'), rel=1e-3)             # not the default schedule under another name
+
+
+def test_metrics_option_is_recorded_in_the_history():
+    def top3(out, y): return (out.topk(3, 1).indices == y[:, None]).any(1).float().mean()
+    torch.manual_seed(0)
+    t = Trainer(mlp(), loaders(), metrics=[top3], **KW).fit(epochs=2)
+    vals = [r for r in t.history if 'valid_loss' in r]
+    assert len(vals) == 2 and all(1 >= r['top3'] >= r['accuracy'] for r in vals)
+    t2 = Trainer(mlp(), loaders(), metrics={'always_one': lambda out, y: 1.0}, **KW)
+    assert t2.validate()['always_one'] == 1.0
+    with pytest.raises(ValueError, match='named functions'): Trainer(mlp(), loaders(), metrics=[lambda o, y: 0.0], **KW)
+
+
+class _Scores:
+    "A validation metric whose value per validation is set in advance: decides which step is best without depending on training."
+    def __init__(self, values): self.values, self.calls, self.__name__ = list(values), 0, 'score'
+    def __call__(self, out, y): return self.values[min(self.calls, len(self.values) - 1)]
+class _NextScore(Callback):
+    def __init__(self, scores): self.scores = scores
+    def after_validate(self, t): self.scores.calls += 1
+
+
+def test_best_checkpoint_beside_the_latest_and_restore_best(tmp_path):
+    scores = _Scores([0.1, 0.5, 0.3, 0.2, 0.25, 0.05])   # higher is better (not a loss): the best is the 2nd validation
+    es, snaps = EarlyStopping(monitor='score', patience=3, restore_best=True), {}
+    class Keep(Callback):
+        order = 60
+        def after_validate(self, t): snaps[t.step] = {k: v.clone() for k, v in t.model.state_dict().items()}
+    torch.manual_seed(0)
+    t = Trainer(mlp(), loaders(), metrics=[scores], monitor='score', run_dir=tmp_path, callbacks=[_NextScore(scores), es, Keep()], **KW)
+    t.fit(epochs=10)
+    steps = sorted(snaps)
+    assert t.epoch == 5 and t.stop                                    # 3 validations without improvement after the 2nd
+    assert t.best == {'step': steps[1], 'score': 0.5}
+    best = find_checkpoint(tmp_path / 'best'); latest = find_checkpoint(tmp_path)
+    assert best.name == f"step-{steps[1]:07d}" and latest.name == f"step-{t.step:07d}" and best != latest
+    from safetensors.torch import load_file
+    on_disk = load_file(best / 'model.safetensors')
+    assert all(torch.equal(on_disk[k], v) for k, v in snaps[steps[1]].items())
+    assert all(torch.equal(v, snaps[steps[1]][k]) for k, v in t.model.state_dict().items())        # restore_best
+    assert not all(torch.equal(v, snaps[steps[-1]][k]) for k, v in snaps[steps[1]].items())       # and that is not the last
+
+
+def test_metrics_jsonl_is_written_as_the_run_goes(tmp_path):
+    seen = []
+    class Read(Callback):
+        def after_step(self, t):
+            lines = (tmp_path / 'metrics.jsonl').read_text().splitlines()
+            seen.append([json.loads(l) for l in lines])
+    torch.manual_seed(0)
+    t = Trainer(mlp(), loaders(), run_dir=tmp_path, log_every=1, callbacks=[Read()], **KW).fit(steps=6)   # no checkpoint before the end
+    assert [len(s) for s in seen] == [1, 2, 3, 4, 5, 6]
+    assert seen[-1] == t.history[:6] and [r['step'] for r in seen[-1]] == list(range(1, 7))
