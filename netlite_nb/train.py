@@ -388,7 +388,7 @@ class Trainer:
         self.last_metrics, self.oom_reports, self.stop, self.interrupted = {}, [], False, False
         self.eval_batch = None  # samples per evaluation forward pass; None: the loader's batch (halved after an OOM)
         self._ckpt, self._rng_window, self._in_update, self._stop_requested, self._running = None, None, False, False, False
-        self._step_skipped, self._rng_end = False, None
+        self._step_skipped, self._rng_end, self._bn_warm = False, None, []
 
     def log(self, msg:str):
         "Print `msg` when verbose (the trainer's one voice)."
@@ -598,6 +598,7 @@ def _compute_window(self:Trainer, batches:list)->tuple[torch.Tensor, int]:
     total, scaled_loss = None, self.precision.use_scaler
     for xc, yc, w in micro_batches(batches, self.state.micro_batch, self.device):
         self.xb, self.yb = xc, yc
+        if self._bn_warm: self._warm_batchnorm()
         self._call('before_batch')
         with self.precision.autocast(): loss = self.loss_fn(self.model(xc), yc)
         part = loss * w if w != 1 else loss
@@ -651,7 +652,9 @@ def _train_window(self:Trainer, batches:list)->tuple[torch.Tensor, int]:
     "One optimizer step over `batches`, retried with less memory (`_oom_remedy`) after an out-of-memory error."
     stats = self._running_stats()
     if stats: torch._foreach_copy_(self._stats_saved, stats)  # one fused copy: a retry must not update them twice
+    warm = self._bn_warm  # a retry starts the BatchNorm warm-up where this step started it
     while True:
+        self._bn_warm = warm
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state(self.device) if self.device.type == 'cuda' else None
         self._in_update = False
@@ -685,6 +688,28 @@ def _recover(self:Trainer, error:str, stats:list):
     if not done: raise torch.OutOfMemoryError(f"{error}\n\n{report}")
     if new is not None: self.state.micro_batch = new
     self._save_config()  # config.yaml says how the run continues
+
+# %% ../nbs/07_train.ipynb #bn02
+def _batchnorms(model:nn.Module)->list[tuple[nn.Module, float]]:
+    "The normalisation layers that keep running statistics by a momentum, with that momentum."
+    return [(m, m.momentum) for m in model.modules()
+            if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats and m.momentum]
+
+@patch
+def _warm_batchnorm(self:Trainer):
+    "Before a training forward: momentum 1/n for each BatchNorm about to see its n-th batch, while that is above its own momentum."
+    seen = torch.stack([m.num_batches_tracked for m, _ in self._bn_warm]).tolist()  # one read for all of them
+    warm = []
+    for (m, m0), k in zip(self._bn_warm, seen):
+        m.momentum = max(m0, 1 / (k + 1))
+        if m.momentum > m0: warm.append((m, m0))  # until its own momentum is back
+    self._bn_warm = warm
+
+@patch
+def _end_batchnorm_warmup(self:Trainer):
+    "Give the BatchNorms still warming up their own momentum back (when `fit` returns early)."
+    for m, m0 in self._bn_warm: m.momentum = m0
+    self._bn_warm = []
 
 # %% ../nbs/07_train.ipynb #g001
 @patch
@@ -860,6 +885,7 @@ def _setup_run(self:Trainer, epochs, steps, resume):
         if self._steps_per_epoch() is None: raise ValueError("The training data has no length: give `steps=` instead of `epochs=`.")
         steps = epochs * self._steps_per_epoch() - s.run_offset
     s.total_steps = s.run_start + steps
+    self._bn_warm = _batchnorms(self.model)  # BatchNorm's first batches, averaged evenly
     self._make_scheduler(steps)
     if self.opts.plan and self.plan is None: self._initial_plan()
     self._save_config()
@@ -920,6 +946,7 @@ def fit(self:Trainer, epochs:int|None=None, # passes over the training data
         self.log(f"interrupted at step {self.step}: checkpoint saved to {ck}\nresume with trainer.fit(..., resume={str(ck.parent)!r})")
     finally:
         self.state.elapsed, self._running = self._elapsed_now(), False
+        self._end_batchnorm_warmup()
         self._call('after_fit')
     return self
 
