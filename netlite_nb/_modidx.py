@@ -855,6 +855,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'netlite_nb.train._need': ('train.html#_need', 'netlite_nb/train.py'),
                                   'netlite_nb.train._plain': ('train.html#_plain', 'netlite_nb/train.py'),
                                   'netlite_nb.train._positive_int': ('train.html#_positive_int', 'netlite_nb/train.py'),
+                                  'netlite_nb.train._progress_callback': ('train.html#_progress_callback', 'netlite_nb/train.py'),
                                   'netlite_nb.train._resolve_options': ('train.html#_resolve_options', 'netlite_nb/train.py'),
                                   'netlite_nb.train._split_data': ('train.html#_split_data', 'netlite_nb/train.py'),
                                   'netlite_nb.train._state_property': ('train.html#_state_property', 'netlite_nb/train.py'),
@@ -862,4 +863,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'netlite_nb.train._to': ('train.html#_to', 'netlite_nb/train.py'),
                                   'netlite_nb.train.choose_precision': ('train.html#choose_precision', 'netlite_nb/train.py'),
                                   'netlite_nb.train.micro_batches': ('train.html#micro_batches', 'netlite_nb/train.py'),
+                                  'netlite_nb.train.register_notebook_progress': ( 'train.html#register_notebook_progress',
+                                                                                   'netlite_nb/train.py'),
                                   'netlite_nb.train.warmup_cosine': ('train.html#warmup_cosine', 'netlite_nb/train.py')}}}

@@ -23,9 +23,9 @@ from .checkpoint import (find_checkpoint, load_checkpoint, loader_generators, rn
                                    set_rng_state)
 
 # %% auto #0
-__all__ = ['PrecisionPolicy', 'choose_precision', 'micro_batches', 'Callback', 'ProgressBar', 'TensorBoardLogger',
-           'EarlyStopping', 'OOMReport', 'InjectOOM', 'SimulatedMemoryLimit', 'warmup_cosine', 'TrainOptions',
-           'TrainState', 'Trainer', 'NonFiniteError']
+__all__ = ['NOTEBOOK_PROGRESS', 'PrecisionPolicy', 'choose_precision', 'micro_batches', 'Callback', 'ProgressBar',
+           'register_notebook_progress', 'TensorBoardLogger', 'EarlyStopping', 'OOMReport', 'InjectOOM',
+           'SimulatedMemoryLimit', 'warmup_cosine', 'TrainOptions', 'TrainState', 'Trainer', 'NonFiniteError']
 
 # %% ../nbs/07_train.ipynb #c009
 @dataclass
@@ -128,6 +128,20 @@ class ProgressBar(Callback):
             self.bar.set_postfix(loss=f"{r['loss']:.4f}", samples_s=f"{r.get('samples_per_s') or 0:.0f}", mem=fmt_bytes(r['mem']), refresh=False)
     def after_fit(self, t):
         if getattr(self, 'bar', None) is not None: self.bar.close(); self.bar = None
+
+# %% ../nbs/07_train.ipynb #pr02
+NOTEBOOK_PROGRESS:list = []  # the Callback class `fit` shows its progress with in a notebook (chapter 08 registers `LiveDashboard`)
+
+def register_notebook_progress(cls:type, # a `Callback` class whose no-argument instance shows a run's progress
+                              )->type:
+    "Make `cls()` what a `Trainer` shows its progress with in a notebook (a later registration replaces the earlier one)."
+    NOTEBOOK_PROGRESS[:] = [cls]
+    return cls
+
+def _progress_callback(callbacks)->Callback|None:
+    "The default progress view: the registered notebook view in a notebook, else the tqdm bar; None when `callbacks` hold it already."
+    cls = NOTEBOOK_PROGRESS[0] if NOTEBOOK_PROGRESS and in_notebook() else ProgressBar
+    return None if any(isinstance(c, cls) for c in callbacks) else cls()
 
 # %% ../nbs/07_train.ipynb #c034
 class TensorBoardLogger(Callback):
@@ -271,7 +285,7 @@ class TrainOptions:
     auto_recover_oom:bool|None=None    # on OOM, halve the micro-batch or switch on checkpointing; default the strategy's, else True
     min_micro_batch:int=8              # on OOM, switch on checkpointing rather than halve the micro-batch below this
     log_every:int=10                   # optimizer steps per history record
-    progress:bool|None=None            # tqdm bar; default on outside notebooks
+    progress:bool|None=None            # show progress: the notebook view (chapter 08's dashboard) in a notebook, else a tqdm bar; False: none
     tensorboard:bool=False             # log to TensorBoard when `tensorboard` is installed
     plan:bool=True                     # ask chapter 01's planner for `.plan` at the start of `fit`
     verbose:bool=True                  # print the run description, reports and notes
@@ -312,7 +326,7 @@ def _resolve_options(kw:dict, s)->TrainOptions:
                    micro_batch=o.micro_batch or (s.micro_batch if s is not None else None),
                    accum_steps=o.accum_steps or (s.accum_steps if s is not None else None),
                    auto_recover_oom=o.auto_recover_oom if o.auto_recover_oom is not None else (s.auto_recover_oom if s is not None else True),
-                   progress=o.progress if o.progress is not None else not in_notebook())
+                   progress=o.progress if o.progress is not None else True)
 
 # %% ../nbs/07_train.ipynb #d005
 @dataclass
@@ -431,9 +445,9 @@ def _place_model(self:Trainer, model:nn.Module)->nn.Module:
 # %% ../nbs/07_train.ipynb #d016
 @patch
 def _with_builtin_callbacks(self:Trainer, callbacks)->list:
-    "The reader's callbacks, plus the progress bar and TensorBoard logging when the options ask for them."
+    "The reader's callbacks, plus the progress view and TensorBoard logging when the options ask for them."
     cbs = list(callbacks)
-    if self.opts.progress: cbs.append(ProgressBar())
+    if self.opts.progress and (cb := _progress_callback(cbs)) is not None: cbs.append(cb)
     if self.opts.tensorboard:
         try: cbs.append(TensorBoardLogger())
         except ImportError: self.notes.append("TensorBoard logging skipped: `pip install tensorboard` to enable it")
