@@ -5,6 +5,8 @@
 # %% ../nbs/11_cli.ipynb #c003
 from __future__ import annotations
 import argparse, dataclasses, json, os, platform, sys
+# before torch loads: OpenMP reads its wait policy once (why: chapter 11, "Threads on a busy machine")
+for _k, _v in (('OMP_WAIT_POLICY', 'PASSIVE'), ('KMP_BLOCKTIME', '0')): os.environ.setdefault(_k, _v)
 from pathlib import Path
 import torch
 from . import __version__

@@ -23,9 +23,10 @@ from .checkpoint import (find_checkpoint, load_checkpoint, loader_generators, rn
                                    set_rng_state, read_run_config, _write_metrics)
 
 # %% auto #0
-__all__ = ['PrecisionPolicy', 'choose_precision', 'micro_batches', 'Callback', 'ProgressBar', 'TensorBoardLogger',
-           'EarlyStopping', 'OOMReport', 'InjectOOM', 'SimulatedMemoryLimit', 'warmup_cosine', 'one_cycle',
-           'TrainOptions', 'TrainState', 'Trainer', 'NonFiniteError', 'suggest_lr', 'LRFinder']
+__all__ = ['NOTEBOOK_PROGRESS', 'PrecisionPolicy', 'choose_precision', 'micro_batches', 'Callback', 'ProgressBar',
+           'register_notebook_progress', 'TensorBoardLogger', 'EarlyStopping', 'OOMReport', 'InjectOOM',
+           'SimulatedMemoryLimit', 'warmup_cosine', 'one_cycle', 'TrainOptions', 'TrainState', 'Trainer',
+           'NonFiniteError', 'suggest_lr', 'LRFinder']
 
 # %% ../nbs/07_train.ipynb #c009
 @dataclass
@@ -128,6 +129,20 @@ class ProgressBar(Callback):
             self.bar.set_postfix(loss=f"{r['loss']:.4f}", samples_s=f"{r.get('samples_per_s') or 0:.0f}", mem=fmt_bytes(r['mem']), refresh=False)
     def after_fit(self, t):
         if getattr(self, 'bar', None) is not None: self.bar.close(); self.bar = None
+
+# %% ../nbs/07_train.ipynb #pr02
+NOTEBOOK_PROGRESS:list = []  # the Callback class `fit` shows its progress with in a notebook (chapter 08 registers `LiveDashboard`)
+
+def register_notebook_progress(cls:type, # a `Callback` class whose no-argument instance shows a run's progress
+                              )->type:
+    "Make `cls()` what a `Trainer` shows its progress with in a notebook (a later registration replaces the earlier one)."
+    NOTEBOOK_PROGRESS[:] = [cls]
+    return cls
+
+def _progress_callback(callbacks)->Callback|None:
+    "The default progress view: the registered notebook view in a notebook, else the tqdm bar; None when `callbacks` hold it already."
+    cls = NOTEBOOK_PROGRESS[0] if NOTEBOOK_PROGRESS and in_notebook() else ProgressBar
+    return None if any(isinstance(c, cls) for c in callbacks) else cls()
 
 # %% ../nbs/07_train.ipynb #c034
 class TensorBoardLogger(Callback):
@@ -309,7 +324,7 @@ class TrainOptions:
     auto_recover_oom:bool|None=None    # on OOM, halve the micro-batch or switch on checkpointing; default the strategy's, else True
     min_micro_batch:int=8              # on OOM, switch on checkpointing rather than halve the micro-batch below this
     log_every:int=10                   # optimizer steps per history record
-    progress:bool|None=None            # tqdm bar; default on outside notebooks
+    progress:bool|None=None            # show progress: the notebook view (chapter 08's dashboard) in a notebook, else a tqdm bar; False: none
     tensorboard:bool=False             # log to TensorBoard when `tensorboard` is installed
     plan:bool=True                     # ask chapter 01's planner for `.plan` at the start of `fit`
     verbose:bool=True                  # print the run description, reports and notes
@@ -359,7 +374,7 @@ def _resolve_options(kw:dict, s)->TrainOptions:
                    micro_batch=o.micro_batch or (s.micro_batch if s is not None else None),
                    accum_steps=o.accum_steps or (s.accum_steps if s is not None else None),
                    auto_recover_oom=o.auto_recover_oom if o.auto_recover_oom is not None else (s.auto_recover_oom if s is not None else True),
-                   progress=o.progress if o.progress is not None else not in_notebook())
+                   progress=o.progress if o.progress is not None else True)
 
 # %% ../nbs/07_train.ipynb #d005
 @dataclass
@@ -437,7 +452,7 @@ class Trainer:
         self.last_metrics, self.oom_reports, self.stop, self.interrupted = {}, [], False, False
         self.eval_batch = None  # samples per evaluation forward pass; None: the loader's batch (halved after an OOM)
         self._ckpt, self._rng_window, self._in_update, self._stop_requested, self._running = None, None, False, False, False
-        self._step_skipped, self._rng_end, self.lr_found, self._lr_record = False, None, None, None
+        self._step_skipped, self._rng_end, self.lr_found, self._lr_record, self._bn_warm = False, None, None, None, []
 
     def log(self, msg:str):
         "Print `msg` when verbose (the trainer's one voice)."
@@ -480,9 +495,9 @@ def _place_model(self:Trainer, model:nn.Module)->nn.Module:
 # %% ../nbs/07_train.ipynb #d016
 @patch
 def _with_builtin_callbacks(self:Trainer, callbacks)->list:
-    "The reader's callbacks, plus the progress bar and TensorBoard logging when the options ask for them."
+    "The reader's callbacks, plus the progress view and TensorBoard logging when the options ask for them."
     cbs = list(callbacks)
-    if self.opts.progress: cbs.append(ProgressBar())
+    if self.opts.progress and (cb := _progress_callback(cbs)) is not None: cbs.append(cb)
     if self.opts.tensorboard:
         try: cbs.append(TensorBoardLogger())
         except ImportError: self.notes.append("TensorBoard logging skipped: `pip install tensorboard` to enable it")
@@ -648,6 +663,7 @@ def _compute_window(self:Trainer, batches:list)->tuple[torch.Tensor, int]:
     total, scaled_loss = None, self.precision.use_scaler
     for xc, yc, w in micro_batches(batches, self.state.micro_batch, self.device):
         self.xb, self.yb = xc, yc
+        if self._bn_warm: self._warm_batchnorm()
         self._call('before_batch')
         with self.precision.autocast(): loss = self.loss_fn(self.model(xc), yc)
         part = loss * w if w != 1 else loss
@@ -701,7 +717,9 @@ def _train_window(self:Trainer, batches:list)->tuple[torch.Tensor, int]:
     "One optimizer step over `batches`, retried with less memory (`_oom_remedy`) after an out-of-memory error."
     stats = self._running_stats()
     if stats: torch._foreach_copy_(self._stats_saved, stats)  # one fused copy: a retry must not update them twice
+    warm = self._bn_warm  # a retry starts the BatchNorm warm-up where this step started it
     while True:
+        self._bn_warm = warm
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state(self.device) if self.device.type == 'cuda' else None
         self._in_update = False
@@ -735,6 +753,28 @@ def _recover(self:Trainer, error:str, stats:list):
     if not done: raise torch.OutOfMemoryError(f"{error}\n\n{report}")
     if new is not None: self.state.micro_batch = new
     self._save_config()  # config.yaml says how the run continues
+
+# %% ../nbs/07_train.ipynb #bn02
+def _batchnorms(model:nn.Module)->list[tuple[nn.Module, float]]:
+    "The normalisation layers that keep running statistics by a momentum, with that momentum."
+    return [(m, m.momentum) for m in model.modules()
+            if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats and m.momentum]
+
+@patch
+def _warm_batchnorm(self:Trainer):
+    "Before a training forward: momentum 1/n for each BatchNorm about to see its n-th batch, while that is above its own momentum."
+    seen = torch.stack([m.num_batches_tracked for m, _ in self._bn_warm]).tolist()  # one read for all of them
+    warm = []
+    for (m, m0), k in zip(self._bn_warm, seen):
+        m.momentum = max(m0, 1 / (k + 1))
+        if m.momentum > m0: warm.append((m, m0))  # until its own momentum is back
+    self._bn_warm = warm
+
+@patch
+def _end_batchnorm_warmup(self:Trainer):
+    "Give the BatchNorms still warming up their own momentum back (when `fit` returns early)."
+    for m, m0 in self._bn_warm: m.momentum = m0
+    self._bn_warm = []
 
 # %% ../nbs/07_train.ipynb #g001
 @patch
@@ -935,6 +975,7 @@ def _setup_run(self:Trainer, epochs, steps, resume):
         steps = epochs * self._steps_per_epoch() - s.run_offset
     s.total_steps = s.run_start + steps
     if self.opts.lr == 'auto': self._auto_lr(resume)
+    self._bn_warm = _batchnorms(self.model)  # BatchNorm's first batches, averaged evenly
     self._make_scheduler(steps)
     if self.opts.plan and self.plan is None: self._initial_plan()
     self._save_config()
@@ -996,6 +1037,7 @@ def fit(self:Trainer, epochs:int|None=None, # passes over the training data
         self.log(f"interrupted at step {self.step}: checkpoint saved to {ck}\nresume with trainer.fit(..., resume={str(ck.parent)!r})")
     finally:
         self.state.elapsed, self._running = self._elapsed_now(), False
+        self._end_batchnorm_warmup()
         self._call('after_fit')
     return self
 

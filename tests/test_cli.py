@@ -211,3 +211,13 @@ def test_export_a_demo_like_mnist_run_into_its_run_directory(tmp_path):
     assert 'static QDQ' in out and 'limit 1.0e-04: ok' in out
     rc, out, err = run_main('export', str(tmp_path / 'demo'), '--int8-target', 'avx9000')
     assert rc == 2 and 'invalid choice' in err
+
+
+def test_the_cli_makes_openmp_threads_sleep_before_torch_loads():
+    "Issue 14: spin-waiting OpenMP threads made a run on a busy machine 37× slower; the policy works only if set before torch loads."
+    code = "import sys, os; import netlite_nb; t = 'torch' in sys.modules; import netlite_nb.cli; print(t, os.environ['OMP_WAIT_POLICY'], os.environ['KMP_BLOCKTIME'])"
+    env = {k: v for k, v in os.environ.items() if k not in ('OMP_WAIT_POLICY', 'KMP_BLOCKTIME')}
+    run = lambda env: subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env={**env, 'PYTHONPATH': str(ROOT)}, cwd=ROOT)
+    r = run(env)
+    assert r.returncode == 0 and r.stdout.split() == ['False', 'PASSIVE', '0'], r.stderr[-2000:]   # torch not loaded before the setting
+    assert run({**env, 'OMP_WAIT_POLICY': 'ACTIVE'}).stdout.split()[1] == 'ACTIVE'                   # the user's own value wins

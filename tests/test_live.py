@@ -180,3 +180,36 @@ def test_plot_memory_of_a_history_without_memory_records_is_an_empty_plot():
     ax = fig.axes[0]
     assert ax.get_title() == 'memory (GB)' and not ax.lines
     assert fig._repr_png_()[:8] == PNG
+
+
+def test_in_a_notebook_fit_shows_the_dashboard_by_default_and_progress_false_turns_it_off(monkeypatch):
+    import netlite_nb.train as train
+    monkeypatch.setattr(train, 'in_notebook', lambda: True)   # chapter 00's rule, as a Jupyter kernel answers it
+    kinds = lambda t: [type(c).__name__ for c in t.callbacks]
+    assert kinds(Trainer(small_model(), synthetic_data(), device='cpu', verbose=False)) == ['LiveDashboard']
+    assert kinds(Trainer(small_model(), synthetic_data(), progress=False, verbose=False)) == []
+    assert kinds(Trainer(small_model(), synthetic_data(), callbacks=[LiveDashboard()], verbose=False)) == ['LiveDashboard']   # not twice
+    monkeypatch.setattr(train, 'in_notebook', lambda: False)
+    assert kinds(Trainer(small_model(), synthetic_data(), verbose=False)) == ['ProgressBar']   # a terminal: the bar
+
+
+NOTEBOOK_CELLS = ["import sys; sys.path.insert(0, {tests!r})\nfrom live_fakes import small_model, synthetic_data\n"
+                  "import netlite_nb.live\nfrom netlite_nb.train import Trainer",
+                  "t = Trainer(small_model(), synthetic_data(), device='cpu', verbose=False, log_every=4).fit(2)",
+                  "[type(c).__name__ for c in t.callbacks], t.step"]
+
+
+def test_a_notebook_run_by_nbclient_keeps_the_dashboard_s_final_picture(tmp_path, monkeypatch):
+    "A real kernel (nbclient, as nbconvert and papermill run one): the default view's output carries the final PNG and header."
+    nbformat, nbclient = pytest.importorskip('nbformat'), pytest.importorskip('nbclient')
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv('PYTHONPATH', str(root)); monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c.format(tests=str(root / 'tests'))) for c in NOTEBOOK_CELLS])
+    nbclient.NotebookClient(nb, timeout=300, kernel_name='python3', resources={'metadata': {'path': str(tmp_path)}}).execute()
+    fit_out = nb.cells[1].outputs
+    assert "(['LiveDashboard'], 48)" in nb.cells[2].outputs[0]['data']['text/plain']
+    views = [o for o in fit_out if 'application/vnd.jupyter.widget-view+json' in o.get('data', {})]
+    assert len(views) == 1, fit_out                                    # one output for the run, updated in place
+    data = views[0]['data']
+    assert base64.b64decode(data['image/png'])[:8] == PNG              # the final picture, for viewers without widgets
+    assert 'step 48/48' in data['text/plain'] and 'cpu · fp32' in data['text/plain']

@@ -438,3 +438,32 @@ def test_metrics_jsonl_is_written_as_the_run_goes(tmp_path):
     t = Trainer(mlp(), loaders(), run_dir=tmp_path, log_every=1, callbacks=[Read()], **KW).fit(steps=6)   # no checkpoint before the end
     assert [len(s) for s in seen] == [1, 2, 3, 4, 5, 6]
     assert seen[-1] == t.history[:6] and [r['step'] for r in seen[-1]] == list(range(1, 7))
+def test_a_short_run_of_a_batchnorm_convnet_does_not_collapse_to_chance():
+    "Issue 14: after a few steps eval-mode BatchNorm statistics still held the initial variance 1, and accuracy was 10.00 %."
+    from torch.utils.data import Subset
+    from netlite_nb.models import create_model
+    from netlite_nb.data import mnist_sample_loaders
+    torch.manual_seed(0)
+    dls = mnist_sample_loaders(batch_size=32)
+    valid = DataLoader(Subset(dls.valid.dataset, range(320)), 160)
+    t = Trainer(create_model('netlite_tiny', num_classes=10), (dls.train, valid), **KW).fit(steps=15)
+    evaluated = t.history[-1]
+    t.model.train()      # the same weights, normalised with each batch's own statistics
+    with torch.no_grad(): batch_stats = sum((t.model(x).argmax(1) == y).sum().item() for x, y in valid) / 320
+    assert batch_stats > 0.15                                   # the weights have learned something ...
+    assert evaluated['accuracy'] > 0.8 * batch_stats, (evaluated, batch_stats)   # ... and evaluation sees it
+    assert evaluated['valid_loss'] < 2.302                      # better than guessing among 10 classes (ln 10)
+
+
+def test_batchnorm_warmup_averages_the_first_batches_evenly_and_resumes_bit_for_bit(tmp_path):
+    t = bn_run(micro_batch=8)
+    assert t.model[1].momentum == 0.1                           # its own momentum back after the warm-up
+    # the first BatchNorm sees the raw inputs: its running mean after k < 10 micro-batches is their plain mean
+    dl = DataLoader(blobs(256, dtype=torch.float64), 8, shuffle=False)
+    one = Trainer(nn.Sequential(nn.BatchNorm1d(20), nn.Linear(20, 10)).double(), dl, **KW).fit(steps=6)
+    means = torch.stack([x.mean(0) for _, (x, _) in zip(range(6), dl)])
+    assert torch.allclose(one.model[0].running_mean, means.mean(0), atol=1e-12)
+    full = bn_run(micro_batch=8, run_dir=tmp_path / 'full')
+    bn_run([Sigint(1)], micro_batch=8, run_dir=tmp_path / 'cut')       # stopped inside the warm-up (micro-batch 4 of 10)
+    res = bn_run(micro_batch=8, run_dir=tmp_path / 'cut', resume=tmp_path / 'cut')
+    assert losses(res) == losses(full) and state_equal(res.model, full.model)

@@ -1,0 +1,67 @@
+"""The demo's training with every core free and with one core taken by a competing process, for several thread settings.
+
+A laptop always runs something else. PyTorch's CPU kernels run on OpenMP threads, one per core by default, and
+libgomp's threads spin-wait for each other at the end of every parallel region: when one of them is descheduled
+because another process holds its core, every sibling spins until it comes back, and a run can take many times
+longer than the lost core alone explains. This script measures the demo's training time (chapter 10's `run_demo`,
+`--steps` optimizer steps, no export) in a fresh process per run, because the settings must be in place before torch
+loads. Each setting runs idle and then with one core spinning (a Python process in a busy loop), alternated, and the
+ratio busy/idle of each pair is reported as a median over `--repeats` pairs: the machine may be shared, so only
+ratios measured side by side mean anything. The load average before and after says how busy the machine was.
+
+    python bench/contention.py [--steps 40] [--repeats 3] [--settings default,passive,threads-1,passive+threads-1]
+"""
+import argparse, json, os, statistics, subprocess, sys, time
+
+SETTINGS = {  # name -> environment for the training process (read before torch loads)
+    'default': {},                                              # torch's own: one thread per core, libgomp's spin-wait
+    'passive': {'OMP_WAIT_POLICY': 'PASSIVE'},                  # threads sleep at once when they wait
+    'threads-1': {'OMP_NUM_THREADS': str(max(1, (os.cpu_count() or 2) - 1))},   # leave one core to the rest of the machine
+    'passive+threads-1': {'OMP_WAIT_POLICY': 'PASSIVE', 'OMP_NUM_THREADS': str(max(1, (os.cpu_count() or 2) - 1))},
+}
+CHILD = ("import json, sys; from netlite_nb.run import run_demo; import torch\n"
+         "r = run_demo(run_dir=sys.argv[2], steps=int(sys.argv[1]), export=False, progress=False, verbose=False)\n"
+         "print(json.dumps({'train_s': r.train_seconds, 'threads': torch.get_num_threads(), 'acc': r.accuracy}))")
+
+
+def train_seconds(setting:str, steps:int, out:str)->dict:
+    "One demo training run in a fresh process with `setting`'s environment; its training time in seconds."
+    env = {k: v for k, v in os.environ.items() if k not in ('OMP_NUM_THREADS', 'OMP_WAIT_POLICY', 'MKL_NUM_THREADS')}
+    env.update(SETTINGS[setting])
+    r = subprocess.run([sys.executable, '-c', CHILD, str(steps), out], capture_output=True, text=True, env=env, timeout=3600)
+    if r.returncode: raise RuntimeError(f"the training process failed ({setting}):\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def with_one_core_busy(f):
+    "Run `f()` while another process spins on one core."
+    spin = subprocess.Popen([sys.executable, '-c', 'while True: pass'])
+    try:
+        time.sleep(0.5)  # let it take its core
+        return f()
+    finally: spin.kill(); spin.wait()
+
+
+if __name__ == '__main__':
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--steps', type=int, default=40); ap.add_argument('--repeats', type=int, default=3)
+    ap.add_argument('--settings', default=','.join(SETTINGS)); ap.add_argument('--out', default='/tmp/netlite-contention')
+    a = ap.parse_args()
+    names = a.settings.split(',')
+    load0, rows = os.getloadavg(), {n: {'idle': [], 'busy': []} for n in names}
+    print(f"{os.cpu_count()} cores; load average before: {load0[0]:.2f} (1 min), {load0[1]:.2f} (5 min)", flush=True)
+    for i in range(a.repeats):
+        for n in names:
+            idle = train_seconds(n, a.steps, a.out)
+            busy = with_one_core_busy(lambda: train_seconds(n, a.steps, a.out))
+            rows[n]['idle'].append(idle['train_s']); rows[n]['busy'].append(busy['train_s']); rows[n]['threads'] = idle['threads']
+            print(f"  pair {i + 1} {n:<18} idle {idle['train_s']:6.2f} s  one core busy {busy['train_s']:6.2f} s", flush=True)
+    load1 = os.getloadavg()
+    base = statistics.median(rows['default']['idle']) if 'default' in rows else None
+    print(f"\nthe demo's training, {a.steps} steps, medians of {a.repeats} pairs; load average after: {load1[0]:.2f} (1 min)")
+    print(f"{'setting':<20}{'threads':>8}{'idle s':>9}{'busy s':>9}{'busy/idle':>11}{'idle vs default':>17}")
+    for n, r in rows.items():
+        ratio = statistics.median(b / i for i, b in zip(r['idle'], r['busy']))
+        rel = f"{statistics.median(r['idle']) / base:.2f}" if base else ''
+        print(f"{n:<20}{r['threads']:>8}{statistics.median(r['idle']):>9.2f}{statistics.median(r['busy']):>9.2f}{ratio:>11.2f}{rel:>17}")
+    print("target: busy/idle <= 2.5")
