@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np, torch, yaml
 from torch import nn
 import safetensors.torch as st
+from .strategies import load_yaml
 
 # %% auto #0
 __all__ = ['CHECKPOINT_FORMAT', 'seed_everything', 'rng_state', 'set_rng_state', 'loader_generators', 'clean_leftovers',
@@ -119,11 +120,13 @@ def _damage(ck:Path, weights_only:bool=False)->str|None:
 # %% ../nbs/06a_checkpoint.ipynb #k022d
 _LINES = {}  # metrics.jsonl path -> (its size, its lines) when last seen, so a save does not reread the file
 
-def _metrics_lines(p:Path)->int:
+def _metrics_lines(p:Path)->int|None:
+    "The complete lines of `p`; None when it ends in half a line (its writer was killed mid-append)."
     if not p.is_file(): return 0
     size = p.stat().st_size
     if _LINES.get(str(p), (None,))[0] != size:
-        with open(p, 'rb') as f: _LINES[str(p)] = (size, f.read().count(b'\n'))
+        with open(p, 'rb') as f: b = f.read()
+        _LINES[str(p)] = (size, b.count(b'\n') if b.endswith(b'\n') or not b else None)
     return _LINES[str(p)][1]
 
 def _json_line(r:dict)->str: return json.dumps(r, default=lambda o: o.item() if hasattr(o, 'item') else str(o)) + '\n'
@@ -132,7 +135,7 @@ def _write_metrics(run_dir:Path, history:list, keep:int|None=None):
     "Make `run_dir/metrics.jsonl` hold `history`: append the records it lacks, or rewrite it when it holds more (a resumed run)."
     p = run_dir / 'metrics.jsonl'
     n = _metrics_lines(p)
-    if n > len(history): _write_text_atomic(p, ''.join(_json_line(r) for r in history))
+    if n is None or n > len(history): _write_text_atomic(p, ''.join(_json_line(r) for r in history))
     elif n < len(history):
         with open(p, 'a') as f: f.write(''.join(_json_line(r) for r in history[n:])); f.flush(); os.fsync(f.fileno())
     _LINES.pop(str(p), None)
@@ -223,6 +226,10 @@ def find_checkpoint(path, # a checkpoint directory, or a run directory holding `
     clean_leftovers(p)
     found = sorted((q for q in p.glob('step-*') if _is_checkpoint(q, weights_only)), reverse=True)
     latest = (p / 'latest').read_text().strip() if (p / 'latest').is_file() else None
+    if latest is not None and not re.fullmatch(r'step-\d+', latest):  # a path elsewhere ('../other/step-9') is never followed
+        raise ValueError(f"{p / 'latest'} names {latest[:100]!r}, which is not a checkpoint of this run directory: `latest` holds only "
+                         "the name of a step-* directory beside it (e.g. step-0000123). Write that name into it, or delete the file "
+                         "and the newest complete checkpoint is used.")
     found.sort(key=lambda q: q.name != latest)  # `latest` first, then newest first
     for q in found:
         why = _damage(q, weights_only) if verify else None
@@ -267,5 +274,5 @@ def read_run_config(path, # a run directory, one of its checkpoints, or a weight
     p = Path(path)
     d = p if p.is_dir() else p.parent
     for c in (d / 'config.yaml', d.parent / 'config.yaml'):
-        if c.is_file(): return yaml.safe_load(c.read_text()) or {}
+        if c.is_file(): return load_yaml(c.read_text(), repr(str(c))) or {}
     return {}

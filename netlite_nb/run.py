@@ -9,12 +9,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from torch import nn
 from fastcore.basics import patch
-import yaml
 from .probe import fmt_bytes, probe, rows_html, rows_text
 from .budget import resize_batch
 from .data import image_folder, load_dataset, make_loaders, mnist_sample, mnist_sample_loaders
 from .models import create_model
-from .strategies import ConfigError, RunConfig, load_config, pick_strategy, size_config
+from .strategies import ConfigError, RunConfig, load_config, load_yaml, pick_strategy, size_config
 from .checkpoint import find_checkpoint, read_state, seed_everything
 from .train import EarlyStopping, Trainer
 
@@ -56,7 +55,7 @@ def _timestamp()->str: return time.strftime('%Y%m%d-%H%M%S')
 def _run_section(config)->tuple:
     "(`config`, None), or (its `run:` section, a note) when `config` is the `config.yaml` a run saved, or that file's mapping."
     path = Path(config) if isinstance(config, (str, Path)) else None
-    raw = yaml.safe_load(path.read_text()) if path is not None and path.is_file() else config
+    raw = load_yaml(path.read_text(), repr(str(path))) if path is not None and path.is_file() else config
     if not (isinstance(raw, dict) and isinstance(raw.get('run'), dict) and 'versions' in raw): return config, None
     where = f"{str(path)!r}" if path is not None else 'this configuration'
     if 'demo' in raw['run']:
@@ -74,7 +73,7 @@ def _trainer_for(cfg:RunConfig, model:nn.Module, dls, run_dir, callbacks, progre
     return Trainer(model, dls, strategy=s, optimizer=cfg.optim.name, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                    micro_batch=s.micro_batch, accum_steps=s.accum_steps, clip_grad=t.grad_clip, ema=t.ema,
                    lr_schedule='cosine' if cfg.schedule.cosine else 'constant', warmup=cfg.schedule.warmup,
-                   seed=t.seed, deterministic=t.deterministic, run_dir=run_dir, callbacks=cbs, progress=progress,
+                   seed=t.seed, deterministic=t.deterministic, run_dir=run_dir, checkpoint_every=t.checkpoint_every, callbacks=cbs, progress=progress,
                    verbose=verbose, config=cfg.to_dict())
 
 def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path (a run's own `config.yaml` too), or a mapping
@@ -165,7 +164,8 @@ def rows(self:DemoResult)->list[tuple[str,str]]:
     return r + [('Note', n) for n in self.notes]
 
 # %% ../nbs/10_run.ipynb #r023
-DEMO = dict(model='netlite_tiny', epochs=8, batch_size=64, lr=4e-3, weight_decay=0.05, warmup=0.2, label_smoothing=0.05, ema=None, augment=True)
+DEMO = dict(model='netlite_tiny', epochs=8, batch_size=64, lr=4e-3, weight_decay=0.05, warmup=0.2, label_smoothing=0.05, ema=None, augment=True,
+            checkpoint_every=100)  # optimizer steps between checkpoints: a killed demo loses at most that many
 
 def run_demo(run_dir='runs/demo', # where the checkpoint, config.yaml and the ONNX files go
              epochs:int|None=None, # default `DEMO['epochs']`
@@ -184,6 +184,7 @@ def run_demo(run_dir='runs/demo', # where the checkpoint, config.yaml and the ON
     cfg = {'model': {'name': DEMO['model'], 'kwargs': {}}, 'data': {'name': 'mnist_sample', 'batch_size': bs}, 'demo': dict(DEMO), 'seed': seed}
     trainer = Trainer(model, dls, strategy=strat, lr=DEMO['lr'], weight_decay=DEMO['weight_decay'], warmup=DEMO['warmup'],
                       loss_fn=nn.CrossEntropyLoss(label_smoothing=DEMO['label_smoothing']), ema=DEMO['ema'], run_dir=run_dir, seed=seed,
+                      checkpoint_every=DEMO['checkpoint_every'],
                       callbacks=callbacks, progress=progress, verbose=verbose, config=cfg)
     trainer.fit(epochs=None if steps else (epochs or DEMO['epochs']), steps=steps)
     m = trainer.last_metrics

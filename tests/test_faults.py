@@ -205,3 +205,79 @@ def test_steps_count_from_the_start_of_the_call_and_resume_finishes_the_cut_call
     assert t.interrupted and t.step == 8
     r = Trainer(mlp(), loaders(), run_dir=tmp_path, **KW).fit(steps=5, resume=tmp_path)
     assert r.step == 11                                  # the cut call (6 -> 11) finished, not 5 more
+
+
+# 3. periodic checkpoints from a configuration; kill -9 at random moments, then --resume
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLI = [sys.executable, '-c', 'import sys; from netlite_nb.cli import main; sys.exit(main(sys.argv[1:]))']
+ENV = {**os.environ, 'PYTHONPATH': ROOT, 'OMP_NUM_THREADS': '1'}
+
+
+def run_config(tmp_path, steps):
+    cfg = tmp_path / 'run.yaml'
+    cfg.write_text(f"strategy: cpu\nmodel: {{name: mlp}}\ndata: {{name: mnist_sample, batch_size: 64}}\n"
+                   f"train: {{steps: {steps}, checkpoint_every: 1}}\n")
+    return cfg
+
+
+def latest(run):
+    try: return (run / 'latest').read_text()
+    except OSError: return None
+
+
+def kill_loop(tmp_path, kills:int, steps:int):
+    "Run `netlite train`, SIGKILL it at a random moment after each new checkpoint, `--resume` it, until it finishes; returns the run dir."
+    import random, signal, time
+    seed = int.from_bytes(os.urandom(4), 'little'); rng = random.Random(seed)
+    cfg, run, done, lives = run_config(tmp_path, steps), tmp_path / 'killed', 0, 0
+    while True:
+        args = ['train', str(cfg), '--quiet'] + (['--resume', str(run)] if latest(run) else ['--out', str(run)])
+        p, before = subprocess.Popen(CLI + args, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), latest(run)
+        lives += 1
+        if done < kills:
+            while p.poll() is None and latest(run) == before: time.sleep(0.01)   # it made progress since it started
+            time.sleep(rng.uniform(0, 0.15))
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL); p.communicate(); done += 1
+                continue
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, f"seed {seed}, life {lives}: {err[-3000:]}"
+        assert done >= kills, f"seed {seed}: the run finished after {done} of {kills} kills; make it longer"
+        return run
+
+
+def same_weights(a, b):
+    wa, wb = st.load_file(find_checkpoint(a) / 'model.safetensors'), st.load_file(find_checkpoint(b) / 'model.safetensors')
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_config_checkpoint_every_writes_periodic_checkpoints(tmp_path):
+    from netlite_nb.strategies import load_config
+    test_cfg = load_config(str(run_config(tmp_path, 3)))
+    assert test_cfg.train.checkpoint_every == 1 and load_config({}).train.checkpoint_every == 100
+    fails(lambda: load_config({'train': {'checkpoint_every': 0}}), 'train.checkpoint_every', exc=ValueError)
+    from netlite_nb.run import train_from_config
+    t = train_from_config(str(run_config(tmp_path, 3)), ['train.checkpoint_every=2'], run_dir=tmp_path / 'r', progress=False, verbose=False)
+    assert t.opts.checkpoint_every == 2
+    assert sorted(p.name for p in (tmp_path / 'r').glob('step-*')) == ['step-0000002', 'step-0000003']
+
+
+def uninterrupted(tmp_path, steps):
+    "`netlite train` of the same configuration without a kill, started in the background (it runs while the kill loop does)."
+    return subprocess.Popen(CLI + ['train', str(run_config(tmp_path, steps)), '--quiet', '--out', str(tmp_path / 'whole')],
+                            env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_kill_9_then_resume_ends_with_the_uninterrupted_weights(tmp_path):
+    ref = uninterrupted(tmp_path, 20)
+    run = kill_loop(tmp_path, kills=1, steps=20)
+    assert ref.wait(timeout=600) == 0, ref.stderr.read()[-3000:]
+    assert same_weights(run, tmp_path / 'whole') and find_checkpoint(run).name == 'step-0000020'
+
+
+@pytest.mark.slow
+def test_kill_9_twelve_times_at_random_moments_then_resume_is_exact(tmp_path):
+    ref = uninterrupted(tmp_path, 150)
+    run = kill_loop(tmp_path, kills=12, steps=150)
+    assert ref.wait(timeout=600) == 0, ref.stderr.read()[-3000:]
+    assert same_weights(run, tmp_path / 'whole') and find_checkpoint(run).name == 'step-0000150'
