@@ -188,6 +188,7 @@ def save_checkpoint(run_dir, # the run directory; the checkpoint becomes RUN_DIR
     final = run_dir / f"step-{step:07d}"
     tmp = run_dir / f".{final.name}.tmp-{os.getpid()}"
     state = {'format': CHECKPOINT_FORMAT, 'step': step, **(extra or {}), 'optimizer': _state_dict(optimizer),
+             'optimizer_class': type(optimizer).__name__ if optimizer is not None else None,
              'scheduler': _state_dict(scheduler), 'scaler': _state_dict(scaler), 'rng': rng if rng is not None else rng_state()}
     if history is not None: state['history_len'] = len(history)
     finite = _finite(model)
@@ -239,6 +240,33 @@ def find_checkpoint(path, # a checkpoint directory, or a run directory holding `
     raise FileNotFoundError(f"No checkpoint in {p}: no complete step-* directory (model.safetensors"
                             f"{'' if weights_only else ' and state.pt'}) and no `latest` naming one.")
 
+# %% ../nbs/06a_checkpoint.ipynb #k033b
+def _weights_mismatch(model:nn.Module, path:Path)->str|None:
+    "Why the weights at `path` do not fit `model` (names, shapes), from the file's header alone; None when they fit."
+    from safetensors import safe_open
+    with safe_open(str(path), 'pt') as f: shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    have = model.state_dict()
+    saved = {have[k].untyped_storage().data_ptr() for k in shapes if k in have}  # a tied weight is saved under one name
+    missing = [k for k in have if k not in shapes and have[k].untyped_storage().data_ptr() not in saved]
+    extra = [k for k in shapes if k not in have]
+    wrong = [f"{k}: file {shapes[k]}, model {tuple(have[k].shape)}" for k in shapes if k in have and shapes[k] != tuple(have[k].shape)]
+    why = ([f"{len(wrong)} tensors have other shapes ({'; '.join(wrong[:2])})"] * bool(wrong)
+           + [f"{len(missing)} of the model's are not in the file ({', '.join(missing[:3])})"] * bool(missing)
+           + [f"{len(extra)} in the file are not in the model ({', '.join(extra[:3])})"] * bool(extra))
+    return '; '.join(why) or None
+
+def _check_fits(ck:Path, s:dict, model:nn.Module, optimizer=None, ema=None):
+    "A `ValueError` sentence when checkpoint `ck` (its state `s`) does not fit `model`, `ema` or `optimizer`; nothing is loaded."
+    why = _weights_mismatch(model, ck / 'model.safetensors')
+    if why is None and ema is not None and (ck / 'ema.safetensors').is_file(): why = _weights_mismatch(ema, ck / 'ema.safetensors')
+    if why: raise ValueError(f"The checkpoint {ck} does not fit this model: {why}. Nothing was loaded. Build the model the run trained "
+                             "(the same name and options; the run's config.yaml says which).")
+    was, now = s.get('optimizer_class'), type(optimizer).__name__
+    if optimizer is not None and s.get('optimizer') is not None and was is not None and was != now:
+        raise ValueError(f"The checkpoint {ck} holds the state of the {was} optimizer, and this run's is {now}: their states do not "
+                         f"convert (a resumed run must keep its optimizer). Nothing was loaded. Resume with the {was} the run used, "
+                         f"or start a new run from the weights alone: `load_checkpoint(path, model)` without the optimizer.")
+
 # %% ../nbs/06a_checkpoint.ipynb #k033
 def read_state(path, # a checkpoint or run directory (see `find_checkpoint`)
                mmap:bool=False, # memory-map the file: tensors are read only when used
@@ -259,9 +287,10 @@ def load_checkpoint(path, # a checkpoint or run directory (see `find_checkpoint`
     "Load a checkpoint into `model` (and the optimizer, scheduler, scaler and EMA given); returns its path and its state."
     ck = find_checkpoint(path)
     s = _read_state(ck)
-    if 'history_len' in s: _write_metrics(ck.parent, s['history'])  # records after this checkpoint belong to a run now undone
+    _check_fits(ck, s, model, optimizer, ema)  # before anything is loaded: a refused checkpoint leaves the model as it was
     st.load_model(model, str(ck / 'model.safetensors'), device=str(device))
     if ema is not None and (ck / 'ema.safetensors').is_file(): st.load_model(ema, str(ck / 'ema.safetensors'), device=str(device))
+    if 'history_len' in s: _write_metrics(ck.parent, s['history'])  # records after this checkpoint belong to a run now undone
     for o, k in ((optimizer, 'optimizer'), (scheduler, 'scheduler'), (scaler, 'scaler')):
         if o is not None and s.get(k) is not None: o.load_state_dict(s[k])
     if restore_rng: set_rng_state(s['rng'])
