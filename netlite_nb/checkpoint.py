@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np, torch, yaml
 from torch import nn
 import safetensors.torch as st
+from .strategies import load_yaml
 
 # %% auto #0
 __all__ = ['CHECKPOINT_FORMAT', 'seed_everything', 'rng_state', 'set_rng_state', 'loader_generators', 'clean_leftovers',
@@ -119,11 +120,13 @@ def _damage(ck:Path, weights_only:bool=False)->str|None:
 # %% ../nbs/06a_checkpoint.ipynb #k022d
 _LINES = {}  # metrics.jsonl path -> (its size, its lines) when last seen, so a save does not reread the file
 
-def _metrics_lines(p:Path)->int:
+def _metrics_lines(p:Path)->int|None:
+    "The complete lines of `p`; None when it ends in half a line (its writer was killed mid-append)."
     if not p.is_file(): return 0
     size = p.stat().st_size
     if _LINES.get(str(p), (None,))[0] != size:
-        with open(p, 'rb') as f: _LINES[str(p)] = (size, f.read().count(b'\n'))
+        with open(p, 'rb') as f: b = f.read()
+        _LINES[str(p)] = (size, b.count(b'\n') if b.endswith(b'\n') or not b else None)
     return _LINES[str(p)][1]
 
 def _json_line(r:dict)->str: return json.dumps(r, default=lambda o: o.item() if hasattr(o, 'item') else str(o)) + '\n'
@@ -132,7 +135,7 @@ def _write_metrics(run_dir:Path, history:list, keep:int|None=None):
     "Make `run_dir/metrics.jsonl` hold `history`: append the records it lacks, or rewrite it when it holds more (a resumed run)."
     p = run_dir / 'metrics.jsonl'
     n = _metrics_lines(p)
-    if n > len(history): _write_text_atomic(p, ''.join(_json_line(r) for r in history))
+    if n is None or n > len(history): _write_text_atomic(p, ''.join(_json_line(r) for r in history))
     elif n < len(history):
         with open(p, 'a') as f: f.write(''.join(_json_line(r) for r in history[n:])); f.flush(); os.fsync(f.fileno())
     _LINES.pop(str(p), None)
@@ -185,6 +188,7 @@ def save_checkpoint(run_dir, # the run directory; the checkpoint becomes RUN_DIR
     final = run_dir / f"step-{step:07d}"
     tmp = run_dir / f".{final.name}.tmp-{os.getpid()}"
     state = {'format': CHECKPOINT_FORMAT, 'step': step, **(extra or {}), 'optimizer': _state_dict(optimizer),
+             'optimizer_class': type(optimizer).__name__ if optimizer is not None else None,
              'scheduler': _state_dict(scheduler), 'scaler': _state_dict(scaler), 'rng': rng if rng is not None else rng_state()}
     if history is not None: state['history_len'] = len(history)
     finite = _finite(model)
@@ -223,6 +227,10 @@ def find_checkpoint(path, # a checkpoint directory, or a run directory holding `
     clean_leftovers(p)
     found = sorted((q for q in p.glob('step-*') if _is_checkpoint(q, weights_only)), reverse=True)
     latest = (p / 'latest').read_text().strip() if (p / 'latest').is_file() else None
+    if latest is not None and not re.fullmatch(r'step-\d+', latest):  # a path elsewhere ('../other/step-9') is never followed
+        raise ValueError(f"{p / 'latest'} names {latest[:100]!r}, which is not a checkpoint of this run directory: `latest` holds only "
+                         "the name of a step-* directory beside it (e.g. step-0000123). Write that name into it, or delete the file "
+                         "and the newest complete checkpoint is used.")
     found.sort(key=lambda q: q.name != latest)  # `latest` first, then newest first
     for q in found:
         why = _damage(q, weights_only) if verify else None
@@ -231,6 +239,33 @@ def find_checkpoint(path, # a checkpoint directory, or a run directory holding `
     if found: raise ValueError(f"No undamaged checkpoint in {p}: every step-* directory fails its checksum check (see the warnings).")
     raise FileNotFoundError(f"No checkpoint in {p}: no complete step-* directory (model.safetensors"
                             f"{'' if weights_only else ' and state.pt'}) and no `latest` naming one.")
+
+# %% ../nbs/06a_checkpoint.ipynb #k033b
+def _weights_mismatch(model:nn.Module, path:Path)->str|None:
+    "Why the weights at `path` do not fit `model` (names, shapes), from the file's header alone; None when they fit."
+    from safetensors import safe_open
+    with safe_open(str(path), 'pt') as f: shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    have = model.state_dict()
+    saved = {have[k].untyped_storage().data_ptr() for k in shapes if k in have}  # a tied weight is saved under one name
+    missing = [k for k in have if k not in shapes and have[k].untyped_storage().data_ptr() not in saved]
+    extra = [k for k in shapes if k not in have]
+    wrong = [f"{k}: file {shapes[k]}, model {tuple(have[k].shape)}" for k in shapes if k in have and shapes[k] != tuple(have[k].shape)]
+    why = ([f"{len(wrong)} tensors have other shapes ({'; '.join(wrong[:2])})"] * bool(wrong)
+           + [f"{len(missing)} of the model's are not in the file ({', '.join(missing[:3])})"] * bool(missing)
+           + [f"{len(extra)} in the file are not in the model ({', '.join(extra[:3])})"] * bool(extra))
+    return '; '.join(why) or None
+
+def _check_fits(ck:Path, s:dict, model:nn.Module, optimizer=None, ema=None):
+    "A `ValueError` sentence when checkpoint `ck` (its state `s`) does not fit `model`, `ema` or `optimizer`; nothing is loaded."
+    why = _weights_mismatch(model, ck / 'model.safetensors')
+    if why is None and ema is not None and (ck / 'ema.safetensors').is_file(): why = _weights_mismatch(ema, ck / 'ema.safetensors')
+    if why: raise ValueError(f"The checkpoint {ck} does not fit this model: {why}. Nothing was loaded. Build the model the run trained "
+                             "(the same name and options; the run's config.yaml says which).")
+    was, now = s.get('optimizer_class'), type(optimizer).__name__
+    if optimizer is not None and s.get('optimizer') is not None and was is not None and was != now:
+        raise ValueError(f"The checkpoint {ck} holds the state of the {was} optimizer, and this run's is {now}: their states do not "
+                         f"convert (a resumed run must keep its optimizer). Nothing was loaded. Resume with the {was} the run used, "
+                         f"or start a new run from the weights alone: `load_checkpoint(path, model)` without the optimizer.")
 
 # %% ../nbs/06a_checkpoint.ipynb #k033
 def read_state(path, # a checkpoint or run directory (see `find_checkpoint`)
@@ -252,9 +287,10 @@ def load_checkpoint(path, # a checkpoint or run directory (see `find_checkpoint`
     "Load a checkpoint into `model` (and the optimizer, scheduler, scaler and EMA given); returns its path and its state."
     ck = find_checkpoint(path)
     s = _read_state(ck)
-    if 'history_len' in s: _write_metrics(ck.parent, s['history'])  # records after this checkpoint belong to a run now undone
+    _check_fits(ck, s, model, optimizer, ema)  # before anything is loaded: a refused checkpoint leaves the model as it was
     st.load_model(model, str(ck / 'model.safetensors'), device=str(device))
     if ema is not None and (ck / 'ema.safetensors').is_file(): st.load_model(ema, str(ck / 'ema.safetensors'), device=str(device))
+    if 'history_len' in s: _write_metrics(ck.parent, s['history'])  # records after this checkpoint belong to a run now undone
     for o, k in ((optimizer, 'optimizer'), (scheduler, 'scheduler'), (scaler, 'scaler')):
         if o is not None and s.get(k) is not None: o.load_state_dict(s[k])
     if restore_rng: set_rng_state(s['rng'])
@@ -267,5 +303,5 @@ def read_run_config(path, # a run directory, one of its checkpoints, or a weight
     p = Path(path)
     d = p if p.is_dir() else p.parent
     for c in (d / 'config.yaml', d.parent / 'config.yaml'):
-        if c.is_file(): return yaml.safe_load(c.read_text()) or {}
+        if c.is_file(): return load_yaml(c.read_text(), repr(str(c))) or {}
     return {}

@@ -28,6 +28,15 @@ def _as_float(x:torch.Tensor)->torch.Tensor:
 class DataCheckError(ValueError):
     "The data would train badly or not at all; the message names the item and the fix."
 
+def _whole_labels(y)->torch.Tensor:
+    "Labels as a long tensor; a fractional float label is refused (`.long()` would silently make 2.7 a 2)."
+    y = torch.as_tensor(y)
+    if y.is_floating_point() and not torch.equal(y, y.round()):
+        i = int((y != y.round()).nonzero()[0])
+        raise DataCheckError(f"Labels must be whole class numbers, but label {i} is {float(y.flatten()[i])}. Fix: pass class indices "
+                             "(0, 1, 2, ...) as a long tensor, not scores or one-hot rows; converting would truncate them.")
+    return y.long()
+
 def _len_msg(nx, ny)->str:
     return (f"There are {nx} images but {ny} labels. Images and labels must be paired one to one: filter or shuffle "
             f"them together (index both with the same index tensor), not one at a time.")
@@ -39,7 +48,7 @@ class LabeledTensors(Dataset):
                  y:torch.Tensor,       # integer class of each image [N]
                  classes:list[str]|None=None): # class names, index = label; default '0', '1', ...
         if len(x) != len(y): raise DataCheckError(_len_msg(len(x), len(y)))
-        self.x, self.y = x, torch.as_tensor(y).long()
+        self.x, self.y = x, _whole_labels(y)
         self.classes = list(classes) if classes is not None else [str(i) for i in range(int(self.y.max()) + 1 if len(self.y) else 0)]
 
     def __len__(self)->int: return len(self.y)
@@ -126,9 +135,7 @@ def _check_pixels(x:torch.Tensor, offset=0, index=None):
 # %% ../nbs/04_data.ipynb #c015c
 def _class_indices(y:torch.Tensor, num_classes:int)->torch.Tensor:
     "Labels as a long tensor of class indices; raise on fractions and on labels outside [0, num_classes)."
-    if y.dtype.is_floating_point:
-        if not torch.equal(y, y.round()): raise DataCheckError(f"Labels must be whole class numbers, but label {int((y != y.round()).nonzero()[0])} is {float(y[(y != y.round()).nonzero()[0]])}. Fix: pass class indices (0..{num_classes-1}) as a long tensor, not scores or one-hot rows.")
-        y = y.long()
+    y = _whole_labels(y)
     bad = ((y < 0) | (y >= num_classes)).nonzero().flatten()
     if len(bad):
         i = int(bad[0]); hint = (' They look 1-based: subtract 1.' if int(y.min()) == 1 and int(y.max()) == num_classes else
@@ -138,18 +145,23 @@ def _class_indices(y:torch.Tensor, num_classes:int)->torch.Tensor:
     return y
 
 # %% ../nbs/04_data.ipynb #c015d
-def _check_labels(y:torch.Tensor, num_classes:int, classes:list[str], name:str)->list[int]:
-    "Items per class; raise when a label is not a class, when every item has one label, or when a class has no items."
+def _raise(e:Exception): raise e
+
+def _check_labels(y:torch.Tensor, num_classes:int, classes:list[str], name:str,
+                  classes_missing:str='raise', # 'raise', 'warn' (a sample may miss a rare class), or 'ignore'
+                 )->list[int]:
+    "Items per class; raise when a label is not a class, and (as `classes_missing` says) when every item has one label or a class has none."
     y = _class_indices(y, num_classes)
     counts = torch.bincount(y, minlength=num_classes).tolist()
     present = [c for c in range(num_classes) if counts[c]]
+    report = {'raise': lambda m: _raise(DataCheckError(m)), 'warn': lambda m: warnings.warn(m, stacklevel=4), 'ignore': lambda m: None}[classes_missing]
     if len(y) and len(present) == 1:
-        raise DataCheckError(f"All {len(y)} items of {name} have the same label {present[0]} ({classes[present[0]]!r}): a model would learn to "
+        report(f"All {len(y)} items of {name} have the same label {present[0]} ({classes[present[0]]!r}): a model would learn to "
                              f"always answer that. Fix: check the filter or split that produced this data; a classifier needs two classes or more.")
     empty = [c for c in range(num_classes) if not counts[c]]
-    if empty:
+    if empty and len(present) > 1:
         names = ', '.join(f"{c} ({classes[c]!r})" for c in empty[:5])
-        raise DataCheckError(f"Class {names} has no items in {name}. The model can never learn to predict it. Fix: use a stratified "
+        report(f"Class {names} has no items in {name}. The model can never learn to predict it. Fix: use a stratified "
                              f"split (every class in every part), add examples, or drop the class and renumber the labels.")
     return counts
 
@@ -164,37 +176,51 @@ def _tensor_stats(x:torch.Tensor)->tuple[float, float, float, float, int]:
         lo, hi = min(lo, float(xf.min())), max(hi, float(xf.max()))
     return total, squares, lo, hi, x[0].numel() * len(x)
 
+def _sample_index(n:int, k:int)->torch.Tensor: return torch.linspace(0, n - 1, min(k, n)).round().long().unique()
+
 def _item_stats(data, max_items:int)->tuple[tuple, tuple, int]:
     "`_tensor_stats` of up to `max_items` evenly spaced items of a dataset, their shape, and how many were read."
-    idx = torch.linspace(0, len(data) - 1, min(max_items, len(data))).round().long().unique()
+    idx = _sample_index(len(data), max_items)
     xs = torch.stack([torch.as_tensor(data[int(i)][0]).float() for i in idx])
     _check_pixels(xs, index=idx)
     return (float(xs.sum()), float(xs.double().pow(2).sum()), float(xs.min()), float(xs.max()), xs.numel()), tuple(xs.shape[1:]), len(idx)
 
 # %% ../nbs/04_data.ipynb #c015k
-def _images_and_labels(data)->tuple[torch.Tensor|None, torch.Tensor]:
-    "Images (None for a dataset read item by item) and labels of what `check_dataset` was given."
+def _targets(data)->torch.Tensor|None:
+    "The labels a dataset keeps beside its items (`targets`, also through a `Subset`), or None."
+    t = getattr(data, 'targets', None)
+    if t is None and hasattr(data, 'indices') and hasattr(data, 'dataset'):
+        inner = _targets(data.dataset)
+        return None if inner is None else inner[torch.as_tensor(data.indices, dtype=torch.long)]
+    return None if t is None else torch.as_tensor(t)
+
+def _images_and_labels(data, max_items:int|None=None)->tuple[torch.Tensor|None, torch.Tensor, bool]:
+    "Images (None for a dataset read item by item), labels, and whether the labels are all of them (else `max_items` evenly spaced)."
     if isinstance(data, (tuple, list)):
         x, y = data
         if len(x) != len(y): raise DataCheckError(_len_msg(len(x), len(y)))
-        return torch.as_tensor(x), torch.as_tensor(y)
-    if isinstance(getattr(data, 'x', None), torch.Tensor): return data.x, data.y
-    targets = getattr(data, 'targets', None)
-    return None, torch.as_tensor(targets if targets is not None else [data[i][1] for i in range(len(data))])
+        return torch.as_tensor(x), torch.as_tensor(y), True
+    if isinstance(getattr(data, 'x', None), torch.Tensor): return data.x, data.y, True
+    t = _targets(data)
+    if t is not None: return None, t, True
+    if max_items is None or len(data) <= max_items: return None, torch.as_tensor([data[i][1] for i in range(len(data))]), True
+    return None, torch.as_tensor([data[int(i)][1] for i in _sample_index(len(data), max_items)]), False
 
 # %% ../nbs/04_data.ipynb #c015l
 def check_dataset(data, # a `LabeledTensors`, an (x, y) pair of tensors, or a dataset of (x, y) items
                   num_classes:int|None=None, # default: from the dataset's `classes`, else max label + 1
                   name:str='dataset', # what to call it in messages ('train', 'valid')
                   max_items:int=2000, # pixel checks on a lazy dataset look at this many items
+                  classes_missing:str='raise', # one class only, or a class with no items: 'raise', 'warn' or 'ignore'
+                  sample_labels:bool=False, # a lazy dataset without `targets`: read the labels of `max_items` items, not all
                  )->DataReport:
     "Check images and labels before training; raise `DataCheckError` naming the item and the fix, else summarise."
-    classes = getattr(data, 'classes', None)
-    x, y = _images_and_labels(data)
+    classes = getattr(data, 'classes', None) or getattr(getattr(data, 'dataset', None), 'classes', None)
+    x, y, every = _images_and_labels(data, max_items if sample_labels else None)
     if len(y) == 0: raise DataCheckError(f"{name} is empty: no items to train on. Fix: check the path or the filter that built it.")
     num_classes = num_classes or (len(classes) if classes else int(y.max()) + 1)
     classes = list(classes) if classes and len(classes) == num_classes else [str(i) for i in range(num_classes)]
-    counts = _check_labels(y, num_classes, classes, name)
+    counts = _check_labels(y, num_classes, classes, name, classes_missing if every else 'ignore')  # a sample may miss a rare class
     if x is not None: stats, shape, checked = _tensor_stats(x), tuple(x.shape[1:]), len(x)
     else: stats, shape, checked = _item_stats(data, max_items)
     total, squares, lo, hi, cnt = stats
@@ -314,6 +340,9 @@ def image_folder(path:str|Path, # folder with one sub-folder of images per class
     p = Path(path).expanduser().resolve()
     samples, classes = _folder_samples(p)
     if not samples: raise DatasetNotFoundError(f"None of the images under {p} could be read.")
+    if len(classes) < 2:  # one class trains to accuracy 1.0 by answering it every time
+        raise DataCheckError(f"{p} has a single class folder ({classes[0]!r}): a classifier needs two or more, one sub-folder per class "
+                             f"(e.g. {p}/cat and {p}/dog). Add the other classes' folders, or point at the folder above.")
     tr, va = stratified_split(torch.tensor([t for _, t in samples]), valid_pct, seed)
     make = lambda idx: FolderDataset([samples[i] for i in idx.tolist()], classes, size, channels)
     return make(tr), make(va)
@@ -453,7 +482,7 @@ class TensorLoader:
         x, y = (data.x, data.y) if hasattr(data, 'x') else data
         if len(x) != len(y): raise DataCheckError(_len_msg(len(x), len(y)))
         self.device = torch.device(device)
-        self.x, self.y = x.to(self.device), torch.as_tensor(y).long().to(self.device)
+        self.x, self.y = x.to(self.device), _whole_labels(y).to(self.device)
         self.dataset = data if hasattr(data, 'x') else LabeledTensors(x, y)
         self.batch_size, self.shuffle, self.drop_last, self.transform = batch_size, shuffle, drop_last, transform
         self.generator = torch.Generator().manual_seed(seed)

@@ -14,7 +14,7 @@ from fastcore.basics import patch
 from .probe import fmt_bytes, rows_html, rows_text
 from .models import create_model
 from .checkpoint import find_checkpoint, read_run_config
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 # %% auto #0
 __all__ = ['INT8_TARGETS', 'ExportError', 'onnx_session', 'run_onnx', 'calibration_batches', 'int8_weight_range', 'quantize_int8',
@@ -221,6 +221,11 @@ def calibration_batches(data, input_shape:tuple, max_batches:int=8, min_samples:
             raise ValueError(f"Calibration batch {i} has shape {tuple(x.shape)}, but the model was exported for inputs of shape "
                              f"(batch, {', '.join(map(str, input_shape))}). Pass batches of the data the model was trained on "
                              f"(e.g. `dls.valid`), with the same transforms.")
+        bad = ~np.isfinite(x.reshape(len(x), -1)).all(1)
+        if bad.any():  # ONNX Runtime would stop with a bare `AssertionError: scale issue`
+            raise ValueError(f"Calibration batch {i} has NaN or inf values (in {int(bad.sum())} of its {len(x)} samples, the first is sample "
+                             f"{int(bad.argmax())}), so no INT8 range can be computed from it. Fix the data (chapter 04's `check_dataset` "
+                             f"names the bad items) or calibrate on other batches, e.g. `calibration=dls.valid`.")
         out.append(x); n += len(x)
     if n < min_samples:
         raise ValueError(f"Calibration got {len(out)} batch(es), {n} samples; INT8 ranges need at least {min_samples} real samples "
@@ -579,7 +584,11 @@ def _run_sections(weights:Path)->tuple[dict, dict]:
 
 # %% ../nbs/09_export.ipynb #q031
 def _file_shapes(w:Path)->dict:
-    with safe_open(str(w), 'pt') as f: return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    try:
+        with safe_open(str(w), 'pt') as f: return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except SafetensorError as e:
+        raise ValueError(f"The weights file {str(w)!r} cannot be read: it is truncated or damaged (safetensors: {str(e)[:200]}). Export another "
+                         "checkpoint — give the run directory, and the newest undamaged one is used — or copy the file again.") from None
 
 def _meta_shapes(name:str, kw:dict)->dict:
     with torch.device('meta'): m = create_model(name, **kw)

@@ -4,17 +4,16 @@
 
 # %% ../nbs/10_run.ipynb #r003
 from __future__ import annotations
-import time
+import inspect, time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from torch import nn
 from fastcore.basics import patch
-import yaml
 from .probe import fmt_bytes, probe, rows_html, rows_text
 from .budget import resize_batch
 from .data import image_folder, load_dataset, make_loaders, mnist_sample, mnist_sample_loaders
-from .models import create_model
-from .strategies import ConfigError, RunConfig, load_config, pick_strategy, size_config
+from .models import MODELS, UnknownModelError, create_model
+from .strategies import ConfigError, RunConfig, _closest, _short, load_config, load_yaml, pick_strategy, size_config
 from .checkpoint import find_checkpoint, read_state, seed_everything
 from .train import EarlyStopping, Trainer
 
@@ -56,7 +55,7 @@ def _timestamp()->str: return time.strftime('%Y%m%d-%H%M%S')
 def _run_section(config)->tuple:
     "(`config`, None), or (its `run:` section, a note) when `config` is the `config.yaml` a run saved, or that file's mapping."
     path = Path(config) if isinstance(config, (str, Path)) else None
-    raw = yaml.safe_load(path.read_text()) if path is not None and path.is_file() else config
+    raw = load_yaml(path.read_text(), repr(str(path))) if path is not None and path.is_file() else config
     if not (isinstance(raw, dict) and isinstance(raw.get('run'), dict) and 'versions' in raw): return config, None
     where = f"{str(path)!r}" if path is not None else 'this configuration'
     if 'demo' in raw['run']:
@@ -66,6 +65,29 @@ def _run_section(config)->tuple:
     return raw['run'], (f"{where} is the configuration a run saved: training from its `run:` section, the settings that run resolved "
                         f"(micro-batch {s.get('micro_batch')} × {s.get('accum_steps')}, as it had).")
 
+# %% ../nbs/10_run.ipynb #r010n
+def _model_for(cfg:RunConfig, num_classes:int, in_channels:int)->nn.Module:
+    "The chapter 05 model `cfg.model` names; a `model.kwargs` key or value the model does not take is a `ConfigError` naming its options."
+    name, kw = cfg.model.name, cfg.model.kwargs
+    params = inspect.signature(MODELS[name]).parameters if name in MODELS else {}
+    takes = [p for p in params if p not in ('num_classes', 'in_channels', 'image_size')]
+    unknown = [k for k in kw if k not in params] if not any(p.kind is p.VAR_KEYWORD for p in params.values()) else []
+    if unknown and params:
+        raise ConfigError(f"model.kwargs has {unknown[0]!r}, which {name} does not take.{_closest(unknown[0], takes)} "
+                          f"Its options: {', '.join(takes) or 'none'}.")
+    try: return create_model(name, num_classes=num_classes, in_channels=in_channels, **kw)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, UnknownModelError): raise
+        raise ConfigError(f"create_model({name!r}) failed with model.kwargs {_short(kw)}: {str(e).splitlines()[0][:200]}. Fix model.kwargs.") from None
+
+def _check_device(s)->None:
+    "A `ConfigError` when strategy `s` trains on a device this machine's PyTorch cannot use (chapter 00's probe says which it can)."
+    if s.device == 'cpu': return
+    hw = probe()
+    if hw.torch.backends.get(s.device) or (s.device == 'cuda' and hw.torch.backends.get('rocm')): return
+    raise ConfigError(f"Strategy {s.name!r} trains on {s.device!r}, which this machine's PyTorch cannot use (the probe recommends "
+                      f"{hw.device!r}). Use `strategy: auto` for this machine's best device, or `strategy: cpu` (`--set strategy=cpu`).")
+
 # %% ../nbs/10_run.ipynb #r011
 def _trainer_for(cfg:RunConfig, model:nn.Module, dls, run_dir, callbacks, progress, verbose)->Trainer:
     "The chapter 07 `Trainer` a resolved configuration describes."
@@ -74,7 +96,7 @@ def _trainer_for(cfg:RunConfig, model:nn.Module, dls, run_dir, callbacks, progre
     return Trainer(model, dls, strategy=s, optimizer=cfg.optim.name, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                    micro_batch=s.micro_batch, accum_steps=s.accum_steps, clip_grad=t.grad_clip, ema=t.ema,
                    lr_schedule='cosine' if cfg.schedule.cosine else 'constant', warmup=cfg.schedule.warmup,
-                   seed=t.seed, deterministic=t.deterministic, run_dir=run_dir, callbacks=cbs, progress=progress,
+                   seed=t.seed, deterministic=t.deterministic, run_dir=run_dir, checkpoint_every=t.checkpoint_every, callbacks=cbs, progress=progress,
                    verbose=verbose, config=cfg.to_dict())
 
 def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path (a run's own `config.yaml` too), or a mapping
@@ -85,11 +107,12 @@ def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path (a run's o
     "Build data, model and `Trainer` from a run configuration, train, and export if the configuration asks."
     config, note = (config, None) if isinstance(config, RunConfig) else _run_section(config)
     cfg = config if isinstance(config, RunConfig) else load_config(config, list(overrides))
+    _check_device(cfg.strategy)
     if resume is not None: cfg = _split_of_run(cfg, resume)
     t, ds = cfg.train, datasets_for(cfg.data, seed=cfg.train.seed)
     dls = loaders_for(cfg.data, cfg.strategy, seed=t.seed, datasets=ds)
     if t.seed is not None: seed_everything(t.seed, t.deterministic)  # the model's initial weights come from the seed too
-    model = create_model(cfg.model.name, num_classes=dls.num_classes, in_channels=dls.input_shape[0], **cfg.model.kwargs)
+    model = _model_for(cfg, dls.num_classes, dls.input_shape[0])
     cfg, dls = _size_for_model(cfg, model, dls, ds)
     if run_dir is None and resume is not None: run_dir = find_checkpoint(resume).parent
     if run_dir is None and t.checkpoint_dir: run_dir = Path(t.checkpoint_dir) / f"{cfg.model.name}-{_timestamp()}"
@@ -165,7 +188,8 @@ def rows(self:DemoResult)->list[tuple[str,str]]:
     return r + [('Note', n) for n in self.notes]
 
 # %% ../nbs/10_run.ipynb #r023
-DEMO = dict(model='netlite_tiny', epochs=8, batch_size=64, lr=4e-3, weight_decay=0.05, warmup=0.2, label_smoothing=0.05, ema=None, augment=True)
+DEMO = dict(model='netlite_tiny', epochs=8, batch_size=64, lr=4e-3, weight_decay=0.05, warmup=0.2, label_smoothing=0.05, ema=None, augment=True,
+            checkpoint_every=100)  # optimizer steps between checkpoints: a killed demo loses at most that many
 
 def run_demo(run_dir='runs/demo', # where the checkpoint, config.yaml and the ONNX files go
              epochs:int|None=None, # default `DEMO['epochs']`
@@ -184,6 +208,7 @@ def run_demo(run_dir='runs/demo', # where the checkpoint, config.yaml and the ON
     cfg = {'model': {'name': DEMO['model'], 'kwargs': {}}, 'data': {'name': 'mnist_sample', 'batch_size': bs}, 'demo': dict(DEMO), 'seed': seed}
     trainer = Trainer(model, dls, strategy=strat, lr=DEMO['lr'], weight_decay=DEMO['weight_decay'], warmup=DEMO['warmup'],
                       loss_fn=nn.CrossEntropyLoss(label_smoothing=DEMO['label_smoothing']), ema=DEMO['ema'], run_dir=run_dir, seed=seed,
+                      checkpoint_every=DEMO['checkpoint_every'],
                       callbacks=callbacks, progress=progress, verbose=verbose, config=cfg)
     trainer.fit(epochs=None if steps else (epochs or DEMO['epochs']), steps=steps)
     m = trainer.last_metrics

@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_strategies.ipynb #c003
 from __future__ import annotations
-import copy, dataclasses, difflib, html, math, os, re
+import copy, dataclasses, difflib, html, math, os, re, reprlib
 from dataclasses import dataclass, field, fields, asdict
 from functools import lru_cache
 from importlib import resources
@@ -17,10 +17,10 @@ from .layers import memory_transform
 from . import optim as _optim  # importing chapter 03 adds 'adamw8bit' to the optimizer names (OPTIMIZERS) profiles use
 
 # %% auto #0
-__all__ = ['DEVICES', 'PRECISIONS', 'DATASETS', 'QUANTIZE', 'ConfigError', 'UnknownStrategyError', 'Strategy', 'list_strategies',
-           'strategy_table', 'strategy_for_gpu', 'load_strategy', 'apply_allocator_settings', 'pick_strategy',
-           'split_batch', 'ModelConfig', 'DataConfig', 'OptimConfig', 'ScheduleConfig', 'TrainConfig', 'ExportConfig',
-           'RunConfig', 'load_config', 'save_config', 'size_config']
+__all__ = ['DEVICES', 'PRECISIONS', 'DATASETS', 'QUANTIZE', 'YAML_LIMIT', 'ConfigError', 'UnknownStrategyError', 'Strategy',
+           'list_strategies', 'strategy_table', 'strategy_for_gpu', 'load_strategy', 'apply_allocator_settings',
+           'pick_strategy', 'split_batch', 'ModelConfig', 'DataConfig', 'OptimConfig', 'ScheduleConfig', 'TrainConfig',
+           'ExportConfig', 'RunConfig', 'load_yaml', 'load_config', 'save_config', 'size_config']
 
 # %% ../nbs/06_strategies.ipynb #c007
 DEVICES = ('cuda', 'mps', 'xpu', 'cpu')
@@ -75,6 +75,13 @@ class Strategy:
         _validate(self)
 
 # %% ../nbs/06_strategies.ipynb #c009
+_SHORT = reprlib.Repr()  # keyword arguments only from Python 3.12
+for _k, _v in dict(maxlevel=2, maxlist=4, maxtuple=4, maxdict=4, maxset=4, maxstring=80, maxother=80).items(): setattr(_SHORT, _k, _v)
+
+def _short(value)->str:
+    "`repr(value)` cut to a line: an error message never prints a whole (perhaps alias-expanded, gigabyte) value."
+    return _SHORT.repr(value)
+
 def _coerce(value, annotation:str, key:str):
     "`value` checked against a field annotation such as 'int|None', converted where harmless (int -> float, '1e-3' -> 0.001)."
     names = [t.strip().split('[')[0] for t in annotation.split('|')]
@@ -91,7 +98,7 @@ def _coerce(value, annotation:str, key:str):
     elif isinstance(value, dict) and 'dict' in names: return dict(value)
     elif isinstance(value, (list, tuple)) and 'list' in names: return list(value)
     want = ' or '.join('null' if n == 'None' else n for n in names)
-    raise ConfigError(f"{key} must be {want}, not {value!r} ({type(value).__name__}).")
+    raise ConfigError(f"{key} must be {want}, not {_short(value)} ({type(value).__name__}).")
 
 # %% ../nbs/06_strategies.ipynb #c9b0
 def _closest(key, valid)->str:
@@ -107,7 +114,7 @@ def _unknown_key(key, valid, where)->ConfigError:
 
 def _typed(cls, d, where:str, skip=())->dict:
     "The entries of mapping `d` checked against dataclass `cls`'s fields: unknown keys and wrong types are errors."
-    if not isinstance(d, dict): raise ConfigError(f"{where} must be a mapping of keys to values, not {d!r}.")
+    if not isinstance(d, dict): raise ConfigError(f"{where} must be a mapping of keys to values, not {_short(d)}.")
     valid = {f.name: f for f in fields(cls) if f.name not in skip}
     out = {}
     for k, v in d.items():
@@ -491,6 +498,8 @@ class TrainConfig:
     ema:float|None=None           # EMA decay of the weights, e.g. 0.999; None: off
     early_stopping:int|None=None  # patience in epochs without validation improvement; None: off
     checkpoint_dir:str|None='runs'  # where checkpoints and the resolved configuration go; None: nowhere
+    checkpoint_every:int|None=100 # optimizer steps between checkpoints (a killed run resumes from the last); None: only at the end
+    check_data:bool=True          # chapter 04's data checks at the start (NaN/inf inputs, labels); false skips them
 
 @dataclass
 class ExportConfig:
@@ -528,12 +537,61 @@ def __str__(self:RunConfig): return yaml.safe_dump(self.to_dict(), sort_keys=Fal
 @patch
 def _repr_html_(self:RunConfig): return f"<pre>{html.escape(str(self))}</pre>"
 
+# %% ../nbs/06_strategies.ipynb #y002
+YAML_LIMIT = 100_000  # values a configuration may stand for once aliases are expanded (a real one has about a hundred)
+
+def _expanded(node, memo:dict, where:str)->int:
+    "How many values `node` stands for with every alias expanded; each node is counted once (`memo`)."
+    if id(node) in memo:
+        if memo[id(node)] is None: raise ConfigError(f"{where} refers to itself through an alias (an *alias inside its own &anchor): "
+                                                     "a configuration is a tree of values; write them out.")
+        return memo[id(node)]
+    memo[id(node)] = None
+    kids = (node.value if isinstance(node, yaml.SequenceNode) else
+            [c for kv in node.value for c in kv] if isinstance(node, yaml.MappingNode) else [])
+    n = 1 + sum(_expanded(c, memo, where) for c in kids)
+    if n > YAML_LIMIT:
+        raise ConfigError(f"{where} stands for more than {YAML_LIMIT:,} values once its aliases (*name) are expanded — the "
+                          "'billion laughs' pattern of nested &anchors — so it is refused. Write the values out; a configuration needs no aliases.")
+    memo[id(node)] = n
+    return n
+
+class _BoundedLoader(yaml.SafeLoader):
+    "PyYAML's safe loader that refuses a document standing for more than `YAML_LIMIT` values."
+    where = 'the YAML'
+    def compose_document(self):
+        node = super().compose_document()
+        if node is not None: _expanded(node, {}, self.where)
+        return node
+
+# %% ../nbs/06_strategies.ipynb #y003
+def _yaml_sentence(e:yaml.YAMLError, where:str)->str:
+    m = getattr(e, 'problem_mark', None)
+    at = f" at line {m.line + 1}, column {m.column + 1}" if m is not None else ''
+    problem = ' '.join(str(getattr(e, 'problem', None) or e).split())[:200]
+    if 'constructor for the tag' in problem:
+        return (f"{where}{at} has the tag {problem.split('tag ')[-1]}, which would build a Python object; a configuration holds only "
+                "plain values (numbers, strings, lists, mappings), so the tag is refused. Remove it.")
+    return (f"{where} is not valid YAML: {problem}{at}. Fix the syntax there: a missing closing brace or bracket, "
+            "a tab used to indent, or a ': ' inside an unquoted value.")
+
+def load_yaml(text:str, # the YAML document
+              where:str='the YAML', # what to call it in messages, e.g. the file's path
+             ):
+    "Plain data from `text`, as `yaml.safe_load` reads it; a `ConfigError` sentence for a syntax error, a Python tag, or an alias bomb."
+    loader = _BoundedLoader(text)
+    loader.where = where
+    try: return loader.get_single_data()
+    except yaml.YAMLError as e: raise ConfigError(_yaml_sentence(e, where)) from None
+    except RecursionError: raise ConfigError(f"{where} nests lists or mappings thousands of levels deep; a configuration is a few levels deep.") from None
+    finally: loader.dispose()
+
 # %% ../nbs/06_strategies.ipynb #c058
 def _set_dotted(raw:dict, item:str):
     "Apply one 'a.b.c=value' override to the raw configuration mapping."
     if '=' not in item: raise ConfigError(f"Override {item!r} must look like key=value, e.g. data.batch_size=64.")
     key, text = item.split('=', 1)
-    value = yaml.safe_load(text) if text.strip() else None
+    value = load_yaml(text, f"override {key.strip()!r}") if text.strip() else None
     path = key.strip().split('.')
     if len(path) > 2 and not (path[0] == 'model' and path[1] == 'kwargs'):
         raise ConfigError(f"Override {item!r}: {'.'.join(path[:2])!r} is a value, not a section.")
@@ -559,7 +617,7 @@ def _read_raw(src, overrides)->dict:
     else:
         path = Path(src)
         if not path.is_file(): raise FileNotFoundError(f"No run configuration at {str(path)!r}.")
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = load_yaml(path.read_text(), repr(str(path))) or {}
     if not isinstance(raw, dict): raise ConfigError(f"A run configuration is a mapping of sections, not {type(raw).__name__}.")
     for item in [overrides] if isinstance(overrides, str) else overrides: _set_dotted(raw, item)
     _check_keys(raw)
@@ -599,7 +657,7 @@ def load_config(src:str|Path|dict|None=None, # a YAML file, a mapping, or None f
 # %% ../nbs/06_strategies.ipynb #c58f
 def _validate_config(c:RunConfig):
     d, t, e = c.data, c.train, c.export
-    _check(d.name in DATASETS, f"data.name must be one of {', '.join(DATASETS)}, not {d.name!r}.{_closest(d.name, DATASETS)}")
+    _check(d.name in DATASETS, f"data.name must be one of {', '.join(DATASETS)}, not {_short(d.name)}.{_closest(d.name[:100], DATASETS)}")
     _check(d.name != 'folder' or d.root, "data.name 'folder' needs data.root: the folder with one sub-folder per class.")
     _check(d.batch_size >= 1, f"data.batch_size must be at least 1; got {d.batch_size}.")
     _check(c.optim.weight_decay >= 0, "optim.weight_decay cannot be negative.")
@@ -609,8 +667,9 @@ def _validate_config(c:RunConfig):
     _check(t.grad_clip is None or t.grad_clip > 0, "train.grad_clip must be positive or null.")
     _check(t.ema is None or 0 < t.ema < 1, f"train.ema is a decay between 0 and 1, e.g. 0.999; got {t.ema}.")
     _check(t.early_stopping is None or t.early_stopping >= 1, "train.early_stopping is a patience in epochs, at least 1.")
+    _check(t.checkpoint_every is None or t.checkpoint_every >= 1, "train.checkpoint_every is a number of optimizer steps, at least 1, or null.")
     _check(e.quantize in QUANTIZE, f"export.quantize must be null, 'int8' or 'fp16', not {e.quantize!r}.")
-    _check(e.onnx is None or isinstance(e.onnx, (str, bool)), f"export.onnx must be true, a file name or null, not {e.onnx!r}.")
+    _check(e.onnx is None or isinstance(e.onnx, (str, bool)), f"export.onnx must be true, a file name or null, not {_short(e.onnx)}.")
 
 # %% ../nbs/06_strategies.ipynb #c65b
 def save_config(cfg:RunConfig|dict, # a resolved `RunConfig`, or any plain mapping (the `Trainer` adds what it decided)

@@ -19,8 +19,9 @@ from .budget import fit_to_budget, make_optimizer, plan_memory, resize_batch
 from .layers import CheckpointedSequential, memory_transform
 import netlite_nb.optim  # registers 'adamw8bit' with `make_optimizer`
 from .strategies import apply_allocator_settings, load_strategy, pick_strategy, save_config
-from .checkpoint import (find_checkpoint, load_checkpoint, loader_generators, rng_state, save_checkpoint, seed_everything,
-                                   set_rng_state, read_run_config, _write_metrics)
+from .checkpoint import (find_checkpoint, load_checkpoint, loader_generators, read_state, rng_state, save_checkpoint,
+                                   seed_everything, set_rng_state, read_run_config, _write_metrics)
+from .data import DataCheckError, check_dataset
 
 # %% auto #0
 __all__ = ['NOTEBOOK_PROGRESS', 'PrecisionPolicy', 'choose_precision', 'micro_batches', 'Callback', 'ProgressBar',
@@ -332,6 +333,7 @@ class TrainOptions:
     metrics:object=None                # more validation metrics: functions fn(output, target) -> mean, or a dict name -> fn
     monitor:str='valid_loss'           # the validation value that decides the best checkpoint (RUN_DIR/best); lower is better for losses
     keep_best:bool=True                # keep the best checkpoint by `monitor` beside the latest (with a `run_dir`)
+    check_data:bool=True               # chapter 04's `check_dataset` on the data at the start of `fit` (sampled when large)
 
 def _positive_int(v)->bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
 
@@ -874,6 +876,58 @@ def predict(self:Trainer, x, # a tensor of inputs, or an iterable of batches (x 
     try: return torch.cat([self._eval_forward(model, _to(xb, self.device)).cpu() for xb in batches])
     finally: model.train(was)
 
+# %% ../nbs/07_train.ipynb #g017b
+@patch
+def _resume_settings(self:Trainer)->dict:
+    "The options a checkpoint records so that a resume can tell what changed (the table in *What may change on resume*, below)."
+    o = self.opts
+    return {'lr': o.lr, 'weight_decay': o.weight_decay, 'micro_batch': o.micro_batch, 'lr_schedule': o.lr_schedule, 'warmup': o.warmup,
+            'min_lr_ratio': o.min_lr_ratio, 'train_batches': _len(self.train_data)}
+
+@patch
+def _check_resume(self:Trainer, ck:Path, epochs=None, steps=None):
+    "Refuse, before anything is loaded, a resume from checkpoint `ck` that changes what *What may change on resume* (below) says must stay."
+    s, o, lb = read_state(ck, mmap=True), self.opts, self.state.loader_batch
+    old, n = s.get('settings') or {}, _len(self.train_data)
+    def refuse(what): raise ValueError(f"Cannot resume from {ck}: {what}. Nothing was loaded. Resume with the run's setting, or start a new "
+                                       "run from its weights: `load_checkpoint(path, trainer.model)` (chapter 06a), then `fit`.")
+    if s['loader_batch'] != lb: refuse(f"the loader's batch is {lb}, the run's was {s['loader_batch']}: the effective batch and the place in the epoch would change")
+    window = max(1, round(min(o.micro_batch or lb, lb) * (o.accum_steps or 1) / lb))
+    if window != s['window']: refuse(f"micro_batch × accum_steps give an effective batch of {window * lb}, the run's was {s['window'] * lb}")
+    if n is not None and (old.get('train_batches') not in (None, n) or n < s['batch_in_epoch']):
+        refuse(f"the training data has {n} batches per epoch, the run's had {old.get('train_batches') or 'more'}: the saved shuffle and place in the epoch are not this data's")
+    for k in ('lr_schedule', 'warmup', 'min_lr_ratio'):
+        if k in old and old[k] != getattr(o, k): refuse(f"{k} is {getattr(o, k)!r}, the run's was {old[k]!r}: the schedule was laid out at the start of the run")
+    if o.lr_schedule == 'cosine' and (steps or epochs) and n is not None:
+        total = s['run_start'] + (steps or epochs * math.ceil(n / s['window']) - s['run_offset'])
+        if total != s['total_steps']:
+            refuse(f"its cosine schedule ends at step {s['total_steps']}, and this call would end at step {total}: stretching a cosine past its "
+                   "end warms the learning rate up again. Resume with the run's length to finish it")
+
+# %% ../nbs/07_train.ipynb #g017c
+@patch
+def _apply_resume_changes(self:Trainer):
+    "Put the settings a resume may change into the restored run: a new lr scales the schedule, a new weight decay or micro-batch is set."
+    old, o, g0 = self._ckpt.get('settings') or {}, self.opts, self._ckpt['optimizer']['param_groups'][0]
+    was = g0.get('initial_lr', g0['lr'])  # the run's peak (schedulers keep it as `initial_lr`)
+    if not math.isclose(was, o.lr, rel_tol=1e-9):
+        r = o.lr / was  # every schedule here is linear in its peak: scaling lr, base and floor together is the run with the new peak
+        for g in self.opt.param_groups:
+            g['lr'] *= r
+            if 'initial_lr' in g: g['initial_lr'] *= r
+        for sch in [self.scheduler, *getattr(self.scheduler, '_schedulers', [])]:
+            if hasattr(sch, 'base_lrs'): sch.base_lrs = [b * r for b in sch.base_lrs]
+            if hasattr(sch, 'eta_min'): sch.eta_min *= r
+            if sch is not None: sch._last_lr = [g['lr'] for g in self.opt.param_groups]
+        self.notes.append(f"lr {was:g} -> {o.lr:g} on resume: the schedule is scaled by {r:g} from step {self.step} on")
+    if old.get('weight_decay', o.weight_decay) != o.weight_decay:
+        for g in self.opt.param_groups:
+            if g.get('weight_decay'): g['weight_decay'] = o.weight_decay  # groups without decay (biases, norms) stay without
+        self.notes.append(f"weight_decay {old['weight_decay']:g} -> {o.weight_decay:g} on resume")
+    if 'micro_batch' in old and old['micro_batch'] != o.micro_batch:
+        self.state.micro_batch = min(o.micro_batch or self.loader_batch, self.loader_batch)
+        self.notes.append(f"micro-batch {old['micro_batch']} -> {self.state.micro_batch} on resume (the effective batch is unchanged)")
+
 # %% ../nbs/07_train.ipynb #g009
 @patch
 def _rng_now(self:Trainer)->dict:
@@ -893,13 +947,18 @@ def save_checkpoint(self:Trainer, run_dir=None,
     if self.run_dir is None: self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix='netlite-run-'))
     cbs = {f"{i}:{type(c).__name__}": c.state_dict() for i, c in enumerate(self.callbacks) if hasattr(c, 'state_dict')}
     return save_checkpoint(run_dir or self.run_dir, self.step, self.model, self.opt, self.scheduler, self.scaler, self.ema,  # chapter 06a's
-                           extra={**{k: v for k, v in vars(self.state).items() if k != 'history'}, 'elapsed': self._elapsed_now(), 'callbacks': cbs},
+                           extra={**{k: v for k, v in vars(self.state).items() if k != 'history'}, 'elapsed': self._elapsed_now(), 'callbacks': cbs,
+                                  'settings': self._resume_settings()},
                            rng=self._rng_now(), keep=keep or self.opts.keep_checkpoints, history=self.history if history else None)
 
 # %% ../nbs/07_train.ipynb #g010
 @patch
-def load_checkpoint(self:Trainer, path)->Path:
+def load_checkpoint(self:Trainer, path,
+                    epochs:int|None=None, steps:int|None=None, # the `fit` call being resumed: its length is checked against the schedule's
+                   )->Path:
     "Restore weights, optimizer, scaler, EMA, run state, callbacks and random states from a checkpoint (or run directory)."
+    self._resolve_sizes()
+    self._check_resume(find_checkpoint(path), epochs, steps)  # refuses before anything is loaded
     ck, s = load_checkpoint(path, self.model, self.opt, scaler=self.scaler, ema=self.ema, device=self.device)  # chapter 06a's
     on = self.state.checkpointing
     self.state = TrainState(**{k: s[k] for k in _STATE if k in s})  # a field added since the checkpoint was written keeps its default
@@ -960,8 +1019,9 @@ def _setup_run(self:Trainer, epochs, steps, resume):
           "and that the loader's batch_size is not larger than the dataset with drop_last=True.")
     self._resolve_sizes()
     s = self.state
+    self._check_data()
     if resume is not None:
-        ck = self.load_checkpoint(resume)
+        ck = self.load_checkpoint(resume, epochs, steps)
         self.log(f"resumed from {ck} at step {s.step} (epoch {s.epoch}, batch {s.batch_in_epoch})"
                  + (", with activation checkpointing on, as the run had it" if self._ckpt['checkpointing'] is not None else ''))
         s = self.state
@@ -977,8 +1037,24 @@ def _setup_run(self:Trainer, epochs, steps, resume):
     if self.opts.lr == 'auto': self._auto_lr(resume)
     self._bn_warm = _batchnorms(self.model)  # BatchNorm's first batches, averaged evenly
     self._make_scheduler(steps)
+    if self._ckpt is not None: self._apply_resume_changes()
     if self.opts.plan and self.plan is None: self._initial_plan()
     self._save_config()
+
+# %% ../nbs/07_train.ipynb #g017e
+@patch
+def _check_data(self:Trainer):
+    "Chapter 04's `check_dataset` on the datasets behind the training and validation loaders, once per trainer (see above)."
+    if not self.opts.check_data or getattr(self, '_data_checked', False): return
+    self._data_checked = True
+    if not isinstance(self.loss_fn, (nn.CrossEntropyLoss, nn.NLLLoss)): return
+    for data, name in ((self.train_data, 'the training data'), (self.valid_data, 'the validation data')):
+        ds = getattr(data, 'dataset', None)
+        if ds is None or not _len(ds) or not hasattr(ds, '__getitem__'): continue
+        try: check_dataset(ds, name=name, max_items=512, classes_missing='warn', sample_labels=True)
+        except DataCheckError as e:
+            raise DataCheckError(f"{e} (Checked at the start of fit; to skip the check: Trainer(check_data=False), "
+                                 "`train.check_data: false` in a run configuration, or `netlite train --no-data-check`.)") from None
 
 # %% ../nbs/07_train.ipynb #g018
 @patch

@@ -205,3 +205,148 @@ def test_steps_count_from_the_start_of_the_call_and_resume_finishes_the_cut_call
     assert t.interrupted and t.step == 8
     r = Trainer(mlp(), loaders(), run_dir=tmp_path, **KW).fit(steps=5, resume=tmp_path)
     assert r.step == 11                                  # the cut call (6 -> 11) finished, not 5 more
+
+
+# 3. periodic checkpoints from a configuration; kill -9 at random moments, then --resume
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CLI = [sys.executable, '-c', 'import sys; from netlite_nb.cli import main; sys.exit(main(sys.argv[1:]))']
+ENV = {**os.environ, 'PYTHONPATH': ROOT, 'OMP_NUM_THREADS': '1'}
+
+
+def run_config(tmp_path, steps):
+    cfg = tmp_path / 'run.yaml'
+    cfg.write_text(f"strategy: cpu\nmodel: {{name: mlp}}\ndata: {{name: mnist_sample, batch_size: 64}}\n"
+                   f"train: {{steps: {steps}, checkpoint_every: 1}}\n")
+    return cfg
+
+
+def latest(run):
+    try: return (run / 'latest').read_text()
+    except OSError: return None
+
+
+def kill_loop(tmp_path, kills:int, steps:int):
+    "Run `netlite train`, SIGKILL it at a random moment after each new checkpoint, `--resume` it, until it finishes; returns the run dir."
+    import random, signal, time
+    seed = int.from_bytes(os.urandom(4), 'little'); rng = random.Random(seed)
+    cfg, run, done, lives = run_config(tmp_path, steps), tmp_path / 'killed', 0, 0
+    while True:
+        args = ['train', str(cfg), '--quiet'] + (['--resume', str(run)] if latest(run) else ['--out', str(run)])
+        p, before = subprocess.Popen(CLI + args, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), latest(run)
+        lives += 1
+        if done < kills:
+            while p.poll() is None and latest(run) == before: time.sleep(0.01)   # it made progress since it started
+            time.sleep(rng.uniform(0, 0.15))
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL); p.communicate(); done += 1
+                continue
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, f"seed {seed}, life {lives}: {err[-3000:]}"
+        assert done >= kills, f"seed {seed}: the run finished after {done} of {kills} kills; make it longer"
+        return run
+
+
+def same_weights(a, b):
+    wa, wb = st.load_file(find_checkpoint(a) / 'model.safetensors'), st.load_file(find_checkpoint(b) / 'model.safetensors')
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_config_checkpoint_every_writes_periodic_checkpoints(tmp_path):
+    from netlite_nb.strategies import load_config
+    test_cfg = load_config(str(run_config(tmp_path, 3)))
+    assert test_cfg.train.checkpoint_every == 1 and load_config({}).train.checkpoint_every == 100
+    fails(lambda: load_config({'train': {'checkpoint_every': 0}}), 'train.checkpoint_every', exc=ValueError)
+    from netlite_nb.run import train_from_config
+    t = train_from_config(str(run_config(tmp_path, 3)), ['train.checkpoint_every=2'], run_dir=tmp_path / 'r', progress=False, verbose=False)
+    assert t.opts.checkpoint_every == 2
+    assert sorted(p.name for p in (tmp_path / 'r').glob('step-*')) == ['step-0000002', 'step-0000003']
+
+
+def uninterrupted(tmp_path, steps):
+    "`netlite train` of the same configuration without a kill, started in the background (it runs while the kill loop does)."
+    return subprocess.Popen(CLI + ['train', str(run_config(tmp_path, steps)), '--quiet', '--out', str(tmp_path / 'whole')],
+                            env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_kill_9_then_resume_ends_with_the_uninterrupted_weights(tmp_path):
+    ref = uninterrupted(tmp_path, 20)
+    run = kill_loop(tmp_path, kills=1, steps=20)
+    assert ref.wait(timeout=600) == 0, ref.stderr.read()[-3000:]
+    assert same_weights(run, tmp_path / 'whole') and find_checkpoint(run).name == 'step-0000020'
+
+
+@pytest.mark.slow
+def test_kill_9_twelve_times_at_random_moments_then_resume_is_exact(tmp_path):
+    ref = uninterrupted(tmp_path, 150)
+    run = kill_loop(tmp_path, kills=12, steps=150)
+    assert ref.wait(timeout=600) == 0, ref.stderr.read()[-3000:]
+    assert same_weights(run, tmp_path / 'whole') and find_checkpoint(run).name == 'step-0000150'
+
+
+def netlite(*args):
+    "`netlite ARGS` in this process (a subprocess pays seconds of imports): exit status, stdout, stderr."
+    import contextlib, io
+    from netlite_nb.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err): rc = main(list(args))
+    return rc, out.getvalue(), err.getvalue()
+
+
+# 4. YAML billion laughs: refused quickly, in a short message, without growing memory
+def laughs(levels=9, where='train: {epochs: *i}'):
+    "The 435-byte bomb (9 levels of 9 aliases: 9^9 values), aimed at `where` in a run configuration."
+    names = 'abcdefghijk'[:levels]
+    return (f"a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+            + ''.join(f"{b}: &{b} [{', '.join(['*' + a] * 9)}]\n" for a, b in zip(names, names[1:])) + where + '\n')
+
+
+@pytest.mark.parametrize('text', [laughs(), laughs(10, 'model: {name: mlp, kwargs: {hidden: *j}}')], ids=['9-levels', '10-levels-in-kwargs'])
+def test_billion_laughs_is_refused_quickly_with_a_bounded_message(tmp_path, text):
+    import resource, time
+    from netlite_nb.strategies import load_config, ConfigError
+    (tmp_path / 'bomb.yaml').write_text(text)
+    assert len(text.encode()) < 600
+    rss0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
+    e = fails(lambda: load_config(str(tmp_path / 'bomb.yaml')), 'billion laughs', exc=ConfigError)
+    assert time.perf_counter() - t0 < 5 and len(str(e)) < 400
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0 < 100_000   # KiB: under 100 MB more
+    rc, out, err = netlite('train', str(tmp_path / 'bomb.yaml'))
+    assert rc == 2 and 'billion laughs' in err and len(err) < 600, err[-2000:]
+
+
+def test_error_messages_print_a_bounded_value():
+    from netlite_nb.strategies import load_config, ConfigError
+    e = fails(lambda: load_config({'train': {'epochs': [list(range(1000))] * 1000}}), 'train.epochs must be', exc=ConfigError)
+    assert len(str(e)) < 300
+
+
+# 12. the command line: a sentence and exit status 2 (usage) or 1 (runtime), never a traceback
+@pytest.mark.parametrize('text,words', [
+    ("strategy: cpu\nmodel: {name: mlp, kwargs: {widht: 3}}\ntrain: {steps: 1}\n", "'widht', which mlp does not take"),
+    ("strategy: cpu\nmodel: {name: mlp\n", "is not valid YAML"),
+    ("strategy: !!python/object/apply:os.system ['echo PWNED']\n", "would build a Python object"),
+    ("strategy: rtx_3060_12gb\nmodel: {name: mlp}\ntrain: {steps: 1}\n", "which this machine's PyTorch cannot use")])
+def test_bad_configurations_are_a_sentence_and_exit_2(tmp_path, text, words):
+    if 'rtx' in text and torch.cuda.is_available(): pytest.skip('this machine has a GPU')
+    (tmp_path / 'c.yaml').write_text(text)
+    rc, out, err = netlite('train', str(tmp_path / 'c.yaml'), '--out', str(tmp_path / 'r'))
+    assert rc == 2 and words in err and 'Traceback' not in err and 'PWNED' not in out, err[-2000:]
+
+
+def test_export_of_truncated_weights_and_a_latest_outside_the_run_are_refused(tmp_path):
+    Trainer(mlp(), loaders(), run_dir=tmp_path / 'run', **KW).fit(steps=1)
+    w = tmp_path / 'run' / 'step-0000001' / 'model.safetensors'
+    (tmp_path / 'cut.safetensors').write_bytes(w.read_bytes()[:len(w.read_bytes()) // 2])
+    rc, out, err = netlite('export', str(tmp_path / 'cut.safetensors'), '--model', 'mlp')
+    assert rc == 1 and 'truncated or damaged' in err and 'Traceback' not in err, err[-2000:]
+    (tmp_path / 'elsewhere' / 'step-0000009').mkdir(parents=True)
+    (tmp_path / 'run' / 'latest').write_text('../elsewhere/step-0000009')
+    fails(lambda: find_checkpoint(tmp_path / 'run'), 'not a checkpoint of this run directory', exc=ValueError)
+
+
+# 6. INT8 calibration on NaN batches
+def test_int8_calibration_names_the_nan_batch():
+    from netlite_nb.export import calibration_batches
+    bad = torch.rand(64, 1, 28, 28); bad[3, 0, 0, 0] = float('inf')
+    fails(lambda: calibration_batches([(torch.rand(64, 1, 28, 28), 0), (bad, 0), (bad, 0)], (1, 28, 28)),
+          'Calibration batch 1 has NaN or inf', 'first is sample 3', 'calibration=dls.valid', exc=ValueError)
