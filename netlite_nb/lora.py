@@ -215,8 +215,7 @@ def merge_lora(model:nn.Module, # an adapted model; changed in place (deep-copy 
             if isinstance(m, LoRALayer):
                 m.base.weight += m.delta()
                 parent, _, child = name.rpartition('.')
-                if name: setattr(model.get_submodule(parent), child, m.base)
-                else: model = m.base
+                setattr(model.get_submodule(parent), child, m.base)  # never the root: add_lora adapts named submodules only
             elif parametrize.is_parametrized(m):
                 # deep copies share the class PyTorch made for a parametrized module, and removing a parametrization edits
                 # that class: give this module its own copy first, so merging a copy leaves the original working
