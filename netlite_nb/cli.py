@@ -18,6 +18,7 @@ from .models import UnknownModelError, create_model, list_models
 from .strategies import ConfigError, DataConfig, UnknownStrategyError, list_strategies, strategy_table
 from .checkpoint import read_run_config
 from .run import datasets_for, run_demo, train_from_config
+from .lora import model_for_export
 
 # %% auto #0
 __all__ = ['COMMANDS', 'command', 'build_parser', 'UsageError', 'main']
@@ -206,8 +207,8 @@ _train.add_arguments = _train_args
 def _export(args):
     # a startup-time choice: ONNX and ONNX Runtime take about 2 s to import (python -X importtime), which every
     # other command would pay; chapter 09 is loaded only when a checkpoint is exported
-    from netlite_nb.export import export_onnx, model_from_checkpoint, onnx_path
-    model, info = model_from_checkpoint(args.checkpoint, args.model)
+    from netlite_nb.export import export_onnx, onnx_path
+    model, info = model_for_export(args.checkpoint, args.model)  # chapter 09a: chapter 09's model_from_checkpoint, a LoRA run's adapters merged
     dls = _run_loaders(info)
     if tuple(dls.input_shape) != tuple(info['input_shape']):
         raise UsageError(f"The run's data ({_data_name(info)}) has images of shape {tuple(dls.input_shape)}, but the weights were built for "

@@ -16,6 +16,7 @@ from .models import MODELS, UnknownModelError, create_model
 from .strategies import ConfigError, RunConfig, _closest, _short, load_config, load_yaml, pick_strategy, size_config
 from .checkpoint import find_checkpoint, read_state, seed_everything
 from .train import EarlyStopping, Trainer
+from .lora import merged, with_lora
 
 # %% auto #0
 __all__ = ['DEMO', 'datasets_for', 'loaders_for', 'train_from_config', 'export_trained', 'DemoResult', 'run_demo']
@@ -113,6 +114,7 @@ def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path (a run's o
     dls = loaders_for(cfg.data, cfg.strategy, seed=t.seed, datasets=ds)
     if t.seed is not None: seed_everything(t.seed, t.deterministic)  # the model's initial weights come from the seed too
     model = _model_for(cfg, dls.num_classes, dls.input_shape[0])
+    if cfg.lora.base: cfg, model = with_lora(cfg, model)  # chapter 09a: the base run's weights, frozen, with adapters
     cfg, dls = _size_for_model(cfg, model, dls, ds)
     if run_dir is None and resume is not None: run_dir = find_checkpoint(resume).parent
     if run_dir is None and t.checkpoint_dir: run_dir = Path(t.checkpoint_dir) / f"{cfg.model.name}-{_timestamp()}"
@@ -142,7 +144,7 @@ def export_trained(trainer:Trainer, dls,
     # `netlite` command would pay through this module; chapter 09 is loaded only when a run exports
     from netlite_nb.export import export_onnx, onnx_path
     if path is None: path = onnx_path(trainer.run_dir or Path('.'), model_name or type(trainer.model).__name__.lower(), quantize)
-    return export_onnx(trainer.eval_model, dls.one_batch(), path, opset=opset, quantize=quantize, int8_target=int8_target,
+    return export_onnx(merged(trainer.eval_model), dls.one_batch(), path, opset=opset, quantize=quantize, int8_target=int8_target,
                        calibration=dls.train if quantize == 'int8' else None, valid=dls.valid)
 
 # %% ../nbs/10_run.ipynb #r020

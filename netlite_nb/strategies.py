@@ -20,7 +20,7 @@ from . import optim as _optim  # importing chapter 03 adds 'adamw8bit' to the op
 __all__ = ['DEVICES', 'PRECISIONS', 'DATASETS', 'QUANTIZE', 'YAML_LIMIT', 'ConfigError', 'UnknownStrategyError', 'Strategy',
            'list_strategies', 'strategy_table', 'strategy_for_gpu', 'load_strategy', 'apply_allocator_settings',
            'pick_strategy', 'split_batch', 'ModelConfig', 'DataConfig', 'OptimConfig', 'ScheduleConfig', 'TrainConfig',
-           'ExportConfig', 'RunConfig', 'load_yaml', 'load_config', 'save_config', 'size_config']
+           'ExportConfig', 'LoRAConfig', 'RunConfig', 'load_yaml', 'load_config', 'save_config', 'size_config']
 
 # %% ../nbs/06_strategies.ipynb #c007
 DEVICES = ('cuda', 'mps', 'xpu', 'cpu')
@@ -507,9 +507,19 @@ class ExportConfig:
     quantize:str|None=None        # None, 'int8' or 'fp16'
     opset:int|None=None           # None: the exporter's default
 
+# %% ../nbs/06_strategies.ipynb #lr56
+@dataclass
+class LoRAConfig:
+    base:str|None=None            # fine-tune with LoRA (chapter 09a) from this trained run (directory or step-*); None: train every weight
+    targets:list=field(default_factory=lambda: ['*'])  # module-name patterns that get adapters: globs, or 're:REGEX'
+    rank:int=8                    # the adapters' rank r
+    alpha:float=16.0              # the update is scaled by alpha / rank
+    dropout:float=0.0             # dropout on the adapters' input
+    train:list=field(default_factory=list)  # module-name patterns trained in full (e.g. a new head)
+
 # %% ../nbs/06_strategies.ipynb #c56d
 _SECTIONS = {'model': ModelConfig, 'data': DataConfig, 'optim': OptimConfig, 'schedule': ScheduleConfig,
-             'train': TrainConfig, 'export': ExportConfig}
+             'train': TrainConfig, 'export': ExportConfig, 'lora': LoRAConfig}
 
 @dataclass
 class RunConfig:
@@ -521,6 +531,7 @@ class RunConfig:
     schedule:ScheduleConfig=field(default_factory=ScheduleConfig)
     train:TrainConfig=field(default_factory=TrainConfig)
     export:ExportConfig=field(default_factory=ExportConfig)
+    lora:LoRAConfig=field(default_factory=LoRAConfig)
     size_for_model:bool=field(default=False, compare=False)  # `strategy: auto` left micro_batch/accum_steps open: `size_config` sizes them
 
 # %% ../nbs/06_strategies.ipynb #c56e
@@ -670,6 +681,9 @@ def _validate_config(c:RunConfig):
     _check(t.checkpoint_every is None or t.checkpoint_every >= 1, "train.checkpoint_every is a number of optimizer steps, at least 1, or null.")
     _check(e.quantize in QUANTIZE, f"export.quantize must be null, 'int8' or 'fp16', not {e.quantize!r}.")
     _check(e.onnx is None or isinstance(e.onnx, (str, bool)), f"export.onnx must be true, a file name or null, not {_short(e.onnx)}.")
+    lo = c.lora
+    _check(type(lo.rank) is int and lo.rank >= 1 and lo.alpha > 0 and 0 <= lo.dropout < 1 and lo.targets and all(isinstance(t, str) for t in lo.targets),
+           f"lora: rank must be a whole number of at least 1, alpha positive, dropout in [0, 1) and targets a list of module-name patterns; got {asdict(lo)}.")
 
 # %% ../nbs/06_strategies.ipynb #c65b
 def save_config(cfg:RunConfig|dict, # a resolved `RunConfig`, or any plain mapping (the `Trainer` adds what it decided)

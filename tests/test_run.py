@@ -61,3 +61,26 @@ def test_the_demo_exports_into_runs_demo_onnx(tmp_path):
     r = run_demo(run_dir=tmp_path / 'demo', steps=3, progress=False, verbose=False)
     assert r.export.path == tmp_path / 'demo' / 'onnx' / 'netlite_tiny.int8.onnx'
     assert r.export.fp32_path == tmp_path / 'demo' / 'onnx' / 'netlite_tiny.fp32.onnx' and r.export.fp32_path.is_file()
+
+
+def test_a_lora_run_adapts_a_trained_run_resumes_and_exports_merged(tmp_path, capsys):
+    "A `lora:` section: the base run's weights frozen, the adapters trained and saved alone, resumed, and `netlite export` merges them."
+    from netlite_nb.checkpoint import find_checkpoint
+    from netlite_nb.cli import main
+    from netlite_nb.lora import is_lora, merged, model_for_export
+    import torch
+    small = {**yaml.safe_load(SMALL), 'strategy': 'cpu'}
+    train_from_config(small, run_dir=tmp_path / 'base', progress=False, verbose=False)
+    cfg = {**small, 'lora': {'base': str(tmp_path / 'base'), 'rank': 4, 'train': ['head']}}
+    t = train_from_config(cfg, run_dir=tmp_path / 'lora', progress=False, verbose=False)
+    assert is_lora(t.model) and t.model.lora_summary.rank == 4 and t.step == 2
+    base_ck, ck = find_checkpoint(tmp_path / 'base'), find_checkpoint(tmp_path / 'lora')
+    assert yaml.safe_load((tmp_path / 'lora' / 'config.yaml').read_text())['run']['lora']['base'] == str(base_ck.resolve())  # pinned
+    assert (ck / 'model.safetensors').stat().st_size < 0.2 * (base_ck / 'model.safetensors').stat().st_size
+    again = train_from_config(cfg, ['train.steps=3'], resume=tmp_path / 'lora', progress=False, verbose=False)
+    assert again.step == 3 and is_lora(again.model)
+    model, info = model_for_export(tmp_path / 'lora')
+    x = torch.rand(4, 1, 28, 28)
+    with torch.no_grad(): assert not is_lora(model) and torch.allclose(model(x), merged(again.model).eval()(x), atol=1e-5)
+    assert main(['export', str(tmp_path / 'lora')]) == 0 and (tmp_path / 'lora' / 'onnx' / 'mlp.fp32.onnx').is_file()
+    assert 'max |fp32' in capsys.readouterr().out

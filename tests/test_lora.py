@@ -1,0 +1,140 @@
+"Chapter 09a: LoRA adapters merge exactly, the planner counts only what trains, checkpoints hold adapters alone and resume exactly."
+import copy
+from functools import partial
+import pytest, torch
+from torch import nn
+from torch.utils.data import DataLoader
+from netlite_nb.budget import fit_to_budget, plan_memory, trace_step
+from netlite_nb.checkpoint import find_checkpoint
+from netlite_nb.fixtures import blobs, mlp
+from netlite_nb.layers import saved_bytes
+from netlite_nb.lora import LoRAConv, LoRALinear, add_lora, is_lora, measured_step_peak, merge_lora, merged
+from netlite_nb.train import Trainer
+
+
+def _as_trained(model:nn.Module, seed:int=0)->nn.Module:
+    "Give every adapter's B (zeros when created) random values, as training would, so merging has something to fold in."
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith('lora_B'): p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return model
+
+
+class Mixed(nn.Module):
+    "Every kind add_lora meets: a conv, a depthwise conv it skips, nn.MultiheadAttention, Linear layers."
+    def __init__(self):
+        super().__init__()
+        self.conv, self.dw = nn.Conv2d(1, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.attn, self.head = nn.MultiheadAttention(8, 2, batch_first=True), nn.Linear(8, 5)
+    def forward(self, x):
+        t = self.dw(torch.relu(self.conv(x))).flatten(2).transpose(1, 2)
+        return self.head(self.attn(t, t, t)[0].mean(1))
+
+
+def test_merging_computes_what_the_adapted_model_computes():
+    torch.manual_seed(0)
+    m = _as_trained(add_lora(Mixed(), rank=2)).eval()
+    s = m.lora_summary
+    assert s.adapted == {'conv': 'LoRAConv', 'attn': 'in_proj_weight (parametrization)', 'attn.out_proj': 'weight (parametrization)', 'head': 'LoRALinear'}
+    assert list(s.skipped) == ['dw'] and 'grouped' in s.skipped['dw']
+    x = torch.randn(4, 1, 6, 6)
+    with torch.no_grad(): want, got = m(x), merge_lora(copy.deepcopy(m))(x)
+    assert (want - got).abs().max() < 1e-5
+    plain = merge_lora(m)
+    assert not is_lora(plain) and sorted(plain.state_dict()) == sorted(Mixed().state_dict())
+
+
+def test_an_adapter_is_its_layer_with_weight_w_plus_ba():
+    "Against plain PyTorch: the layer computed with the weight W + (alpha/r) B A."
+    torch.manual_seed(0)
+    lin = LoRALinear(nn.Linear(7, 3), rank=2, alpha=6); _as_trained(lin)
+    x = torch.randn(5, 7)
+    with torch.no_grad(): assert torch.allclose(lin(x), x @ (lin.base.weight + 3.0 * lin.lora_B @ lin.lora_A).T + lin.base.bias, atol=1e-6)
+    conv = LoRAConv(nn.Conv2d(2, 4, 3, stride=2, padding=1, dilation=1), rank=3); _as_trained(conv)
+    xc = torch.randn(2, 2, 8, 8)
+    with torch.no_grad(): assert torch.allclose(conv(xc), nn.functional.conv2d(xc, conv.weight, conv.bias, stride=2, padding=1), atol=1e-5)
+
+
+def test_targets_glob_regex_and_errors():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2)))
+    a = add_lora(copy.deepcopy(net), targets=['2.*'])
+    assert list(a.lora_summary.adapted) == ['2.0', '2.1'] and not a[0].weight.requires_grad
+    b = add_lora(copy.deepcopy(net), targets=['re:\\d'])                       # a whole-name regex: '0' only, not '2.0'
+    assert list(b.lora_summary.adapted) == ['0']
+    c = add_lora(copy.deepcopy(net), targets=['0'], train=['2'])
+    assert c.lora_summary.trainable == 8 * 4 + 8 * 8 + (8 * 8 + 8) + (8 * 2 + 2)  # rank 8: A (8x4), B (8x8); layer 2 in full
+    with pytest.raises(ValueError, match='No module named'): add_lora(copy.deepcopy(net), targets=['head'])
+    with pytest.raises(ValueError, match='already has LoRA'): add_lora(a)
+
+
+def test_the_plan_has_no_gradient_or_optimizer_state_for_frozen_weights():
+    torch.manual_seed(0)
+    net = lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    batch = (torch.randn(32, 1, 8, 8), torch.randint(0, 10, (32,)))
+    full, lora = net(), add_lora(net(), rank=4)
+    tb = sum(p.numel() * 4 for p in lora.parameters() if p.requires_grad)
+    cat = lambda m, c: sum(r.nbytes for r in trace_step(m, batch).tracker.allocs if r.category == c)
+    assert cat(lora, 'gradients') == 2 * tb                                    # two traced steps, adapters only
+    assert 2 * tb <= cat(lora, 'optimizer') < 2 * tb + 1024 < cat(full, 'optimizer') / 10
+    for m in (full, lora, add_lora(net(), targets=['5'])):                     # what autograd saves, as a real forward saves it
+        p = plan_memory(m, batch)
+        assert p.saved_activations - p.by_module.get('loss', 0) == saved_bytes(m, batch[0], exclude=[*m.parameters(), batch[0]])
+    head_only = plan_memory(add_lora(net(), targets=['5']), batch).by_module
+    assert set(head_only) <= {'5', 'loss'} and head_only['5'] >= 32 * 256 * 4  # frozen layers before it keep nothing
+
+
+def test_plan_matches_a_real_step():
+    torch.manual_seed(0)
+    m = add_lora(nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 10)), rank=8, dropout=0.1)
+    batch = (torch.rand(64, 1, 28, 28), torch.randint(0, 10, (64,)))
+    planned, real = plan_memory(m, batch).peak, measured_step_peak(m, batch)
+    assert abs(planned - real) / real < 0.05, (planned, real)
+
+
+def test_fit_to_budget_offers_lora_with_a_traced_saving():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 10))
+    batch = (torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,)))
+    lora_total = plan_memory(net, batch, transform=partial(add_lora, rank=8)).total
+    budget = int(1.1 * lora_total)
+    assert plan_memory(net, batch, budget=budget).fits is False
+    ch = next(c for c in fit_to_budget(net, batch, budget=budget) if c.description.startswith('LoRA'))
+    assert ch.fits and ch.new_plan.total == lora_total and not is_lora(net)
+    assert not any(c.description.startswith('LoRA') for c in fit_to_budget(add_lora(copy.deepcopy(net)), batch, budget=budget))
+
+
+def _run(base, run_dir=None, steps=6, resume=None, checkpoint_every=None):
+    torch.manual_seed(0)
+    m = add_lora(copy.deepcopy(base), targets=['0'], rank=4, dropout=0.2, train=['3'])
+    dl = DataLoader(blobs(256), 32, shuffle=True, generator=torch.Generator().manual_seed(0))
+    return Trainer(m, dl, device='cpu', lr=1e-2, progress=False, verbose=False, plan=False, run_dir=run_dir,
+                   checkpoint_every=checkpoint_every).fit(steps=steps, resume=resume)
+
+
+def test_checkpoints_hold_adapters_only_and_resume_exactly(tmp_path):
+    "A 6-step run that checkpoints at step 3; a new trainer resumes that checkpoint and must end where the run ended."
+    torch.manual_seed(0)
+    base = mlp(hidden=256)
+    straight = _run(base, tmp_path / 'run', checkpoint_every=3)
+    ck = tmp_path / 'run' / 'step-0000003'
+    resumed = _run(base, tmp_path / 'resumed', resume=ck)
+    assert resumed.step == straight.step == 6
+    for (n, p), (_, q) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()): assert torch.equal(p, q), n
+    import safetensors.torch as st
+    keys = set(st.load_file(str(ck / 'model.safetensors')))
+    assert keys == {'0.lora_A', '0.lora_B', '3.weight', '3.bias', 'lora_base_sha256'}   # no frozen weight in the file
+    other = mlp(hidden=256)                                                   # adapters onto other base weights: refused
+    with pytest.raises(ValueError, match='other base weights'): _run(other, tmp_path / 'other', resume=ck)
+
+
+def test_merged_export_parity(tmp_path):
+    from netlite_nb.export import export_onnx
+    torch.manual_seed(0)
+    m = _as_trained(add_lora(nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)), rank=2)).eval()
+    x = torch.randn(8, 1, 8, 8)
+    rep = export_onnx(merged(m), x, tmp_path / 'm.onnx', measure_speed=False)
+    assert rep.ok and rep.max_abs_diff['fp32'] <= 1e-4 and is_lora(m)       # `merged` leaves the adapted model as it was
+    import onnx
+    assert not any('lora' in i.name for i in onnx.load(str(tmp_path / 'm.onnx')).graph.initializer)
