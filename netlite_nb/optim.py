@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_optim.ipynb #c003
 from __future__ import annotations
-import importlib.util, math
+import importlib.util, itertools, math, pathlib, subprocess, sys
 from functools import lru_cache
 import torch
 from fastcore.basics import patch
@@ -114,7 +114,7 @@ def dequantize_blockwise(codes:torch.Tensor, # uint8 from `quantize_blockwise`
     return out if numel is None else out[:numel]
 
 # %% ../nbs/03_optim.ipynb #c016
-_CHUNK = 2**18  # values dequantized at once: bounds a step's temporary memory, and keeps it in the CPU's cache
+_CHUNK = 2**18  # values updated at once, at most: bounds the memory a step's buffers take
 
 def _describe(group:dict, i:int, p:torch.Tensor)->str:
     names = group.get('param_names')
@@ -179,26 +179,111 @@ def _adamw_fp32(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
     p.add_((m / ((v.sqrt() / bc2_sqrt).add_(group['eps']))).to(p.dtype), alpha=-step_size)
 
 # %% ../nbs/03_optim.ipynb #ad10b
-def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float):
-    "AdamW's update with block-quantized moments, chunk by chunk: dequantize, update in fp32, quantize again."
-    (b1, b2), bs = group['betas'], group['block_size']
-    pf, gf, n = p.view(-1), p.grad.reshape(-1), p.numel()
-    chunk = max(bs, _CHUNK // bs * bs)
-    for s in range(0, n, chunk):
-        e = min(s + chunk, n)
-        bsl = slice(s // bs, math.ceil(e / bs))  # blocks of this chunk
-        qsl = slice(bsl.start * bs, bsl.stop * bs)
-        g = gf[s:e].float()
-        if 'exp_avg_q' in st: m = dequantize_blockwise(st['exp_avg_q'][qsl], st['exp_avg_absmax'][bsl], True, e - s)
-        else: m = st['exp_avg'][s:e].float()
-        v = dequantize_blockwise(st['exp_avg_sq_q'][qsl], st['exp_avg_sq_absmax'][bsl], False, e - s)
-        m.lerp_(g, 1 - b1); v.mul_(b2).addcmul_(g, g, value=1 - b2)
-        d = v.sqrt().div_(bc2_sqrt).add_(group['eps'])
-        if p.dtype == torch.float32: pf[s:e].addcdiv_(m, d, value=-step_size)
-        else: pf[s:e].add_(torch.div(m, d, out=d).to(p.dtype), alpha=-step_size)
-        if 'exp_avg_q' in st: st['exp_avg_q'][qsl], st['exp_avg_absmax'][bsl] = quantize_blockwise(m, True, bs)
-        else: st['exp_avg'][s:e] = m
-        st['exp_avg_sq_q'][qsl], st['exp_avg_sq_absmax'][bsl] = quantize_blockwise(v, False, bs)
+def _adamw_8bit_reference(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float):
+    "AdamW's update with block-quantized moments, the plain way: dequantize the whole tensor, update in fp32, quantize again."
+    (b1, b2), bs, n = group['betas'], group['block_size'], p.numel()
+    g = p.grad.reshape(-1).float()
+    m = dequantize_blockwise(st['exp_avg_q'], st['exp_avg_absmax'], True, n) if 'exp_avg_q' in st else st['exp_avg'].float()
+    v = dequantize_blockwise(st['exp_avg_sq_q'], st['exp_avg_sq_absmax'], False, n)
+    m.lerp_(g, 1 - b1); v.mul_(b2).addcmul_(g, g, value=1 - b2)
+    d = v.sqrt().div_(bc2_sqrt).add_(group['eps'])
+    if p.dtype == torch.float32: p.view(-1).addcdiv_(m, d, value=-step_size)
+    else: p.view(-1).add_(torch.div(m, d, out=d).to(p.dtype), alpha=-step_size)
+    if 'exp_avg_q' in st: st['exp_avg_q'][:], st['exp_avg_absmax'][:] = quantize_blockwise(m, True, bs)
+    else: st['exp_avg'][:] = m
+    st['exp_avg_sq_q'][:], st['exp_avg_sq_absmax'][:] = quantize_blockwise(v, False, bs)
+
+# %% ../nbs/03_optim.ipynb #fs1
+_CHUNK_BYTES_PER_VALUE = 27  # fp32 m, v and a temporary, an int32 key, a bool, two codes, the parameter and its fp32 gradient
+_MIN_CHUNK = 2**16  # below this the ~30 operation launches per chunk cost more than the cache saves (bench/optim_state.py --chunks)
+
+def _count_cpus(cpu_list:str)->int:
+    "Number of CPUs in a Linux CPU list such as '0-3,8'."
+    return sum(int(b) - int(a) + 1 for a, _, b in (r.partition('-') if '-' in r else (r, '', r) for r in cpu_list.strip().split(',')))
+
+@lru_cache(None)
+def _cache_per_core()->int|None:
+    "Bytes of the last-level CPU cache per core that shares it, as the OS reports it; None where it does not."
+    try:
+        levels = []
+        for d in pathlib.Path('/sys/devices/system/cpu/cpu0/cache').glob('index*'):
+            if (d / 'type').read_text().strip() == 'Instruction': continue
+            size = (d / 'size').read_text().strip()
+            size = int(size.rstrip('KMG')) * {'K': 2**10, 'M': 2**20, 'G': 2**30}.get(size[-1], 1)
+            levels.append((int((d / 'level').read_text()), size // _count_cpus((d / 'shared_cpu_list').read_text())))
+        if levels: return max(levels)[1]
+        if sys.platform == 'darwin':  # Apple silicon: the performance cores' shared L2 is their last level
+            out = subprocess.run(['sysctl', '-n', 'hw.perflevel0.l2cachesize', 'hw.perflevel0.cpusperl2'], capture_output=True, text=True, timeout=5)
+            size, cpus = map(int, out.stdout.split())
+            return size // cpus
+    except (OSError, ValueError, subprocess.SubprocessError): pass
+    return None
+
+def _chunk_values(device:torch.device, block_size:int)->int:
+    "Values the 8-bit step updates at once on `device`, in whole blocks: on a CPU, what its threads' share of the last-level cache holds."
+    chunk = _CHUNK
+    if device.type == 'cpu':
+        fits = (_cache_per_core() or 2**21) * torch.get_num_threads() // _CHUNK_BYTES_PER_VALUE
+        chunk = min(max(fits, _MIN_CHUNK), _CHUNK)
+    return max(block_size, chunk // block_size * block_size)
+
+# %% ../nbs/03_optim.ipynb #fs5
+@patch
+def _scratch(self:AdamW8bit, like:torch.Tensor, n:int)->dict:
+    "fp32, int32 and bool buffers of at least `n` values on `like`'s device, made once and reused by every chunk and step."
+    key = (like.device, is_traced(like))  # a planner's fake buffers never serve a real step
+    sc = self.__dict__.setdefault('_scratch_buffers', {}).get(key)
+    if sc is None or sc['m'].numel() < n:
+        make = lambda dtype: torch.empty(n, dtype=dtype, device=like.device)
+        sc = self._scratch_buffers[key] = dict(m=make(torch.float32), v=make(torch.float32), t=make(torch.float32),
+                                               i=make(torch.int32), b=make(torch.bool), cut={})
+    return sc
+
+def _cut(sc:dict, n:int)->dict:
+    "The buffers cut to a chunk of `n` values, cut once per chunk length."
+    if n not in sc['cut']: sc['cut'][n] = {k: sc[k][:n] for k in 'mvtib'}
+    return sc['cut'][n]
+
+# %% ../nbs/03_optim.ipynb #fs7
+_TINY = torch.finfo(torch.float32).tiny
+
+def _dequantize_into(q:torch.Tensor, absmax:torch.Tensor, code:torch.Tensor, out:torch.Tensor, w:dict, bs:int):
+    "`dequantize_blockwise` of the codes `q` and (blocks, 1) scales `absmax` into `out`."
+    torch.index_select(code, 0, w['i'].copy_(q), out=out).view(-1, bs).mul_(absmax)
+
+def _quantize_into(x:torch.Tensor, q:torch.Tensor, absmax:torch.Tensor, tables:tuple, w:dict, bs:int):
+    "`quantize_blockwise` of fp32 `x` (whole blocks; overwritten) into the codes `q` and the (blocks, 1) scales `absmax`."
+    _, base, inside = tables
+    torch.amax(torch.abs(x, out=w['t']).view(-1, bs), 1, keepdim=True, out=absmax)
+    x.view(-1, bs).div_(absmax.clamp_min(_TINY))
+    key = torch.bitwise_right_shift(x.view(torch.int32), 16, out=w['i']).bitwise_and_(0xFFFF)  # as in _nearest_code
+    torch.index_select(base, 0, key, out=q)
+    q.add_(torch.gt(x, torch.index_select(inside, 0, key, out=w['t']), out=w['b']))
+
+# %% ../nbs/03_optim.ipynb #fs9
+def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float, sc:dict, chunk:int):
+    "`_adamw_8bit_reference`'s update, `chunk` values at a time in the buffers `sc`, with the bias correction folded into two scalars."
+    (b1, b2), bs, eight = group['betas'], group['block_size'], 'exp_avg_q' in st
+    signed, unsigned = _tables(True, p), _tables(False, p)
+    lr_c, eps_c = step_size * bc2_sqrt, group['eps'] * bc2_sqrt
+    scales = lambda a: a.view(-1, 1).split(chunk // bs)
+    pieces = zip(p.view(-1).split(chunk), p.grad.reshape(-1).split(chunk), (st['exp_avg_q'] if eight else st['exp_avg']).split(chunk),
+                 scales(st['exp_avg_absmax']) if eight else itertools.repeat(None), st['exp_avg_sq_q'].split(chunk), scales(st['exp_avg_sq_absmax']))
+    for pc, gc, qm, am, qv, av in pieces:
+        k, w = pc.numel(), _cut(sc, qv.numel())
+        m, v = w['m'], w['v']
+        if eight: _dequantize_into(qm, am, signed[0], m, w, bs)
+        else: m[:k].copy_(qm)
+        _dequantize_into(qv, av, unsigned[0], v, w, bs)
+        mk, vk, gc = m[:k], v[:k], gc.float()
+        mk.lerp_(gc, 1 - b1); vk.mul_(b2).addcmul_(gc, gc, value=1 - b2)
+        d = torch.sqrt(vk, out=w['t'][:k]).add_(eps_c)
+        if p.dtype == torch.float32: pc.addcdiv_(mk, d, value=-lr_c)
+        else: pc.add_(torch.div(mk, d, out=d).to(p.dtype), alpha=-lr_c)
+        if k < m.numel(): m[k:].zero_(); v[k:].zero_()  # the padding of the last block, as the reference pads
+        if eight: _quantize_into(m, qm, am, signed, w, bs)
+        else: qm.copy_(mk)
+        _quantize_into(v, qv, av, unsigned, w, bs)
 
 # %% ../nbs/03_optim.ipynb #ad12
 @patch
@@ -220,8 +305,9 @@ def step(self:AdamW8bit, closure=None):
             t = st['step']
             step_size, bc2_sqrt = lr / (1 - b1 ** t), math.sqrt(1 - b2 ** t)
             if wd: p.mul_(1 - lr * wd)
-            update = _adamw_fp32 if 'exp_avg_sq' in st else _adamw_8bit
-            update(p, st, group, step_size, bc2_sqrt)
+            if 'exp_avg_sq' in st: _adamw_fp32(p, st, group, step_size, bc2_sqrt); continue
+            chunk = _chunk_values(p.device, group['block_size'])
+            _adamw_8bit(p, st, group, step_size, bc2_sqrt, self._scratch(p, min(chunk, st['exp_avg_sq_q'].numel())), chunk)
     return loss
 
 # %% ../nbs/03_optim.ipynb #ad16
