@@ -10,7 +10,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_map_only, tree_flatten
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from fastcore.basics import patch
@@ -20,8 +20,9 @@ from .probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes, 
 __all__ = ['OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'KERNEL_STATE_BYTES', 'TENSOR_TERMS', 'COLORS', 'LEVERS', 'Allocation',
            'AllocationTracker', 'ShapeMismatchError', 'resize_batch', 'default_loss', 'is_traced', 'register_optimizer',
            'make_optimizer', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes', 'Target',
-           'resolve_target', 'cpu_workspace_bytes', 'MemoryPlan', 'plan_memory', 'plot_plans', 'BudgetTooSmallError',
-           'max_batch_size', 'Change', 'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
+           'resolve_target', 'cpu_workspace_bytes', 'cpu_conv_scratch', 'cpu_kernel_path', 'MemoryPlan', 'plan_memory',
+           'plot_plans', 'BudgetTooSmallError', 'max_batch_size', 'Change', 'register_lever', 'fit_to_budget',
+           'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -62,6 +63,8 @@ class AllocationTracker(TorchDispatchMode):
         self.phase, self.step, self.modules = 'setup', 0, []
         self.inputs:dict[str,str] = {}  # module name -> shapes of its last input (strings: holding tensors would keep them alive)
         self.kernels:list[tuple] = []   # every matmul and convolution, in order (`_kernel`)
+        self.kernel_path:Callable|None = None  # kernel_path(func, args, out) -> (out, scratch bytes): a device's kernels (set by `trace_step`)
+        self.decomposed = False  # saw an op that only a reference decomposition runs (attention's math path on 'meta')
 
     def record_of(self, t:torch.Tensor)->Allocation|None:
         "The record of `t`'s storage while it is tracked and alive."
@@ -97,7 +100,10 @@ def _free(self:AllocationTracker, key:int, rec:Allocation):
 @patch
 def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None):
     if func in _MATMULS or func in _CONVS: self.kernels.append(_kernel(func, args))
+    if func is torch.ops.aten._safe_softmax.default: self.decomposed = True
     out = func(*args, **(kwargs or {}))
+    scratch = 0
+    if self.kernel_path is not None: out, scratch = self.kernel_path(func, args, out)
     new = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and self.record_of(t) is None]
     if new:  # an output sharing an input's storage (a view, an in-place or out= result) allocated nothing
         ins = {id(a.untyped_storage()) for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
@@ -108,7 +114,18 @@ def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None
         if rec and func is torch.ops.aten._to_copy.default:
             src = self.record_of(args[0])
             if src is not None and src.category == 'weights': rec.category = 'weight copies'
+    if scratch: self.transient(scratch)
     return out
+
+# %% ../nbs/01_budget.ipynb #ks1
+@patch
+def transient(self:AllocationTracker, nbytes:int, # bytes the running op allocates and frees before it returns
+              category:str='kernel scratch'):
+    "Record memory held only while the current op runs: it adds to what is live at this op, not to the whole step."
+    rec = Allocation(nbytes, self.phase, self.step, self.modules[-1] if self.modules else '', category, born=len(self.events))
+    self.allocs.append(rec); self.events.append((1, rec))
+    if self.current + nbytes > self.peak: self.peak, self.peak_at = self.current + nbytes, rec.born
+    rec.died = len(self.events); self.events.append((-1, rec))
 
 # %% ../nbs/01_budget.ipynb #c013
 class ShapeMismatchError(ValueError):
@@ -297,32 +314,11 @@ class Trace:
     param_count:int
     accum_steps:int            # micro-batches a real step has
 
-def trace_step(model:nn.Module, # the model; it is copied, never run or changed
-               batch, # (x, y) or x; any device, including 'meta'
-               loss_fn:Callable|None=None, # loss_fn(output, y); default: `default_loss`
-               optimizer='adamw', # 'sgd', 'adamw', 'adamw8bit', an optimizer class, or a callable params -> optimizer
-               precision:str='fp32', # 'fp32', 'fp16' (autocast + GradScaler) or 'bf16' (autocast)
-               micro_batch:int|None=None, # samples per forward/backward when accumulating gradients
-               transform:Callable|None=None, # model -> model applied to the copy first (e.g. chapter 02's `convert_model`)
-               cuda:bool=False, # trace the optimizer as it runs on CUDA (multi-tensor kernels)
-               steps:int=2, # training steps; the second one has optimizer state, as every step after it does
-              )->Trace:
-    "Run `steps` training steps of `model` on fake tensors and record every allocation and free."
-    if precision not in ('fp32', *LOW_PRECISION): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', not {precision!r}")
-    # meta tensors are the fastest way to run ops without data; autocast only acts on real device types, so
-    # mixed precision runs on FakeTensors that claim to be CPU tensors
-    fm = FakeTensorMode() if precision in LOW_PRECISION else None
+def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn, optimizer, precision, cuda, steps, kernels)->AllocationTracker:
+    "Run `steps` steps of the fake copy `m` under a tracker (on FakeTensors of `fm`, else on 'meta')."
     dev = 'cpu' if fm else 'meta'
-    m = _fake_copy(model, fm)
-    if transform is not None: m = transform(m)
-    m.train()
-    x, y = _check_batch(batch)
-    mb = min(micro_batch or x.shape[0], x.shape[0])
-    accum = math.ceil(x.shape[0] / mb)
     tr = AllocationTracker(dev)
-    log = logging.getLogger('torch._subclasses.fake_tensor')
-    level = log.level
-    log.setLevel(logging.CRITICAL)  # a shape error is ours to explain, not a traceback in the log
+    if kernels == 'cpu': tr.kernel_path = cpu_kernel_path
     try:
         with fm or contextlib.nullcontext(), _watch_modules(m, tr):
             params = [p for p in m.parameters() if p.requires_grad]
@@ -342,6 +338,40 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
         err = _shape_error(e, tr, m, x, y)
         if err is None: raise
         raise err from e
+    return tr
+
+# %% ../nbs/01_budget.ipynb #c016b
+def trace_step(model:nn.Module, # the model; it is copied, never run or changed
+               batch, # (x, y) or x; any device, including 'meta'
+               loss_fn:Callable|None=None, # loss_fn(output, y); default: `default_loss`
+               optimizer='adamw', # 'sgd', 'adamw', 'adamw8bit', an optimizer class, or a callable params -> optimizer
+               precision:str='fp32', # 'fp32', 'fp16' (autocast + GradScaler) or 'bf16' (autocast)
+               micro_batch:int|None=None, # samples per forward/backward when accumulating gradients
+               transform:Callable|None=None, # model -> model applied to the copy first (e.g. chapter 02's `convert_model`)
+               cuda:bool=False, # trace the optimizer as it runs on CUDA (multi-tensor kernels)
+               steps:int=2, # training steps; the second one has optimizer state, as every step after it does
+               kernels:str|None=None, # 'cpu': the CPU's kernels (their scratch, LSTM workspace, fused attention); None: PyTorch's reference ops
+              )->Trace:
+    "Run `steps` training steps of `model` on fake tensors and record every allocation and free."
+    if precision not in ('fp32', *LOW_PRECISION): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', not {precision!r}")
+    # meta tensors are the fastest way to run ops without data; autocast only acts on real device types, and some CPU
+    # kernels differ from the reference ops, so mixed precision and those models run on FakeTensors that claim to be CPU tensors
+    cpu_path = precision in LOW_PRECISION or (kernels == 'cpu' and _cpu_dispatch_differs(model))
+    x, y = _check_batch(batch)
+    mb = min(micro_batch or x.shape[0], x.shape[0])
+    accum = math.ceil(x.shape[0] / mb)
+    log = logging.getLogger('torch._subclasses.fake_tensor')
+    level = log.level
+    log.setLevel(logging.CRITICAL)  # a shape error is ours to explain, not a traceback in the log
+    try:
+        while True:
+            fm = FakeTensorMode() if cpu_path else None
+            m = _fake_copy(model, fm)
+            if transform is not None: m = transform(m)
+            m.train()
+            tr = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels)
+            if cpu_path or kernels != 'cpu' or not tr.decomposed: break
+            cpu_path = True  # attention ran its reference path on 'meta': trace again on the CPU's dispatch
     finally: log.setLevel(level)
     return Trace(tr, sum(p.numel() for p in model.parameters()), accum)
 
@@ -468,6 +498,67 @@ def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls
         seen.add(k)
     return total
 
+# %% ../nbs/01_budget.ipynb #kp1
+_CPU_BLOCK = 16 if 'AVX512' in torch.backends.cpu.get_cpu_capability() else 8  # channels per block in oneDNN's blocked layouts
+
+def _blocked(shape, itemsize:int)->int:
+    "Bytes of a tensor of `shape` in oneDNN's blocked layout: channels (dimension 1) padded to a whole block."
+    return itemsize * shape[0] * math.ceil(shape[1] / _CPU_BLOCK) * _CPU_BLOCK * math.prod(shape[2:])
+
+@functools.cache
+def _conv_backend(x_shape, w_shape, stride, padding, dilation, transposed, groups, dtype, threads)->str:
+    "The kernel PyTorch's CPU dispatch picks for this convolution ('Mkldnn', 'Slow2d', ...), asked on data-less CPU tensors."
+    with _disable_current_modes(), FakeTensorMode():
+        x, w = torch.empty(x_shape, dtype=dtype), torch.empty(w_shape, dtype=dtype)
+        be = torch._C._select_conv_backend(x, w, None, list(stride), list(padding), list(dilation), transposed, [0] * len(stride), groups, None)
+    return str(be).split('.')[-1]
+
+# %% ../nbs/01_budget.ipynb #kp2
+def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
+                     args, out)->int:
+    "Bytes a CPU convolution allocates and frees inside itself, beyond its outputs."
+    fwd = func is torch.ops.aten.convolution.default
+    x, w, y = (args[0], args[1], out) if fwd else (args[1], args[2], args[0])  # y: the output, or its gradient
+    stride, padding, dilation, transposed = args[3:7] if fwd else args[4:8]
+    groups, n = args[8] if fwd else args[9], x.element_size()
+    be = _conv_backend(tuple(x.shape), tuple(w.shape), tuple(stride), tuple(padding), tuple(dilation), transposed, groups, x.dtype, torch.get_num_threads())
+    if be == 'Mkldnn':
+        src, dst = _blocked(x.shape, n), _blocked(y.shape, n)
+        if fwd: return max(src, dst)
+        # a first layer's few channels are read in place, unless its input needs a gradient
+        return dst + (src if args[10][0] or x.shape[1] >= _CPU_BLOCK else 0)
+    if be == 'Slow2d' and not (all(k == 1 for k in w.shape[2:]) and all(s == 1 for s in stride) and not any(padding)):
+        cols = n * x.shape[0] * w.shape[1] * math.prod(w.shape[2:]) * math.prod(y.shape[2:])  # im2col of the whole batch
+        return cols if fwd else cols * (1 + bool(args[10][0]))  # backward: columns for the weight's gradient, and the input's
+    return 0
+
+# %% ../nbs/01_budget.ipynb #kp6
+_LSTM_GATES = 4  # input, forget, cell and output gate: oneDNN keeps each one's value per step for backward (fp32 accumulators)
+
+def _lstm_workspace(T:int, B:int, H:int, I:int)->tuple[int, int, int]:
+    "Resident bytes of oneDNN's LSTM for T steps of B samples, I inputs and H units: (workspace after forward, forward scratch, backward scratch)."
+    u = 4 * B * T * H  # one fp32 value per unit and step
+    # oneDNN reserves ~15 values per unit and step, but pages become resident only when written: forward writes the gates
+    # and the hidden state of every step, computing the gates in scratch first; backward writes the gates' gradients into the
+    # workspace and into scratch, the states' gradients, and the input's gradient in its own layout
+    return u * (_LSTM_GATES + 1) + 4 * B * H, u * _LSTM_GATES, u * (2 * _LSTM_GATES + 1) + 4 * B * T * I
+
+def cpu_kernel_path(func, args, out)->tuple[Any, int]:
+    "For the tracker: a CPU op's outputs as the real kernel makes them (the LSTM workspace the reference leaves empty), and its scratch bytes."
+    if func is torch.ops.aten.mkldnn_rnn_layer.default and out[3].numel() == 0 and args[15]:
+        (T, B, I), H = args[0].shape, args[10]  # time-major input
+        ws, scratch, _ = _lstm_workspace(T, B, H, I)
+        return (*out[:3], torch.empty(ws, dtype=torch.uint8, device=args[0].device)), scratch
+    if func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
+        (T, B, I), H = args[0].shape, args[5].shape[-1]
+        return out, _lstm_workspace(T, B, H, I)[2]
+    if func in _CONVS: return out, cpu_conv_scratch(func, args, out)
+    return out, 0
+
+def _cpu_dispatch_differs(model:nn.Module)->bool:
+    "Does `model` have layers whose CPU kernels the meta device does not run (recurrent layers)?"
+    return any(isinstance(m, nn.RNNBase) for m in model.modules())
+
 # %% ../nbs/01_budget.ipynb #c029
 TENSOR_TERMS = ('weights', 'weight copies', 'gradients', 'optimizer', 'activations', 'temporaries', 'batch')
 
@@ -588,7 +679,10 @@ def _device_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, li
             f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, 384) x (N + 648) for each product "
             f"that needs more than the ones before it) and {KERNEL_STATE_BYTES // 1024} KiB per other matmul/convolution shape, "
             "kept for the life of the process; measured for fp32 with one thread by `python bench/budget_accuracy.py --gemm`. "
-            "More threads pack more and bf16/fp16 matmuls (oneDNN) keep buffers of their own: neither is included"]
+            "More threads pack more and bf16/fp16 matmuls (oneDNN) keep buffers of their own: neither is included",
+            "kernel scratch is placed at its op: oneDNN's blocked copies inside each convolution (im2col for PyTorch's fallback); "
+            "oneDNN's LSTM workspace is traced as the tensor it is, and models with recurrent layers or attention follow the CPU's "
+            "dispatch (fused attention); modelled from `python bench/budget_accuracy.py --kernels` at one thread"]
     notes = [f"{target.kind} allocator and driver overheads are not modelled: tensor bytes only"] if target.kind in ('mps', 'xpu') else []
     return raw, raw, {}, notes
 
@@ -641,7 +735,8 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
     target = resolve_target(device_or_gpu)
     b = _batch_size(batch)
     mb = min(micro_batch or b, b)
-    t = trace_step(model, batch, loss_fn, optimizer, precision, micro_batch, transform, cuda=target.kind == 'cuda')
+    t = trace_step(model, batch, loss_fn, optimizer, precision, micro_batch, transform, cuda=target.kind == 'cuda',
+                   kernels='cpu' if target.kind == 'cpu' else None)
     tr = t.tracker
     peak, reserved, terms, device_notes = _device_terms(target, tr)
     rec = tr.events[tr.peak_at][1] if tr.peak_at >= 0 else None
@@ -655,7 +750,8 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
 # %% ../nbs/01_budget.ipynb #c037
 COLORS = {'weights': '#4c72b0', 'weight copies': '#8fa9d6', 'gradients': '#dd8452', 'optimizer': '#55a868', 'activations': '#c44e52',
           'temporaries': '#8172b3', 'batch': '#937860', 'cuBLAS workspace': '#bbbbbb', 'allocator rounding': '#cccccc',
-          'allocator cache': '#dddddd', 'CUDA context': '#999999', 'CPU kernel workspace': '#bbbbbb'}
+          'allocator cache': '#dddddd', 'CUDA context': '#999999', 'CPU kernel workspace': '#bbbbbb',
+          'kernel scratch': '#aaaaaa'}
 
 def plot_plans(plans:list[MemoryPlan]|MemoryPlan, # one plan or several to compare
                labels:list[str]|None=None, # one label per plan; default: batch size and precision
