@@ -908,6 +908,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                  'netlite_nb/train.py'),
                                   'netlite_nb.train.Trainer._rng_now': ('train.html#trainer._rng_now', 'netlite_nb/train.py'),
                                   'netlite_nb.train.Trainer._running_stats': ('train.html#trainer._running_stats', 'netlite_nb/train.py'),
+                                  'netlite_nb.train.Trainer._save_best': ('train.html#trainer._save_best', 'netlite_nb/train.py'),
                                   'netlite_nb.train.Trainer._save_config': ('train.html#trainer._save_config', 'netlite_nb/train.py'),
                                   'netlite_nb.train.Trainer._set_lr': ('train.html#trainer._set_lr', 'netlite_nb/train.py'),
                                   'netlite_nb.train.Trainer._setup_run': ('train.html#trainer._setup_run', 'netlite_nb/train.py'),

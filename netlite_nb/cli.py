@@ -195,7 +195,7 @@ def _train(args):
 def _train_args(p):
     p.add_argument('config', nargs='?', help="the run configuration, a YAML file (a run's config.yaml repeats that run)")
     p.add_argument('--list-strategies', action='store_true', help="list the built-in strategies a configuration's `strategy:` can name, and exit")
-    p.add_argument('--set', action='append', default=[], metavar='KEY=VALUE', help='override a key, e.g. --set train.epochs=2 (repeatable)')
+    p.add_argument('--set', action='append', default=[], metavar='KEY=VALUE', help='override a key, e.g. --set train.epochs=2, --set optim.lr=auto (lr_find picks it) (repeatable)')
     p.add_argument('--out', default=None, help='run directory (default: train.checkpoint_dir/MODEL-TIMESTAMP)')
     p.add_argument('--resume', default=None, metavar='RUN_DIR', help='continue the run saved in RUN_DIR')
     p.add_argument('--quiet', action='store_true', help='no progress bar or run description')

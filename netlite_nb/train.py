@@ -454,7 +454,7 @@ class Trainer:
         self.last_metrics, self.oom_reports, self.stop, self.interrupted = {}, [], False, False
         self.eval_batch = None  # samples per evaluation forward pass; None: the loader's batch (halved after an OOM)
         self._ckpt, self._rng_window, self._in_update, self._stop_requested, self._running = None, None, False, False, False
-        self._step_skipped, self._rng_end, self.lr_found, self._lr_record, self._bn_warm = False, None, None, None, []
+        self._step_skipped, self._rng_end, self.lr_found, self._lr_record, self._bn_warm, self._best_due = False, None, None, None, [], False
 
     def log(self, msg:str):
         "Print `msg` when verbose (the trainer's one voice)."
@@ -855,13 +855,19 @@ def validate(self:Trainer, data=None, # an iterable of (x, y) batches; default t
 # %% ../nbs/07_train.ipynb #g004b
 @patch
 def _keep_best(self:Trainer, res:dict):
-    "After a validation: when `res` is the best so far by `monitor`, note it in the state and save RUN_DIR/best beside the latest."
+    "After a validation: when `res` is the best so far by `monitor`, note it in the state and have RUN_DIR/best saved beside the latest."
     o, v = self.opts, res.get(self.opts.monitor)
     if v is None: return
     b = self.state.best
     if b is not None and not (v < b[o.monitor] if 'loss' in o.monitor else v > b[o.monitor]): return
     self.state.best = {'step': self.step, o.monitor: v}
-    if o.keep_best and self.run_dir is not None: self.save_checkpoint(self.run_dir / 'best', keep=1, history=False)
+    self._best_due = o.keep_best and self.run_dir is not None
+    if not self._running: self._save_best()  # during `fit`, the latest checkpoint is written first: resuming needs it more
+
+@patch
+def _save_best(self:Trainer):
+    "Write RUN_DIR/best (one checkpoint) when the last validation was the best so far."
+    if self._best_due: self._best_due = False; self.save_checkpoint(self.run_dir / 'best', keep=1, history=False)
 
 # %% ../nbs/07_train.ipynb #g005
 @patch
@@ -1106,6 +1112,7 @@ def fit(self:Trainer, epochs:int|None=None, # passes over the training data
         self._rng_end = rng_state()
         if self.valid_data is not None and (not self.history or 'valid_loss' not in self.history[-1]): self.validate()
         if self.run_dir is not None: self.save_checkpoint()
+        self._save_best()
     except KeyboardInterrupt:
         self.interrupted = True
         self.opt.zero_grad(set_to_none=True)
@@ -1173,7 +1180,7 @@ def _fit_epochs(self:Trainer):
             if len(batches) < s.window or (n_batches is not None and s.batch_in_epoch >= n_batches): exhausted = True; break
         if exhausted:
             s.epoch += 1; s.batch_in_epoch = 0
-            if self.valid_data is not None: self.validate()
+            if self.valid_data is not None: self.validate(); self._save_best()
             self._call('after_epoch')
 
 # %% ../nbs/07_train.ipynb #lr01

@@ -276,6 +276,7 @@ from netlite_nb.checkpoint import loader_generators, rng_state
 
 
 def _cpu(o):
+    "Copies for comparison, made here rather than with the trainer's own `_cpu`: a copy that aliased would make the check pass."
     if torch.is_tensor(o): return o.detach().to('cpu', copy=True)
     if isinstance(o, dict): return {k: _cpu(v) for k, v in o.items()}
     if isinstance(o, (list, tuple)): return type(o)(_cpu(v) for v in o)
