@@ -2,10 +2,16 @@
 
 The plain loop is the least a training loop can do (forward, loss, zero_grad, backward, step, scheduler step).
 The trainer adds: precision policy, accumulation bookkeeping, callbacks, history records every `log_every`
-steps (with a device-memory reading), random-state snapshots for exact resume, and Ctrl-C deferral around the update.
-Runs alternate (plain, trainer, plain, ...) and the median of `--repeats` is reported, because the CPU is shared.
+steps (with a device-memory reading), random-state snapshots for exact resume, the nan/inf check, and Ctrl-C
+deferral around the update. The smaller the step, the larger that share: the `tiny` case (a 40-100-100-10 MLP at
+batch 100, a step of a few hundred µs) is where it shows most.
 
-    python bench/trainer_overhead.py [--steps 150] [--repeats 3] [--model cnn|mlp] [--threads 1]
+The machine may be shared, so a single pair of runs can be off by ±30 %. Each case runs `--pairs` short pairs
+(plain, trainer — the order alternating from pair to pair, so a drift in the machine's load hits both alike) and
+reports the median of the per-pair ratios with its quartiles, for wall time (what a user waits for) and for the
+process's CPU time (which descheduling by other processes does not inflate; exact with `--threads 1`).
+
+    python bench/trainer_overhead.py [--case all|cnn|mlp|tiny] [--pairs 15] [--steps 150] [--threads 1]
 """
 import argparse, statistics, time, torch
 from torch import nn
@@ -13,49 +19,64 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from netlite_nb.train import Trainer, warmup_cosine
 
-def make_model(kind):
-    torch.manual_seed(0)
-    if kind == 'mlp': return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
-    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
-                         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
+CASES = {  # name -> (model, input shape, batch)
+    'cnn': (lambda: nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                                  nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 7 * 7, 10)), (1, 28, 28), 64),
+    'mlp': (lambda: nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10)), (1, 28, 28), 64),
+    'tiny': (lambda: nn.Sequential(nn.Linear(40, 100), nn.ReLU(), nn.Linear(100, 100), nn.ReLU(), nn.Linear(100, 10)), (40,), 100),
+}
 
-def make_data(n, bs):
-    g = torch.Generator().manual_seed(0)
-    ds = TensorDataset(torch.rand(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g))
+def make_model(case): torch.manual_seed(0); return CASES[case][0]()
+
+def make_data(case, n=4096):
+    g, (_, shape, bs) = torch.Generator().manual_seed(0), CASES[case]
+    ds = TensorDataset(torch.rand(n, *shape, generator=g), torch.randint(0, 10, (n,), generator=g))
     return DataLoader(ds, bs, shuffle=True, generator=torch.Generator().manual_seed(0))
 
-def plain(kind, dl, steps, lr=1e-3):
-    model = make_model(kind); opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+def clocks(): return time.perf_counter(), time.process_time()
+
+def plain(case, dl, steps, lr=1e-3):
+    model = make_model(case); opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     sched = warmup_cosine(opt, steps, int(0.05 * steps)); model.train()
-    n, step, t0 = 0, 0, time.perf_counter()
+    n, step, (w0, c0) = 0, 0, clocks()
     while step < steps:
         for xb, yb in dl:
             loss = F.cross_entropy(model(xb), yb)
             opt.zero_grad(set_to_none=True); loss.backward(); opt.step(); sched.step()
             n += len(yb); step += 1
             if step == steps: break
-    return n / (time.perf_counter() - t0), loss.item()
+    w1, c1 = clocks()
+    return n / (w1 - w0), n / (c1 - c0)
 
-def trainer(kind, dl, steps, lr=1e-3):
-    t = Trainer(make_model(kind), dl, device='cpu', lr=lr, progress=False, verbose=False, plan=False, seed=None, log_every=10)
-    t0 = time.perf_counter(); t.fit(steps=steps)
-    return t.samples / (time.perf_counter() - t0), t.history[-1]['loss']
+def trainer(case, dl, steps, lr=1e-3):
+    t = Trainer(make_model(case), dl, device='cpu', lr=lr, progress=False, verbose=False, plan=False, seed=None, log_every=10)
+    w0, c0 = clocks(); t.fit(steps=steps); w1, c1 = clocks()
+    return t.samples / (w1 - w0), t.samples / (c1 - c0)
+
+def quartiles(xs): q = statistics.quantiles(xs, n=4); return q[0], q[2]
+
+def run_case(case, pairs, steps):
+    dl = make_data(case)
+    plain(case, dl, 20); trainer(case, dl, 20)  # warm up kernels and allocator
+    ps, ts = [], []
+    for i in range(pairs):
+        if i % 2: t = trainer(case, dl, steps); p = plain(case, dl, steps)
+        else: p = plain(case, dl, steps); t = trainer(case, dl, steps)
+        ps.append(p); ts.append(t)
+    wall = [t[0] / p[0] for p, t in zip(ps, ts)]; cpu = [t[1] / p[1] for p, t in zip(ps, ts)]
+    return statistics.median(p[0] for p in ps), statistics.median(t[0] for t in ts), wall, cpu
 
 if __name__ == '__main__':
-    ap = argparse.ArgumentParser(); ap.add_argument('--steps', type=int, default=150); ap.add_argument('--repeats', type=int, default=3)
-    ap.add_argument('--model', default='cnn'); ap.add_argument('--batch', type=int, default=64)
-    ap.add_argument('--threads', type=int, default=None, help='torch threads (1 steadies timings on a busy machine)')
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--case', default='all', choices=['all', *CASES]); ap.add_argument('--pairs', type=int, default=15)
+    ap.add_argument('--steps', type=int, default=150)
+    ap.add_argument('--threads', type=int, default=1, help='torch threads (1: CPU time is exact and the machine\'s other jobs matter less)')
     a = ap.parse_args()
-    if a.threads: torch.set_num_threads(a.threads)
-    dl = make_data(4096, a.batch)
-    plain(a.model, dl, 10); trainer(a.model, dl, 10)  # warm up kernels and allocator
-    ps, ts = [], []
-    for _ in range(a.repeats):
-        ps.append(plain(a.model, dl, a.steps)[0]); ts.append(trainer(a.model, dl, a.steps)[0])
-    p, t = statistics.median(ps), statistics.median(ts)
-    pair = statistics.median(b / a for a, b in zip(ps, ts))  # each trainer run against the plain run just before it
-    print(f"model {a.model}, batch {a.batch}, {a.steps} steps × {a.repeats} repeats, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"{'loop':<14}{'samples/s (median)':>20}{'all runs':>32}")
-    print(f"{'plain PyTorch':<14}{p:>20.0f}{'  ' + ' '.join(f'{x:.0f}' for x in ps):>32}")
-    print(f"{'Trainer.fit':<14}{t:>20.0f}{'  ' + ' '.join(f'{x:.0f}' for x in ts):>32}")
-    print(f"ratio Trainer/plain: of the medians {t / p:.3f}, median of paired runs {pair:.3f} (target >= 0.95)")
+    torch.set_num_threads(a.threads)
+    print(f"{a.pairs} pairs of {a.steps} steps per case, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"{'case':<6}{'batch':>6}{'plain samples/s':>17}{'Trainer samples/s':>19}{'ratio (wall)':>14}{'quartiles':>15}{'ratio (CPU)':>13}{'quartiles':>15}")
+    for case in (CASES if a.case == 'all' else [a.case]):
+        p, t, wall, cpu = run_case(case, a.pairs, a.steps)
+        print(f"{case:<6}{CASES[case][2]:>6}{p:>17.0f}{t:>19.0f}{statistics.median(wall):>14.3f}{'%.3f–%.3f' % quartiles(wall):>15}"
+              f"{statistics.median(cpu):>13.3f}{'%.3f–%.3f' % quartiles(cpu):>15}", flush=True)
+    print("ratio: Trainer/plain samples/s, median of the paired runs (target >= 0.95)")

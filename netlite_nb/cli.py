@@ -154,7 +154,7 @@ _plan.add_arguments = _plan_args
 @command('demo', 'Train netlite_tiny on the embedded MNIST sample on this machine, evaluate it, checkpoint and export it: the whole book in one command.')
 def _demo(args):
     r = run_demo(run_dir=args.out, epochs=args.epochs, steps=args.steps, seed=args.seed, device=args.device,
-                 export=not args.no_export, progress=False if args.quiet else None, verbose=not args.quiet)
+                 export=not args.no_export, progress=False if args.quiet else None, verbose=not args.quiet, resume=args.resume)
     print(r)
     return 130 if r.interrupted else 0
 
@@ -165,6 +165,7 @@ def _demo_args(p):
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--device', default=None, help="override the strategy's device, e.g. cpu")
     p.add_argument('--no-export', action='store_true', help='skip the ONNX export')
+    p.add_argument('--resume', action='store_true', help='continue the interrupted demo saved in --out')
     p.add_argument('--quiet', action='store_true', help='no progress bar or run description, just the summary')
 _demo.add_arguments = _demo_args
 

@@ -9,13 +9,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from torch import nn
 from fastcore.basics import patch
-from .probe import fmt_bytes, probe, rows_html, rows_text
+import yaml
+from .probe import device_memory, fmt_bytes, probe, rows_html, rows_text
 from .budget import resize_batch
 from .data import image_folder, load_dataset, make_loaders, mnist_sample, mnist_sample_loaders
 from .models import MODELS, UnknownModelError, create_model
 from .strategies import ConfigError, RunConfig, _closest, _short, load_config, load_yaml, pick_strategy, size_config
 from .checkpoint import find_checkpoint, read_state, seed_everything
-from .train import EarlyStopping, Trainer
+from .train import Callback, EarlyStopping, Trainer
 from .lora import merged, with_lora
 
 # %% auto #0
@@ -167,6 +168,9 @@ class DemoResult:
     export:object=None      # chapter 09 `ExportReport`, when it ran
     notes:list=field(default_factory=list)
     interrupted:bool=False  # stopped by Ctrl-C (the checkpoint holds the last finished step)
+    run_dir:str=''          # the run directory, absolute: config.yaml, checkpoints, onnx/
+    measured_peak:int|None=None  # the device memory's peak as chapter 00 reads it (on the CPU: the process's RSS)
+    measured_source:str=''  # what `measured_peak` counts
 
     def __str__(self): return rows_text(self.rows())
     def _repr_html_(self): return rows_html(self.rows(), 'netlite demo')
@@ -178,16 +182,63 @@ def rows(self:DemoResult)->list[tuple[str,str]]:
     r = [('Device', f"{self.device}, strategy {self.strategy}, {self.precision}"),
          ('Batch', f"micro-batch {self.micro_batch} × {self.accum_steps}; {self.epochs} epochs, {self.steps} optimizer steps"),
          ('Held-out accuracy', f"{100*self.accuracy:.2f}% on 1,000 images (loss {self.valid_loss:.4f})"),
-         ('Time', f"training {self.train_seconds:.1f} s, whole demo {self.total_seconds:.1f} s"),
-         ('Checkpoint', self.checkpoint)]
-    if self.plan_peak: r.insert(2, ('Planned peak', fmt_bytes(self.plan_peak)))
+         ('Time', f"training {self.train_seconds:.1f} s, whole demo {self.total_seconds:.1f} s")]
+    if self.plan_peak: r.insert(2, ('Memory', self._memory_text()))
     e = self.export
     if e is not None:
         acc, agree = e.accuracy or {}, e.agreement or {}
-        r.append(('Export', f"{e.path} ({e.precision}, {fmt_bytes(e.size)})"
+        r.append(('Export', f"{e.precision}, {fmt_bytes(e.size)}"
                   + (f"; ONNX Runtime accuracy {acc[e.precision]:.2f}% vs PyTorch {acc['pytorch']:.2f}%" if e.precision in acc and 'pytorch' in acc else '')
                   + (f"; top-1 agreement {agree[e.precision]:.1f}%" if e.precision in agree else '')))
-    return r + [('Note', n) for n in self.notes]
+    return r + self._files() + [('Note', n) for n in self.notes] + [('Next', c) for c in self.next_commands()]
+
+# %% ../nbs/10_run.ipynb #dm02
+@patch
+def _memory_text(self:DemoResult)->str:
+    "The planned peak beside the measured one, and why they differ."
+    planned = f"planned peak {fmt_bytes(self.plan_peak)} (chapter 01: the tensors of one training step)"
+    if self.measured_peak is None: return planned
+    why = ("counts the whole process: Python, PyTorch's libraries and the data set besides the tensors" if 'RSS' in self.measured_source
+           else "counts what the caching allocator held: freed blocks are kept for reuse, so it is above the tensors' own peak")
+    return f"{planned}; measured peak {fmt_bytes(self.measured_peak)} ({self.measured_source}), which {why}"
+
+@patch
+def _files(self:DemoResult)->list[tuple[str,str]]:
+    "Every file the demo wrote, by absolute path."
+    d, e = Path(self.run_dir), self.export
+    r = [('Config', str(d / 'config.yaml')), ('Checkpoint', str(Path(self.checkpoint).resolve()))]
+    if e is not None: r += [('ONNX', str(Path(e.path).resolve()))] + ([('ONNX fp32', str(Path(e.fp32_path).resolve()))] if e.fp32_path else [])
+    return r
+
+# %% ../nbs/10_run.ipynb #dm03
+@patch
+def next_commands(self:DemoResult)->list[str]:
+    "What to run next, with this run's paths."
+    d, cmds = self.run_dir, []
+    if self.interrupted: cmds.append(f"netlite demo --resume --out {d}   # finish the interrupted run")
+    cmds.append(f"netlite export {d} --int8   # export the checkpoint again, into {d}/onnx")
+    if self.export is not None:
+        onnx = Path(self.export.path).resolve()
+        cmds.append(f"python -c \"import onnxruntime as ort, numpy as np; s = ort.InferenceSession('{onnx}'); "
+                    f"print(s.run(None, {{s.get_inputs()[0].name: np.zeros((1, 1, 28, 28), np.float32)}})[0].argmax())\"   # run the ONNX file")
+    cmds.append("jupyter lab nbs/   # read the book that built this, from a clone of the repository")
+    return cmds
+
+# %% ../nbs/10_run.ipynb #dm05
+_DEMO_INTRO = ("netlite demo: train netlite_tiny on 4,000 embedded MNIST digits (8 epochs, 504 optimizer steps), check it on 1,000 "
+               "held-out ones, save a checkpoint and export ONNX + INT8. On an idle 2-core CPU training takes about 30 s; the forecast "
+               "for this machine follows its first steps.")
+
+class _Forecast(Callback):
+    "After a few optimizer steps: how long the rest of the run will take at the speed measured so far."
+    def __init__(self, steps:int=5): self.steps, self.t0 = steps, None
+    def after_step(self, t):
+        done = t.step - t.run_start
+        if done == 1: self.t0 = time.perf_counter()  # the first step pays for warming up: not counted
+        elif done == 1 + self.steps and self.t0 is not None:
+            per = (time.perf_counter() - self.t0) / self.steps
+            t.log(f"forecast: {per * 1e3:.0f} ms per step here, so about {per * (t.total_steps - t.step):.0f} s for the remaining "
+                  f"{t.total_steps - t.step} steps (validation and export come on top)")
 
 # %% ../nbs/10_run.ipynb #r023
 DEMO = dict(model='netlite_tiny', epochs=8, batch_size=64, lr=4e-3, weight_decay=0.05, warmup=0.2, label_smoothing=0.05, ema=None, augment=True,
@@ -198,9 +249,12 @@ def run_demo(run_dir='runs/demo', # where the checkpoint, config.yaml and the ON
              steps:int|None=None, # stop after this many optimizer steps instead (quick checks)
              seed:int=0, device:str|None=None, # default: the strategy's
              export:bool=True, # export ONNX + INT8 with chapter 09: RUN_DIR/onnx/netlite_tiny.{int8,fp32}.onnx
-             progress:bool|None=None, verbose:bool=True, callbacks=())->DemoResult:
+             progress:bool|None=None, verbose:bool=True, callbacks=(),
+             resume:bool=False, # continue the run saved in `run_dir` (after an interrupt)
+            )->DemoResult:
     "Probe → strategy → plan → train netlite_tiny on the MNIST sample → evaluate → checkpoint → export → summary."
     t0, hw, bs = time.perf_counter(), probe(), DEMO['batch_size']
+    if verbose: print(_DEMO_INTRO)
     seed_everything(seed)
     train_ds, valid_ds = mnist_sample()
     model = create_model(DEMO['model'], num_classes=10, in_channels=1)
@@ -211,11 +265,13 @@ def run_demo(run_dir='runs/demo', # where the checkpoint, config.yaml and the ON
     trainer = Trainer(model, dls, strategy=strat, lr=DEMO['lr'], weight_decay=DEMO['weight_decay'], warmup=DEMO['warmup'],
                       loss_fn=nn.CrossEntropyLoss(label_smoothing=DEMO['label_smoothing']), ema=DEMO['ema'], run_dir=run_dir, seed=seed,
                       checkpoint_every=DEMO['checkpoint_every'],
-                      callbacks=callbacks, progress=progress, verbose=verbose, config=cfg)
-    trainer.fit(epochs=None if steps else (epochs or DEMO['epochs']), steps=steps)
+                      callbacks=[*callbacks, _Forecast()], progress=progress, verbose=verbose, config=cfg)
+    trainer.fit(epochs=None if steps else (epochs or DEMO['epochs']), steps=steps, resume=trainer.run_dir if resume else None)
+    mem = device_memory(trainer.device)
     m = trainer.last_metrics
     rep = export_trained(trainer, dls, None, quantize='int8', model_name=DEMO['model']) if export and not trainer.interrupted else None
     return DemoResult(str(trainer.device), strat.name, trainer.precision.name, trainer.micro_batch, trainer.accum_steps,
                       trainer.epoch, trainer.step, m.get('accuracy', float('nan')), m.get('valid_loss', float('nan')),
                       trainer.state.elapsed, time.perf_counter() - t0, str(find_checkpoint(trainer.run_dir)),
-                      trainer.plan.peak if trainer.plan is not None else None, rep, list(trainer.notes), trainer.interrupted)
+                      trainer.plan.peak if trainer.plan is not None else None, rep, list(trainer.notes), trainer.interrupted,
+                      run_dir=str(trainer.run_dir.resolve()), measured_peak=mem.peak, measured_source=mem.source)

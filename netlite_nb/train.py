@@ -454,7 +454,7 @@ class Trainer:
         self.last_metrics, self.oom_reports, self.stop, self.interrupted = {}, [], False, False
         self.eval_batch = None  # samples per evaluation forward pass; None: the loader's batch (halved after an OOM)
         self._ckpt, self._rng_window, self._in_update, self._stop_requested, self._running = None, None, False, False, False
-        self._step_skipped, self._rng_end, self.lr_found, self._lr_record, self._bn_warm, self._best_due = False, None, None, None, [], False
+        self._step_skipped, self._rng_end, self.lr_found, self._lr_record, self._bn_warm, self._best_due, self._loss_value = False, None, None, None, [], False, None
 
     def log(self, msg:str):
         "Print `msg` when verbose (the trainer's one voice)."
@@ -639,7 +639,8 @@ class NonFiniteError(FloatingPointError):
 @patch
 def _finite_step(self:Trainer, loss:torch.Tensor, norm:torch.Tensor|None)->bool:
     "True when the step's loss (and gradient norm) are finite; else skip the update or stop the run, as `on_nonfinite` says."
-    finite_loss = math.isfinite(loss.item())  # .item() and math: 1 µs on the CPU, where torch.isfinite takes 12
+    self._loss_value = loss.item()  # kept for the history: the record then averages floats, with no torch op
+    finite_loss = math.isfinite(self._loss_value)  # .item() and math: 1 µs on the CPU, where torch.isfinite takes 12
     if finite_loss and (norm is None or math.isfinite(norm.item())): return True
     self._step_skipped = True
     what = 'loss' if not finite_loss else 'gradient norm'
@@ -674,7 +675,7 @@ def _compute_window(self:Trainer, batches:list)->tuple[torch.Tensor, int]:
         part = self.loss * w if w != 1 else self.loss
         total = part if total is None else total + part
         self._call('after_backward'); self._call('after_batch')
-    self._in_update, self._step_skipped, norm = True, False, None
+    self._in_update, self._step_skipped, self._loss_value, norm = True, False, None, None
     if self.opts.clip_grad:
         if scaled_loss: self.scaler.unscale_(self.opt)
         norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.opts.clip_grad)
@@ -801,7 +802,9 @@ def _log_step(self:Trainer, force=False):
     if not self._losses or not (force or s.step % self.opts.log_every == 0 or s.step >= s.total_steps): return
     now = time.perf_counter()
     sps = (s.samples - self._log_samples) / max(now - self._log_t, 1e-9)
-    self.last_record = self._record(loss=torch.stack(self._losses).mean().item(), lr=self.opt.param_groups[0]['lr'],
+    ls = self._losses  # floats the finiteness check read already; tensors under fp16, read here once
+    loss = sum(ls) / len(ls) if isinstance(ls[0], float) else torch.stack(ls).mean().item()
+    self.last_record = self._record(loss=loss, lr=self.opt.param_groups[0]['lr'],
                                     samples_per_s=sps, micro_batch=s.micro_batch, accum_steps=self.accum_steps)
     self._losses, self._log_t, self._log_samples = [], now, s.samples
 
@@ -1152,7 +1155,7 @@ def _one_step(self:Trainer, batches:list):
     if self.ema is not None: self.ema.update_parameters(self.model)
     s = self.state
     s.step += 1; s.samples += n; s.batch_in_epoch += len(batches)
-    if not self._step_skipped: self._losses.append(loss)  # a skipped step's nan stays out of the history
+    if not self._step_skipped: self._losses.append(loss if self._loss_value is None else self._loss_value)  # a skipped step's nan stays out
     self._rng_window, self._in_update = None, False
     self._log_step()
     self._call('after_step')
@@ -1180,8 +1183,14 @@ def _fit_epochs(self:Trainer):
             if len(batches) < s.window or (n_batches is not None and s.batch_in_epoch >= n_batches): exhausted = True; break
         if exhausted:
             s.epoch += 1; s.batch_in_epoch = 0
-            if self.valid_data is not None: self.validate(); self._save_best()
+            if self.valid_data is not None: self.validate(); self._save_best(); self.log(self._epoch_line())
             self._call('after_epoch')
+
+@patch
+def _epoch_line(self:Trainer)->str:
+    "What a finished epoch's validation says, in one line, with the step and the time so far."
+    m = ', '.join(f"{k} {100 * v:.2f}%" if k == 'accuracy' else f"{k} {v:.4f}" for k, v in self.last_metrics.items())
+    return f"epoch {self.epoch}: {m} (step {self.step}/{self.total_steps}, {self._elapsed_now():.1f} s)"
 
 # %% ../nbs/07_train.ipynb #lr01
 _RULES = {'min/10': 'a tenth of the lr at the lowest smoothed loss', 'steepest': 'where the smoothed loss falls fastest'}

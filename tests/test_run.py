@@ -84,3 +84,30 @@ def test_a_lora_run_adapts_a_trained_run_resumes_and_exports_merged(tmp_path, ca
     with torch.no_grad(): assert not is_lora(model) and torch.allclose(model(x), merged(again.model).eval()(x), atol=1e-5)
     assert main(['export', str(tmp_path / 'lora')]) == 0 and (tmp_path / 'lora' / 'onnx' / 'mlp.fp32.onnx').is_file()
     assert 'max |fp32' in capsys.readouterr().out
+    rows = r.rows()   # both files in the summary, by absolute path, and how to run one
+    assert ('ONNX', str(r.export.path.resolve())) in rows and ('ONNX fp32', str(r.export.fp32_path.resolve())) in rows
+    assert any(k == 'Next' and 'onnxruntime' in v and str(r.export.path.resolve()) in v for k, v in rows)
+
+
+def test_the_demo_tells_a_newcomer_what_happened(tmp_path, capsys):
+    "Issue 14: the expected duration up front, every file by absolute path, why planned and measured memory differ, what to run next."
+    r = run_demo(run_dir=tmp_path / 'demo', steps=8, export=False, progress=False)
+    out, d = capsys.readouterr().out, (tmp_path / 'demo').resolve()
+    assert out.index('netlite demo: train netlite_tiny') < out.index('forecast:') and 'ms per step here' in out
+    rows = r.rows()
+    assert ('Config', str(d / 'config.yaml')) in rows and ('Checkpoint', str(d / 'step-0000008')) in rows
+    memory = dict(rows)['Memory']
+    assert 'planned peak' in memory and 'measured peak' in memory and 'the whole process' in memory, memory
+    nxt = [v for k, v in rows if k == 'Next']
+    assert nxt[0].startswith(f"netlite export {d} --int8") and any(c.startswith('jupyter lab') for c in nxt)
+    again = run_demo(run_dir=tmp_path / 'demo', steps=10, export=False, progress=False, verbose=False, resume=True)
+    assert again.steps == 10 and again.checkpoint.endswith('step-0000010')     # --resume continues the saved run
+
+
+def test_the_trainer_says_what_each_epoch_s_validation_found(capsys):
+    from netlite_nb.train import Trainer
+    from train_helpers import loaders
+    from netlite_nb.fixtures import mlp
+    Trainer(mlp(), loaders(), device='cpu', progress=False, plan=False).fit(epochs=2)
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith('epoch ')]
+    assert [l.split(':')[0] for l in lines] == ['epoch 1', 'epoch 2'] and all('accuracy' in l and 'step ' in l for l in lines), lines
