@@ -904,6 +904,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'netlite_nb.train.Trainer._one_step': ('train.html#trainer._one_step', 'netlite_nb/train.py'),
                                   'netlite_nb.train.Trainer._oom_remedy': ('train.html#trainer._oom_remedy', 'netlite_nb/train.py'),
                                   'netlite_nb.train.Trainer._oom_report': ('train.html#trainer._oom_report', 'netlite_nb/train.py'),
+                                  'netlite_nb.train.Trainer._output_width': ('train.html#trainer._output_width', 'netlite_nb/train.py'),
                                   'netlite_nb.train.Trainer._place_model': ('train.html#trainer._place_model', 'netlite_nb/train.py'),
                                   'netlite_nb.train.Trainer._plan_and_suggest': ( 'train.html#trainer._plan_and_suggest',
                                                                                   'netlite_nb/train.py'),

@@ -183,7 +183,8 @@ def _train(args):
     if not Path(args.config).is_file():
         raise UsageError(f"No run configuration at {args.config!r}: give a YAML file, e.g. one written like chapter 06's, or runs/RUN/config.yaml to repeat a run.")
     quiet = args.quiet or args.json   # --json keeps stdout for the JSON alone
-    t = train_from_config(args.config, overrides=args.set, run_dir=args.out, resume=args.resume,
+    overrides = args.set + (['train.check_data=false'] if args.no_data_check else [])
+    t = train_from_config(args.config, overrides=overrides, run_dir=args.out, resume=args.resume,
                           progress=False if quiet else None, verbose=not quiet)
     if args.json: print(_json(_train_summary(t)))
     else:
@@ -199,6 +200,7 @@ def _train_args(p):
     p.add_argument('--set', action='append', default=[], metavar='KEY=VALUE', help='override a key, e.g. --set train.epochs=2, --set optim.lr=auto (lr_find picks it) (repeatable)')
     p.add_argument('--out', default=None, help='run directory (default: train.checkpoint_dir/MODEL-TIMESTAMP)')
     p.add_argument('--resume', default=None, metavar='RUN_DIR', help='continue the run saved in RUN_DIR')
+    p.add_argument('--no-data-check', action='store_true', help="skip the data checks at the start (NaN/inf inputs, labels); same as --set train.check_data=false")
     p.add_argument('--quiet', action='store_true', help='no progress bar or run description')
     p.add_argument('--json', action='store_true', help='print the result (steps, metrics, run directory, export report) as JSON; implies --quiet')
 _train.add_arguments = _train_args

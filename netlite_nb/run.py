@@ -49,6 +49,10 @@ def _size_for_model(cfg:RunConfig, model:nn.Module, dls, datasets:tuple):
 def _split_of_run(cfg:RunConfig, resume)->RunConfig:
     "`cfg` with the strategy's micro-batch × accumulation set to the loader batch × window of the run saved at `resume`."
     s = read_state(resume, mmap=True)
+    if cfg.data.batch_size != s['loader_batch'] * s['window']:  # chapter 07: a resumed run keeps its effective batch
+        raise ConfigError(f"data.batch_size is {cfg.data.batch_size}, but the run at {str(resume)!r} trains with an effective batch of "
+                          f"{s['loader_batch'] * s['window']}: a resumed run keeps its effective batch (the gradient noise and the place "
+                          f"in the epoch depend on it). Resume with `--set data.batch_size={s['loader_batch'] * s['window']}`, or start a new run.")
     return replace(cfg, strategy=replace(cfg.strategy, micro_batch=s['loader_batch'], accum_steps=s['window']), size_for_model=False)
 
 def _timestamp()->str: return time.strftime('%Y%m%d-%H%M%S')
@@ -98,7 +102,7 @@ def _trainer_for(cfg:RunConfig, model:nn.Module, dls, run_dir, callbacks, progre
     return Trainer(model, dls, strategy=s, optimizer=cfg.optim.name, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                    micro_batch=s.micro_batch, accum_steps=s.accum_steps, clip_grad=t.grad_clip, ema=t.ema,
                    lr_schedule='cosine' if cfg.schedule.cosine else 'constant', warmup=cfg.schedule.warmup,
-                   seed=t.seed, deterministic=t.deterministic, run_dir=run_dir, checkpoint_every=t.checkpoint_every, callbacks=cbs, progress=progress,
+                   seed=t.seed, deterministic=t.deterministic, run_dir=run_dir, checkpoint_every=t.checkpoint_every, check_data=t.check_data, callbacks=cbs, progress=progress,
                    verbose=verbose, config=cfg.to_dict())
 
 def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path (a run's own `config.yaml` too), or a mapping

@@ -911,7 +911,7 @@ def _check_resume(self:Trainer, ck:Path, epochs=None, steps=None):
         total = s['run_start'] + (steps or epochs * math.ceil(n / s['window']) - s['run_offset'])
         if total != s['total_steps']:
             refuse(f"its cosine schedule ends at step {s['total_steps']}, and this call would end at step {total}: stretching a cosine past its "
-                   "end warms the learning rate up again. Resume with the run's length to finish it")
+                   "end warms the learning rate up again (resume with the run's length to finish it)")
 
 # %% ../nbs/07_train.ipynb #g017c
 @patch
@@ -1060,10 +1060,23 @@ def _check_data(self:Trainer):
     for data, name in ((self.train_data, 'the training data'), (self.valid_data, 'the validation data')):
         ds = getattr(data, 'dataset', None)
         if ds is None or not _len(ds) or not hasattr(ds, '__getitem__'): continue
-        try: check_dataset(ds, name=name, max_items=512, classes_missing='warn', sample_labels=True)
+        named, width = len(getattr(ds, 'classes', None) or []), self._output_width(ds[0][0])
+        k = min(named, width) if named and width else (named or width)  # labels must be classes the model can answer
+        try: check_dataset(ds, num_classes=k, name=name, max_items=512, classes_missing='warn', sample_labels=True)
         except DataCheckError as e:
             raise DataCheckError(f"{e} (Checked at the start of fit; to skip the check: Trainer(check_data=False), "
                                  "`train.check_data: false` in a run configuration, or `netlite train --no-data-check`.)") from None
+
+# %% ../nbs/07_train.ipynb #g017i
+@patch
+@torch.no_grad()
+def _output_width(self:Trainer, x)->int|None:
+    "How many classes the model answers: its output's width for the one sample `x` (evaluation mode: no dropout drawn), else None."
+    was = self.model.training; self.model.eval()
+    try: out = self.model(_to(torch.as_tensor(x), self.device).unsqueeze(0))
+    except Exception: return None  # a model that cannot take this sample fails at the first step, with its own error
+    finally: self.model.train(was)
+    return out.shape[1] if out.ndim == 2 else None
 
 # %% ../nbs/07_train.ipynb #g018
 @patch

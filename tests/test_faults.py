@@ -350,3 +350,93 @@ def test_int8_calibration_names_the_nan_batch():
     bad = torch.rand(64, 1, 28, 28); bad[3, 0, 0, 0] = float('inf')
     fails(lambda: calibration_batches([(torch.rand(64, 1, 28, 28), 0), (bad, 0), (bad, 0)], (1, 28, 28)),
           'Calibration batch 1 has NaN or inf', 'first is sample 3', 'calibration=dls.valid', exc=ValueError)
+
+
+# 5. changed settings on resume: applied exactly, or refused before anything is loaded
+def cut_run(run_dir, at=5):
+    class Stop(Callback):
+        def after_step(self, t):
+            if t.step == at: raise KeyboardInterrupt
+    torch.manual_seed(0)
+    Trainer(mlp(dropout=0.2), loaders(), run_dir=run_dir, callbacks=[Stop()], log_every=1, checkpoint_every=2, **KW).fit(epochs=2)
+    return run_dir
+
+
+@pytest.mark.parametrize('words,fit,lkw,kw', [
+    ('cosine schedule ends at step 24, and this call would end at step 36', dict(epochs=3), {}, {}),
+    ("effective batch of 128, the run's was 64", dict(epochs=2), {}, dict(accum_steps=2)),
+    ("the loader's batch is 32, the run's was 64", dict(epochs=2), dict(bs=32), {}),
+    ('holds the state of the AdamW optimizer, and this run\'s is SGD', dict(epochs=2), {}, dict(optimizer='sgd')),
+    ('holds the state of the AdamW optimizer, and this run\'s is AdamW8bit', dict(epochs=2), {}, dict(optimizer='adamw8bit')),
+    ("the training data has 8 batches per epoch, the run's had 12", dict(epochs=2), dict(n=768), {}),
+    ("lr_schedule is 'constant', the run's was 'cosine'", dict(epochs=2), {}, dict(lr_schedule='constant'))])
+def test_a_resume_that_changes_what_must_stay_is_refused_before_anything_is_loaded(tmp_path, words, fit, lkw, kw):
+    run = cut_run(tmp_path)
+    metrics = (run / 'metrics.jsonl').read_text()
+    torch.manual_seed(0)
+    t = Trainer(mlp(dropout=0.2), loaders(**lkw), **KW, **kw)
+    before = [p.clone() for p in t.model.parameters()]
+    fails(lambda: t.fit(resume=run, **fit), 'Cannot resume' if 'optimizer' not in words else 'Nothing was loaded', words, exc=ValueError)
+    assert all(torch.equal(p, q) for p, q in zip(before, t.model.parameters())) and t.step == 0
+    assert (run / 'metrics.jsonl').read_text() == metrics      # the run's files are untouched too
+
+
+def test_a_new_lr_on_resume_scales_the_schedule_exactly(tmp_path):
+    lrs = lambda t: [r['lr'] for r in t.history if 'lr' in r]
+    torch.manual_seed(0)
+    full = Trainer(mlp(dropout=0.2), loaders(), log_every=1, **KW).fit(epochs=2)
+    run = cut_run(tmp_path)
+    torch.manual_seed(0)
+    res = Trainer(mlp(dropout=0.2), loaders(), log_every=1, lr=3e-3, weight_decay=0.1, micro_batch=16, **KW).fit(epochs=2, resume=run)
+    assert lrs(res)[:5] == lrs(full)[:5] and lrs(res)[5:] == pytest.approx([3 * v for v in lrs(full)[5:]], rel=1e-12, abs=1e-15)
+    assert res.opt.param_groups[0]['weight_decay'] == 0.1 and res.micro_batch == 16 and res.effective_batch == 64
+    assert any('lr 0.001 -> 0.003 on resume' in n for n in res.notes)
+    torch.manual_seed(0)
+    sched = Trainer(mlp(dropout=0.2), loaders(), log_every=1, lr_schedule=None, **KW).fit(steps=3, resume=None)
+    sched.save_checkpoint(tmp_path / 'flat')
+    flat = Trainer(mlp(dropout=0.2), loaders(), log_every=1, lr_schedule=None, lr=5e-3, **KW).fit(steps=5, resume=tmp_path / 'flat')
+    assert lrs(flat)[-1] == 5e-3                                   # no schedule: the new lr itself
+
+
+def test_a_failed_strict_load_leaves_the_model_as_it_was(tmp_path):
+    from netlite_nb.checkpoint import load_checkpoint
+    Trainer(mlp(), loaders(), run_dir=tmp_path, **KW).fit(steps=1)
+    other = mlp(classes=7)                                          # the first layer fits, the last does not
+    before = [p.clone() for p in other.parameters()]
+    fails(lambda: load_checkpoint(tmp_path, other), 'does not fit this model', 'file (10, 64), model (7, 64)', 'Nothing was loaded', exc=ValueError)
+    assert all(torch.equal(p, q) for p, q in zip(before, other.parameters()))
+
+
+def test_cli_resume_with_another_effective_batch_is_a_sentence(tmp_path):
+    cfg = run_config(tmp_path, 2)
+    assert netlite('train', str(cfg), '--quiet', '--out', str(tmp_path / 'r'))[0] == 0
+    rc, _, err = netlite('train', str(cfg), '--quiet', '--resume', str(tmp_path / 'r'), '--set', 'data.batch_size=128')
+    assert rc == 2 and 'a resumed run keeps its effective batch' in err and 'data.batch_size=64' in err, err
+
+
+# 8. data checks at the start of fit and netlite train, with a switch
+def test_fit_checks_its_data_first_and_can_be_told_not_to():
+    from netlite_nb.data import DataCheckError
+    from netlite_nb.fixtures import blobs
+    ds = blobs(256)
+    ds.tensors[0][70, 3] = float('inf')
+    t = Trainer(mlp(), DataLoader(ds, 64, shuffle=True), **KW)
+    fails(lambda: t.fit(steps=3), 'Image 70 contains inf', 'check_data=False', exc=DataCheckError)
+    assert t.step == 0
+    t = Trainer(mlp(), DataLoader(ds, 64), check_data=False, on_nonfinite='skip', **KW).fit(steps=4)
+    assert t.skipped == 1                                           # let through, as asked
+    y = torch.arange(64) % 10; y[9] = 12
+    fails(lambda: Trainer(mlp(), DataLoader(TensorDataset(torch.randn(64, 20), y), 16), **KW).fit(steps=1), 'Label of item 9 is 12, outside [0, 10)', exc=DataCheckError)
+
+
+def test_netlite_train_checks_the_data_and_no_data_check_skips_it(tmp_path, monkeypatch):
+    import netlite_nb.run as runmod
+    from netlite_nb.data import mnist_sample
+    def nan_sample(*a, **k):
+        tr, va = mnist_sample(); tr.x = tr.x.float() / 255; tr.x[17, 0, 5, 5] = float('nan'); return tr, va
+    monkeypatch.setattr(runmod, 'mnist_sample', nan_sample)
+    cfg = run_config(tmp_path, 2)
+    rc, _, err = netlite('train', str(cfg), '--quiet', '--out', str(tmp_path / 'a'))
+    assert rc == 1 and 'Image 17 contains NaN' in err and '--no-data-check' in err, err
+    rc, _, err = netlite('train', str(cfg), '--quiet', '--out', str(tmp_path / 'b'), '--no-data-check', '--set', 'train.steps=1')
+    assert 'contains NaN' not in err, err
