@@ -3,9 +3,10 @@ trained by the book on the digits 0-4 of the embedded MNIST sample, then adapted
 
     python bench/lora.py                         # 3 seeds, 20 epochs of adaptation (about 10 minutes on 2 busy cores)
     python bench/lora.py --seeds 1 --epochs 4    # the chapter's short version
+    python bench/lora.py --dropout 0             # LoRA without dropout on the adapters' input
 
 Per seed: the base trains on 0-4 for 2 epochs (AdamW, lr 1e-3); copies of it train on 5-9 for the same number of epochs, in full
-(AdamW, lr 1e-3) and with LoRA (rank 8, alpha 16 on every layer, the 10-way head trained in full; AdamW, lr 3e-3), with chapter 07's
+(AdamW, lr 1e-3) and with LoRA (rank 8, alpha 16, dropout 0.1 on every layer, the 10-way head trained in full; AdamW, lr 3e-3), with chapter 07's
 Trainer; accuracy is on the held-out 5-9 images. Memory, for a training step at batch 64 with AdamW:
 - planned: chapter 01's `plan_memory` on the 'cpu' target (tensors and the CPU kernel workspace);
 - tensors only: the same plan without the workspace, minus the measured peak (what the kernels keep is the rest);
@@ -26,7 +27,7 @@ from netlite_nb.budget import plan_memory
 from netlite_nb.lora import _digit_loaders, _fine_tune, add_lora, compare_adaptation
 from netlite_nb.models import create_model
 
-LORA = dict(rank=8, alpha=16.0, train=['head'])
+LORA = dict(rank=8, alpha=16.0, dropout=0.1, train=['head'])
 BATCH = 64
 
 def digits_mlp(): return create_model('mlp', hidden=(1024, 1024), dropout=0.0)
@@ -37,7 +38,7 @@ def build(kind:str):
 
 def measured(kind:str)->int:
     "Peak bytes of two AdamW steps of `kind` at batch 64, measured in a fresh process by budget_accuracy.measure."
-    out = subprocess.run([sys.executable, __file__, '--measure', kind], env={**os.environ, **budget_accuracy.ENV, 'PYTHONPATH': str(ROOT)},
+    out = subprocess.run([sys.executable, __file__, '--measure', kind, '--dropout', str(LORA['dropout'])], env={**os.environ, **budget_accuracy.ENV, 'PYTHONPATH': str(ROOT)},
                          capture_output=True, text=True, check=True)
     return int(out.stdout.split()[-1])
 
@@ -92,8 +93,10 @@ if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--seeds', type=int, default=3)
     ap.add_argument('--epochs', type=int, default=20)
+    ap.add_argument('--dropout', type=float, default=LORA['dropout'], help="dropout on the adapters' input")
     ap.add_argument('--measure', choices=['full', 'lora'], help=argparse.SUPPRESS)  # the fresh child process of `measured`
     a = ap.parse_args()
+    LORA['dropout'] = a.dropout
     if a.measure:
         budget_accuracy.MODELS[a.measure] = (lambda: build(a.measure), (1, 28, 28), ())
         print(budget_accuracy.measure(a.measure, BATCH))

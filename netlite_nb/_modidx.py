@@ -471,6 +471,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'netlite_nb.live.plot_history': ('live.html#plot_history', 'netlite_nb/live.py'),
                                  'netlite_nb.live.plot_memory': ('live.html#plot_memory', 'netlite_nb/live.py')},
             'netlite_nb.lora': { 'netlite_nb.lora.AdaptationResult': ('lora.html#adaptationresult', 'netlite_nb/lora.py'),
+                                 'netlite_nb.lora.AdaptationResult.__repr__': ('lora.html#adaptationresult.__repr__', 'netlite_nb/lora.py'),
                                  'netlite_nb.lora.AdaptationResult.__str__': ('lora.html#adaptationresult.__str__', 'netlite_nb/lora.py'),
                                  'netlite_nb.lora.LoRAConv': ('lora.html#loraconv', 'netlite_nb/lora.py'),
                                  'netlite_nb.lora.LoRAConv.forward': ('lora.html#loraconv.forward', 'netlite_nb/lora.py'),

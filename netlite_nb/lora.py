@@ -277,6 +277,9 @@ def __str__(self:AdaptationResult):
     return '\n'.join(lines + [f"LoRA/full: measured peak {l['measured']/f['measured']:.2f}, accuracy {l['accuracy'] - f['accuracy']:+.2f} points; "
                               f"the base on the new task before adapting: {self.base_accuracy:.2f}%"])
 
+@patch
+def __repr__(self:AdaptationResult): return str(self)  # the table, not the dataclass fields (they hold the models)
+
 # %% ../nbs/09a_lora.ipynb #l058
 def _fine_tune(model, dls, epochs:int, lr:float)->tuple[float, float]:
     "Train `model` with chapter 07's Trainer on the CPU; (accuracy % on the validation data, seconds)."

@@ -138,3 +138,12 @@ def test_merged_export_parity(tmp_path):
     assert rep.ok and rep.max_abs_diff['fp32'] <= 1e-4 and is_lora(m)       # `merged` leaves the adapted model as it was
     import onnx
     assert not any('lora' in i.name for i in onnx.load(str(tmp_path / 'm.onnx')).graph.initializer)
+
+
+def test_the_lora_section_of_a_run_configuration():
+    from netlite_nb.strategies import ConfigError, load_config
+    c = load_config({'strategy': 'cpu', 'lora': {'base': 'runs/a', 'targets': ['features.*'], 'rank': 4}})
+    assert (c.lora.base, c.lora.targets, c.lora.rank, c.lora.alpha, c.lora.train) == ('runs/a', ['features.*'], 4, 16.0, [])
+    assert load_config({'strategy': 'cpu'}).lora.base is None                 # no section: train every weight
+    for bad in ({'rank': 0}, {'dropout': 1.0}, {'targets': []}, {'targets': 'head'}):
+        with pytest.raises(ConfigError, match='lora'): load_config({'strategy': 'cpu', 'lora': bad})
