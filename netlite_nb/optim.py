@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_optim.ipynb #c003
 from __future__ import annotations
-import importlib.util, itertools, math, pathlib, subprocess, sys
+import importlib.util, itertools, math, os, pathlib, subprocess, sys
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 import torch
@@ -287,11 +287,12 @@ def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
         _quantize_into(v, qv, av, unsigned, w, bs)
 
 # %% ../nbs/03_optim.ipynb #fs14
-_POOLS = {}  # number of threads -> ThreadPoolExecutor
+_POOLS = {}  # (process id, number of threads) -> ThreadPoolExecutor; a forked child has none of its parent's threads
 
 def _in_threads(fn, n:int):
     "Run fn(0), ..., fn(n - 1) on `n` threads and return when all are done (re-raising the first error)."
-    pool = _POOLS.get(n) or _POOLS.setdefault(n, ThreadPoolExecutor(n, thread_name_prefix='adamw8bit'))
+    key = (os.getpid(), n)
+    pool = _POOLS.get(key) or _POOLS.setdefault(key, ThreadPoolExecutor(n, thread_name_prefix='adamw8bit'))
     for f in [pool.submit(fn, j) for j in range(n)]: f.result()
 
 @patch
