@@ -302,7 +302,7 @@ def test_chunked_step_is_the_reference_step(first_moment, threads):
 
 
 def test_odd_parameters_step_like_the_reference():
-    "One value, a shape that is not whole blocks, a non-contiguous gradient, bf16 and fp16, an all-zero and a NaN gradient."
+    "One value, a shape that is not whole blocks, a non-contiguous gradient, bf16 and fp16, zero and NaN gradients, odd block sizes."
     g = torch.Generator().manual_seed(1)
     cases = [(torch.randn(1, generator=g), None), (torch.randn(3, 5, 7, generator=g), None),
              (torch.randn(40, 70, generator=g), lambda w: torch.randn(70, 40, generator=g).t()),   # gradient is a transposed view
@@ -316,6 +316,11 @@ def test_odd_parameters_step_like_the_reference():
             assert p.grad.is_contiguous() == (make_grad is None or w.dim() == 1)
             _assert_same_step(*_one_step_each_way(p, opt, chunk=512))
         assert p.dtype == w.dtype and p.shape == w.shape
+    for bs in (255, 100):  # an odd block size: chunks of an odd number of codes, read one code at a time
+        p = nn.Parameter(torch.randn(3000, generator=g)); opt = AdamW8bit([p], block_size=bs, min_8bit_size=0)
+        for _ in range(3):
+            p.grad = torch.randn(3000, generator=g) * 1e-2
+            _assert_same_step(*_one_step_each_way(p, opt, chunk=3 * bs))
 
 
 def test_step_buffers_are_reused_and_not_state():
