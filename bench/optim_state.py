@@ -6,6 +6,8 @@ final validation accuracy averaged over seeds.
     python bench/optim_state.py                  # 3 seeds x 4 optimizers, 5 epochs
     python bench/optim_state.py --seeds 0 --epochs 2
     python bench/optim_state.py --step-only      # just the step-time table (~1 minute)
+    OMP_NUM_THREADS=1 python bench/optim_state.py --step-only   # the same on one thread
+    python bench/optim_state.py --chunks         # AdamW8bit's step time by chunk size
 """
 from __future__ import annotations
 import argparse, math, os, statistics, sys, time
@@ -13,6 +15,7 @@ import torch, torch.nn as nn, torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from netlite_nb.data import mnist_sample
+from netlite_nb import optim
 from netlite_nb.optim import AdamW8bit, state_bytes
 
 OPTIMIZERS = {
@@ -98,13 +101,26 @@ def _bnb_adamw8bit():
     return lambda p, lr: bitsandbytes.optim.AdamW8bit(p, lr=lr, weight_decay=0.01)
 
 
-def step_time(repeats=11, size=2048):
-    "One size x size weight: each optimizer's step in turn, `repeats` rounds; median step time and median ratio to AdamW's."
-    makers = {'torch.optim.AdamW': OPTIMIZERS['torch.optim.AdamW'], 'AdamW8bit (netlite_nb)': OPTIMIZERS['AdamW8bit']}
-    if _bnb_adamw8bit(): makers['bitsandbytes.optim.AdamW8bit'] = _bnb_adamw8bit()
+class _PlainAdamW8bit(AdamW8bit):
+    "AdamW8bit stepping the plain way (chapter 03's `_adamw_8bit_reference`: whole tensor, fresh temporaries), for comparison."
+    def _update_8bit(self, p, st, group, step_size, bc2_sqrt): optim._adamw_8bit_reference(p, st, group, step_size, bc2_sqrt)
+
+
+class _ChunkedAdamW8bit(AdamW8bit):
+    "AdamW8bit with its chunk forced to `chunk` values, for the sweep."
+    def __init__(self, params, chunk, **kw): super().__init__(params, **kw); self.chunk = chunk
+    def step(self, closure=None):
+        sized, optim._chunk_values = optim._chunk_values, lambda device, block_size: self.chunk
+        try: return super().step(closure)
+        finally: optim._chunk_values = sized
+
+
+def _paired(makers, repeats, size):
+    "Each optimizer's step on its own copy of one size x size weight, in turn, `repeats` rounds: {name: [seconds]} and the optimizers."
     torch.manual_seed(0)
-    ws = {n: nn.Parameter(torch.randn(size, size) * 0.02) for n in makers}
+    w0 = torch.randn(size, size) * 0.02
     grads = [torch.randn(size, size) * 1e-3 for _ in range(3)]
+    ws = {n: nn.Parameter(w0.clone()) for n in makers}
     opts = {n: make([ws[n]], 1e-3) for n, make in makers.items()}
     times = {n: [] for n in makers}
     for r in range(repeats + 1):
@@ -112,14 +128,41 @@ def step_time(repeats=11, size=2048):
             ws[n].grad = grads[r % 3]
             t0 = time.perf_counter(); o.step(); dt = time.perf_counter() - t0
             if r: times[n].append(dt)  # the first round creates the state
+    return times, opts
+
+
+def _ratio_cols(ts, base):
+    "Median step ms, and the median and quartiles of the per-round ratio to the base's step in the same round."
+    q = statistics.quantiles([t / b for t, b in zip(ts, base)], n=4, method='inclusive')
+    return f"{statistics.median(ts) * 1e3:9.1f} {q[1]:8.2f} {q[0]:6.2f}–{q[2]:<5.2f}"
+
+
+def step_time(repeats=15, size=2048):
+    "One size x size weight: each optimizer's step in turn, `repeats` rounds; median step time and ratio to AdamW's (quartiles)."
+    makers = {'torch.optim.AdamW': OPTIMIZERS['torch.optim.AdamW'], 'AdamW8bit (netlite_nb)': OPTIMIZERS['AdamW8bit'],
+              'AdamW8bit, plain step': lambda p, lr: _PlainAdamW8bit(p, lr=lr, weight_decay=0.01)}
+    if _bnb_adamw8bit(): makers['bitsandbytes.optim.AdamW8bit'] = _bnb_adamw8bit()
+    times, opts = _paired(makers, repeats, size)
     base = times['torch.optim.AdamW']
     out = [f"step on one {size}x{size} fp32 weight ({size * size / 1e6:.1f}M parameters), {repeats} interleaved rounds, "
-           f"{torch.get_num_threads()} thread(s):",
-           f"{'optimizer':32s} {'median ms':>9s} {'× AdamW':>8s} {'state B/param':>13s}"]
+           f"{torch.get_num_threads()} thread(s), chunk {optim._chunk_values(torch.device('cpu'), 256)} values:",
+           f"{'optimizer':32s} {'median ms':>9s} {'× AdamW':>8s} {'quartiles':>11s} {'state B/param':>13s}"]
     for n, ts in times.items():
-        ratio = statistics.median(t / b for t, b in zip(ts, base))
-        out.append(f"{n:32s} {statistics.median(ts) * 1e3:9.1f} {ratio:8.2f} {state_bytes(opts[n]) / size**2:13.3f}")
+        out.append(f"{n:32s} {_ratio_cols(ts, base)} {state_bytes(opts[n]) / size**2:13.3f}")
     if not _bnb_adamw8bit(): out.append('(bitsandbytes not installed: pip install -e ".[bnb]" to compare with it)')
+    return '\n'.join(out)
+
+
+def chunk_sweep(repeats=7, size=2048, chunks=tuple(2**k for k in range(12, 23, 2))):
+    "AdamW8bit's step with the chunk forced to each size, against AdamW in the same rounds: what the chunk size costs."
+    makers = {'torch.optim.AdamW': OPTIMIZERS['torch.optim.AdamW']}
+    makers.update({c: (lambda c: lambda p, lr: _ChunkedAdamW8bit(p, c, lr=lr, weight_decay=0.01))(c) for c in chunks})
+    times, _ = _paired(makers, repeats, size)
+    out = [f"AdamW8bit's step by chunk size, one {size}x{size} weight, {repeats} interleaved rounds, {torch.get_num_threads()} thread(s) "
+           f"(chosen here: {optim._chunk_values(torch.device('cpu'), 256)}):",
+           f"{'chunk (values, KiB touched)':32s} {'median ms':>9s} {'× AdamW':>8s} {'quartiles':>11s}"]
+    for c in chunks:
+        out.append(f"{f'{c} ({c * optim._CHUNK_BYTES_PER_VALUE // 1024} KiB)':32s} {_ratio_cols(times[c], times['torch.optim.AdamW'])}")
     return '\n'.join(out)
 
 
@@ -127,12 +170,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--seeds', default='0,1,2')
     ap.add_argument('--epochs', type=int, default=5)
-    ap.add_argument('--threads', type=int, default=1)
+    ap.add_argument('--threads', type=int, default=None, help="PyTorch's threads (default: its own choice, which follows OMP_NUM_THREADS)")
+    ap.add_argument('--rounds', type=int, default=15, help='interleaved rounds of the step-time table')
     ap.add_argument('--step-only', action='store_true', help='only the step-time table')
+    ap.add_argument('--chunks', action='store_true', help="only the step time by chunk size")
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
+    if a.threads: torch.set_num_threads(a.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)\n")
-    print(step_time(), '\n')
+    if a.chunks: print(chunk_sweep()); return
+    print(step_time(a.rounds), '\n')
     if a.step_only: return
     print(large_tensor_state(), '\n')
     t0 = time.perf_counter()

@@ -4,7 +4,8 @@
 
 # %% ../nbs/03_optim.ipynb #c003
 from __future__ import annotations
-import importlib.util, itertools, math, pathlib, subprocess, sys
+import importlib.util, itertools, math, os, pathlib, subprocess, sys
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 import torch
 from fastcore.basics import patch
@@ -196,6 +197,7 @@ def _adamw_8bit_reference(p:torch.Tensor, st:dict, group:dict, step_size:float, 
 # %% ../nbs/03_optim.ipynb #fs1
 _CHUNK_BYTES_PER_VALUE = 27  # fp32 m, v and a temporary, an int32 key, a bool, two codes, the parameter and its fp32 gradient
 _MIN_CHUNK = 2**16  # below this the ~30 operation launches per chunk cost more than the cache saves (bench/optim_state.py --chunks)
+_SERIAL_VALUES = 2**15  # PyTorch's grain size: an operation on at most this many values runs on the calling thread alone
 
 def _count_cpus(cpu_list:str)->int:
     "Number of CPUs in a Linux CPU list such as '0-3,8'."
@@ -220,18 +222,17 @@ def _cache_per_core()->int|None:
     return None
 
 def _chunk_values(device:torch.device, block_size:int)->int:
-    "Values the 8-bit step updates at once on `device`, in whole blocks: on a CPU, what its threads' share of the last-level cache holds."
+    "Values the 8-bit step updates at once on `device`, in whole blocks (on a CPU: see the text above)."
     chunk = _CHUNK
-    if device.type == 'cpu':
-        fits = (_cache_per_core() or 2**21) * torch.get_num_threads() // _CHUNK_BYTES_PER_VALUE
-        chunk = min(max(fits, _MIN_CHUNK), _CHUNK)
+    if device.type == 'cpu' and torch.get_num_threads() > 1: chunk = _SERIAL_VALUES
+    elif device.type == 'cpu': chunk = min(max((_cache_per_core() or 2**21) // _CHUNK_BYTES_PER_VALUE, _MIN_CHUNK), _CHUNK)
     return max(block_size, chunk // block_size * block_size)
 
 # %% ../nbs/03_optim.ipynb #fs5
 @patch
-def _scratch(self:AdamW8bit, like:torch.Tensor, n:int)->dict:
-    "fp32, int32 and bool buffers of at least `n` values on `like`'s device, made once and reused by every chunk and step."
-    key = (like.device, is_traced(like))  # a planner's fake buffers never serve a real step
+def _scratch(self:AdamW8bit, like:torch.Tensor, n:int, worker:int=0)->dict:
+    "fp32, int32 and bool buffers of at least `n` values on `like`'s device for one worker thread, made once and reused by every chunk and step."
+    key = (like.device, is_traced(like), worker)  # a planner's fake buffers never serve a real step
     sc = self.__dict__.setdefault('_scratch_buffers', {}).get(key)
     if sc is None or sc['m'].numel() < n:
         make = lambda dtype: torch.empty(n, dtype=dtype, device=like.device)
@@ -241,15 +242,25 @@ def _scratch(self:AdamW8bit, like:torch.Tensor, n:int)->dict:
 
 def _cut(sc:dict, n:int)->dict:
     "The buffers cut to a chunk of `n` values, cut once per chunk length."
-    if n not in sc['cut']: sc['cut'][n] = {k: sc[k][:n] for k in 'mvtib'}
+    if n not in sc['cut']: sc['cut'][n] = {'h': sc['i'][:n // 2], **{k: sc[k][:n] for k in 'mvtib'}}
     return sc['cut'][n]
 
 # %% ../nbs/03_optim.ipynb #fs7
 _TINY = torch.finfo(torch.float32).tiny
+_PAIRS = {}  # (signed, device) -> the values of all 65 536 pairs of codes, real tensors only
 
-def _dequantize_into(q:torch.Tensor, absmax:torch.Tensor, code:torch.Tensor, out:torch.Tensor, w:dict, bs:int):
-    "`dequantize_blockwise` of the codes `q` and (blocks, 1) scales `absmax` into `out`."
-    torch.index_select(code, 0, w['i'].copy_(q), out=out).view(-1, bs).mul_(absmax)
+def _code_pairs(code:torch.Tensor, signed:bool)->torch.Tensor:
+    "Both fp32 values of every pair of codes as one int64, indexed by the two uint8 codes read as one little-endian uint16."
+    if is_traced(code): return torch.empty(2**16, dtype=torch.int64, device=code.device)
+    k = (signed, code.device)
+    if k not in _PAIRS: _PAIRS[k] = torch.stack([code.repeat(256), code.repeat_interleave(256)], 1).contiguous().view(torch.int64).view(-1)
+    return _PAIRS[k]
+
+def _dequantize_into(q:torch.Tensor, absmax:torch.Tensor, code:torch.Tensor, pairs:torch.Tensor, out:torch.Tensor, w:dict, bs:int):
+    "`dequantize_blockwise` of the codes `q` and (blocks, 1) scales `absmax` into `out`, two codes per table read where it can."
+    if q.numel() % 2 or sys.byteorder != 'little': torch.index_select(code, 0, w['i'].copy_(q), out=out)
+    else: torch.index_select(pairs, 0, w['h'].copy_(q.view(torch.uint16)), out=out.view(torch.int64))
+    out.view(-1, bs).mul_(absmax)
 
 def _quantize_into(x:torch.Tensor, q:torch.Tensor, absmax:torch.Tensor, tables:tuple, w:dict, bs:int):
     "`quantize_blockwise` of fp32 `x` (whole blocks; overwritten) into the codes `q` and the (blocks, 1) scales `absmax`."
@@ -261,20 +272,21 @@ def _quantize_into(x:torch.Tensor, q:torch.Tensor, absmax:torch.Tensor, tables:t
     q.add_(torch.gt(x, torch.index_select(inside, 0, key, out=w['t']), out=w['b']))
 
 # %% ../nbs/03_optim.ipynb #fs9
-def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float, sc:dict, chunk:int):
-    "`_adamw_8bit_reference`'s update, `chunk` values at a time in the buffers `sc`, with the bias correction folded into two scalars."
+def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float, sc:dict, chunk:int, part:int=0, parts:int=1):
+    "`_adamw_8bit_reference`'s update, `chunk` values at a time in the buffers `sc` (chunks `part`, `part + parts`, ...), bias correction folded into two scalars."
     (b1, b2), bs, eight = group['betas'], group['block_size'], 'exp_avg_q' in st
     signed, unsigned = _tables(True, p), _tables(False, p)
+    pairs_s, pairs_u = _code_pairs(signed[0], True), _code_pairs(unsigned[0], False)
     lr_c, eps_c = step_size * bc2_sqrt, group['eps'] * bc2_sqrt
     scales = lambda a: a.view(-1, 1).split(chunk // bs)
     pieces = zip(p.view(-1).split(chunk), p.grad.reshape(-1).split(chunk), (st['exp_avg_q'] if eight else st['exp_avg']).split(chunk),
                  scales(st['exp_avg_absmax']) if eight else itertools.repeat(None), st['exp_avg_sq_q'].split(chunk), scales(st['exp_avg_sq_absmax']))
-    for pc, gc, qm, am, qv, av in pieces:
+    for pc, gc, qm, am, qv, av in itertools.islice(pieces, part, None, parts):
         k, w = pc.numel(), _cut(sc, qv.numel())
         m, v = w['m'], w['v']
-        if eight: _dequantize_into(qm, am, signed[0], m, w, bs)
+        if eight: _dequantize_into(qm, am, signed[0], pairs_s, m, w, bs)
         else: m[:k].copy_(qm)
-        _dequantize_into(qv, av, unsigned[0], v, w, bs)
+        _dequantize_into(qv, av, unsigned[0], pairs_u, v, w, bs)
         mk, vk, gc = m[:k], v[:k], gc.float()
         mk.lerp_(gc, 1 - b1); vk.mul_(b2).addcmul_(gc, gc, value=1 - b2)
         d = torch.sqrt(vk, out=w['t'][:k]).add_(eps_c)
@@ -284,6 +296,25 @@ def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
         if eight: _quantize_into(m, qm, am, signed, w, bs)
         else: qm.copy_(mk)
         _quantize_into(v, qv, av, unsigned, w, bs)
+
+# %% ../nbs/03_optim.ipynb #fs14
+_POOLS = {}  # (process id, number of threads) -> ThreadPoolExecutor; a forked child has none of its parent's threads
+
+def _in_threads(fn, n:int):
+    "Run fn(0), ..., fn(n - 1) on `n` threads and return when all are done (re-raising the first error)."
+    key = (os.getpid(), n)
+    pool = _POOLS.get(key) or _POOLS.setdefault(key, ThreadPoolExecutor(n, thread_name_prefix='adamw8bit'))
+    for f in [pool.submit(fn, j) for j in range(n)]: f.result()
+
+@patch
+def _update_8bit(self:AdamW8bit, p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float):
+    "The 8-bit update of `p`, on the calling thread or, for a parameter of several chunks on several CPU threads, on the pool."
+    chunk, n = _chunk_values(p.device, group['block_size']), st['exp_avg_sq_q'].numel()
+    threads = min(torch.get_num_threads(), math.ceil(n / chunk)) if p.device.type == 'cpu' and not is_traced(p) else 1
+    def work(j):
+        with torch.no_grad(): _adamw_8bit(p, st, group, step_size, bc2_sqrt, self._scratch(p, min(chunk, n), j), chunk, j, threads)
+    if threads == 1: work(0)
+    else: _in_threads(work, threads)
 
 # %% ../nbs/03_optim.ipynb #ad12
 @patch
@@ -305,9 +336,8 @@ def step(self:AdamW8bit, closure=None):
             t = st['step']
             step_size, bc2_sqrt = lr / (1 - b1 ** t), math.sqrt(1 - b2 ** t)
             if wd: p.mul_(1 - lr * wd)
-            if 'exp_avg_sq' in st: _adamw_fp32(p, st, group, step_size, bc2_sqrt); continue
-            chunk = _chunk_values(p.device, group['block_size'])
-            _adamw_8bit(p, st, group, step_size, bc2_sqrt, self._scratch(p, min(chunk, st['exp_avg_sq_q'].numel())), chunk)
+            if 'exp_avg_sq' in st: _adamw_fp32(p, st, group, step_size, bc2_sqrt)
+            else: self._update_8bit(p, st, group, step_size, bc2_sqrt)
     return loss
 
 # %% ../nbs/03_optim.ipynb #ad16

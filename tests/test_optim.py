@@ -250,3 +250,86 @@ def test_bitsandbytes_state_is_refused_with_a_sentence():
     m = nn.Linear(128, 64); ob = bnb.optim.AdamW8bit(m.parameters())
     m(torch.randn(2, 128)).sum().backward(); ob.step()
     with pytest.raises(ValueError, match='bitsandbytes'): AdamW8bit(m.parameters()).load_state_dict(ob.state_dict())
+
+
+def _one_step_each_way(p, opt, chunk=None, threads=1):
+    "From the same parameter and state, one step by the plain reference and one by the optimizer's own chunked update."
+    from netlite_nb.optim import _adamw_8bit_reference, _chunk_values
+    import netlite_nb.optim as optim
+    group, st = opt.param_groups[0], opt.state[p]
+    if not st: opt._init_state(p, group, st)
+    ref, st_ref, before = p.detach().clone(), {k: v.clone() for k, v in st.items() if isinstance(v, torch.Tensor)}, p.detach().clone()
+    ref.grad = p.grad
+    t = st['step'] = st['step'] + 1
+    step_size, bc2_sqrt = group['lr'] / (1 - group['betas'][0] ** t), (1 - group['betas'][1] ** t) ** 0.5
+    sized, threads_before = optim._chunk_values, torch.get_num_threads()
+    try:
+        if chunk: optim._chunk_values = lambda device, block_size: chunk
+        torch.set_num_threads(threads)
+        with torch.no_grad():
+            _adamw_8bit_reference(ref, st_ref, group, step_size, bc2_sqrt)
+            opt._update_8bit(p, st, group, step_size, bc2_sqrt)
+    finally: optim._chunk_values = sized; torch.set_num_threads(threads_before)
+    return before, p.detach().clone(), ref, {k: st[k] for k in st_ref}, st_ref
+
+
+def _assert_same_step(before, fast, ref, st, st_ref):
+    "Same state (a code may be one step off on at most 1/1000 of values: a last-bit tie), parameter up to float rounding."
+    for k in st_ref:
+        if k.endswith('_q'):
+            diff = (st[k].int() - st_ref[k].int()).abs()
+            assert diff.max() <= 1 and (diff > 0).float().mean() <= 1e-3, (k, int((diff > 0).sum()))
+        else: torch.testing.assert_close(st[k].float(), st_ref[k].float(), rtol=2**-21 if st[k].dtype == torch.float32 else 2**-10, atol=0, equal_nan=True)
+    # the folded bias correction rounds differently by a few ulps of the update; a half-precision parameter also rounds the
+    # update (times the step size) and its new value to its dtype, in each path
+    moved = (ref.float() - before.float()).abs()
+    tol = torch.finfo(fast.dtype).eps * (ref.float().abs() + 2 * moved) + 8 * 2**-23 * moved
+    bad = ((fast.float() - ref.float()).abs() > tol) & ~(fast.isnan() & ref.isnan())
+    assert not bad.any(), (int(bad.sum()), (fast.float() - ref.float()).abs().max().item())
+
+
+@pytest.mark.parametrize('first_moment', ['8bit', 'fp16', 'fp32'])
+@pytest.mark.parametrize('threads', [1, 2])
+def test_chunked_step_is_the_reference_step(first_moment, threads):
+    "Several chunks and a ragged last one (and its padded last block), one thread or a pool of two: the plain whole-tensor step's result."
+    g = torch.Generator().manual_seed(0)
+    n = 5 * 2**15 + 300  # with two threads the chunk is 2**15: five full chunks, then 300 values (one full block and a padded one)
+    p = nn.Parameter(torch.randn(n, generator=g) * 0.1)
+    opt = AdamW8bit([p], lr=1e-2, min_8bit_size=0, first_moment=first_moment)
+    for _ in range(4):
+        p.grad = torch.randn(n, generator=g) * 10.0 ** -torch.randint(0, 6, (n,), generator=g)
+        _assert_same_step(*_one_step_each_way(p, opt, chunk=None if threads == 2 else 4096, threads=threads))
+
+
+def test_odd_parameters_step_like_the_reference():
+    "One value, a shape that is not whole blocks, a non-contiguous gradient, bf16 and fp16, zero and NaN gradients, odd block sizes."
+    g = torch.Generator().manual_seed(1)
+    cases = [(torch.randn(1, generator=g), None), (torch.randn(3, 5, 7, generator=g), None),
+             (torch.randn(40, 70, generator=g), lambda w: torch.randn(70, 40, generator=g).t()),   # gradient is a transposed view
+             (torch.randn(300, 20, generator=g).bfloat16(), None), (torch.randn(300, 20, generator=g).half(), None),
+             (torch.randn(1000, generator=g), lambda w: torch.zeros_like(w)),
+             (torch.randn(1000, generator=g), lambda w: torch.full_like(w, float('nan')))]
+    for w, make_grad in cases:
+        p = nn.Parameter(w.clone()); opt = AdamW8bit([p], lr=1e-2, min_8bit_size=0)
+        for _ in range(3):
+            p.grad = make_grad(p) if make_grad else torch.randn(p.shape, generator=g).to(p.dtype) * 1e-2
+            assert p.grad.is_contiguous() == (make_grad is None or w.dim() == 1)
+            _assert_same_step(*_one_step_each_way(p, opt, chunk=512))
+        assert p.dtype == w.dtype and p.shape == w.shape
+    for bs in (255, 100):  # an odd block size: chunks of an odd number of codes, read one code at a time
+        p = nn.Parameter(torch.randn(3000, generator=g)); opt = AdamW8bit([p], block_size=bs, min_8bit_size=0)
+        for _ in range(3):
+            p.grad = torch.randn(3000, generator=g) * 1e-2
+            _assert_same_step(*_one_step_each_way(p, opt, chunk=3 * bs))
+
+
+def test_step_buffers_are_reused_and_not_state():
+    "The chunk buffers are made once (the same tensors on the next step) and never saved or counted as state."
+    m = nn.Linear(512, 300, bias=False); o = AdamW8bit(m.parameters())
+    m(torch.randn(2, 512)).sum().backward(); o.step()
+    bufs = {k: v.data_ptr() for sc in o._scratch_buffers.values() for k, v in sc.items() if isinstance(v, torch.Tensor)}
+    o.step()
+    assert bufs == {k: v.data_ptr() for sc in o._scratch_buffers.values() for k, v in sc.items() if isinstance(v, torch.Tensor)}
+    assert state_bytes(o) == 2 * (600 * 256 + 600 * 4)
+    assert set(o.state_dict()['state'][0]) == {'step', 'shape', 'exp_avg_q', 'exp_avg_absmax', 'exp_avg_sq_q', 'exp_avg_sq_absmax'}
+    assert all(v.numel() <= 512 * 300 for sc in o._scratch_buffers.values() for v in sc.values() if isinstance(v, torch.Tensor))
