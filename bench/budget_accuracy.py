@@ -6,6 +6,8 @@
     python bench/budget_accuracy.py --budgets       # max_batch_size at 0.5/1/2 GiB budgets, checked by measurement
                                                     # (--models cnn transformer --gib 0.5 1 to run a part)
     python bench/budget_accuracy.py --real-budgets  # the same at the unscaled 2/4/8 GiB, for the CNN and the transformer
+    python bench/budget_accuracy.py --kernels       # each kernel family's scratch (convolutions, LSTM) measured, next to the planner's model
+    python bench/budget_accuracy.py --budgets --families --gib 0.5 1   # max_batch_size on every family, checked by measurement
     python bench/budget_accuracy.py --gemm          # the CPU kernel workspace a tensor trace cannot see, next to the planner's model
     python bench/budget_accuracy.py --repeat mlp 4200 3   # how well one measurement repeats
     (--threads 2 measures with two threads instead of one; --full-warmup warms up at the full batch, so what the kernels keep
@@ -86,6 +88,13 @@ class MHABlock(nn.Module):
         x = x + self.attn(h, h, h)[0]
         return self.head((x + self.ff(self.n2(x))).mean(1))
 
+class FusedMHABlock(MHABlock):
+    "The same block asking for no attention weights, as nn.TransformerEncoderLayer does: PyTorch runs its fused attention kernel."
+    def forward(self, x):
+        h = self.n1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return self.head((x + self.ff(self.n2(x))).mean(1))
+
 class HandAttention(nn.Module):
     "Attention written out by hand: q @ k.T, softmax, @ v (two layers)."
     def __init__(self, d=256, heads=4, layers=2):
@@ -119,7 +128,7 @@ FAMILIES = {'resnet18': (_tv('resnet18'), (3, 64, 64), (16, 64)), 'mobilenet_v2'
             'squeezenet': (_tv('squeezenet1_1'), (3, 64, 64), (16, 64)), 'densenet121': (_tv('densenet121'), (3, 64, 64), (8, 32)),
             'encdec': (EncDec, (3, 64, 64), (8, 32)), 'lstm': (RNNClassifier, (64, 64), (32, 128)),
             'gru': (lambda: RNNClassifier('gru'), (64, 64), (32, 128)), 'bigru': (lambda: RNNClassifier('gru', bidirectional=True), (64, 64), (32, 128)),
-            'mha': (MHABlock, (128, 256), (16, 64)), 'hand_attn': (HandAttention, (128, 256), (16, 64)),
+            'mha': (MHABlock, (128, 256), (16, 64)), 'mha_fused': (FusedMHABlock, (128, 256), (16, 64)), 'hand_attn': (HandAttention, (128, 256), (16, 64)),
             'conv1d': (conv1d, (16, 1024), (32, 128)), 'tied_lm': (TiedLM, (64,), (16, 64)), 'ln_mlp': (ln_mlp, (1, 28, 28), (256, 1024))}
 ALL = {**MODELS, **FAMILIES}
 
@@ -266,10 +275,75 @@ def gemm_report():
     bf = run_kernels([['mm_bf16', *big], ['mm_bf16', *small]])
     print(f"6. bf16 matmuls go through oneDNN (not modelled beyond kernel state): {mi(bf[0])} and {mi(bf[1])} MiB for the two shapes above")
 
+def lstm_child(specs:list)->list:
+    "Run in a fresh process: for each (steps, batch, inputs, units) LSTM layer, the resident MiB of its workspace after forward, the scratch of forward and of backward."
+    import ctypes, mmap
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from netlite_nb.budget import _hwm_growth
+    libc, page = ctypes.CDLL(None), mmap.PAGESIZE
+    def resident(t):  # pages of the tensor's memory that are in RAM (mincore)
+        a = t.data_ptr(); start = a - a % page; n = (a + t.nbytes - start + page - 1) // page
+        vec = (ctypes.c_ubyte * n)(); libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(n * page), vec)
+        return sum(v & 1 for v in vec) * page
+    torch.set_num_threads(1)
+    nn.LSTM(8, 8)(torch.randn(3, 2, 8, requires_grad=True))[0].sum().backward()  # load the kernels
+    out = []
+    for T, B, I, H in specs:
+        ws = []
+        class Spy(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                o = func(*args, **(kwargs or {}))
+                if func is torch.ops.aten.mkldnn_rnn_layer.default: ws.append(o[3])
+                return o
+        m, x = nn.LSTM(I, H), torch.randn(T, B, I, requires_grad=True)
+        with Spy(): grown, (y, (h, c)) = _hwm_growth(lambda: m(x))
+        kept = resident(ws[0])
+        g = torch.randn_like(y)
+        grown_b, _ = _hwm_growth(lambda: y.backward(g))
+        grads = x.grad.nbytes + sum(p.grad.nbytes for p in m.parameters())
+        out.append([kept, grown - kept - y.nbytes - h.nbytes - c.nbytes, grown_b - grads])
+        del ws, y, h, c, x, g, m
+    return out
+
+def kernels_report():
+    "Each kernel family's scratch measured in fresh processes, next to the planner's model; shapes the model was not read off included."
+    from netlite_nb.budget import _conv_key, _lstm_workspace, cpu_conv_scratch, measure_conv_scratch
+    mi = lambda n: f"{n/2**20:7.2f}"
+    print("1. Convolutions (oneDNN blocked copies; im2col for PyTorch's fallback): scratch MiB beyond the outputs, forward | backward")
+    print(f"{'batch x in x size -> out, kernel, stride, groups':<52}{'measured':>18}{'model':>18}")
+    convs = [(32, 64, 64, 32, 3, 1, 1), (32, 32, 64, 64, 3, 1, 1), (32, 96, 64, 32, 3, 1, 1), (32, 12, 64, 24, 3, 1, 1),
+             (32, 64, 64, 128, 3, 2, 1), (32, 64, 64, 64, 3, 2, 64), (32, 3, 64, 64, 7, 2, 1), (16, 64, 32, 128, 1, 1, 1),
+             (8, 64, 32, 64, 3, 1, 1), (8, 128, 16, 32, 1, 1, 1)]
+    specs, model = [], []
+    for B, C, S, O, k, st, g in convs:
+        x, w = torch.empty(B, C, S, S, device='meta'), torch.empty(O, C // g, k, k, device='meta')
+        fa = (x, w, None, [st, st], [k // 2] * 2, [1, 1], False, [0, 0], g)
+        y = torch.ops.aten.convolution(*fa)
+        ba = (y, x, w, [O], [st, st], [k // 2] * 2, [1, 1], False, [0, 0], g, [C != 3, True, False])
+        for f, a, o in ((torch.ops.aten.convolution.default, fa, y), (torch.ops.aten.convolution_backward.default, ba, None)):
+            specs.append(_conv_key(f, a)[1]); model.append(cpu_conv_scratch(f, a, o))
+    got = {}
+    for B in {sp[-1] for sp in specs}:  # one fresh process per batch size
+        mine = [i for i, sp in enumerate(specs) if sp[-1] == B]
+        got.update(zip(mine, (r[0] for r in measure_conv_scratch([specs[i] for i in mine], (B,)))))
+    for i, (B, C, S, O, k, st, g) in enumerate(convs):
+        print(f"{f'{B} x {C} x {S}x{S} -> {O}, {k}x{k}, /{st}, g{g}':<52}{mi(got[2*i])} |{mi(got[2*i+1])}  {mi(model[2*i])} |{mi(model[2*i+1])}", flush=True)
+    print("2. LSTM layers (oneDNN): MiB of workspace resident after forward, forward scratch, backward scratch")
+    shapes = [[64, 32, 64, 128], [128, 32, 64, 128], [64, 32, 64, 256], [64, 32, 256, 128], [100, 64, 32, 100], [64, 128, 64, 128]]
+    res = run_child('--lstm-child', shapes)
+    for sh, r in zip(shapes, res):
+        m = _lstm_workspace(*sh[:2], sh[3], sh[2])
+        print(f"  steps {sh[0]}, batch {sh[1]}, {sh[2]} -> {sh[3]}: measured " + ' '.join(mi(v) for v in r) + "   model " + ' '.join(mi(v) for v in m), flush=True)
+
+def run_child(flag, arg)->list:
+    out = subprocess.run([sys.executable, __file__, flag, json.dumps(arg)], env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.split('\n')[-2])
+
 def budgets_table(models=tuple(MODELS), budgets=(0.5, 1, 2)):
     "Solve max_batch_size on the CPU for each budget and measure the solved batch and the next one up in fresh processes."
     from netlite_nb.budget import max_batch_size
-    print(f"{'model':<12}{'budget':>8}{'solved':>8}{'predicted@b':>13}{'measured@b':>12}{'measured@b+1':>14}{'per sample':>12}  ok")
+    print(f"{'model':<13}{'budget':>8}{'solved':>8}{'predicted@b':>13}{'measured@b':>12}{'used':>7}{'measured@b+1':>14}{'per sample':>12}  ok")
     for name in models:
         for gb in budgets:
             t0, budget = time.time(), int(gb * 2**30)
@@ -279,8 +353,8 @@ def budgets_table(models=tuple(MODELS), budgets=(0.5, 1, 2)):
             if m0 > budget: ok = 'NO: over budget'
             elif m1 > budget: ok = 'yes'
             else:  # the solved batch fits but so does the next: how many samples of room were left
-                ok = f"NO: b+1 fits too; {(budget - m0)/2**20:.1f} MiB left = {int((budget - m0) / (p1 - p0))} samples"
-            print(f"{name:<12}{gb:>6.1f}Gi{b:>8}{p0/2**20:>11.1f}Mi{m0/2**20:>10.1f}Mi{m1/2**20:>12.1f}Mi{(p1 - p0)/2**20:>10.3f}Mi"
+                ok = f"fits; b+1 fits too: {(budget - m0)/2**20:.1f} MiB left = {int((budget - m0) / max(1, p1 - p0))} samples"
+            print(f"{name:<13}{gb:>6.1f}Gi{b:>8}{p0/2**20:>11.1f}Mi{m0/2**20:>10.1f}Mi{100*m0/budget:>6.0f}%{m1/2**20:>12.1f}Mi{(p1 - p0)/2**20:>10.3f}Mi"
                   f"  {ok}  ({time.time() - t0:.0f} s)", flush=True)
 
 def repeat(name, bs, n):
@@ -297,6 +371,8 @@ if __name__ == '__main__':
     ap.add_argument('--real-budgets', action='store_true', help="--budgets with the issue's unscaled 2, 4 and 8 GiB, for the CNN and the transformer")
     ap.add_argument('--models', nargs='+', help='models for --budgets (default: all three; cnn and transformer for --real-budgets)')
     ap.add_argument('--gib', nargs='+', type=float, default=[0.5, 1, 2], help='budgets in GiB for --budgets')
+    ap.add_argument('--kernels', action='store_true', help='measure each kernel family\'s scratch (convolutions, LSTM) next to the model')
+    ap.add_argument('--lstm-child', help=argparse.SUPPRESS)
     ap.add_argument('--gemm', action='store_true', help='measure the CPU kernel workspace the planner models, next to the model')
     ap.add_argument('--repeat', nargs=3, metavar=('MODEL', 'BATCH', 'N'), help='measure one case N times')
     ap.add_argument('--threads', type=int, default=1, help='threads of the measuring processes (the planner models one)')
@@ -305,6 +381,9 @@ if __name__ == '__main__':
     ENV['OMP_NUM_THREADS'] = str(a.threads)
     if a.measure: print(measure(a.measure[0], int(a.measure[1]), a.measure[2:] == ['full']))
     elif a.kernels_child: print(json.dumps(kernels_child(*json.loads(a.kernels_child))))
+    elif a.lstm_child: print(json.dumps(lstm_child(json.loads(a.lstm_child))))
+    elif a.kernels: kernels_report()
+    elif a.budgets and a.families: budgets_table(a.models or list(FAMILIES), a.gib)
     elif a.families: accuracy_table(a.full_warmup, {k: v for k, v in FAMILIES.items() if not a.models or k in a.models})
     elif a.budgets: budgets_table(a.models or list(MODELS), a.gib)
     elif a.real_budgets: budgets_table(a.models or ['cnn', 'transformer'], [2, 4, 8])

@@ -4,7 +4,8 @@
 
 # %% ../nbs/01_budget.ipynb #c003
 from __future__ import annotations
-import contextlib, copy, functools, html, inspect, logging, math, weakref
+import ast, contextlib, copy, functools, html, inspect, json, logging, math, os, platform, subprocess, sys, weakref
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 import torch
@@ -17,12 +18,13 @@ from fastcore.basics import patch
 from .probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes, free_memory, gpu_catalogue, in_notebook, is_oom, lookup_gpu
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'KERNEL_STATE_BYTES', 'TENSOR_TERMS', 'COLORS', 'LEVERS', 'Allocation',
-           'AllocationTracker', 'ShapeMismatchError', 'resize_batch', 'default_loss', 'is_traced', 'register_optimizer',
-           'make_optimizer', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes', 'Target',
-           'resolve_target', 'cpu_workspace_bytes', 'cpu_conv_scratch', 'cpu_kernel_path', 'MemoryPlan', 'plan_memory',
-           'plot_plans', 'BudgetTooSmallError', 'max_batch_size', 'Change', 'register_lever', 'fit_to_budget',
-           'find_batch_size', 'budget_widget']
+__all__ = ['OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'KERNEL_STATE_BYTES', 'TENSOR_TERMS', 'COLORS', 'PLAN_MARGIN', 'LEVERS',
+           'Allocation', 'AllocationTracker', 'ShapeMismatchError', 'resize_batch', 'default_loss', 'is_traced',
+           'register_optimizer', 'make_optimizer', 'Trace', 'trace_step', 'CachingAllocatorSim',
+           'cublas_workspace_bytes', 'Target', 'resolve_target', 'cpu_workspace_bytes', 'cpu_conv_scratch',
+           'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels',
+           'MemoryPlan', 'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'max_batch_size', 'Change',
+           'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -314,11 +316,12 @@ class Trace:
     param_count:int
     accum_steps:int            # micro-batches a real step has
 
-def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn, optimizer, precision, cuda, steps, kernels)->AllocationTracker:
+def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn, optimizer, precision, cuda, steps, kernels,
+           measured:dict|None=None, missing:list|None=None)->AllocationTracker:
     "Run `steps` steps of the fake copy `m` under a tracker (on FakeTensors of `fm`, else on 'meta')."
     dev = 'cpu' if fm else 'meta'
     tr = AllocationTracker(dev)
-    if kernels == 'cpu': tr.kernel_path = cpu_kernel_path
+    if kernels == 'cpu': tr.kernel_path = functools.partial(cpu_kernel_path, measured=measured, missing=missing)
     try:
         with fm or contextlib.nullcontext(), _watch_modules(m, tr):
             params = [p for p in m.parameters() if p.requires_grad]
@@ -351,6 +354,8 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
                cuda:bool=False, # trace the optimizer as it runs on CUDA (multi-tensor kernels)
                steps:int=2, # training steps; the second one has optimizer state, as every step after it does
                kernels:str|None=None, # 'cpu': the CPU's kernels (their scratch, LSTM workspace, fused attention); None: PyTorch's reference ops
+               measured:dict|None=None, # convolution scratch measured on this machine, by key (`calibrate_kernels`)
+               missing:list|None=None, # collects the convolutions `measured` has no entry for
               )->Trace:
     "Run `steps` training steps of `model` on fake tensors and record every allocation and free."
     if precision not in ('fp32', *LOW_PRECISION): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', not {precision!r}")
@@ -369,7 +374,7 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
             m = _fake_copy(model, fm)
             if transform is not None: m = transform(m)
             m.train()
-            tr = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels)
+            tr = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, measured, missing)
             if cpu_path or kernels != 'cpu' or not tr.decomposed: break
             cpu_path = True  # attention ran its reference path on 'meta': trace again on the CPU's dispatch
     finally: log.setLevel(level)
@@ -486,6 +491,14 @@ def _mkl_panel(M:int, K:int, N:int)->int:
     kc = K if K <= _MKL_KC else math.ceil(K / 2) if K <= 2 * _MKL_KC else _MKL_KC
     return 4 * kc * (min(N, _MKL_N_MAX) + _MKL_M_BLOCK)
 
+def _keeps_state(k:tuple)->bool:
+    "Does kernel `k` (`_kernel`) keep per-shape state? Small matmuls and oneDNN's convolutions do; PyTorch's fallback convolution does not."
+    if k[0] == 'matmul': return True
+    fwd = k[0] == 'convolution.default'
+    x, w = (k[1], k[2]) if fwd else (k[2], k[3])
+    stride, padding, dilation, transposed, _, groups = (ast.literal_eval(a) for a in (k[4:10] if fwd else k[5:11]))
+    return _conv_backend(x, w, tuple(stride), tuple(padding), tuple(dilation), transposed, groups, torch.float32, torch.get_num_threads()) == 'Mkldnn'
+
 def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls and convolutions in the order they ran
                        )->int:
     "Memory the CPU math libraries keep for a step's kernels: MKL's matmul packing buffers plus per-shape kernel state."
@@ -494,7 +507,7 @@ def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls
     for k in kernels:
         panel = _mkl_panel(*k[2:5]) if k[0] == 'matmul' and k[5] == 'torch.float32' else 0
         if panel > held: total, held = total + panel, panel  # a bigger product gets new buffers; the smaller ones stay cached
-        elif panel == 0 and k not in seen: total += KERNEL_STATE_BYTES
+        elif panel == 0 and k not in seen and _keeps_state(k): total += KERNEL_STATE_BYTES
         seen.add(k)
     return total
 
@@ -543,7 +556,10 @@ def _lstm_workspace(T:int, B:int, H:int, I:int)->tuple[int, int, int]:
     # workspace and into scratch, the states' gradients, and the input's gradient in its own layout
     return u * (_LSTM_GATES + 1) + 4 * B * H, u * _LSTM_GATES, u * (2 * _LSTM_GATES + 1) + 4 * B * T * I
 
-def cpu_kernel_path(func, args, out)->tuple[Any, int]:
+def cpu_kernel_path(func, args, out,
+                    measured:dict|None=None, # convolution scratch measured on this machine (`calibrate_kernels`); None: the model
+                    missing:list|None=None, # collects the convolutions `measured` lacks
+                   )->tuple[Any, int]:
     "For the tracker: a CPU op's outputs as the real kernel makes them (the LSTM workspace the reference leaves empty), and its scratch bytes."
     if func is torch.ops.aten.mkldnn_rnn_layer.default and out[3].numel() == 0 and args[15]:
         (T, B, I), H = args[0].shape, args[10]  # time-major input
@@ -552,12 +568,102 @@ def cpu_kernel_path(func, args, out)->tuple[Any, int]:
     if func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
         (T, B, I), H = args[0].shape, args[5].shape[-1]
         return out, _lstm_workspace(T, B, H, I)[2]
+    if func in _CONVS and measured is not None:
+        key, spec = _conv_key(func, args)
+        if key in measured: return out, max(0, int(measured[key][0] + measured[key][1] * spec[-1]))
+        if missing is not None: missing.append(spec)
     if func in _CONVS: return out, cpu_conv_scratch(func, args, out)
     return out, 0
 
 def _cpu_dispatch_differs(model:nn.Module)->bool:
     "Does `model` have layers whose CPU kernels the meta device does not run (recurrent layers)?"
     return any(isinstance(m, nn.RNNBase) for m in model.modules())
+
+# %% ../nbs/01_budget.ipynb #cal1
+def calibration_file()->Path:
+    "Where measured kernel scratch is cached: one file per machine, CPU and torch version, under the user's cache directory."
+    root = Path(os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache') / 'netlite_nb'
+    return root / f"kernels-{platform.node()}-{torch.backends.cpu.get_cpu_capability()}-torch{torch.__version__}.json"
+
+@functools.cache
+def _calibrated()->dict:
+    f = calibration_file()
+    return json.loads(f.read_text()) if f.exists() else {}
+
+def clear_calibration():
+    "Forget this machine's kernel measurements for this torch version: the next `calibrate=True` plan measures again."
+    calibration_file().unlink(missing_ok=True)
+    _calibrated.cache_clear()
+
+# %% ../nbs/01_budget.ipynb #cal2
+def _conv_key(func, args)->tuple[str, list]:
+    "A convolution's calibration key (shapes and settings, not the batch) and the spec a measuring process runs (the batch last)."
+    fwd = func is torch.ops.aten.convolution.default
+    x, w = (args[0], args[1]) if fwd else (args[1], args[2])
+    stride, padding, dilation, transposed = args[3:7] if fwd else args[4:8]
+    groups = args[8] if fwd else args[9]
+    spec = ['forward' if fwd else 'backward', list(x.shape[1:]), list(w.shape), list(stride), list(padding), list(dilation), groups,
+            str(x.dtype).split('.')[-1], bool(fwd or args[10][0]), bool(transposed), x.shape[0]]
+    return json.dumps(spec[:-1]), spec
+
+def _hwm_growth(f:Callable)->tuple[int, Any]:
+    "How far this process's resident high-water mark rises above its resident size while `f` runs (Linux), and f's result."
+    page = os.sysconf('SC_PAGE_SIZE')
+    with open('/proc/self/statm') as fh: r0 = int(fh.read().split()[1]) * page
+    with open('/proc/self/clear_refs', 'w') as fh: fh.write('5')  # resets the high-water mark to the resident size
+    out = f()
+    with open('/proc/self/status') as fh: hwm = next(int(l.split()[1]) * 1024 for l in fh if l.startswith('VmHWM'))
+    return hwm - r0, out
+
+# %% ../nbs/01_budget.ipynb #cal3
+def _run_conv(spec:list, b:int)->int:
+    "Scratch bytes of one convolution `spec` at batch `b`: the high-water mark's rise beyond what the op returns."
+    kind, xs, ws, stride, padding, dilation, groups, dtype, xgrad, transposed, _ = spec
+    conv = getattr(F, f"conv{'_transpose' if transposed else ''}{len(ws) - 2}d")
+    dt = getattr(torch, dtype)
+    x, w = torch.randn(b, *xs, dtype=dt, requires_grad=xgrad), torch.randn(*ws, dtype=dt, requires_grad=True)
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    if kind == 'forward':
+        grown, y = _hwm_growth(lambda: conv(x, w, **kw))
+        return grown - y.nbytes
+    y = conv(x, w, **kw); g = torch.randn_like(y)
+    grown, _ = _hwm_growth(lambda: y.backward(g))
+    return grown - w.grad.nbytes - (x.grad.nbytes if xgrad else 0)
+
+def _measure_convs(specs:list, batches:tuple)->list:
+    "Run in a fresh process: each convolution's scratch bytes at each of `batches`, the smaller of two runs."
+    for s in specs: _run_conv(s, 1)  # loads every kernel's code and what the library keeps once: neither is scratch
+    return [[min(_run_conv(s, b), _run_conv(s, b)) for b in batches] for s in specs]
+
+# %% ../nbs/01_budget.ipynb #cal4
+_MALLOC_ENV = dict(MALLOC_MMAP_THRESHOLD_='65536', MALLOC_ARENA_MAX='1', MALLOC_TRIM_THRESHOLD_='0')  # freed memory goes back to the OS at once
+
+def measure_conv_scratch(specs:list, # convolution specs (`_conv_key`)
+                         batches:tuple, # batch sizes to measure each one at
+                        )->list[list[int]]:
+    "Scratch bytes of each convolution at each batch size, measured in a fresh Python process on this CPU (Linux)."
+    code = "import json, sys; from netlite_nb.budget import _measure_convs; print(json.dumps(_measure_convs(*json.load(sys.stdin))))"
+    r = subprocess.run([sys.executable, '-c', code], input=json.dumps([specs, list(batches)]), capture_output=True, text=True,
+                       env={**os.environ, **_MALLOC_ENV, 'OMP_NUM_THREADS': str(torch.get_num_threads())})
+    if r.returncode: raise RuntimeError(f"Measuring the kernels in a child process failed; plan without calibrate=True. It said: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+def calibrate_kernels(specs:list, # convolution specs a trace collected (`trace_step(..., missing=[])`)
+                     )->dict:
+    "Measure the scratch of each convolution in `specs` that the cache lacks, in a fresh process on this CPU; returns the updated cache."
+    table = dict(_calibrated())
+    todo = {k: s for k, s in (( json.dumps(s[:-1]), s) for s in specs) if k not in table}
+    if not todo: return table
+    b = max(s[-1] for s in todo.values())
+    batches = (max(1, b // 4), max(2, b // 2))
+    for key, (m1, m2) in zip(todo, measure_conv_scratch(list(todo.values()), batches)):
+        per = (m2 - m1) / (batches[1] - batches[0])
+        table[key] = [m1 - per * batches[0], per]  # bytes = constant + per sample x batch
+    f = calibration_file()
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps(table))
+    _calibrated.cache_clear()
+    return table
 
 # %% ../nbs/01_budget.ipynb #c029
 TENSOR_TERMS = ('weights', 'weight copies', 'gradients', 'optimizer', 'activations', 'temporaries', 'batch')
@@ -677,7 +783,7 @@ def _device_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, li
         ws = cpu_workspace_bytes(tr.kernels)  # allocated on the first full-size step and kept, so it is there at the peak
         return raw + ws, raw + ws, {'CPU kernel workspace': ws}, [
             f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, 384) x (N + 648) for each product "
-            f"that needs more than the ones before it) and {KERNEL_STATE_BYTES // 1024} KiB per other matmul/convolution shape, "
+            f"that needs more than the ones before it) and {KERNEL_STATE_BYTES // 1024} KiB per other matmul/oneDNN convolution shape, "
             "kept for the life of the process; measured for fp32 with one thread by `python bench/budget_accuracy.py --gemm`. "
             "More threads pack more and bf16/fp16 matmuls (oneDNN) keep buffers of their own: neither is included",
             "kernel scratch is placed at its op: oneDNN's blocked copies inside each convolution (im2col for PyTorch's fallback); "
@@ -727,6 +833,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
                 budget:int|None=None, # bytes the run may use; default: the device's memory
                 transform:Callable|None=None, # model -> model applied to the traced copy (chapter 02: layers, checkpointing)
                 strategy=None, # a chapter 06 `Strategy`: fills in the arguments above that were left at their defaults
+                calibrate:bool=False, # on the CPU: measure the kernels' scratch on this machine first (cached; `calibrate_kernels`)
                )->MemoryPlan:
     "Predict the peak memory of a training step of `model` on `batch` by tracing it on fake tensors."
     if strategy is not None:
@@ -735,10 +842,14 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
     target = resolve_target(device_or_gpu)
     b = _batch_size(batch)
     mb = min(micro_batch or b, b)
-    t = trace_step(model, batch, loss_fn, optimizer, precision, micro_batch, transform, cuda=target.kind == 'cuda',
-                   kernels='cpu' if target.kind == 'cpu' else None)
+    kernels = 'cpu' if target.kind == 'cpu' else None
+    measured, missing = (_calibrated(), []) if calibrate and kernels else (None, None)
+    trace = functools.partial(trace_step, model, batch, loss_fn, optimizer, precision, micro_batch, transform, cuda=target.kind == 'cuda', kernels=kernels)
+    t = trace(measured=measured, missing=missing)
+    if missing: t = trace(measured=calibrate_kernels(missing))
     tr = t.tracker
     peak, reserved, terms, device_notes = _device_terms(target, tr)
+    if calibrate: device_notes = device_notes + [_calibration_note(target)]
     rec = tr.events[tr.peak_at][1] if tr.peak_at >= 0 else None
     return MemoryPlan(batch_size=b, micro_batch=mb, precision=precision, optimizer=_optimizer_name(optimizer),
                       transform=_transform_name(transform), device=target.name, peak=peak, reserved=reserved,
@@ -746,6 +857,12 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
                       peak_phase=rec.phase if rec else 'none', peak_module=rec.module if rec else '',
                       budget=budget if budget is not None else target.memory, by_module=_saved_by_module(tr), params=t.param_count,
                       notes=_step_notes(precision, t.accum_steps, mb) + device_notes)
+
+# %% ../nbs/01_budget.ipynb #mp24
+def _calibration_note(target:Target)->str:
+    if target.kind == 'cpu': return f"convolution scratch measured on this machine by calibration (cached in {calibration_file()})"
+    return (f"calibrate=True measures kernels on the device that is present, and only on the CPU so far: this plan for {target.name} "
+            "uses the models")
 
 # %% ../nbs/01_budget.ipynb #c037
 COLORS = {'weights': '#4c72b0', 'weight copies': '#8fa9d6', 'gradients': '#dd8452', 'optimizer': '#55a868', 'activations': '#c44e52',
@@ -806,6 +923,9 @@ def _search(plan:Callable, # plan(b) -> MemoryPlan (cached: the search asks for 
         elif tries % 2: g = guess(lo, hi, total_of)
         else: g = (lo + hi) // 2
 
+# %% ../nbs/01_budget.ipynb #mg1
+PLAN_MARGIN = {('cpu', False): 0.05, ('cpu', True): 0.02}  # (target kind, calibrated) -> share of the budget `max_batch_size` keeps free
+
 # %% ../nbs/01_budget.ipynb #mb5
 def max_batch_size(model:nn.Module, # the model to plan for
                    sample, # a batch (x, y) or x of any size: only its shapes after the first dimension and dtypes are used
@@ -813,14 +933,17 @@ def max_batch_size(model:nn.Module, # the model to plan for
                    device_or_gpu=None, # None, 'cpu', 'cuda', a catalogue name or a GPUInfo (adds its device terms)
                    max_batch:int=2**16, # stop searching here
                    micro_of:int|None=None, # solve for the micro-batch of gradient accumulation over batches of this size
-                   **kw, # passed to `plan_memory`: loss_fn, optimizer, precision, transform, strategy
+                   margin:float|None=None, # fraction of `budget` kept free for what the kernel models miss; default: `PLAN_MARGIN`
+                   **kw, # passed to `plan_memory`: loss_fn, optimizer, precision, transform, strategy, calibrate
                   )->int:
-    "The largest batch size whose traced training step fits `budget`: extrapolating, then interpolating between traced sizes."
+    "The largest batch size whose traced training step fits `budget` less a safety margin: extrapolating, then interpolating between traced sizes."
     if kw.get('strategy') is not None:
         *_, device_or_gpu, budget = _strategy_defaults(kw['strategy'], 'fp32', 'adamw', None, None, device_or_gpu, budget)
     target = resolve_target(device_or_gpu)
     budget = budget if budget is not None else target.memory
     if budget is None: raise ValueError("max_batch_size needs a budget: pass budget= (bytes) or a device_or_gpu with known memory.")
+    margin = PLAN_MARGIN.get((target.kind, bool(kw.get('calibrate'))), 0.0) if margin is None else margin
+    budget = int(budget * (1 - margin))
     @functools.cache
     def plan(b):
         if micro_of is None: return plan_memory(model, resize_batch(sample, b), device_or_gpu=target, budget=budget, **kw)

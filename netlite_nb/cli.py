@@ -128,7 +128,8 @@ def _plan(args):
     if args.gpu.strip().lower() == 'list': return _gpu_list(args.json)
     model, sample = _cli_model(args.model, args.input)
     kw = dict(optimizer=args.optimizer, precision=args.precision, transform=_CHECKPOINTED if args.checkpointing else None)
-    plan = plan_memory(model, resize_batch(sample, args.batch_size), device_or_gpu=args.gpu, micro_batch=args.micro_batch, **kw)
+    plan = plan_memory(model, resize_batch(sample, args.batch_size), device_or_gpu=args.gpu, micro_batch=args.micro_batch,
+                       calibrate=args.calibrate, **kw)
     sugg = _suggestions(model, sample, args, kw, plan) if args.suggest else None
     if args.json: print(_json({'plan': {**dataclasses.asdict(plan), 'fits': plan.fits, 'headroom': plan.headroom}, 'suggest': sugg}))
     else:
@@ -148,6 +149,7 @@ def _plan_args(p):
     p.add_argument('--checkpointing', action='store_true', help='checkpoint activations of about sqrt(n) block segments')
     p.add_argument('--suggest', action='store_true', help='also print the largest batch that fits and changes that would make it fit')
     p.add_argument('--json', action='store_true', help='print the plan (and suggestions) as JSON')
+    p.add_argument('--calibrate', action='store_true', help="measure the CPU kernels' scratch on this machine first (once per shape, cached)")
 _plan.add_arguments = _plan_args
 
 # %% ../nbs/11_cli.ipynb #35cc18e5

@@ -1,9 +1,12 @@
 "Chapter 01 checks: the tracer against hand arithmetic and a real process, categories, phases, precision, bad input, the solvers, the CLI."
-import gc, os, subprocess, sys, weakref
+import gc, json, os, subprocess, sys, weakref
+from collections import Counter
 from pathlib import Path
 import pytest, torch
 from torch import nn
-from netlite_nb.budget import (BudgetTooSmallError, CUDA_CONTEXT_BYTES, KERNEL_STATE_BYTES, LEVERS, ShapeMismatchError, cpu_workspace_bytes,
+from fastcore.test import test_eq
+from netlite_nb.budget import (AllocationTracker, BudgetTooSmallError, _saved_for_backward, CUDA_CONTEXT_BYTES, KERNEL_STATE_BYTES, LEVERS, PLAN_MARGIN, ShapeMismatchError,
+                               _calibrated, _lstm_workspace, calibration_file, clear_calibration, cpu_workspace_bytes,
                                find_batch_size, fit_to_budget, max_batch_size, plan_memory, register_lever, resize_batch, trace_step)
 from netlite_nb.probe import UnknownGPUError, lookup_gpu
 
@@ -98,10 +101,86 @@ def test_cpu_workspace_model_follows_the_measured_rules():
 
 def test_max_batch_size_on_cpu_leaves_room_for_the_kernel_workspace():
     m, budget = cnn(), 64 * 2**20
-    b = max_batch_size(m, MNIST, budget=budget, device_or_gpu='cpu')
+    b = max_batch_size(m, MNIST, budget=budget, device_or_gpu='cpu', margin=0)
     assert plan_memory(m, resize_batch(MNIST, b), device_or_gpu='cpu', budget=budget).fits
     assert not plan_memory(m, resize_batch(MNIST, b + 1), device_or_gpu='cpu', budget=budget).fits
     assert b < max_batch_size(m, MNIST, budget=budget)   # the tensors-only answer spends the workspace's bytes on samples
+
+
+def test_max_batch_size_keeps_the_stated_margin_on_the_cpu():
+    m, budget = cnn(), 64 * 2**20
+    b = max_batch_size(m, MNIST, budget=budget, device_or_gpu='cpu')
+    assert b < max_batch_size(m, MNIST, budget=budget, device_or_gpu='cpu', margin=0)
+    assert plan_memory(m, resize_batch(MNIST, b), device_or_gpu='cpu').total <= budget * (1 - PLAN_MARGIN[('cpu', False)])
+    assert plan_memory(m, resize_batch(MNIST, b + 1), device_or_gpu='cpu').total > budget * (1 - PLAN_MARGIN[('cpu', False)])
+    assert max_batch_size(m, MNIST, budget=budget) == max_batch_size(m, MNIST, budget=budget, margin=0)  # tensors only: no model to distrust
+
+
+def _saved_sizes(model, x, y)->list:
+    "Sizes of the storages autograd saves in a real CPU forward and loss, labelled as the planner's trace labels them."
+    tr = AllocationTracker('cpu')
+    with tr, _saved_for_backward(tr):
+        tr.track(x, 'batch'); tr.track(y, 'batch')
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        return sorted(r.nbytes for r in tr.allocs if r.category == 'activations')
+
+
+@pytest.mark.parametrize('family', ['lstm', 'gru', 'mha_fused', 'conv'])
+def test_trace_saves_what_the_real_cpu_kernels_save(family):
+    "The CPU trace takes the real run's kernel path: oneDNN's LSTM, the CPU's GRU, fused attention, oneDNN convolutions."
+    torch.manual_seed(0)
+    class Attn(nn.Module):
+        def __init__(self):
+            super().__init__(); self.a, self.h = nn.MultiheadAttention(32, 4, batch_first=True), nn.Linear(32, 10)
+        def forward(self, x): return self.h(self.a(x, x, x, need_weights=False)[0].mean(1))
+    class Rnn(nn.Module):
+        def __init__(self, kind):
+            super().__init__(); self.r, self.h = getattr(nn, kind)(16, 32, 2, batch_first=True), nn.Linear(32, 10)
+        def forward(self, x): return self.h(self.r(x)[0][:, -1])
+    model, shape = {'lstm': (Rnn('LSTM'), (8, 12, 16)), 'gru': (Rnn('GRU'), (8, 12, 16)), 'mha_fused': (Attn(), (8, 20, 32)),
+                    'conv': (cnn(), (16, 1, 28, 28))}[family]
+    x, y = torch.randn(shape), torch.randint(0, 10, (shape[0],))
+    real = _saved_sizes(model, x, y)
+    tr = trace_step(model, (x, y), optimizer=None, steps=1, kernels='cpu').tracker
+    traced = sorted(r.nbytes for r in tr.allocs if r.category == 'activations')
+    if family == 'lstm':
+        # the real kernel allocates its whole workspace; the trace counts the part forward writes, which is what becomes resident
+        ws = Counter(_lstm_workspace(12, 8, 32, i)[0] for i in (16, 32))
+        assert Counter(traced) - Counter(real) == ws and len(real) == len(traced)
+        real, traced = sorted((Counter(real) - (Counter(real) - Counter(traced))).elements()), sorted((Counter(traced) - ws).elements())
+    test_eq(traced, real)
+    if family == 'mha_fused':  # the reference path keeps the T x T attention matrix, the CPU's fused kernel does not
+        attn = 8 * 4 * 20 * 20 * 4
+        assert attn not in traced and attn in [r.nbytes for r in trace_step(model, (x, y), optimizer=None, steps=1).tracker.allocs]
+
+
+def test_cpu_kernel_scratch_is_placed_at_its_op():
+    conv = nn.Sequential(nn.Conv2d(8, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+    batch = torch.empty(32, 8, 32, 32, device='meta'), torch.empty(32, dtype=torch.long, device='meta')
+    ref, cpu = trace_step(conv, batch).tracker, trace_step(conv, batch, kernels='cpu').tracker
+    scratch = [r for r in cpu.allocs if r.category == 'kernel scratch']
+    assert scratch and all(r.died == r.born + 1 for r in scratch)  # freed at the op that allocated it
+    assert {r.phase for r in scratch} == {'forward', 'backward'}
+    live = lambda at: sum(r.nbytes for r in cpu.allocs if r.born <= at and (r.died is None or r.died > at))
+    assert cpu.peak == max(ref.peak, *(live(r.born) for r in scratch)) > ref.peak  # what is alive at that op, plus its scratch
+    assert cpu.peak < ref.peak + sum(r.nbytes for r in scratch) / 2  # never the scratch of the whole step at once
+
+
+def test_calibration_measures_caches_and_can_be_cleared(tmp_path, monkeypatch):
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+    _calibrated.cache_clear()
+    m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 32 * 32, 10))
+    batch = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    p = plan_memory(m, batch, device_or_gpu='cpu', calibrate=True)
+    f = calibration_file()
+    assert f.exists() and str(tmp_path) in str(f) and torch.__version__ in f.name
+    assert len(json.loads(f.read_text())) == 2   # one convolution: forward and backward
+    assert 'calibration' in p.notes[-1]
+    assert abs(p.peak - plan_memory(m, batch, device_or_gpu='cpu').peak) < 0.1 * p.peak  # the model and the measurement agree roughly
+    assert 'uses the models' in plan_memory(m, batch, device_or_gpu='gtx 1050 ti', calibrate=True).notes[-1]
+    clear_calibration()
+    assert not f.exists()
 
 
 def test_real_cpu_process_within_5_percent():

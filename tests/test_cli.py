@@ -113,6 +113,15 @@ def test_plan_json():
     assert d['plan']['batch_size'] == 32 and d['plan']['total'] == sum(d['plan']['breakdown'].values())
 
 
+def test_plan_calibrate_measures_on_this_machine_and_says_so(tmp_path):
+    env = {**os.environ, 'PYTHONPATH': str(ROOT), 'XDG_CACHE_HOME': str(tmp_path)}
+    r = subprocess.run([sys.executable, '-c', 'import sys; from netlite_nb.cli import main; sys.exit(main(sys.argv[1:]))', 'plan', '--model', 'netlite_tiny',
+                        '--batch-size', '16', '--gpu', 'cpu', '--calibrate', '--json'], capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert r.returncode in (0, 1), r.stderr[-3000:]
+    notes = json.loads(r.stdout)['plan']['notes']
+    assert any('measured on this machine' in n for n in notes) and list((tmp_path / 'netlite_nb').glob('kernels-*.json'))
+
+
 @pytest.mark.parametrize('args,says', [
     (['plan', '--input', '28x28'], 'CxHxW, e.g. 1x28x28'), (['plan', '--input', '3x32x30'], 'square'),
     (['plan', '--batch-size', '0'], 'at least 1'),
