@@ -15,8 +15,7 @@ from fastcore.basics import patch
 from .probe import fmt_bytes
 from .budget import MemoryPlan
 from .data import DeviceLoader, TensorLoader
-from .train import Callback, ProgressBar, TensorBoardLogger, Trainer, _hooks
-from .live import LiveDashboard
+from .train import Callback, Trainer, _hooks
 
 # %% auto #0
 __all__ = ['RANK_ZERO_ONLY', 'dist_env', 'launched', 'pick_backend', 'free_port', 'init_distributed', 'ShardedLoader',
@@ -131,13 +130,15 @@ class DataParallel(Callback):
         t._stop_requested = bool(flag.item())
 
 # %% ../nbs/08a_distributed.ipynb #c030
-RANK_ZERO_ONLY = (ProgressBar, TensorBoardLogger, LiveDashboard)  # callbacks that only show or write
+RANK_ZERO_ONLY = ('ProgressBar', 'TensorBoardLogger', 'LiveDashboard')  # callbacks that only show or write, and their subclasses
+
+def _rank_zero_only(c)->bool: return getattr(c, 'rank_zero_only', False) or any(k.__name__ in RANK_ZERO_ONLY for k in type(c).__mro__)
 
 def _quiet(t:Trainer):
     "Make `t` a silent worker: no output, no files, no reporting callbacks."
     t.opts = replace(t.opts, verbose=False, progress=False, tensorboard=False)
     t.run_dir, t.is_main = None, False
-    t.callbacks = [Callback() if isinstance(c, RANK_ZERO_ONLY) or getattr(c, 'rank_zero_only', False) else c for c in t.callbacks]
+    t.callbacks = [Callback() if _rank_zero_only(c) else c for c in t.callbacks]
 
 def _to_device(t:Trainer, device:torch.device):
     "Move a freshly built trainer's model (and EMA copy) to `device`: this process's GPU."

@@ -17,6 +17,7 @@ from .models import create_model
 from .strategies import ConfigError, RunConfig, load_config, pick_strategy, size_config
 from .checkpoint import find_checkpoint, read_state, seed_everything
 from .train import EarlyStopping, Trainer
+from .distributed import distribute, launched
 
 # %% auto #0
 __all__ = ['DEMO', 'datasets_for', 'loaders_for', 'train_from_config', 'export_trained', 'DemoResult', 'run_demo']
@@ -94,9 +95,10 @@ def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path (a run's o
     if run_dir is None and resume is not None: run_dir = find_checkpoint(resume).parent
     if run_dir is None and t.checkpoint_dir: run_dir = Path(t.checkpoint_dir) / f"{cfg.model.name}-{_timestamp()}"
     trainer = _trainer_for(cfg, model, dls, run_dir, callbacks, progress, verbose)
+    if launched(): distribute(trainer)  # started by torchrun: one process of a data-parallel run (chapter 08a)
     if note: trainer.notes.append(note)
     trainer.fit(epochs=None if t.steps else t.epochs, steps=t.steps, resume=resume)
-    if cfg.export.onnx and not trainer.interrupted:
+    if cfg.export.onnx and not trainer.interrupted and trainer.is_main:
         trainer.export_report = export_trained(trainer, dls, _export_path(cfg.export.onnx, trainer.run_dir), quantize=cfg.export.quantize,
                                                opset=cfg.export.opset, model_name=cfg.model.name)
     return trainer
