@@ -289,6 +289,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                  'netlite_nb/distributed.py'),
                                         'netlite_nb.distributed.dist_env': ('distributed.html#dist_env', 'netlite_nb/distributed.py'),
                                         'netlite_nb.distributed.distribute': ('distributed.html#distribute', 'netlite_nb/distributed.py'),
+                                        'netlite_nb.distributed.distributed_run': ( 'distributed.html#distributed_run',
+                                                                                    'netlite_nb/distributed.py'),
                                         'netlite_nb.distributed.free_port': ('distributed.html#free_port', 'netlite_nb/distributed.py'),
                                         'netlite_nb.distributed.init_distributed': ( 'distributed.html#init_distributed',
                                                                                      'netlite_nb/distributed.py'),

@@ -14,12 +14,14 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 from fastcore.basics import patch
 from .probe import fmt_bytes
 from .budget import MemoryPlan
+from .checkpoint import find_checkpoint, read_state
 from .data import DeviceLoader, TensorLoader
 from .train import Callback, Trainer, _hooks
 
 # %% auto #0
 __all__ = ['RANK_ZERO_ONLY', 'dist_env', 'launched', 'pick_backend', 'free_port', 'init_distributed', 'ShardedLoader',
-           'DataParallel', 'distribute', 'DistributedError', 'launch', 'bucket_bytes', 'plan_per_process']
+           'DataParallel', 'distribute', 'DistributedError', 'launch', 'distributed_run', 'bucket_bytes',
+           'plan_per_process']
 
 # %% ../nbs/08a_distributed.ipynb #c007
 def dist_env()->tuple[int, int, int]:
@@ -266,6 +268,11 @@ def launch(fn, # the training function; each process calls fn(*args, **kwargs)
             if v is None: os.environ.pop(k, None)
             else: os.environ[k] = v
         torch.set_num_threads(n_threads)
+
+# %% ../nbs/08a_distributed.ipynb #c046c
+def distributed_run(run_dir)->bool:
+    "True when the newest checkpoint in `run_dir` was written by a data-parallel run (`distribute`), on any number of processes."
+    return any(k.endswith(':DataParallel') for k in read_state(find_checkpoint(run_dir), mmap=True).get('callbacks', {}))
 
 # %% ../nbs/08a_distributed.ipynb #c050
 def _nccl_bytes(world:int, channels:int=2)->int:

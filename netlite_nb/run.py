@@ -17,7 +17,7 @@ from .models import create_model
 from .strategies import ConfigError, RunConfig, load_config, pick_strategy, size_config
 from .checkpoint import find_checkpoint, read_state, seed_everything
 from .train import EarlyStopping, Trainer
-from .distributed import distribute, launched
+from .distributed import distribute, distributed_run, launched
 
 # %% auto #0
 __all__ = ['DEMO', 'datasets_for', 'loaders_for', 'train_from_config', 'export_trained', 'DemoResult', 'run_demo']
@@ -95,7 +95,8 @@ def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path (a run's o
     if run_dir is None and resume is not None: run_dir = find_checkpoint(resume).parent
     if run_dir is None and t.checkpoint_dir: run_dir = Path(t.checkpoint_dir) / f"{cfg.model.name}-{_timestamp()}"
     trainer = _trainer_for(cfg, model, dls, run_dir, callbacks, progress, verbose)
-    if launched(): distribute(trainer)  # started by torchrun: one process of a data-parallel run (chapter 08a)
+    if launched() or (resume is not None and distributed_run(resume)):  # chapter 08a: one process of a data-parallel run,
+        distribute(trainer)                                             # or one that continues it, with its effective batch
     if note: trainer.notes.append(note)
     trainer.fit(epochs=None if t.steps else t.epochs, steps=t.steps, resume=resume)
     if cfg.export.onnx and not trainer.interrupted and trainer.is_main:

@@ -1,5 +1,5 @@
 "Chapter 08a on the CPU with gloo: processes forked by `launch` (seconds), and torchrun itself (slow: it starts fresh Pythons)."
-import os, signal, subprocess, sys, textwrap, time
+import os, signal, subprocess, sys, tempfile, time
 import pytest, torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
@@ -60,10 +60,13 @@ def test_accumulation_exchanges_gradients_once_per_optimizer_step():
     assert launch(_exchanges, nproc=2) == (3, 5)   # without no_sync: 15
 
 
-def test_resume_after_a_stop_is_exact_and_keeps_the_effective_batch_on_one_process(tmp_path):
+def test_resume_after_a_stop_is_exact_and_keeps_the_effective_batch_on_one_process(tmp_path, monkeypatch):
     full = launch(run, nproc=2)
-    first = launch(run, nproc=2, stop_at=20, run_dir=tmp_path)
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path / 'tmp')); (tmp_path / 'tmp').mkdir()
+    first = launch(run, nproc=2, stop_at=20, run_dir=tmp_path / 'run')
     assert (first.step, first.interrupted) == (20, True)   # process 1's stop reached process 0 at the same step
+    assert list((tmp_path / 'tmp').iterdir()) == []          # only process 0 saved (a process without run_dir would use a temp dir)
+    tmp_path = tmp_path / 'run'
     assert read_state(find_checkpoint(tmp_path))['callbacks']['1:DataParallel'] == {'world_size': 2}
     again = launch(run, nproc=2, resume=tmp_path, run_dir=tmp_path)
     assert again.step == 50 and max_param_diff(again.model, full.model) == 0.0
