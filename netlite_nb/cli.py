@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_cli.ipynb #c003
 from __future__ import annotations
-import argparse, dataclasses, json, os, platform, sys
+import argparse, dataclasses, json, os, platform, subprocess, sys
 # before torch loads: OpenMP reads its wait policy once (why: chapter 11, "Threads on a busy machine")
 for _k, _v in (('OMP_WAIT_POLICY', 'PASSIVE'), ('KMP_BLOCKTIME', '0')): os.environ.setdefault(_k, _v)
 from pathlib import Path
@@ -19,6 +19,7 @@ from .strategies import ConfigError, DataConfig, UnknownStrategyError, list_stra
 from .checkpoint import read_run_config
 from .run import datasets_for, run_demo, train_from_config
 from .lora import model_for_export
+from .distributed import launched
 
 # %% auto #0
 __all__ = ['COMMANDS', 'command', 'build_parser', 'UsageError', 'main']
@@ -184,10 +185,12 @@ def _train(args):
     if args.config is None: raise UsageError("Give a run configuration (a YAML file), or --list-strategies to see the strategy names it can use.")
     if not Path(args.config).is_file():
         raise UsageError(f"No run configuration at {args.config!r}: give a YAML file, e.g. one written like chapter 06's, or runs/RUN/config.yaml to repeat a run.")
+    if args.nproc_per_node and not launched(): return _torchrun(args)
     quiet = args.quiet or args.json   # --json keeps stdout for the JSON alone
     overrides = args.set + (['train.check_data=false'] if args.no_data_check else [])
     t = train_from_config(args.config, overrides=overrides, run_dir=args.out, resume=args.resume,
                           progress=False if quiet else None, verbose=not quiet)
+    if not t.is_main: return 130 if t.interrupted else 0  # data-parallel processes other than 0 report nothing
     if args.json: print(_json(_train_summary(t)))
     else:
         m = t.last_metrics
@@ -205,7 +208,31 @@ def _train_args(p):
     p.add_argument('--no-data-check', action='store_true', help="skip the data checks at the start (NaN/inf inputs, labels); same as --set train.check_data=false")
     p.add_argument('--quiet', action='store_true', help='no progress bar or run description')
     p.add_argument('--json', action='store_true', help='print the result (steps, metrics, run directory, export report) as JSON; implies --quiet')
+    g = p.add_argument_group('data-parallel training (chapter 08a), through torchrun')
+    g.add_argument('--nproc-per-node', type=_positive, default=None, metavar='N', help='train in N processes on this machine (one per GPU)')
+    g.add_argument('--nnodes', type=_positive, default=1, help='machines taking part (run the same command on each; default 1)')
+    g.add_argument('--node-rank', type=int, default=0, help="this machine's number, 0 … nnodes-1")
+    g.add_argument('--master-addr', default=None, help="address of machine 0, which every machine can reach (several machines)")
+    g.add_argument('--master-port', type=int, default=29500, help='a free port on machine 0 (default 29500)')
 _train.add_arguments = _train_args
+
+# %% ../nbs/11_cli.ipynb #c016d
+def _torchrun_argv(args)->list[str]:
+    "The torchrun command that runs this `netlite train` in `--nproc-per-node` processes (per machine, with --nnodes)."
+    run = [sys.executable, '-m', 'torch.distributed.run', f'--nproc-per-node={args.nproc_per_node}']
+    if args.nnodes == 1 and args.master_addr is None: run.append('--standalone')  # a rendezvous on a free local port
+    else: run += [f'--nnodes={args.nnodes}', f'--node-rank={args.node_rank}', f'--master-addr={args.master_addr or "127.0.0.1"}',
+                  f'--master-port={args.master_port}']
+    train = ['-m', 'netlite_nb.cli', 'train', args.config] + [f'--set={s}' for s in args.set]
+    for flag, v in (('--out', args.out), ('--resume', args.resume)): train += [flag, str(v)] if v else []
+    return run + train + (['--quiet'] if args.quiet else []) + (['--json'] if args.json else [])
+
+def _torchrun(args)->int:
+    "Replace this process by torchrun (PyTorch's launcher), which starts the processes and stops them all if one fails."
+    cmd = _torchrun_argv(args)
+    sys.stdout.flush(); sys.stderr.flush()
+    if os.name == 'posix': os.execv(cmd[0], cmd)
+    return subprocess.call(cmd)
 
 # %% ../nbs/11_cli.ipynb #37ab7724
 @command('export', 'Export a checkpoint to ONNX (optionally INT8 or FP16), verified against PyTorch with ONNX Runtime.')
@@ -249,3 +276,6 @@ def _export_args(p):
     p.add_argument('--static-batch', action='store_true', help='fix the batch size to that of the sample (64)')
     p.add_argument('--json', action='store_true', help="print the export's report as JSON")
 _export.add_arguments = _export_args
+
+# %% ../nbs/11_cli.ipynb #zz02
+if __name__ == '__main__' and '__file__' in globals(): sys.exit(main())

@@ -18,6 +18,7 @@ from .strategies import ConfigError, RunConfig, _closest, _short, load_config, l
 from .checkpoint import find_checkpoint, read_state, seed_everything
 from .train import Callback, EarlyStopping, Trainer
 from .lora import merged, with_lora
+from .distributed import distribute, distributed_run, launched
 
 # %% auto #0
 __all__ = ['DEMO', 'datasets_for', 'loaders_for', 'train_from_config', 'export_trained', 'DemoResult', 'run_demo']
@@ -124,9 +125,11 @@ def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path (a run's o
     if run_dir is None and resume is not None: run_dir = find_checkpoint(resume).parent
     if run_dir is None and t.checkpoint_dir: run_dir = Path(t.checkpoint_dir) / f"{cfg.model.name}-{_timestamp()}"
     trainer = _trainer_for(cfg, model, dls, run_dir, callbacks, progress, verbose)
+    if launched() or (resume is not None and distributed_run(resume)):  # chapter 08a: one process of a data-parallel run,
+        distribute(trainer)                                             # or one that continues it, with its effective batch
     if note: trainer.notes.append(note)
     trainer.fit(epochs=None if t.steps else t.epochs, steps=t.steps, resume=resume)
-    if cfg.export.onnx and not trainer.interrupted:
+    if cfg.export.onnx and not trainer.interrupted and trainer.is_main:
         trainer.export_report = export_trained(trainer, dls, _export_path(cfg.export.onnx, trainer.run_dir), quantize=cfg.export.quantize,
                                                opset=cfg.export.opset, model_name=cfg.model.name)
     return trainer

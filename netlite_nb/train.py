@@ -455,6 +455,8 @@ class Trainer:
         self.eval_batch = None  # samples per evaluation forward pass; None: the loader's batch (halved after an OOM)
         self._ckpt, self._rng_window, self._in_update, self._stop_requested, self._running = None, None, False, False, False
         self._step_skipped, self._rng_end, self.lr_found, self._lr_record, self._bn_warm, self._best_due, self._loss_value = False, None, None, None, [], False, None
+        # data-parallel training (chapter 08a): the wrapper (DDP) runs the training steps; only the main process writes files
+        self.wrapper, self.is_main = None, True
 
     def log(self, msg:str):
         "Print `msg` when verbose (the trainer's one voice)."
@@ -663,14 +665,18 @@ def _nonfinite_message(self:Trainer, what:str)->str:
 @patch
 def _compute_window(self:Trainer, batches:list)->tuple[torch.Tensor, int]:
     "Forward and backward every micro-batch of `batches` (weighted by its share of samples), then one optimizer step."
-    total, scaled_loss = None, self.precision.use_scaler
-    for xc, yc, w in micro_batches(batches, self.state.micro_batch, self.device):
+    total, scaled_loss, mb = None, self.precision.use_scaler, self.state.micro_batch
+    net = self.model if self.wrapper is None else self.wrapper
+    last = sum(math.ceil(yb.shape[0] / mb) for _, yb in batches) - 1
+    for i, (xc, yc, w) in enumerate(micro_batches(batches, mb, self.device)):
         self.xb, self.yb = xc, yc
         if self._bn_warm: self._warm_batchnorm()
         self._call('before_batch')
-        with self.precision.autocast(): loss = self.loss_fn(self.model(xc), yc)
-        part = loss * w if w != 1 else loss
-        (self.scaler.scale(part) if scaled_loss else part).backward()
+        # a data-parallel wrapper averages the gradients across processes once per window, in the last micro-batch's backward
+        with net.no_sync() if i < last and hasattr(net, 'no_sync') else contextlib.nullcontext():
+            with self.precision.autocast(): loss = self.loss_fn(net(xc), yc)
+            part = loss * w if w != 1 else loss
+            (self.scaler.scale(part) if scaled_loss else part).backward()
         self.loss = loss.detach()
         part = self.loss * w if w != 1 else self.loss
         total = part if total is None else total + part
@@ -951,8 +957,9 @@ def _rng_now(self:Trainer)->dict:
 def save_checkpoint(self:Trainer, run_dir=None,
                     keep:int|None=None, # newest checkpoints kept there; default `keep_checkpoints`
                     history:bool=True, # write metrics.jsonl beside it (the best checkpoint's directory has none)
-                   )->Path:
-    "Write a checkpoint of the current optimizer step into `run_dir` (default the trainer's, else a new temporary one); returns its path."
+                   )->Path|None:
+    "Write a checkpoint of the current optimizer step into `run_dir` (default the trainer's, else a new temporary one); returns its path (None in data-parallel processes other than 0)."
+    if not self.is_main: return None  # the other data-parallel processes hold the same weights: one writer
     if self.run_dir is None: self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix='netlite-run-'))
     cbs = {f"{i}:{type(c).__name__}": c.state_dict() for i, c in enumerate(self.callbacks) if hasattr(c, 'state_dict')}
     return save_checkpoint(run_dir or self.run_dir, self.step, self.model, self.opt, self.scheduler, self.scaler, self.ema,  # chapter 06a's
@@ -1133,7 +1140,7 @@ def fit(self:Trainer, epochs:int|None=None, # passes over the training data
         self.interrupted = True
         self.opt.zero_grad(set_to_none=True)
         ck = self.save_checkpoint()
-        self.log(f"interrupted at step {self.step}: checkpoint saved to {ck}\nresume with trainer.fit(..., resume={str(ck.parent)!r})")
+        if ck is not None: self.log(f"interrupted at step {self.step}: checkpoint saved to {ck}\nresume with trainer.fit(..., resume={str(ck.parent)!r})")
     finally:
         self.state.elapsed, self._running = self._elapsed_now(), False
         self._end_batchnorm_warmup()

@@ -232,3 +232,22 @@ def test_the_cli_makes_openmp_threads_sleep_before_torch_loads():
     r = run(env)
     assert r.returncode == 0 and r.stdout.split() == ['False', 'PASSIVE', '0'], r.stderr[-2000:]   # torch not loaded before the setting
     assert run({**env, 'OMP_WAIT_POLICY': 'ACTIVE'}).stdout.split()[1] == 'ACTIVE'                   # the user's own value wins
+
+
+# --- issue 16: data-parallel training through torchrun ----------------------------------------------------------------------
+@pytest.mark.slow
+def test_train_nproc_per_node_2_then_resume_as_one_process_keeps_the_effective_batch(tmp_path):
+    import json
+    from netlite_nb.checkpoint import read_state
+    cfg = tmp_path / 'run.yaml'
+    cfg.write_text('strategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample, batch_size: 64}\ntrain: {steps: 4}\n')
+    r = netlite('train', str(cfg), '--nproc-per-node', '2', '--out', str(tmp_path / 'run'), '--json')
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout[r.stdout.index('{'):])   # process 0 alone prints
+    assert out['steps'] == 4 and 'data-parallel: process 0 of 2 (gloo); effective batch 2 × 64 = 128' in out['notes']
+    s = read_state(find_checkpoint(tmp_path / 'run'))
+    assert (s['window'], s['callbacks']['0:DataParallel']) == (1, {'world_size': 2})
+    r = netlite('train', str(cfg), '--set', 'train.steps=6', '--resume', str(tmp_path / 'run'), '--quiet')
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = read_state(find_checkpoint(tmp_path / 'run'))
+    assert (s['step'], s['window'], s['callbacks']['0:DataParallel']) == (6, 2, {'world_size': 1})   # 1 process × 2 × 64 = 128

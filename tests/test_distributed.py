@@ -1,0 +1,136 @@
+"Chapter 08a on the CPU with gloo: processes forked by `launch` (seconds), and torchrun itself (slow: it starts fresh Pythons)."
+import os, signal, subprocess, sys, tempfile, time
+import pytest, torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from netlite_nb.train import Callback, Trainer
+from netlite_nb.fixtures import blobs, mlp, max_param_diff
+from netlite_nb.checkpoint import find_checkpoint, load_checkpoint, read_state
+from netlite_nb.budget import plan_memory
+from netlite_nb.distributed import DistributedError, ShardedLoader, bucket_bytes, distribute, launch, plan_per_process
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or sys.platform == 'win32', reason='needs torch.distributed and fork')
+
+
+def trainer(batch=8, seed=0, **kw):
+    "A float64 MLP on the blobs, AdamW with warmup and cosine: round-off far below the 1e-6 the comparisons allow."
+    torch.manual_seed(seed)
+    dl = DataLoader(blobs(256, dtype=torch.float64, seed=seed), batch_size=batch, shuffle=True)
+    return Trainer(mlp(dropout=0.0).double(), (dl, None), device='cpu', lr=0.01, progress=False, verbose=False, plan=False, **kw)
+
+
+class StopAt(Callback):
+    "Flag a stop in process 1 after step `at`, as its Ctrl-C handler would."
+    order = -20
+    def __init__(self, at=None): self.at = at
+    def after_step(self, t):
+        if t.step == self.at and dist.is_initialized() and dist.get_rank() == 1: t._stop_requested = True
+
+
+def run(steps=50, batch=8, effective=16, stop_at=None, resume=None, **kw):
+    t = distribute(trainer(batch, callbacks=[StopAt(stop_at)], **kw), effective_batch=effective)
+    return t.fit(steps=steps, resume=resume)
+
+
+def test_two_processes_reach_the_weights_of_one_with_the_same_effective_batch():
+    two, one = launch(run, nproc=2), run()
+    assert (two.step, two.effective_batch, one.effective_batch) == (50, 8, 16)   # per process: 2 × 8 against 1 × (2 × 8)
+    assert max_param_diff(two.model, one.model) < 1e-6
+    assert max_param_diff(two.model, trainer().model) > 1e-2
+
+
+def test_a_different_seed_is_a_different_data_order():
+    a, b = ShardedLoader(DataLoader(blobs(64), 8, shuffle=True), 0, 2, seed=0), ShardedLoader(DataLoader(blobs(64), 8, shuffle=True), 0, 2, seed=1)
+    assert not torch.equal(next(iter(a))[0], next(iter(b))[0])
+    first = next(iter(a))[0]; a.set_epoch(1)
+    assert not torch.equal(next(iter(a))[0], first)
+    a.set_epoch(0); assert torch.equal(next(iter(a))[0], first)
+
+
+def _exchanges(steps=5):
+    t = distribute(trainer(batch=4), effective_batch=24)   # 2 processes × 3 micro-batches of 4
+    calls = []
+    t.wrapper.register_comm_hook(None, lambda state, bucket: (calls.append(1), allreduce_hook(state, bucket))[1])
+    t.fit(steps=steps)
+    return t.accum_steps, len(calls)
+
+
+def test_accumulation_exchanges_gradients_once_per_optimizer_step():
+    assert launch(_exchanges, nproc=2) == (3, 5)   # without no_sync: 15
+
+
+def test_resume_after_a_stop_is_exact_and_keeps_the_effective_batch_on_one_process(tmp_path, monkeypatch):
+    full = launch(run, nproc=2)
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path / 'tmp')); (tmp_path / 'tmp').mkdir()
+    first = launch(run, nproc=2, stop_at=20, run_dir=tmp_path / 'run')
+    assert (first.step, first.interrupted) == (20, True)   # process 1's stop reached process 0 at the same step
+    assert list((tmp_path / 'tmp').iterdir()) == []          # only process 0 saved (a process without run_dir would use a temp dir)
+    tmp_path = tmp_path / 'run'
+    assert read_state(find_checkpoint(tmp_path))['callbacks']['1:DataParallel'] == {'world_size': 2}
+    again = launch(run, nproc=2, resume=tmp_path, run_dir=tmp_path)
+    assert again.step == 50 and max_param_diff(again.model, full.model) == 0.0
+    alone = run(resume=tmp_path, run_dir=tmp_path / 'alone')
+    assert (alone.window, alone.effective_batch) == (2, 16) and max_param_diff(alone.model, full.model) < 1e-6
+
+
+def test_resume_on_a_number_of_processes_that_cannot_keep_the_effective_batch_is_refused(tmp_path):
+    run(steps=3, effective=8, run_dir=tmp_path)   # 8 per step in loader batches of 8: cannot be shared by 2
+    with pytest.raises((DistributedError, ValueError), match='cannot be split into 2 process'):
+        launch(run, nproc=2, steps=5, effective=None, resume=tmp_path)
+
+
+class _Dies(Callback):
+    def __init__(self, at, mark): self.at, self.mark = at, mark
+    def after_step(self, t):
+        if t.step == self.at and dist.get_rank() == 1:
+            self.mark.write_text(str(time.time())); os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _dies(run_dir, mark):
+    t = distribute(trainer(run_dir=run_dir, checkpoint_every=5, callbacks=[_Dies(12, mark)]))
+    return t.fit(steps=200)
+
+
+def test_a_killed_process_stops_the_job_with_a_message_and_the_last_checkpoint_loads(tmp_path):
+    with pytest.raises(DistributedError, match='Process 1 of 2 killed by signal SIGKILL') as e:
+        launch(_dies, tmp_path / 'run', tmp_path / 'killed')
+    assert time.time() - float((tmp_path / 'killed').read_text()) < 60
+    assert 'resume' in str(e.value)
+    ck = find_checkpoint(tmp_path / 'run')
+    assert read_state(ck)['step'] == 10
+    load_checkpoint(ck, mlp(dropout=0.0).double())   # checksums verified, weights load
+
+
+def test_the_per_process_plan_adds_ddp_s_buckets():
+    m = mlp(d=64, hidden=256).double()
+    p = plan_memory(m, (torch.randn(16, 64, dtype=torch.float64), torch.randint(0, 10, (16,))), device_or_gpu='cpu')
+    q = plan_per_process(p, m, world=4)
+    assert bucket_bytes(m) == 8 * sum(x.numel() for x in m.parameters())
+    assert q.total - p.total == bucket_bytes(m) == q.breakdown['DDP gradient buckets'] and sum(q.breakdown.values()) == q.total
+    assert 'one process' in ' '.join(q.notes) and q.breakdown['communication buffers'] == 0
+
+
+SCRIPT = '''
+import os, signal, sys, time, torch
+import torch.distributed as dist
+sys.path.insert(0, {tests!r})
+from test_distributed import trainer, _Dies
+from netlite_nb.distributed import distribute
+from pathlib import Path
+t = distribute(trainer(run_dir={run!r}, checkpoint_every=5, callbacks=[_Dies(12, Path({mark!r}))]))
+t.fit(steps=100000)
+'''
+
+
+@pytest.mark.slow
+def test_torchrun_stops_the_job_within_60_s_of_a_killed_process(tmp_path):
+    script = tmp_path / 'dies.py'
+    script.write_text(SCRIPT.format(tests=os.path.dirname(__file__), run=str(tmp_path / 'run'), mark=str(tmp_path / 'killed')))
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': os.pathsep.join([os.getcwd(), os.environ.get('PYTHONPATH', '')])}
+    r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node=2', str(script)],
+                       capture_output=True, text=True, timeout=300, env=env)
+    took = time.time() - float((tmp_path / 'killed').read_text())
+    assert r.returncode != 0 and took < 60, (took, r.stderr[-2000:])
+    assert 'SIGKILL' in r.stderr and 'rank: 1' in r.stderr
+    assert read_state(find_checkpoint(tmp_path / 'run'))['step'] == 10
