@@ -163,6 +163,7 @@ def distribute(trainer:Trainer, # a trainer that has not started `fit`
         raise ValueError(f"sync_bn=True needs GPUs: PyTorch's SyncBatchNorm runs on CUDA devices only, and this run trains on {t.device}. "
                          "Train without it (each process normalises over its own share of the batch).")
     init_distributed(t.device, timeout)
+    t.world_size = world  # a resume compares it with the run's (chapter 07)
     t.train_data = ShardedLoader(t.train_data, rank, world, seed=t.opts.seed or 0)
     t._resolve_sizes()
     if effective_batch is not None: t.state.window = _effective_window(effective_batch, t.loader_batch, world)

@@ -456,7 +456,7 @@ class Trainer:
         self._ckpt, self._rng_window, self._in_update, self._stop_requested, self._running = None, None, False, False, False
         self._step_skipped, self._rng_end, self.lr_found, self._lr_record, self._bn_warm, self._best_due, self._loss_value = False, None, None, None, [], False, None
         # data-parallel training (chapter 08a): the wrapper (DDP) runs the training steps; only the main process writes files
-        self.wrapper, self.is_main = None, True
+        self.wrapper, self.is_main, self.world_size = None, True, 1
 
     def log(self, msg:str):
         "Print `msg` when verbose (the trainer's one voice)."
@@ -897,7 +897,7 @@ def _resume_settings(self:Trainer)->dict:
     "The options a checkpoint records so that a resume can tell what changed (the table in *What may change on resume*, below)."
     o = self.opts
     return {'lr': o.lr, 'weight_decay': o.weight_decay, 'micro_batch': o.micro_batch, 'lr_schedule': o.lr_schedule, 'warmup': o.warmup,
-            'min_lr_ratio': o.min_lr_ratio, 'train_batches': _len(self.train_data)}
+            'min_lr_ratio': o.min_lr_ratio, 'train_batches': _len(self.train_data), 'world_size': self.world_size}
 
 @patch
 def _check_resume(self:Trainer, ck:Path, epochs=None, steps=None):
@@ -908,12 +908,13 @@ def _check_resume(self:Trainer, ck:Path, epochs=None, steps=None):
                                        "run from its weights: `load_checkpoint(path, trainer.model)` (chapter 06a), then `fit`.")
     if s['loader_batch'] != lb: refuse(f"the loader's batch is {lb}, the run's was {s['loader_batch']}: the effective batch and the place in the epoch would change")
     window = max(1, round(min(o.micro_batch or lb, lb) * (o.accum_steps or 1) / lb))
-    if window != s['window']: refuse(f"micro_batch × accum_steps give an effective batch of {window * lb}, the run's was {s['window'] * lb}")
-    if n is not None and (old.get('train_batches') not in (None, n) or n < s['batch_in_epoch']):
+    same = old.get('world_size', 1) == self.world_size  # else chapter 08a re-derives the window and the place in the epoch
+    if same and window != s['window']: refuse(f"micro_batch × accum_steps give an effective batch of {window * lb}, the run's was {s['window'] * lb}")
+    if same and n is not None and (old.get('train_batches') not in (None, n) or n < s['batch_in_epoch']):
         refuse(f"the training data has {n} batches per epoch, the run's had {old.get('train_batches') or 'more'}: the saved shuffle and place in the epoch are not this data's")
     for k in ('lr_schedule', 'warmup', 'min_lr_ratio'):
         if k in old and old[k] != getattr(o, k): refuse(f"{k} is {getattr(o, k)!r}, the run's was {old[k]!r}: the schedule was laid out at the start of the run")
-    if o.lr_schedule == 'cosine' and (steps or epochs) and n is not None:
+    if o.lr_schedule == 'cosine' and (steps or (same and epochs)) and n is not None:
         total = s['run_start'] + (steps or epochs * math.ceil(n / s['window']) - s['run_offset'])
         if total != s['total_steps']:
             refuse(f"its cosine schedule ends at step {s['total_steps']}, and this call would end at step {total}: stretching a cosine past its "
@@ -925,7 +926,7 @@ def _apply_resume_changes(self:Trainer):
     "Put the settings a resume may change into the restored run: a new lr scales the schedule, a new weight decay or micro-batch is set."
     old, o, g0 = self._ckpt.get('settings') or {}, self.opts, self._ckpt['optimizer']['param_groups'][0]
     was = g0.get('initial_lr', g0['lr'])  # the run's peak (schedulers keep it as `initial_lr`)
-    if not math.isclose(was, o.lr, rel_tol=1e-9):
+    if o.lr != 'auto' and not math.isclose(was, o.lr, rel_tol=1e-9):  # lr='auto' on resume: the rate the run found
         r = o.lr / was  # every schedule here is linear in its peak: scaling lr, base and floor together is the run with the new peak
         for g in self.opt.param_groups:
             g['lr'] *= r

@@ -240,7 +240,8 @@ def test_train_nproc_per_node_2_then_resume_as_one_process_keeps_the_effective_b
     import json
     from netlite_nb.checkpoint import read_state
     cfg = tmp_path / 'run.yaml'
-    cfg.write_text('strategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample, batch_size: 64}\ntrain: {steps: 4}\n')
+    cfg.write_text('strategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample, batch_size: 64}\ntrain: {steps: 4}\n'
+                   'schedule: {cosine: false}\n')  # extended on resume below: a constant schedule may be
     r = netlite('train', str(cfg), '--nproc-per-node', '2', '--out', str(tmp_path / 'run'), '--json')
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout[r.stdout.index('{'):])   # process 0 alone prints

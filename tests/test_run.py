@@ -1,6 +1,7 @@
 "Chapter 10's recipes: a configuration sized by the planner only where the file left it open, and the demo's accuracy target."
 import pytest, yaml
 from netlite_nb.run import run_demo, train_from_config
+from netlite_nb.train import Callback
 from test_cli import SMALL
 
 
@@ -61,6 +62,9 @@ def test_the_demo_exports_into_runs_demo_onnx(tmp_path):
     r = run_demo(run_dir=tmp_path / 'demo', steps=3, progress=False, verbose=False)
     assert r.export.path == tmp_path / 'demo' / 'onnx' / 'netlite_tiny.int8.onnx'
     assert r.export.fp32_path == tmp_path / 'demo' / 'onnx' / 'netlite_tiny.fp32.onnx' and r.export.fp32_path.is_file()
+    rows = r.rows()   # both files in the summary, by absolute path, and how to run one
+    assert ('ONNX', str(r.export.path.resolve())) in rows and ('ONNX fp32', str(r.export.fp32_path.resolve())) in rows
+    assert any(k == 'Next' and 'onnxruntime' in v and str(r.export.path.resolve()) in v for k, v in rows)
 
 
 def test_a_lora_run_adapts_a_trained_run_resumes_and_exports_merged(tmp_path, capsys):
@@ -71,7 +75,8 @@ def test_a_lora_run_adapts_a_trained_run_resumes_and_exports_merged(tmp_path, ca
     import torch
     small = {**yaml.safe_load(SMALL), 'strategy': 'cpu'}
     train_from_config(small, run_dir=tmp_path / 'base', progress=False, verbose=False)
-    cfg = {**small, 'lora': {'base': str(tmp_path / 'base'), 'rank': 4, 'train': ['head']}}
+    # a constant schedule, so the resume below may extend the run (a cosine may not: chapter 07, What may change on resume)
+    cfg = {**small, 'lora': {'base': str(tmp_path / 'base'), 'rank': 4, 'train': ['head']}, 'schedule': {'cosine': False}}
     t = train_from_config(cfg, run_dir=tmp_path / 'lora', progress=False, verbose=False)
     assert is_lora(t.model) and t.model.lora_summary.rank == 4 and t.step == 2
     base_ck, ck = find_checkpoint(tmp_path / 'base'), find_checkpoint(tmp_path / 'lora')
@@ -84,9 +89,12 @@ def test_a_lora_run_adapts_a_trained_run_resumes_and_exports_merged(tmp_path, ca
     with torch.no_grad(): assert not is_lora(model) and torch.allclose(model(x), merged(again.model).eval()(x), atol=1e-5)
     assert main(['export', str(tmp_path / 'lora')]) == 0 and (tmp_path / 'lora' / 'onnx' / 'mlp.fp32.onnx').is_file()
     assert 'max |fp32' in capsys.readouterr().out
-    rows = r.rows()   # both files in the summary, by absolute path, and how to run one
-    assert ('ONNX', str(r.export.path.resolve())) in rows and ('ONNX fp32', str(r.export.fp32_path.resolve())) in rows
-    assert any(k == 'Next' and 'onnxruntime' in v and str(r.export.path.resolve()) in v for k, v in rows)
+
+
+class _StopAt(Callback):
+    "Stop the run after optimizer step `at` (the demo's cosine schedule still ends at its planned step)."
+    def __init__(self, at): self.at = at
+    def after_step(self, t): t.stop = t.stop or t.step == self.at
 
 
 def test_the_demo_tells_a_newcomer_what_happened(tmp_path, capsys):
@@ -100,7 +108,9 @@ def test_the_demo_tells_a_newcomer_what_happened(tmp_path, capsys):
     assert 'planned peak' in memory and 'measured peak' in memory and 'the whole process' in memory, memory
     nxt = [v for k, v in rows if k == 'Next']
     assert nxt[0].startswith(f"netlite export {d} --int8") and any(c.startswith('jupyter lab') for c in nxt)
-    again = run_demo(run_dir=tmp_path / 'demo', steps=10, export=False, progress=False, verbose=False, resume=True)
+    cut = run_demo(run_dir=tmp_path / 'cut', steps=10, export=False, progress=False, verbose=False, callbacks=[_StopAt(6)])
+    assert cut.steps == 6                                                         # stopped early, as an interrupt does
+    again = run_demo(run_dir=tmp_path / 'cut', steps=10, export=False, progress=False, verbose=False, resume=True)
     assert again.steps == 10 and again.checkpoint.endswith('step-0000010')     # --resume continues the saved run
 
 
