@@ -1,7 +1,7 @@
 """How close is `plan_memory` to a real step? Predicted peak (on the 'cpu' target) vs. the measured peak of a fresh process.
 
     python bench/budget_accuracy.py                 # accuracy table: 3 models x 3 batch sizes
-    python bench/budget_accuracy.py --families      # the same on 13 model families the package does not ship, 2 batch sizes each
+    python bench/budget_accuracy.py --families      # the same on 14 model families the package does not ship, 2 batch sizes each
                                                     # (--models lstm mha to run a part)
     python bench/budget_accuracy.py --budgets       # max_batch_size at 0.5/1/2 GiB budgets, checked by measurement
                                                     # (--models cnn transformer --gib 0.5 1 to run a part)
