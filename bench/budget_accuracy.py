@@ -379,6 +379,7 @@ if __name__ == '__main__':
     ap.add_argument('--full-warmup', action='store_true', help='accuracy table with the warm-up step at the full batch, so kernels have allocated what they keep before the measured steps')
     a = ap.parse_args()
     ENV['OMP_NUM_THREADS'] = str(a.threads)
+    torch.set_num_threads(a.threads)  # plan for the thread count the measured processes run with: it changes PyTorch's kernel choice
     if a.measure: print(measure(a.measure[0], int(a.measure[1]), a.measure[2:] == ['full']))
     elif a.kernels_child: print(json.dumps(kernels_child(*json.loads(a.kernels_child))))
     elif a.lstm_child: print(json.dumps(lstm_child(json.loads(a.lstm_child))))
