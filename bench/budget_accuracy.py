@@ -1,7 +1,7 @@
 """How close is `plan_memory` to a real step? Predicted peak (on the 'cpu' target) vs. the measured peak of a fresh process.
 
     python bench/budget_accuracy.py                 # accuracy table: 3 models x 3 batch sizes
-    python bench/budget_accuracy.py --families      # the same on 13 model families the package does not ship, 2 batch sizes each
+    python bench/budget_accuracy.py --families      # the same on 14 model families the package does not ship, 2 batch sizes each
                                                     # (--models lstm mha to run a part)
     python bench/budget_accuracy.py --budgets       # max_batch_size at 0.5/1/2 GiB budgets, checked by measurement
                                                     # (--models cnn transformer --gib 0.5 1 to run a part)
@@ -379,6 +379,7 @@ if __name__ == '__main__':
     ap.add_argument('--full-warmup', action='store_true', help='accuracy table with the warm-up step at the full batch, so kernels have allocated what they keep before the measured steps')
     a = ap.parse_args()
     ENV['OMP_NUM_THREADS'] = str(a.threads)
+    torch.set_num_threads(a.threads)  # plan for the thread count the measured processes run with: it changes PyTorch's kernel choice
     if a.measure: print(measure(a.measure[0], int(a.measure[1]), a.measure[2:] == ['full']))
     elif a.kernels_child: print(json.dumps(kernels_child(*json.loads(a.kernels_child))))
     elif a.lstm_child: print(json.dumps(lstm_child(json.loads(a.lstm_child))))

@@ -4,7 +4,6 @@ from collections import Counter
 from pathlib import Path
 import pytest, torch
 from torch import nn
-from fastcore.test import test_eq
 from netlite_nb.budget import (AllocationTracker, BudgetTooSmallError, _saved_for_backward, CUDA_CONTEXT_BYTES, KERNEL_STATE_BYTES, LEVERS, PLAN_MARGIN, ShapeMismatchError,
                                _calibrated, _lstm_workspace, calibration_file, clear_calibration, cpu_workspace_bytes,
                                find_batch_size, fit_to_budget, max_batch_size, plan_memory, register_lever, resize_batch, trace_step)
@@ -148,7 +147,7 @@ def test_trace_saves_what_the_real_cpu_kernels_save(family):
         ws = Counter(_lstm_workspace(12, 8, 32, i)[0] for i in (16, 32))
         assert Counter(traced) - Counter(real) == ws and len(real) == len(traced)
         real, traced = sorted((Counter(real) - (Counter(real) - Counter(traced))).elements()), sorted((Counter(traced) - ws).elements())
-    test_eq(traced, real)
+    assert traced == real
     if family == 'mha_fused':  # the reference path keeps the T x T attention matrix, the CPU's fused kernel does not
         attn = 8 * 4 * 20 * 20 * 4
         assert attn not in traced and attn in [r.nbytes for r in trace_step(model, (x, y), optimizer=None, steps=1).tracker.allocs]
@@ -300,3 +299,16 @@ def test_cli_plan():
     assert r.returncode == 2 and 'Closest' in r.stderr
     r = subprocess.run(cmd + ['plan', '--model', 'resnet5'], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and 'Available: mlp' in r.stderr
+
+
+def test_cuda_bench_logic_runs_without_a_gpu(capsys):
+    "bench/budget_cuda.py: its error and table row on made-up numbers, and a clean exit where there is no GPU."
+    sys.path.insert(0, str(ROOT / 'bench'))
+    import budget_cuda as C
+    assert C.error(110, 100) == pytest.approx(0.10) and C.error(90, 100) == pytest.approx(-0.10)
+    mib = 2**20
+    assert C.row('lstm', 32, dict(reserved=105 * mib, allocated=90 * mib), dict(reserved=100 * mib, allocated=88 * mib)).endswith('ok')
+    assert 'OFF' in C.row('lstm', 32, dict(reserved=130 * mib, allocated=90 * mib), dict(reserved=100 * mib, allocated=88 * mib))
+    assert set(C.FAMILIES) >= {'resnet18', 'encdec', 'lstm', 'mha_fused'} and len(C.FAMILIES) >= 12
+    if not torch.cuda.is_available():
+        assert C.main(['lstm'], False) == 0 and 'No CUDA device' in capsys.readouterr().out
