@@ -168,7 +168,11 @@ def distribute(trainer:Trainer, # a trainer that has not started `fit`
     t._resolve_sizes()
     if effective_batch is not None: t.state.window = _effective_window(effective_batch, t.loader_batch, world)
     if world > 1:
-        if sync_bn: t.model = nn.SyncBatchNorm.convert_sync_batchnorm(t.model); t._stats = None
+        if sync_bn:
+            if t.opts.plan and t.plan is None: t._initial_plan()  # traced with plain BatchNorm: SyncBatchNorm would exchange on fake tensors
+            t.model, t._stats = nn.SyncBatchNorm.convert_sync_batchnorm(t.model), None
+            t.notes.append(f"SyncBatchNorm: statistics over all {world} processes' samples; planned as BatchNorm (it adds two statistics "
+                           "per channel and process, all-gathered in each forward)")
         t.wrapper = DDP(t.model, device_ids=[t.device.index] if t.device.type == 'cuda' else None, bucket_cap_mb=bucket_cap_mb,
                         gradient_as_bucket_view=gradient_as_bucket_view)
     if rank > 0: _quiet(t)

@@ -135,3 +135,14 @@ def test_torchrun_stops_the_job_within_60_s_of_a_killed_process(tmp_path):
     assert r.returncode != 0 and took < 60, (took, r.stderr[-2000:])
     assert 'SIGKILL' in r.stderr and 'rank: 1' in r.stderr
     assert read_state(find_checkpoint(tmp_path / 'run'))['step'] == 10
+
+
+def _planned():
+    t = distribute(Trainer(mlp(dropout=0.0), (DataLoader(blobs(128), 16, shuffle=True), None), device='cpu', progress=False, verbose=False))
+    t.fit(steps=2)
+    return t.plan.batch_size, t.plan.breakdown['DDP gradient buckets'], bucket_bytes(t.model)
+
+
+def test_the_trainer_s_plan_in_a_data_parallel_run_is_the_per_process_plan():
+    batch, buckets, expected = launch(_planned, nproc=2)
+    assert batch == 16 and buckets == expected > 0
