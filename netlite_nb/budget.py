@@ -979,8 +979,10 @@ class Change:
 LEVERS:dict[str, Callable] = {}  # name -> fn(target, plan_kwargs, model) -> [(description, plan_memory overrides, slowdown)]
 
 def register_lever(fn:Callable, # fn(target:Target, plan_kwargs:dict, model) -> list of (description, plan_memory overrides, slowdown)
+                   finetune_only:bool=False, # the change freezes trained weights (LoRA): offered only to `fit_to_budget(..., finetune=True)`
                   )->Callable:
     "Make `fit_to_budget` consider the changes `fn` proposes (a function registered again under its name replaces the old one)."
+    fn.finetune_only = finetune_only
     LEVERS[f"{fn.__module__}.{fn.__qualname__}"] = fn
     return fn
 
@@ -1038,6 +1040,7 @@ def fit_to_budget(model:nn.Module, # the model to plan for
                   loss_fn=None, optimizer='adamw', precision='fp32', transform=None,
                   levers:list|tuple=(), # more (description, plan_memory overrides, slowdown) to consider
                   strategy=None, # a chapter 06 `Strategy` supplying what is left at its default
+                  finetune:bool=False, # the model's weights are trained and being adapted: also levers that freeze them (LoRA)
                  )->list[Change]:
     "Changes that make a training step fit `budget`, each re-planned: those that fit first, cheapest (least slowdown) first."
     if strategy is not None:
@@ -1051,7 +1054,8 @@ def fit_to_budget(model:nn.Module, # the model to plan for
         full = _changed(kw, over)
         p = plan_memory(model, batch, device_or_gpu=target, budget=budget, **full)
         return Change(desc, {k: full[k] for k in over}, slow, base.total - p.total, p)
-    proposed = [lv for fn in LEVERS.values() for lv in fn(target, dict(kw), model)] + list(levers)
+    use = [fn for fn in LEVERS.values() if finetune or not getattr(fn, 'finetune_only', False)]  # from scratch, nothing may stay frozen
+    proposed = [lv for fn in use for lv in fn(target, dict(kw), model)] + list(levers)
     singles = [(over, change(desc, over, slow)) for desc, over, slow in sorted(proposed, key=lambda l: l[2])]
     out = [c for _, c in singles if c.saving > 0]
     if base.fits is False and base.batch_size > 1:

@@ -246,7 +246,7 @@ def measured_step_peak(model:nn.Module, # the model to step (a copy is trained; 
     return tr.peak
 
 # %% ../nbs/09a_lora.ipynb #l051
-@register_lever
+@partial(register_lever, finetune_only=True)
 def _lora_lever(target, kw:dict, model:nn.Module)->list:
     "LoRA adapters of rank 8 on every Linear and Conv layer, for a model that has some and carries no adapters yet."
     if is_lora(model) or not any(isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)) and _not_adapted(m) is None for m in model.modules()): return []

@@ -100,9 +100,10 @@ def test_fit_to_budget_offers_lora_with_a_traced_saving():
     lora_total = plan_memory(net, batch, transform=partial(add_lora, rank=8)).total
     budget = int(1.1 * lora_total)
     assert plan_memory(net, batch, budget=budget).fits is False
-    ch = next(c for c in fit_to_budget(net, batch, budget=budget) if c.description.startswith('LoRA'))
+    assert not any(c.description.startswith('LoRA') for c in fit_to_budget(net, batch, budget=budget))   # training from scratch
+    ch = next(c for c in fit_to_budget(net, batch, budget=budget, finetune=True) if c.description.startswith('LoRA'))
     assert ch.fits and ch.new_plan.total == lora_total and not is_lora(net)
-    assert not any(c.description.startswith('LoRA') for c in fit_to_budget(add_lora(copy.deepcopy(net)), batch, budget=budget))
+    assert not any(c.description.startswith('LoRA') for c in fit_to_budget(add_lora(copy.deepcopy(net)), batch, budget=budget, finetune=True))
 
 
 def _run(base, run_dir=None, steps=6, resume=None, checkpoint_every=None):
