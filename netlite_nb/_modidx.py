@@ -80,6 +80,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._shapes': ('budget.html#_shapes', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._simulate_cuda': ('budget.html#_simulate_cuda', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._split_batch': ('budget.html#_split_batch', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._start_autograd_on_the_cpu': ( 'budget.html#_start_autograd_on_the_cpu',
+                                                                                     'netlite_nb/budget.py'),
                                    'netlite_nb.budget._step_notes': ('budget.html#_step_notes', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._strategy_defaults': ('budget.html#_strategy_defaults', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._then': ('budget.html#_then', 'netlite_nb/budget.py'),

@@ -312,3 +312,25 @@ def test_cuda_bench_logic_runs_without_a_gpu(capsys):
     assert set(C.FAMILIES) >= {'resnet18', 'encdec', 'lstm', 'mha_fused'} and len(C.FAMILIES) >= 12
     if not torch.cuda.is_available():
         assert C.main(['lstm'], False) == 0 and 'No CUDA device' in capsys.readouterr().out
+
+
+@pytest.mark.skipif(sys.platform == 'win32', reason='fork')
+def test_a_fake_tensor_trace_leaves_forked_processes_able_to_run_backward():
+    "Chapter 08a's `launch` forks: a process whose first backward was the planner's FakeTensor one could never train in a fork."
+    code = """
+import os, sys, torch
+from torch import nn
+from netlite_nb.budget import plan_memory
+class M(nn.Module):
+    def __init__(s): super().__init__(); s.l, s.h = nn.LSTM(8, 16, batch_first=True), nn.Linear(16, 3)
+    def forward(s, x): return s.h(s.l(x)[0][:, -1])
+plan_memory(M(), (torch.randn(4, 5, 8), torch.zeros(4, dtype=torch.long)), device_or_gpu='cpu')  # an LSTM: the FakeTensor path
+pid = os.fork()
+if pid == 0:
+    try: x = torch.ones(2, requires_grad=True); (x * 2).sum().backward(); os._exit(0)
+    except RuntimeError as e: print(e, file=sys.stderr); os._exit(3)
+_, status = os.waitpid(pid, 0); sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, 'PYTHONPATH': str(Path(__file__).resolve().parents[1])})
+    assert r.returncode == 0, r.stderr[-2000:]
