@@ -304,6 +304,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'netlite_nb.distributed._exit_reason': ( 'distributed.html#_exit_reason',
                                                                                  'netlite_nb/distributed.py'),
                                         'netlite_nb.distributed._failure': ('distributed.html#_failure', 'netlite_nb/distributed.py'),
+                                        'netlite_nb.distributed._fork_hint': ('distributed.html#_fork_hint', 'netlite_nb/distributed.py'),
                                         'netlite_nb.distributed._forked': ('distributed.html#_forked', 'netlite_nb/distributed.py'),
                                         'netlite_nb.distributed._nccl_bytes': ('distributed.html#_nccl_bytes', 'netlite_nb/distributed.py'),
                                         'netlite_nb.distributed._quiet': ('distributed.html#_quiet', 'netlite_nb/distributed.py'),

@@ -210,6 +210,13 @@ def _exit_reason(code:int)->str:
         except ValueError: return f"killed by signal {-code}"
     return f"exited with status {code}"
 
+def _fork_hint(err:str)->str:
+    "The fix, when a forked process could not run backward because autograd had started device threads before the fork (a GPU, or a fake-tensor backward)."
+    if 'fork-based multiprocessing' not in err: return ''
+    return ("\nThis notebook's process ran a backward pass that started autograd's device threads before `launch` forked, and a "
+            "forked process cannot use them. Restart the kernel and call `launch` before any training or backward pass, or run "
+            "the script with torchrun (`netlite train CONFIG.yaml --nproc-per-node N`).")
+
 def _failure(procs:list, wait:float)->str|None:
     "The first forked process that failed within `wait` seconds, as a sentence with its error; None if none did."
     deadline = time.monotonic() + wait
@@ -218,7 +225,7 @@ def _failure(procs:list, wait:float)->str|None:
             if p.exitcode not in (None, 0):
                 try: err = pipe.recv() if pipe.poll() else ''
                 except EOFError: err = ''  # it ended without a word (killed, or os._exit)
-                return f"Process {rank} of {len(procs) + 1} {_exit_reason(p.exitcode)}" + (f": {err}" if err else '')
+                return f"Process {rank} of {len(procs) + 1} {_exit_reason(p.exitcode)}" + (f": {err}" if err else '') + _fork_hint(err)
         if time.monotonic() >= deadline or all(p.exitcode is not None for p, _ in procs): return None
         time.sleep(0.05)
 

@@ -1,5 +1,6 @@
 "Chapter 08a on the CPU with gloo: processes forked by `launch` (seconds), and torchrun itself (slow: it starts fresh Pythons)."
 import os, signal, subprocess, sys, tempfile, time
+from pathlib import Path
 import pytest, torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
@@ -146,3 +147,20 @@ def _planned():
 def test_the_trainer_s_plan_in_a_data_parallel_run_is_the_per_process_plan():
     batch, buckets, expected = launch(_planned, nproc=2)
     assert batch == 16 and buckets == expected > 0
+
+
+def test_a_process_autograd_cannot_fork_gets_a_sentence_with_the_fix():
+    "After a backward that started autograd's device threads (here: one under a FakeTensorMode), forked processes cannot train: say so."
+    code = """
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from netlite_nb.distributed import DistributedError, launch
+with FakeTensorMode(): torch.ones(1, requires_grad=True).sum().backward()   # this process's first backward: a fake one
+def step():
+    x = torch.ones(2, requires_grad=True); (x * 2).sum().backward(); return 1
+try: launch(step, nproc=2, timeout=60)
+except DistributedError as e: print(e)
+"""
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, 'PYTHONPATH': str(Path(__file__).resolve().parents[1])})
+    assert 'Restart the kernel and call `launch` before any training' in r.stdout, (r.stdout[-2000:], r.stderr[-2000:])
