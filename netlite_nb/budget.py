@@ -343,12 +343,6 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
         raise err from e
     return tr
 
-# %% ../nbs/01_budget.ipynb #fk2
-@functools.cache
-def _start_autograd_on_the_cpu():
-    "Make this process's first backward a real CPU one (so a later fake-tensor trace does not start autograd's device threads)."
-    torch.ones(1, requires_grad=True).sum().backward()
-
 # %% ../nbs/01_budget.ipynb #c016b
 def trace_step(model:nn.Module, # the model; it is copied, never run or changed
                batch, # (x, y) or x; any device, including 'meta'
@@ -368,7 +362,6 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
     # meta tensors are the fastest way to run ops without data; autocast only acts on real device types, and some CPU
     # kernels differ from the reference ops, so mixed precision and those models run on FakeTensors that claim to be CPU tensors
     cpu_path = precision in LOW_PRECISION or (kernels == 'cpu' and _cpu_dispatch_differs(model))
-    _start_autograd_on_the_cpu()  # before any FakeTensor backward: keeps `fork` usable (above)
     x, y = _check_batch(batch)
     mb = min(micro_batch or x.shape[0], x.shape[0])
     accum = math.ceil(x.shape[0] / mb)

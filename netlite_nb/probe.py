@@ -659,3 +659,15 @@ def free_memory(device='cpu'):
     if d.type == 'cuda' and torch.cuda.is_initialized(): torch.cuda.empty_cache()
     elif d.type == 'mps': torch.mps.empty_cache()
     elif d.type == 'xpu' and hasattr(torch, 'xpu'): torch.xpu.empty_cache()
+
+# %% ../nbs/00_probe.ipynb #fk1
+def _accelerator_may_be_present()->bool:
+    "Could autograd count a device here? An NVIDIA GPU NVML sees, a ROCm or XPU build, or macOS (MPS); asked without starting CUDA."
+    if sys.platform == 'darwin' or torch.version.hip or getattr(getattr(torch, 'xpu', None), '_is_compiled', lambda: False)(): return True
+    return bool(torch.version.cuda) and torch.cuda._device_count_nvml() > 0
+
+def _first_backward_on_the_cpu():
+    "Where no accelerator is present: run this process's first backward on a real CPU tensor, so forked processes can train."
+    if not _accelerator_may_be_present(): torch.ones(1, requires_grad=True).sum().backward()
+
+_first_backward_on_the_cpu()

@@ -316,7 +316,7 @@ def test_cuda_bench_logic_runs_without_a_gpu(capsys):
 
 @pytest.mark.skipif(sys.platform == 'win32', reason='fork')
 def test_a_fake_tensor_trace_leaves_forked_processes_able_to_run_backward():
-    "Chapter 08a's `launch` forks: a process whose first backward was the planner's FakeTensor one could never train in a fork."
+    "Chapter 08a's `launch` forks: if the planner's FakeTensor backward were the process's first, no fork could train (chapter 00 prevents it)."
     code = """
 import os, sys, torch
 from torch import nn

@@ -150,12 +150,12 @@ def test_the_trainer_s_plan_in_a_data_parallel_run_is_the_per_process_plan():
 
 
 def test_a_process_autograd_cannot_fork_gets_a_sentence_with_the_fix():
-    "After a backward that started autograd's device threads (here: one under a FakeTensorMode), forked processes cannot train: say so."
+    "After a backward that started autograd's device threads (a GPU machine; here a FakeTensorMode one before chapter 00 could prevent it), say so."
     code = """
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+with FakeTensorMode(): torch.ones(1, requires_grad=True).sum().backward()   # this process's first backward: a fake one, before netlite_nb
 from netlite_nb.distributed import DistributedError, launch
-with FakeTensorMode(): torch.ones(1, requires_grad=True).sum().backward()   # this process's first backward: a fake one
 def step():
     x = torch.ones(2, requires_grad=True); (x * 2).sum().backward(); return 1
 try: launch(step, nproc=2, timeout=60)
