@@ -4,8 +4,8 @@ from collections import Counter
 from pathlib import Path
 import pytest, torch
 from torch import nn
-from netlite_nb.budget import (AllocationTracker, BudgetTooSmallError, _saved_for_backward, CUDA_CONTEXT_BYTES, KERNEL_STATE_BYTES, LEVERS, PLAN_MARGIN, ShapeMismatchError,
-                               _calibrated, _lstm_workspace, calibration_file, clear_calibration, cpu_workspace_bytes,
+from netlite_nb.budget import (AllocationTracker, BudgetTooSmallError, _saved_for_backward, CUDA_CONTEXT_BYTES, _MKL_BLOCKING, LEVERS, PLAN_MARGIN, ShapeMismatchError,
+                               _calibrated, _lstm_workspace, _mkl_isa, _mkl_panel, _mm_key, calibration_file, clear_calibration, cpu_workspace_bytes,
                                find_batch_size, fit_to_budget, max_batch_size, plan_memory, register_lever, resize_batch, trace_step)
 from netlite_nb.probe import UnknownGPUError, lookup_gpu
 
@@ -75,7 +75,7 @@ def test_cpu_plan_adds_the_kernel_workspace_as_its_own_line():
     cpu = plan_memory(m, batch, device_or_gpu='cpu', budget=2**30)
     tensors, gpu = plan_memory(m, batch), plan_memory(m, batch, device_or_gpu='gtx 1050 ti')
     ws = cpu.breakdown['CPU kernel workspace']
-    assert ws == cpu_workspace_bytes(trace_step(m, batch).tracker.kernels) > KERNEL_STATE_BYTES  # the 1024-row products are packed
+    assert ws == cpu_workspace_bytes(trace_step(m, batch).tracker.kernels) > _MKL_BLOCKING[_mkl_isa()]['state']  # the 1024-row products are packed
     assert cpu.peak == cpu.reserved == cpu.total == tensors.peak + ws   # kept from the first full-size step on: there at the peak
     assert sum(cpu.breakdown.values()) == cpu.total
     assert 'CPU kernel workspace' not in tensors.breakdown and 'CPU kernel workspace' not in gpu.breakdown
@@ -83,19 +83,45 @@ def test_cpu_plan_adds_the_kernel_workspace_as_its_own_line():
 
 
 def test_cpu_workspace_model_follows_the_measured_rules():
-    "What bench/budget_accuracy.py --gemm measures: the panel of one product, reuse by smaller ones, new buffers for larger ones, state per shape."
+    "What bench/budget_accuracy.py --gemm measured on an AVX-512 Xeon: the panel of one product, reuse by smaller ones, new buffers for larger ones, state per shape."
     mm = lambda M, K, N, dt='torch.float32': ('matmul', 1, M, K, N, dt)
+    ws = lambda ks: cpu_workspace_bytes(ks, 'AVX512')
+    state = _MKL_BLOCKING['AVX512']['state']
     big, small = mm(1024, 4096, 4096), mm(1024, 4096, 1024)
-    assert cpu_workspace_bytes([big]) == 4 * 384 * (4096 + 648)
-    assert cpu_workspace_bytes([big] * 3) == cpu_workspace_bytes([big])         # kept, not allocated again
-    assert cpu_workspace_bytes([big, small]) == cpu_workspace_bytes([big])      # a smaller product reuses the buffers
-    assert cpu_workspace_bytes([small, big]) == cpu_workspace_bytes([small]) + cpu_workspace_bytes([big])  # a larger one adds its own
-    assert cpu_workspace_bytes([mm(384, 4096, 4096)]) == cpu_workspace_bytes([mm(1024, 4096, 176)]) == KERNEL_STATE_BYTES  # not packed
-    assert cpu_workspace_bytes([mm(1024, 4096, 4096, 'torch.bfloat16')]) == KERNEL_STATE_BYTES  # oneDNN's buffers are not modelled
+    assert ws([big]) == 4 * 384 * (4096 + 648)
+    assert ws([big] * 3) == ws([big])         # kept, not allocated again
+    assert ws([big, small]) == ws([big])      # a smaller product reuses the buffers
+    assert ws([small, big]) == ws([small]) + ws([big])  # a larger one adds its own
+    assert ws([mm(384, 4096, 4096)]) == ws([mm(1024, 4096, 176)]) == state  # not packed
+    assert ws([mm(1024, 4096, 4096, 'torch.bfloat16')]) == state  # oneDNN's buffers are not modelled
     kernels = trace_step(cnn(), MNIST).tracker.kernels
     shapes = {k for k in kernels if k[0] != 'matmul'}
     assert len(shapes) == 6   # three convolutions, forward and backward; the second step repeats them
-    assert cpu_workspace_bytes(kernels) == (6 + 3) * KERNEL_STATE_BYTES   # and three small matmuls in the head
+    assert ws(kernels) == (6 + 3) * state   # and three small matmuls in the head
+
+
+def test_cpu_workspace_model_on_avx2():
+    "What bench/budget_accuracy.py --gemm measured on this AVX2 CPU: half the rows of B, A packed by its rows, no state for unpacked products."
+    mm = lambda M, K, N, dt='torch.float32': ('matmul', 1, M, K, N, dt)
+    ws = lambda ks: cpu_workspace_bytes(ks, 'AVX2')
+    assert ws([mm(1024, 4096, 4096)]) == 4 * 192 * (4096 + 384)
+    assert ws([mm(16, 4096, 4096)]) == 4 * 192 * (4096 + 16)          # a short product is packed too, by its rows
+    assert ws([mm(1024, 300, 4096)]) == 4 * 150 * (4096 + 384)        # K in (192, 384]: two halves
+    assert ws([mm(1024, 4096, 20000)]) == 4 * 192 * (6400 + 384)      # at most 6400 columns
+    assert ws([mm(1024, 4096, 10), mm(2, 4096, 4096)]) == 0           # not packed, and nothing kept
+    assert ws([mm(1024, 4096, 1024), mm(1024, 4096, 4096)]) == _mkl_panel(1024, 4096, 1024, 'AVX2') + _mkl_panel(1024, 4096, 4096, 'AVX2')
+    kernels = trace_step(cnn(), MNIST).tracker.kernels
+    assert ws(kernels) == 6 * _MKL_BLOCKING['AVX2']['state']  # the convolutions' state; the head's products are too small to pack
+    assert _mkl_isa('AVX2') == 'AVX2' and _mkl_isa('SVE256') == _mkl_isa('DEFAULT') == 'AVX512'  # unmeasured ISAs: the larger buffers
+
+
+def test_measured_matmul_buffers_replace_the_model():
+    "A calibrated plan takes each matmul's kept bytes from the measurement, by shape; sizes past MKL's blocking share one key."
+    k = ('matmul', 1, 4096, 4096, 4096, 'torch.float32')
+    key, spec = _mm_key(k)
+    assert spec == ['matmul', 1, 1024, 1024, 4096, 'float32'] and _mm_key(('matmul', 1, 2048, 2048, 4096, 'torch.float32'))[0] == key
+    assert cpu_workspace_bytes([k], 'AVX2', measured={key: [12345, 0]}) == 12345
+    assert cpu_workspace_bytes([k], 'AVX2', measured={}) == _mkl_panel(4096, 4096, 4096, 'AVX2')  # not measured: the model
 
 
 def test_max_batch_size_on_cpu_leaves_room_for_the_kernel_workspace():
@@ -174,7 +200,11 @@ def test_calibration_measures_caches_and_can_be_cleared(tmp_path, monkeypatch):
     p = plan_memory(m, batch, device_or_gpu='cpu', calibrate=True)
     f = calibration_file()
     assert f.exists() and str(tmp_path) in str(f) and torch.__version__ in f.name
-    assert len(json.loads(f.read_text())) == 2   # one convolution: forward and backward
+    table = json.loads(f.read_text())
+    mms = {_mm_key(k)[0] for k in trace_step(m, batch).tracker.kernels if k[0] == 'matmul'}
+    assert len(mms) == 3 and mms <= set(table)   # the head's forward, its weight's and its input's gradients
+    assert len(table) == 2 + len(mms)   # and one convolution: forward and backward
+    assert p.breakdown['CPU kernel workspace'] == cpu_workspace_bytes(trace_step(m, batch).tracker.kernels, measured=table)
     assert 'calibration' in p.notes[-1]
     assert abs(p.peak - plan_memory(m, batch, device_or_gpu='cpu').peak) < 0.1 * p.peak  # the model and the measurement agree roughly
     assert 'uses the models' in plan_memory(m, batch, device_or_gpu='gtx 1050 ti', calibrate=True).notes[-1]
