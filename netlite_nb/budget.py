@@ -377,8 +377,8 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
             if transform is not None: m = transform(m)
             m.train()
             tr = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, measured, missing)
-            if cpu_path or kernels != 'cpu' or not tr.decomposed: break
-            cpu_path = True  # attention ran its reference path on 'meta': trace again on the CPU's dispatch
+            if cpu_path or kernels is None or not tr.decomposed: break
+            cpu_path = True  # attention ran its reference path on 'meta': trace again on the CPU's dispatch (fused, as CUDA's is)
     finally: log.setLevel(level)
     return Trace(tr, sum(p.numel() for p in model.parameters()), accum)
 

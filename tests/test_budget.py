@@ -408,6 +408,18 @@ def test_lstm_plan_on_cuda_states_the_rnn_terms():
     assert any('cuDNN RNN' in n and 'reserve space' in n for n in off.notes) and off.by_module.get('rnn', 0) > 0
 
 
+def test_cuda_trace_takes_the_fused_attention_path():
+    "CUDA's SDPA kernels (flash, memory-efficient) hold no T x T matrix: a CUDA trace follows the fused path, as a CPU one does."
+    class Attn(nn.Module):
+        def __init__(s): super().__init__(); s.a, s.h = nn.MultiheadAttention(32, 2, batch_first=True), nn.Linear(32, 3)
+        def forward(s, x): return s.h(s.a(x, x, x, need_weights=False)[0].mean(1))
+    batch = (torch.randn(4, 256, 32), torch.zeros(4, dtype=torch.long))
+    ref, fused = (trace_step(Attn(), batch, cuda=True, kernels=k).tracker for k in (None, CudaKernels()))
+    tt = 4 * 2 * 256 * 256 * 4   # one fp32 attention matrix per head and sample
+    assert ref.decomposed and ref.peak - fused.peak >= tt
+    assert not any(r.nbytes >= tt for r in fused.allocs if r.category == 'activations')
+
+
 def test_cuda_bench_logic_runs_without_a_gpu(capsys):
     "bench/budget_cuda.py: its error and table row on made-up numbers, a dry run of real cases, and a clean exit where there is no GPU."
     sys.path.insert(0, str(ROOT / 'bench'))
