@@ -197,7 +197,6 @@ def _adamw_8bit_reference(p:torch.Tensor, st:dict, group:dict, step_size:float, 
 # %% ../nbs/03_optim.ipynb #fs1
 _CHUNK_BYTES_PER_VALUE = 27  # fp32 m, v and a temporary, an int32 key, a bool, two codes, the parameter and its fp32 gradient
 _MIN_CHUNK = 2**16  # below this the ~30 operation launches per chunk cost more than the cache saves (bench/optim_state.py --chunks)
-_SERIAL_VALUES = 2**15  # PyTorch's grain size: an operation on at most this many values runs on the calling thread alone
 
 def _count_cpus(cpu_list:str)->int:
     "Number of CPUs in a Linux CPU list such as '0-3,8'."
@@ -224,8 +223,7 @@ def _cache_per_core()->int|None:
 def _chunk_values(device:torch.device, block_size:int)->int:
     "Values the 8-bit step updates at once on `device`, in whole blocks (on a CPU: see the text above)."
     chunk = _CHUNK
-    if device.type == 'cpu' and torch.get_num_threads() > 1: chunk = _SERIAL_VALUES
-    elif device.type == 'cpu': chunk = min(max((_cache_per_core() or 2**21) // _CHUNK_BYTES_PER_VALUE, _MIN_CHUNK), _CHUNK)
+    if device.type == 'cpu': chunk = min(max((_cache_per_core() or 2**21) // _CHUNK_BYTES_PER_VALUE, _MIN_CHUNK), _CHUNK)
     return max(block_size, chunk // block_size * block_size)
 
 # %% ../nbs/03_optim.ipynb #fs5
@@ -245,6 +243,29 @@ def _cut(sc:dict, n:int)->dict:
     if n not in sc['cut']: sc['cut'][n] = {'h': sc['i'][:n // 2], **{k: sc[k][:n] for k in 'mvtib'}}
     return sc['cut'][n]
 
+# %% ../nbs/03_optim.ipynb #fq1
+@lru_cache(None)
+def _quant_list(signed:bool)->list:
+    "Per bucket, the int32 `e` for which `(e + z) >> 17` is the code of a float with bits `b` in it, where `z = b ^ (b >> 31)`."
+    base, inside = _lookup_lists(signed)
+    base, key = torch.tensor(base), torch.arange(2**16)
+    mid = torch.tensor(inside).view(torch.int32).long() & 0xFFFFFFFF
+    neg = key >= 2**15
+    mid_low = torch.where(neg, 0xFFFF - (mid & 0xFFFF), mid & 0xFFFF)  # the low 16 bits of the midpoint's z
+    mid_low = torch.where(mid >> 16 == key, mid_low, 0xFFFF)  # no midpoint in this bucket: no value lies above one
+    z_high = torch.where(neg, 0x7FFF - (key & 0x7FFF), key)  # the high 16 bits of z, the same for every value of the bucket
+    return ((base << 17) + 2**17 - 1 - mid_low - (z_high << 16)).tolist()
+
+for _signed in (True, False): _quant_list(_signed)  # at import, as the lookup lists
+_QUANT = {}  # (signed, device) -> _quant_list as int32, real tensors only
+
+def _quant_table(signed:bool, like:torch.Tensor)->torch.Tensor:
+    "The one-read quantization table of a map on `like`'s device (an empty one in a planner's trace)."
+    if is_traced(like): return torch.empty(2**16, dtype=torch.int32, device=like.device)
+    k = (signed, like.device)
+    if k not in _QUANT: _QUANT[k] = torch.tensor(_quant_list(signed), dtype=torch.int32, device=like.device)
+    return _QUANT[k]
+
 # %% ../nbs/03_optim.ipynb #fs7
 _TINY = torch.finfo(torch.float32).tiny
 _PAIRS = {}  # (signed, device) -> the values of all 65 536 pairs of codes, real tensors only
@@ -262,14 +283,14 @@ def _dequantize_into(q:torch.Tensor, absmax:torch.Tensor, code:torch.Tensor, pai
     else: torch.index_select(pairs, 0, w['h'].copy_(q.view(torch.uint16)), out=out.view(torch.int64))
     out.view(-1, bs).mul_(absmax)
 
-def _quantize_into(x:torch.Tensor, q:torch.Tensor, absmax:torch.Tensor, tables:tuple, w:dict, bs:int):
-    "`quantize_blockwise` of fp32 `x` (whole blocks; overwritten) into the codes `q` and the (blocks, 1) scales `absmax`."
-    _, base, inside = tables
+def _quantize_into(x:torch.Tensor, q:torch.Tensor, absmax:torch.Tensor, table:torch.Tensor, w:dict, bs:int):
+    "`quantize_blockwise` of fp32 `x` (whole blocks; overwritten) into the codes `q` and the (blocks, 1) scales `absmax`, one table read per value."
+    bits = x.view(torch.int32)
     torch.amax(torch.abs(x, out=w['t']).view(-1, bs), 1, keepdim=True, out=absmax)
     x.view(-1, bs).div_(absmax.clamp_min(_TINY))
-    key = torch.bitwise_right_shift(x.view(torch.int32), 16, out=w['i']).bitwise_and_(0xFFFF)  # as in _nearest_code
-    torch.index_select(base, 0, key, out=q)
-    q.add_(torch.gt(x, torch.index_select(inside, 0, key, out=w['t']), out=w['b']))
+    key = torch.bitwise_right_shift(bits, 16, out=w['i']).bitwise_and_(0xFFFF)  # as in _nearest_code
+    z = torch.bitwise_right_shift(bits, 31, out=w['t'].view(torch.int32)).bitwise_xor_(bits)
+    torch.bitwise_right_shift(torch.index_select(table, 0, key, out=bits).add_(z), 17, out=q)
 
 # %% ../nbs/03_optim.ipynb #fs9
 def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float, sc:dict, chunk:int, part:int=0, parts:int=1):
@@ -277,6 +298,7 @@ def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
     (b1, b2), bs, eight = group['betas'], group['block_size'], 'exp_avg_q' in st
     signed, unsigned = _tables(True, p), _tables(False, p)
     pairs_s, pairs_u = _code_pairs(signed[0], True), _code_pairs(unsigned[0], False)
+    table_s, table_u = _quant_table(True, p), _quant_table(False, p)
     lr_c, eps_c = step_size * bc2_sqrt, group['eps'] * bc2_sqrt
     scales = lambda a: a.view(-1, 1).split(chunk // bs)
     pieces = zip(p.view(-1).split(chunk), p.grad.reshape(-1).split(chunk), (st['exp_avg_q'] if eight else st['exp_avg']).split(chunk),
@@ -293,9 +315,9 @@ def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
         if p.dtype == torch.float32: pc.addcdiv_(mk, d, value=-lr_c)
         else: pc.add_(torch.div(mk, d, out=d).to(p.dtype), alpha=-lr_c)
         if k < m.numel(): m[k:].zero_(); v[k:].zero_()  # the padding of the last block, as the reference pads
-        if eight: _quantize_into(m, qm, am, signed, w, bs)
+        if eight: _quantize_into(m, qm, am, table_s, w, bs)
         else: qm.copy_(mk)
-        _quantize_into(v, qv, av, unsigned, w, bs)
+        _quantize_into(v, qv, av, table_u, w, bs)
 
 # %% ../nbs/03_optim.ipynb #fs14
 _POOLS = {}  # (process id, number of threads) -> ThreadPoolExecutor; a forked child has none of its parent's threads
