@@ -666,6 +666,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'netlite_nb.optim._in_threads': ('optim.html#_in_threads', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._lookup_lists': ('optim.html#_lookup_lists', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._nearest_code': ('optim.html#_nearest_code', 'netlite_nb/optim.py'),
+                                  'netlite_nb.optim._one_intraop_thread': ('optim.html#_one_intraop_thread', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._quant_list': ('optim.html#_quant_list', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._quant_table': ('optim.html#_quant_table', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._quantize_into': ('optim.html#_quantize_into', 'netlite_nb/optim.py'),

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import importlib.util, itertools, math, os, pathlib, subprocess, sys
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 import torch
 from fastcore.basics import patch
@@ -293,7 +294,8 @@ def _quantize_into(x:torch.Tensor, q:torch.Tensor, absmax:torch.Tensor, table:to
     torch.bitwise_right_shift(torch.index_select(table, 0, key, out=bits).add_(z), 17, out=q)
 
 # %% ../nbs/03_optim.ipynb #fs9
-def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float, sc:dict, chunk:int, part:int=0, parts:int=1):
+def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float, sc:dict, chunk:int, part:int=0, parts:int=1,
+                decay:float=1.0): # the weight decay factor, applied to each chunk of `p` before its update
     "`_adamw_8bit_reference`'s update, `chunk` values at a time in the buffers `sc` (chunks `part`, `part + parts`, ...), bias correction folded into two scalars."
     (b1, b2), bs, eight = group['betas'], group['block_size'], 'exp_avg_q' in st
     signed, unsigned = _tables(True, p), _tables(False, p)
@@ -312,6 +314,7 @@ def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
         mk, vk, gc = m[:k], v[:k], gc.float()
         mk.lerp_(gc, 1 - b1); vk.mul_(b2).addcmul_(gc, gc, value=1 - b2)
         d = torch.sqrt(vk, out=w['t'][:k]).add_(eps_c)
+        if decay != 1: pc.mul_(decay)
         if p.dtype == torch.float32: pc.addcdiv_(mk, d, value=-lr_c)
         else: pc.add_(torch.div(mk, d, out=d).to(p.dtype), alpha=-lr_c)
         if k < m.numel(): m[k:].zero_(); v[k:].zero_()  # the padding of the last block, as the reference pads
@@ -322,6 +325,15 @@ def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
 # %% ../nbs/03_optim.ipynb #fs14
 _POOLS = {}  # (process id, number of threads) -> ThreadPoolExecutor; a forked child has none of its parent's threads
 
+@contextmanager
+def _one_intraop_thread():
+    "PyTorch's intra-op threads set to one on the calling thread for the duration, then restored."
+    n = torch.get_num_threads()
+    if n != 1: torch.set_num_threads(1)
+    try: yield
+    finally:
+        if n != 1: torch.set_num_threads(n)
+
 def _in_threads(fn, n:int):
     "Run fn(0), ..., fn(n - 1) on `n` threads and return when all are done (re-raising the first error)."
     key = (os.getpid(), n)
@@ -329,12 +341,17 @@ def _in_threads(fn, n:int):
     for f in [pool.submit(fn, j) for j in range(n)]: f.result()
 
 @patch
-def _update_8bit(self:AdamW8bit, p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float):
-    "The 8-bit update of `p`, on the calling thread or, for a parameter of several chunks on several CPU threads, on the pool."
-    chunk, n = _chunk_values(p.device, group['block_size']), st['exp_avg_sq_q'].numel()
-    threads = min(torch.get_num_threads(), math.ceil(n / chunk)) if p.device.type == 'cpu' and not is_traced(p) else 1
+def _update_8bit(self:AdamW8bit, p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float, decay:float=1.0):
+    "The 8-bit update of `p`: on a CPU on one intra-op thread, split over the pool when it is large enough; elsewhere as it is."
+    bs, n = group['block_size'], st['exp_avg_sq_q'].numel()
+    chunk, threads, cpu = _chunk_values(p.device, bs), 1, p.device.type == 'cpu' and not is_traced(p)
+    if cpu:  # at least _MIN_CHUNK values per thread; a parameter smaller than a chunk per thread is cut into one piece per thread
+        threads = max(1, min(torch.get_num_threads(), n // _MIN_CHUNK))
+        chunk = min(chunk, math.ceil(n / threads / bs) * bs)
+        threads = min(threads, math.ceil(n / chunk))
     def work(j):
-        with torch.no_grad(): _adamw_8bit(p, st, group, step_size, bc2_sqrt, self._scratch(p, min(chunk, n), j), chunk, j, threads)
+        with torch.no_grad(), (_one_intraop_thread() if cpu else nullcontext()):
+            _adamw_8bit(p, st, group, step_size, bc2_sqrt, self._scratch(p, min(chunk, n), j), chunk, j, threads, decay)
     if threads == 1: work(0)
     else: _in_threads(work, threads)
 
@@ -353,13 +370,15 @@ def step(self:AdamW8bit, closure=None):
             if p.grad is None: continue
             if p.grad.is_sparse: raise ValueError(f"AdamW8bit does not support sparse gradients (parameter {_describe(group, i, p)}).")
             st = self.state[p]
-            if not st: self._init_state(p, group, st)
-            st['step'] += 1
-            t = st['step']
-            step_size, bc2_sqrt = lr / (1 - b1 ** t), math.sqrt(1 - b2 ** t)
-            if wd: p.mul_(1 - lr * wd)
-            if 'exp_avg_sq' in st: _adamw_fp32(p, st, group, step_size, bc2_sqrt)
-            else: self._update_8bit(p, st, group, step_size, bc2_sqrt)
+            with _one_intraop_thread() if p.device.type == 'cpu' and not is_traced(p) else nullcontext():  # no OpenMP: see the pool
+                if not st: self._init_state(p, group, st)
+                st['step'] += 1
+                t = st['step']
+                step_size, bc2_sqrt = lr / (1 - b1 ** t), math.sqrt(1 - b2 ** t)
+                if 'exp_avg_sq' in st:
+                    if wd: p.mul_(1 - lr * wd)
+                    _adamw_fp32(p, st, group, step_size, bc2_sqrt)
+                else: self._update_8bit(p, st, group, step_size, bc2_sqrt, 1 - lr * wd)  # the decay applied chunk by chunk
     return loss
 
 # %% ../nbs/03_optim.ipynb #ad16

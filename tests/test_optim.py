@@ -252,8 +252,8 @@ def test_bitsandbytes_state_is_refused_with_a_sentence():
     with pytest.raises(ValueError, match='bitsandbytes'): AdamW8bit(m.parameters()).load_state_dict(ob.state_dict())
 
 
-def _one_step_each_way(p, opt, chunk=None, threads=1):
-    "From the same parameter and state, one step by the plain reference and one by the optimizer's own chunked update."
+def _one_step_each_way(p, opt, chunk=None, threads=1, decay=1.0):
+    "From the same parameter and state, one step by the plain reference and one by the optimizer's own chunked update (decay first)."
     from netlite_nb.optim import _adamw_8bit_reference, _chunk_values
     import netlite_nb.optim as optim
     group, st = opt.param_groups[0], opt.state[p]
@@ -267,8 +267,8 @@ def _one_step_each_way(p, opt, chunk=None, threads=1):
         if chunk: optim._chunk_values = lambda device, block_size: chunk
         torch.set_num_threads(threads)
         with torch.no_grad():
-            _adamw_8bit_reference(ref, st_ref, group, step_size, bc2_sqrt)
-            opt._update_8bit(p, st, group, step_size, bc2_sqrt)
+            _adamw_8bit_reference(ref.mul_(decay), st_ref, group, step_size, bc2_sqrt)
+            opt._update_8bit(p, st, group, step_size, bc2_sqrt, decay)
     finally: optim._chunk_values = sized; torch.set_num_threads(threads_before)
     return before, p.detach().clone(), ref, {k: st[k] for k in st_ref}, st_ref
 
@@ -293,12 +293,12 @@ def _assert_same_step(before, fast, ref, st, st_ref):
 def test_chunked_step_is_the_reference_step(first_moment, threads):
     "Several chunks and a ragged last one (and its padded last block), one thread or a pool of two: the plain whole-tensor step's result."
     g = torch.Generator().manual_seed(0)
-    n = 5 * 2**15 + 300  # with two threads the chunk is 2**15: five full chunks, then 300 values (one full block and a padded one)
+    n = 5 * 2**15 + 300  # two threads cut it into two pieces of 82 176 and 81 844 values, the last ending in a padded block
     p = nn.Parameter(torch.randn(n, generator=g) * 0.1)
     opt = AdamW8bit([p], lr=1e-2, min_8bit_size=0, first_moment=first_moment)
     for _ in range(4):
         p.grad = torch.randn(n, generator=g) * 10.0 ** -torch.randint(0, 6, (n,), generator=g)
-        _assert_same_step(*_one_step_each_way(p, opt, chunk=None if threads == 2 else 4096, threads=threads))
+        _assert_same_step(*_one_step_each_way(p, opt, chunk=None if threads == 2 else 4096, threads=threads, decay=1 - 1e-2 * 0.1))
 
 
 def test_odd_parameters_step_like_the_reference():
@@ -333,3 +333,35 @@ def test_step_buffers_are_reused_and_not_state():
     assert state_bytes(o) == 2 * (600 * 256 + 600 * 4)
     assert set(o.state_dict()['state'][0]) == {'step', 'shape', 'exp_avg_q', 'exp_avg_absmax', 'exp_avg_sq_q', 'exp_avg_sq_absmax'}
     assert all(v.numel() <= 512 * 300 for sc in o._scratch_buffers.values() for v in sc.values() if isinstance(v, torch.Tensor))
+
+
+def _step_in_child(conn, p):
+    "In a forked child: one 8-bit step of `p` on two threads, its result sent back as bytes (numpy: no OpenMP), or the error."
+    try:
+        AdamW8bit([p]).step()
+        conn.send(p.detach().numpy().tobytes())
+    except BaseException as e: conn.send(repr(e))
+    finally: conn.close()
+
+
+@pytest.mark.skipif(not hasattr(os, 'fork'), reason='fork is POSIX-only')
+def test_8bit_step_runs_in_a_forked_child_of_a_process_that_ran_parallel_ops():
+    "GNU OpenMP does not survive fork: the 8-bit step uses its own threads, never OpenMP's, so a forked child can step."
+    import multiprocessing as mp
+    n, threads = 4 * 2**16 + 300, torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.randn(2**22).add_(1).sum()  # an OpenMP team in the parent, as any training would start
+        p, q = (nn.Parameter(torch.linspace(-1, 1, n)) for _ in range(2))
+        p.grad = q.grad = torch.linspace(1e-3, -1e-3, n)
+        AdamW8bit([p]).step()
+        assert torch.get_num_threads() == 2  # the step restored the thread count
+        recv, send = mp.Pipe(duplex=False)
+        child = mp.get_context('fork').Process(target=_step_in_child, args=(send, q)); child.start(); send.close()
+        got = recv.recv() if recv.poll(60) else None
+        child.join(5)
+        if child.is_alive(): child.kill()
+        assert got is not None, "the 8-bit step hung in a forked child (OpenMP after fork)"
+        assert isinstance(got, bytes), got
+        assert got == p.detach().numpy().tobytes()
+    finally: torch.set_num_threads(threads)
