@@ -196,7 +196,7 @@ def _adamw_8bit_reference(p:torch.Tensor, st:dict, group:dict, step_size:float, 
     st['exp_avg_sq_q'][:], st['exp_avg_sq_absmax'][:] = quantize_blockwise(v, False, bs)
 
 # %% ../nbs/03_optim.ipynb #fs1
-_CHUNK_BYTES_PER_VALUE = 27  # fp32 m, v and a temporary, an int32 key, a bool, two codes, the parameter and its fp32 gradient
+_CHUNK_BYTES_PER_VALUE = 26  # fp32 m, v and a temporary, an int32 key, two codes, the parameter and its fp32 gradient
 _MIN_CHUNK = 2**16  # below this the ~30 operation launches per chunk cost more than the cache saves (bench/optim_state.py --chunks)
 
 def _count_cpus(cpu_list:str)->int:
@@ -230,18 +230,18 @@ def _chunk_values(device:torch.device, block_size:int)->int:
 # %% ../nbs/03_optim.ipynb #fs5
 @patch
 def _scratch(self:AdamW8bit, like:torch.Tensor, n:int, worker:int=0)->dict:
-    "fp32, int32 and bool buffers of at least `n` values on `like`'s device for one worker thread, made once and reused by every chunk and step."
+    "fp32 and int32 buffers of at least `n` values on `like`'s device for one worker thread, made once and reused by every chunk and step."
     key = (like.device, is_traced(like), worker)  # a planner's fake buffers never serve a real step
     sc = self.__dict__.setdefault('_scratch_buffers', {}).get(key)
     if sc is None or sc['m'].numel() < n:
         make = lambda dtype: torch.empty(n, dtype=dtype, device=like.device)
         sc = self._scratch_buffers[key] = dict(m=make(torch.float32), v=make(torch.float32), t=make(torch.float32),
-                                               i=make(torch.int32), b=make(torch.bool), cut={})
+                                               i=make(torch.int32), cut={})
     return sc
 
 def _cut(sc:dict, n:int)->dict:
     "The buffers cut to a chunk of `n` values, cut once per chunk length."
-    if n not in sc['cut']: sc['cut'][n] = {'h': sc['i'][:n // 2], **{k: sc[k][:n] for k in 'mvtib'}}
+    if n not in sc['cut']: sc['cut'][n] = {'h': sc['i'][:n // 2], **{k: sc[k][:n] for k in 'mvti'}}
     return sc['cut'][n]
 
 # %% ../nbs/03_optim.ipynb #fq1
