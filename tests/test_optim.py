@@ -199,6 +199,24 @@ def test_table_lookup_rounds_like_the_binary_search(signed):
     assert torch.equal(_nearest_code(x, signed).long(), want)
 
 
+@pytest.mark.parametrize('signed', [True, False])
+def test_one_read_quantizer_rounds_like_the_lookup_tables(signed):
+    "The step's quantizer (one int32 read and integer arithmetic) gives `_nearest_code`'s codes: random bit patterns, midpoints, NaNs of both signs."
+    from netlite_nb.optim import _quant_table, _quantize_into
+    mids = torch.tensor(_code_and_mids_lists(signed)[1])
+    g = torch.Generator().manual_seed(1)
+    bits = torch.randint(0, 2**31, (1_000_000,), generator=g, dtype=torch.int64).to(torch.int32)
+    x = torch.cat([bits.view(torch.float32), -bits.view(torch.float32), mids, mids.nextafter(torch.tensor(2.)),
+                   mids.nextafter(torch.tensor(-2.)), torch.tensor([0., -0., 1e-45, -1e-45])])
+    x = x[x.abs() <= 1]
+    x = torch.cat([x, x.new_zeros((-x.numel()) % 255)]).view(-1, 255)
+    x = torch.cat([torch.cat([x, torch.ones(len(x), 1)], 1).view(-1), torch.tensor([float('nan'), -float('nan')]).repeat(128)])  # absmax 1: unchanged
+    q, absmax = torch.empty(x.numel(), dtype=torch.uint8), torch.empty(x.numel() // 256, 1)
+    w = {'t': torch.empty_like(x), 'i': torch.empty(x.numel(), dtype=torch.int32)}
+    _quantize_into(x.clone(), q, absmax, _quant_table(signed, x), w, 256)
+    assert torch.equal(q, _nearest_code(x, signed))
+
+
 def test_adamw8bit_name_builds_ours_on_cpu_and_for_the_planner():
     assert type(make_optimizer('adamw8bit', nn.Linear(4, 2).parameters())) is AdamW8bit
     assert type(make_optimizer('adamw8bit', [nn.Parameter(torch.empty(4, 4, device='meta'))])) is AdamW8bit
