@@ -284,10 +284,11 @@ def _dequantize_into(q:torch.Tensor, absmax:torch.Tensor, code:torch.Tensor, pai
     else: torch.index_select(pairs, 0, w['h'].copy_(q.view(torch.uint16)), out=out.view(torch.int64))
     out.view(-1, bs).mul_(absmax)
 
-def _quantize_into(x:torch.Tensor, q:torch.Tensor, absmax:torch.Tensor, table:torch.Tensor, w:dict, bs:int):
+def _quantize_into(x:torch.Tensor, q:torch.Tensor, absmax:torch.Tensor, table:torch.Tensor, w:dict, bs:int, signed:bool=True):
     "`quantize_blockwise` of fp32 `x` (whole blocks; overwritten) into the codes `q` and the (blocks, 1) scales `absmax`, one table read per value."
     bits = x.view(torch.int32)
-    torch.amax(torch.abs(x, out=w['t']).view(-1, bs), 1, keepdim=True, out=absmax)
+    mag = torch.abs(x, out=w['t']) if signed else x  # v, a sum of squares, is its own magnitude (or NaN, which amax keeps)
+    torch.amax(mag.view(-1, bs), 1, keepdim=True, out=absmax)
     x.view(-1, bs).div_(absmax.clamp_min(_TINY))
     key = torch.bitwise_right_shift(bits, 16, out=w['i']).bitwise_and_(0xFFFF)  # as in _nearest_code
     z = torch.bitwise_right_shift(bits, 31, out=w['t'].view(torch.int32)).bitwise_xor_(bits)
@@ -320,7 +321,7 @@ def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
         if k < m.numel(): m[k:].zero_(); v[k:].zero_()  # the padding of the last block, as the reference pads
         if eight: _quantize_into(m, qm, am, table_s, w, bs)
         else: qm.copy_(mk)
-        _quantize_into(v, qv, av, table_u, w, bs)
+        _quantize_into(v, qv, av, table_u, w, bs, signed=False)
 
 # %% ../nbs/03_optim.ipynb #fs14
 _POOLS = {}  # (process id, number of threads) -> ThreadPoolExecutor; a forked child has none of its parent's threads

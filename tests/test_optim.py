@@ -213,7 +213,7 @@ def test_one_read_quantizer_rounds_like_the_lookup_tables(signed):
     x = torch.cat([torch.cat([x, torch.ones(len(x), 1)], 1).view(-1), torch.tensor([float('nan'), -float('nan')]).repeat(128)])  # absmax 1: unchanged
     q, absmax = torch.empty(x.numel(), dtype=torch.uint8), torch.empty(x.numel() // 256, 1)
     w = {'t': torch.empty_like(x), 'i': torch.empty(x.numel(), dtype=torch.int32)}
-    _quantize_into(x.clone(), q, absmax, _quant_table(signed, x), w, 256)
+    _quantize_into(x.clone(), q, absmax, _quant_table(signed, x), w, 256, signed)
     assert torch.equal(q, _nearest_code(x, signed))
 
 
