@@ -663,7 +663,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'netlite_nb.optim._cache_per_core': ('optim.html#_cache_per_core', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._chunk_values': ('optim.html#_chunk_values', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._code_and_mids_lists': ('optim.html#_code_and_mids_lists', 'netlite_nb/optim.py'),
-                                  'netlite_nb.optim._code_pairs': ('optim.html#_code_pairs', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._count_cpus': ('optim.html#_count_cpus', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._cut': ('optim.html#_cut', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._dequantize_into': ('optim.html#_dequantize_into', 'netlite_nb/optim.py'),

@@ -241,7 +241,7 @@ def _scratch(self:AdamW8bit, like:torch.Tensor, n:int, worker:int=0)->dict:
 
 def _cut(sc:dict, n:int)->dict:
     "The buffers cut to a chunk of `n` values, cut once per chunk length."
-    if n not in sc['cut']: sc['cut'][n] = {'h': sc['i'][:n // 2], **{k: sc[k][:n] for k in 'mvti'}}
+    if n not in sc['cut']: sc['cut'][n] = {k: sc[k][:n] for k in 'mvti'}
     return sc['cut'][n]
 
 # %% ../nbs/03_optim.ipynb #fq1
@@ -269,19 +269,10 @@ def _quant_table(signed:bool, like:torch.Tensor)->torch.Tensor:
 
 # %% ../nbs/03_optim.ipynb #fs7
 _TINY = torch.finfo(torch.float32).tiny
-_PAIRS = {}  # (signed, device) -> the values of all 65 536 pairs of codes, real tensors only
 
-def _code_pairs(code:torch.Tensor, signed:bool)->torch.Tensor:
-    "Both fp32 values of every pair of codes as one int64, indexed by the two uint8 codes read as one little-endian uint16."
-    if is_traced(code): return torch.empty(2**16, dtype=torch.int64, device=code.device)
-    k = (signed, code.device)
-    if k not in _PAIRS: _PAIRS[k] = torch.stack([code.repeat(256), code.repeat_interleave(256)], 1).contiguous().view(torch.int64).view(-1)
-    return _PAIRS[k]
-
-def _dequantize_into(q:torch.Tensor, absmax:torch.Tensor, code:torch.Tensor, pairs:torch.Tensor, out:torch.Tensor, w:dict, bs:int):
-    "`dequantize_blockwise` of the codes `q` and (blocks, 1) scales `absmax` into `out`, two codes per table read where it can."
-    if q.numel() % 2 or sys.byteorder != 'little': torch.index_select(code, 0, w['i'].copy_(q), out=out)
-    else: torch.index_select(pairs, 0, w['h'].copy_(q.view(torch.uint16)), out=out.view(torch.int64))
+def _dequantize_into(q:torch.Tensor, absmax:torch.Tensor, code:torch.Tensor, out:torch.Tensor, w:dict, bs:int):
+    "`dequantize_blockwise` of the codes `q` and (blocks, 1) scales `absmax` into `out`."
+    torch.index_select(code, 0, w['i'].copy_(q), out=out)
     out.view(-1, bs).mul_(absmax)
 
 def _quantize_into(x:torch.Tensor, q:torch.Tensor, absmax:torch.Tensor, table:torch.Tensor, w:dict, bs:int, signed:bool=True):
@@ -300,7 +291,6 @@ def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
     "`_adamw_8bit_reference`'s update, `chunk` values at a time in the buffers `sc` (chunks `part`, `part + parts`, ...), bias correction folded into two scalars."
     (b1, b2), bs, eight = group['betas'], group['block_size'], 'exp_avg_q' in st
     signed, unsigned = _tables(True, p), _tables(False, p)
-    pairs_s, pairs_u = _code_pairs(signed[0], True), _code_pairs(unsigned[0], False)
     table_s, table_u = _quant_table(True, p), _quant_table(False, p)
     lr_c, eps_c = step_size * bc2_sqrt, group['eps'] * bc2_sqrt
     scales = lambda a: a.view(-1, 1).split(chunk // bs)
@@ -309,9 +299,9 @@ def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
     for pc, gc, qm, am, qv, av in itertools.islice(pieces, part, None, parts):
         k, w = pc.numel(), _cut(sc, qv.numel())
         m, v = w['m'], w['v']
-        if eight: _dequantize_into(qm, am, signed[0], pairs_s, m, w, bs)
+        if eight: _dequantize_into(qm, am, signed[0], m, w, bs)
         else: m[:k].copy_(qm)
-        _dequantize_into(qv, av, unsigned[0], pairs_u, v, w, bs)
+        _dequantize_into(qv, av, unsigned[0], v, w, bs)
         mk, vk, gc = m[:k], v[:k], gc.float()
         mk.lerp_(gc, 1 - b1); vk.mul_(b2).addcmul_(gc, gc, value=1 - b2)
         d = torch.sqrt(vk, out=w['t'][:k]).add_(eps_c)

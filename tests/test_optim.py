@@ -334,7 +334,7 @@ def test_odd_parameters_step_like_the_reference():
             assert p.grad.is_contiguous() == (make_grad is None or w.dim() == 1)
             _assert_same_step(*_one_step_each_way(p, opt, chunk=512))
         assert p.dtype == w.dtype and p.shape == w.shape
-    for bs in (255, 100):  # an odd block size: chunks of an odd number of codes, read one code at a time
+    for bs in (255, 100):  # an odd block size: chunks of an odd number of codes
         p = nn.Parameter(torch.randn(3000, generator=g)); opt = AdamW8bit([p], block_size=bs, min_8bit_size=0)
         for _ in range(3):
             p.grad = torch.randn(3000, generator=g) * 1e-2
