@@ -18,14 +18,14 @@ from fastcore.basics import patch
 from .probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes, free_memory, gpu_catalogue, in_notebook, is_oom, lookup_gpu
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'KERNEL_STATE_BYTES', 'TENSOR_TERMS', 'COLORS', 'PLAN_MARGIN', 'LEVERS',
-           'Allocation', 'AllocationTracker', 'ShapeMismatchError', 'resize_batch', 'default_loss', 'is_traced',
-           'register_optimizer', 'make_optimizer', 'Trace', 'trace_step', 'CachingAllocatorSim',
-           'cublas_workspace_bytes', 'cublaslt_workspace_bytes', 'Target', 'resolve_target', 'cpu_workspace_bytes',
-           'cpu_conv_scratch', 'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch',
-           'calibrate_kernels', 'MemoryPlan', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes',
-           'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'max_batch_size', 'Change', 'register_lever',
-           'fit_to_budget', 'find_batch_size', 'budget_widget']
+__all__ = ['OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'TENSOR_TERMS', 'COLORS', 'PLAN_MARGIN', 'LEVERS', 'Allocation',
+           'AllocationTracker', 'ShapeMismatchError', 'resize_batch', 'default_loss', 'is_traced', 'register_optimizer',
+           'make_optimizer', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes',
+           'cublaslt_workspace_bytes', 'Target', 'resolve_target', 'cpu_workspace_bytes', 'cpu_conv_scratch',
+           'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels',
+           'MemoryPlan', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes', 'plan_memory',
+           'plot_plans', 'BudgetTooSmallError', 'max_batch_size', 'Change', 'register_lever', 'fit_to_budget',
+           'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -68,6 +68,7 @@ class AllocationTracker(TorchDispatchMode):
         self.kernels:list[tuple] = []   # every matmul and convolution, in order (`_kernel`)
         self.kernel_path:Callable|None = None  # kernel_path(func, args, out) -> (out, scratch bytes): a device's kernels (set by `trace_step`)
         self.decomposed = False  # saw an op that only a reference decomposition runs (attention's math path on 'meta')
+        self.measured:dict|None = None  # kernels measured on this machine (`calibrate_kernels`) that the trace used
 
     def record_of(self, t:torch.Tensor)->Allocation|None:
         "The record of `t`'s storage while it is tracked and alive."
@@ -324,6 +325,7 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
     tr = AllocationTracker(dev)
     if kernels == 'cpu': tr.kernel_path = functools.partial(cpu_kernel_path, measured=measured, missing=missing)
     elif callable(kernels): tr.kernel_path = kernels(tr)  # another device's kernels, e.g. CUDA's (`CudaKernels`)
+    tr.measured = measured
     try:
         with fm or contextlib.nullcontext(), _watch_modules(m, tr):
             params = [p for p in m.parameters() if p.requires_grad]
@@ -356,8 +358,8 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
                cuda:bool=False, # trace the optimizer as it runs on CUDA (multi-tensor kernels)
                steps:int=2, # training steps; the second one has optimizer state, as every step after it does
                kernels=None, # 'cpu': the CPU's kernels (their scratch, LSTM workspace, fused attention); a `CudaKernels`: cuDNN's workspace; None: PyTorch's reference ops
-               measured:dict|None=None, # convolution scratch measured on this machine, by key (`calibrate_kernels`)
-               missing:list|None=None, # collects the convolutions `measured` has no entry for
+               measured:dict|None=None, # kernels measured on this machine, by key (`calibrate_kernels`)
+               missing:list|None=None, # collects the convolutions and matmuls `measured` has no entry for
               )->Trace:
     "Run `steps` training steps of `model` on fake tensors and record every allocation and free."
     if precision not in ('fp32', *LOW_PRECISION): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', not {precision!r}")
@@ -492,16 +494,24 @@ def resolve_target(device_or_gpu)->Target:
     return resolve_target(GPUInfo.from_spec(d))  # a catalogue name; unknown names raise UnknownGPUError with the closest ones
 
 # %% ../nbs/01_budget.ipynb #c073
-# Read off `python bench/budget_accuracy.py --gemm`: torch 2.14.1's bundled MKL on an AVX-512 CPU, one thread.
-_MKL_KC, _MKL_N_MAX, _MKL_M_BLOCK = 384, 9984, 648  # rows of B packed at a time; columns of B packed at most; rows of A packed
-_MKL_PACK_MIN_M, _MKL_PACK_MIN_N = 385, 192         # smaller products take a path that keeps smaller buffers
-KERNEL_STATE_BYTES = 136 * 1024                      # kept per distinct convolution or unpacked matmul shape
+# MKL's fp32 matmul packing on each ISA, read off `python bench/budget_accuracy.py --gemm` (torch 2.14.1's MKL, one thread):
+# kc rows of B (the K dimension) are packed at a time (a K up to 2 kc in two halves), at most n_max of its columns, and
+# m_block rows of A: the whole block whatever M is on AVX-512, min(M, m_block) rows on AVX2. Products with fewer than min_m
+# rows or min_n columns are not packed. state / mm_state: bytes kept per distinct oneDNN convolution / unpacked matmul shape.
+_MKL_BLOCKING = {
+    'AVX512': dict(kc=384, n_max=9984, m_block=648, whole_block=True, min_m=385, min_n=192, state=136*1024, mm_state=136*1024), # a Xeon
+    'AVX2': dict(kc=192, n_max=6400, m_block=384, whole_block=False, min_m=4, min_n=64, state=122*1024, mm_state=0)}  # an AMD EPYC
 
-def _mkl_panel(M:int, K:int, N:int)->int:
+def _mkl_isa(isa:str|None=None)->str:
+    "The measured row of `_MKL_BLOCKING` for `isa` (default: this CPU's); an ISA not measured yet gets AVX-512's larger buffers."
+    return 'AVX2' if (isa or torch.backends.cpu.get_cpu_capability()) == 'AVX2' else 'AVX512'
+
+def _mkl_panel(M:int, K:int, N:int, isa:str|None=None)->int:
     "Resident bytes of MKL's packing buffers for one fp32 (M x K) @ (K x N) product; 0 for a product it does not pack."
-    if M < _MKL_PACK_MIN_M or N < _MKL_PACK_MIN_N: return 0
-    kc = K if K <= _MKL_KC else math.ceil(K / 2) if K <= 2 * _MKL_KC else _MKL_KC
-    return 4 * kc * (min(N, _MKL_N_MAX) + _MKL_M_BLOCK)
+    g = _MKL_BLOCKING[_mkl_isa(isa)]
+    if M < g['min_m'] or N < g['min_n']: return 0
+    kc = K if K <= g['kc'] else math.ceil(K / 2) if K <= 2 * g['kc'] else g['kc']
+    return 4 * kc * (min(N, g['n_max']) + (g['m_block'] if g['whole_block'] else min(M, g['m_block'])))
 
 def _keeps_state(k:tuple)->bool:
     "Does kernel `k` (`_kernel`) keep per-shape state? Small matmuls and oneDNN's convolutions do; PyTorch's fallback convolution does not."
@@ -511,16 +521,25 @@ def _keeps_state(k:tuple)->bool:
     stride, padding, dilation, transposed, _, groups = (ast.literal_eval(a) for a in (k[4:10] if fwd else k[5:11]))
     return _conv_backend(x, w, tuple(stride), tuple(padding), tuple(dilation), transposed, groups, torch.float32, torch.get_num_threads()) == 'Mkldnn'
 
+# %% ../nbs/01_budget.ipynb #c073b
 def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls and convolutions in the order they ran
+                        isa:str|None=None, # the CPU's ISA, 'AVX2' or 'AVX512'; default: this machine's
+                        measured:dict|None=None, # matmul buffers measured on this machine, by key (`calibrate_kernels`); None: the model
                        )->int:
     "Memory the CPU math libraries keep for a step's kernels: MKL's matmul packing buffers plus per-shape kernel state."
+    g = _MKL_BLOCKING[_mkl_isa(isa)]
     total = held = 0
     seen = set()
     for k in kernels:
-        panel = _mkl_panel(*k[2:5]) if k[0] == 'matmul' and k[5] == 'torch.float32' else 0
-        if panel > held: total, held = total + panel, panel  # a bigger product gets new buffers; the smaller ones stay cached
-        elif panel == 0 and k not in seen and _keeps_state(k): total += KERNEL_STATE_BYTES
+        new = k not in seen
         seen.add(k)
+        if k[0] != 'matmul':
+            if new and _keeps_state(k): total += g['state']
+            continue
+        key = _mm_key(k)[0] if measured else None
+        panel = measured[key][0] if key in (measured or {}) else _mkl_panel(*k[2:5], isa) if k[5] == 'torch.float32' else 0
+        if panel > held: total, held = total + panel, panel  # a bigger product gets new buffers; the smaller ones stay cached
+        elif panel == 0 and new: total += g['mm_state']
     return total
 
 # %% ../nbs/01_budget.ipynb #kp1
@@ -569,8 +588,8 @@ def _lstm_workspace(T:int, B:int, H:int, I:int)->tuple[int, int, int]:
     return u * (_LSTM_GATES + 1) + 4 * B * H, u * _LSTM_GATES, u * (2 * _LSTM_GATES + 1) + 4 * B * T * I
 
 def cpu_kernel_path(func, args, out,
-                    measured:dict|None=None, # convolution scratch measured on this machine (`calibrate_kernels`); None: the model
-                    missing:list|None=None, # collects the convolutions `measured` lacks
+                    measured:dict|None=None, # kernels measured on this machine (`calibrate_kernels`); None: the model
+                    missing:list|None=None, # collects the convolutions and matmuls `measured` lacks
                    )->tuple[Any, int]:
     "For the tracker: a CPU op's outputs as the real kernel makes them (the LSTM workspace the reference leaves empty), and its scratch bytes."
     if func is torch.ops.aten.mkldnn_rnn_layer.default and out[3].numel() == 0 and args[15]:
@@ -580,6 +599,9 @@ def cpu_kernel_path(func, args, out,
     if func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
         (T, B, I), H = args[0].shape, args[5].shape[-1]
         return out, _lstm_workspace(T, B, H, I)[2]
+    if func in _MATMULS and missing is not None and measured is not None:
+        key, spec = _mm_key(_kernel(func, args))
+        if key not in measured: missing.append(spec)
     if func in _CONVS and measured is not None:
         key, spec = _conv_key(func, args)
         if key in measured: return out, max(0, int(measured[key][0] + measured[key][1] * spec[-1]))
@@ -618,6 +640,12 @@ def _conv_key(func, args)->tuple[str, list]:
             str(x.dtype).split('.')[-1], bool(fwd or args[10][0]), bool(transposed), x.shape[0]]
     return json.dumps(spec[:-1]), spec
 
+def _mm_key(k:tuple)->tuple[str, list]:
+    "A matmul's (`_kernel`) calibration key and spec, clipped where MKL's buffers stop growing on every CPU measured (M, K 1024; N 16384)."
+    _, b, M, K, N, dt = k
+    spec = ['matmul', min(b, 2), min(M, 1024), min(K, 1024), min(N, 16384), dt.split('.')[-1]]
+    return json.dumps(spec), spec
+
 def _hwm_growth(f:Callable)->tuple[int, Any]:
     "How far this process's resident high-water mark rises above its resident size while `f` runs (Linux), and f's result."
     page = os.sysconf('SC_PAGE_SIZE')
@@ -647,30 +675,67 @@ def _measure_convs(specs:list, batches:tuple)->list:
     for s in specs: _run_conv(s, 1)  # loads every kernel's code and what the library keeps once: neither is scratch
     return [[min(_run_conv(s, b), _run_conv(s, b)) for b in batches] for s in specs]
 
+# %% ../nbs/01_budget.ipynb #cal3b
+@functools.cache
+def _mkl_lib():
+    "libtorch's bundled MKL, for its memory-manager calls (None without one, e.g. on ARM)."
+    import ctypes
+    try: lib = ctypes.CDLL(str(Path(torch.__file__).parent / 'lib' / 'libtorch_cpu.so'))
+    except OSError: return None
+    return lib if hasattr(lib, 'mkl_serv_free_buffers') else None
+
+def _free_blas_buffers():
+    "Hand MKL's cached matmul buffers back (mkl_free_buffers): the next matmul allocates its own, as in a fresh process."
+    if _mkl_lib() is not None: _mkl_lib().mkl_serv_free_buffers()
+
+def _measure_matmuls(specs:list)->list:
+    "Run in a fresh process: the bytes MKL keeps after each matmul spec (`_mm_key`), each starting from no buffers."
+    torch.randn(8, 8) @ torch.randn(8, 8)  # loads the code
+    out = []
+    for _, b, M, K, N, dtype in specs:
+        lead = [b] if b > 1 else []
+        x, w = torch.randn(*lead, M, K).to(getattr(torch, dtype)), torch.randn(*lead, K, N).to(getattr(torch, dtype))
+        _free_blas_buffers()
+        grown, y = _hwm_growth(lambda: x @ w)
+        out.append(max(0, grown - y.nbytes))
+    return out
+
+def _measure_kernels(convs:list, batches:list, mms:list)->list:
+    "Run in a fresh process: `_measure_convs` and `_measure_matmuls` in one."
+    return [_measure_convs(convs, batches) if convs else [], _measure_matmuls(mms) if mms else []]
+
 # %% ../nbs/01_budget.ipynb #cal4
 _MALLOC_ENV = dict(MALLOC_MMAP_THRESHOLD_='65536', MALLOC_ARENA_MAX='1', MALLOC_TRIM_THRESHOLD_='0')  # freed memory goes back to the OS at once
+
+def _in_child(fn:str, *args)->Any:
+    "`netlite_nb.budget.<fn>(*args)` run in a fresh Python process on this CPU (Linux), glibc handing freed memory back at once."
+    code = f"import json, sys; from netlite_nb.budget import {fn}; print(json.dumps({fn}(*json.load(sys.stdin))))"
+    r = subprocess.run([sys.executable, '-c', code], input=json.dumps(args), capture_output=True, text=True,
+                       env={**os.environ, **_MALLOC_ENV, 'OMP_NUM_THREADS': str(torch.get_num_threads())})
+    if r.returncode: raise RuntimeError(f"Measuring the kernels in a child process failed; plan without calibrate=True. It said: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 def measure_conv_scratch(specs:list, # convolution specs (`_conv_key`)
                          batches:tuple, # batch sizes to measure each one at
                         )->list[list[int]]:
     "Scratch bytes of each convolution at each batch size, measured in a fresh Python process on this CPU (Linux)."
-    code = "import json, sys; from netlite_nb.budget import _measure_convs; print(json.dumps(_measure_convs(*json.load(sys.stdin))))"
-    r = subprocess.run([sys.executable, '-c', code], input=json.dumps([specs, list(batches)]), capture_output=True, text=True,
-                       env={**os.environ, **_MALLOC_ENV, 'OMP_NUM_THREADS': str(torch.get_num_threads())})
-    if r.returncode: raise RuntimeError(f"Measuring the kernels in a child process failed; plan without calibrate=True. It said: {r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return _in_child('_measure_convs', specs, list(batches))
 
-def calibrate_kernels(specs:list, # convolution specs a trace collected (`trace_step(..., missing=[])`)
+def calibrate_kernels(specs:list, # convolution and matmul specs a trace collected (`trace_step(..., missing=[])`)
                      )->dict:
-    "Measure the scratch of each convolution in `specs` that the cache lacks, in a fresh process on this CPU; returns the updated cache."
+    "Measure each kernel in `specs` that the cache lacks, in one fresh process on this CPU; returns the updated cache."
     table = dict(_calibrated())
-    todo = {k: s for k, s in (( json.dumps(s[:-1]), s) for s in specs) if k not in table}
-    if not todo: return table
-    b = max(s[-1] for s in todo.values())
-    batches = (max(1, b // 4), max(2, b // 2))
-    for key, (m1, m2) in zip(todo, measure_conv_scratch(list(todo.values()), batches)):
+    todo = {json.dumps(s) if s[0] == 'matmul' else json.dumps(s[:-1]): s for s in specs}
+    convs = {k: s for k, s in todo.items() if k not in table and s[0] != 'matmul'}
+    mms = {k: s for k, s in todo.items() if k not in table and s[0] == 'matmul'}
+    if not convs and not mms: return table
+    b = max([s[-1] for s in convs.values()] or [2])
+    batches = [max(1, b // 4), max(2, b // 2)]
+    conv_bytes, mm_bytes = _in_child('_measure_kernels', list(convs.values()), batches, list(mms.values()))
+    for key, (m1, m2) in zip(convs, conv_bytes):
         per = (m2 - m1) / (batches[1] - batches[0])
         table[key] = [m1 - per * batches[0], per]  # bytes = constant + per sample x batch
+    table.update((key, [n, 0]) for key, n in zip(mms, mm_bytes))  # kept buffers: the batch is in the key's M
     f = calibration_file()
     f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text(json.dumps(table))
@@ -785,11 +850,15 @@ def _device_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, li
     raw = tr.peak
     if target.kind == 'cuda': return _cuda_terms(target, tr)
     if target.kind == 'cpu':
-        ws = cpu_workspace_bytes(tr.kernels)  # allocated on the first full-size step and kept, so it is there at the peak
+        ws = cpu_workspace_bytes(tr.kernels, measured=tr.measured)  # allocated on the first full-size step and kept: there at the peak
+        isa, cap = _mkl_isa(), torch.backends.cpu.get_cpu_capability()
+        g = _MKL_BLOCKING[isa]
         return raw + ws, raw + ws, {'CPU kernel workspace': ws}, [
-            f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, 384) x (N + 648) for each product "
-            f"that needs more than the ones before it) and {KERNEL_STATE_BYTES // 1024} KiB per other matmul/oneDNN convolution shape, "
-            "kept for the life of the process; measured for fp32 with one thread by `python bench/budget_accuracy.py --gemm`. "
+            f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, {g['kc']}) x (N + up to {g['m_block']}) "
+            f"for each product that needs more than the ones before it) and {g['state'] // 1024} KiB per oneDNN convolution shape, "
+            "kept for the life of the process; " + ("matmuls measured on this machine by calibration" if tr.measured else
+            f"the {isa} model" + ('' if cap == isa else f" (this CPU reports {cap}, not measured yet: calibrate=True measures it)"))
+            + ", read off `python bench/budget_accuracy.py --gemm` for fp32 with one thread. "
             "More threads pack more and bf16/fp16 matmuls (oneDNN) keep buffers of their own: neither is included",
             "kernel scratch is placed at its op: oneDNN's blocked copies inside each convolution (im2col for PyTorch's fallback); "
             "oneDNN's LSTM workspace is traced as the tensor it is, and models with recurrent layers or attention follow the CPU's "
@@ -991,7 +1060,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
 
 # %% ../nbs/01_budget.ipynb #mp24
 def _calibration_note(target:Target)->str:
-    if target.kind == 'cpu': return f"convolution scratch measured on this machine by calibration (cached in {calibration_file()})"
+    if target.kind == 'cpu': return f"convolution scratch and matmul buffers measured on this machine by calibration (cached in {calibration_file()})"
     return (f"calibrate=True measures kernels on the device that is present, and only on the CPU so far: this plan for {target.name} "
             "uses the models")
 
