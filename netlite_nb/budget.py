@@ -20,11 +20,12 @@ from .probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes, 
 # %% auto #0
 __all__ = ['OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'TENSOR_TERMS', 'COLORS', 'PLAN_MARGIN', 'LEVERS', 'Allocation',
            'AllocationTracker', 'ShapeMismatchError', 'resize_batch', 'default_loss', 'is_traced', 'register_optimizer',
-           'make_optimizer', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes', 'Target',
-           'resolve_target', 'cpu_workspace_bytes', 'cpu_conv_scratch', 'cpu_kernel_path', 'calibration_file',
-           'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels', 'MemoryPlan', 'plan_memory', 'plot_plans',
-           'BudgetTooSmallError', 'max_batch_size', 'Change', 'register_lever', 'fit_to_budget', 'find_batch_size',
-           'budget_widget']
+           'make_optimizer', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes',
+           'cublaslt_workspace_bytes', 'Target', 'resolve_target', 'cpu_workspace_bytes', 'cpu_conv_scratch',
+           'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels',
+           'MemoryPlan', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes', 'plan_memory',
+           'plot_plans', 'BudgetTooSmallError', 'max_batch_size', 'Change', 'register_lever', 'fit_to_budget',
+           'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -323,6 +324,7 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
     dev = 'cpu' if fm else 'meta'
     tr = AllocationTracker(dev)
     if kernels == 'cpu': tr.kernel_path = functools.partial(cpu_kernel_path, measured=measured, missing=missing)
+    elif callable(kernels): tr.kernel_path = kernels(tr)  # another device's kernels, e.g. CUDA's (`CudaKernels`)
     tr.measured = measured
     try:
         with fm or contextlib.nullcontext(), _watch_modules(m, tr):
@@ -355,7 +357,7 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
                transform:Callable|None=None, # model -> model applied to the copy first (e.g. chapter 02's `convert_model`)
                cuda:bool=False, # trace the optimizer as it runs on CUDA (multi-tensor kernels)
                steps:int=2, # training steps; the second one has optimizer state, as every step after it does
-               kernels:str|None=None, # 'cpu': the CPU's kernels (their scratch, LSTM workspace, fused attention); None: PyTorch's reference ops
+               kernels=None, # 'cpu': the CPU's kernels (their scratch, LSTM workspace, fused attention); a `CudaKernels`: cuDNN's workspace; None: PyTorch's reference ops
                measured:dict|None=None, # kernels measured on this machine, by key (`calibrate_kernels`)
                missing:list|None=None, # collects the convolutions and matmuls `measured` has no entry for
               )->Trace:
@@ -363,7 +365,7 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
     if precision not in ('fp32', *LOW_PRECISION): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', not {precision!r}")
     # meta tensors are the fastest way to run ops without data; autocast only acts on real device types, and some CPU
     # kernels differ from the reference ops, so mixed precision and those models run on FakeTensors that claim to be CPU tensors
-    cpu_path = precision in LOW_PRECISION or (kernels == 'cpu' and _cpu_dispatch_differs(model))
+    cpu_path = precision in LOW_PRECISION or (kernels is not None and _cpu_dispatch_differs(model))
     x, y = _check_batch(batch)
     mb = min(micro_batch or x.shape[0], x.shape[0])
     accum = math.ceil(x.shape[0] / mb)
@@ -377,8 +379,8 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
             if transform is not None: m = transform(m)
             m.train()
             tr = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, measured, missing)
-            if cpu_path or kernels != 'cpu' or not tr.decomposed: break
-            cpu_path = True  # attention ran its reference path on 'meta': trace again on the CPU's dispatch
+            if cpu_path or kernels is None or not tr.decomposed: break
+            cpu_path = True  # attention ran its reference path on 'meta': trace again on the CPU's dispatch (fused, as CUDA's is)
     finally: log.setLevel(level)
     return Trace(tr, sum(p.numel() for p in model.parameters()), accum)
 
@@ -444,10 +446,20 @@ def free(self:CachingAllocatorSim, blk:list):
 CUDA_CONTEXT_BYTES = 400 * _MB  # driver context + PyTorch's kernels, lazily loaded (CUDA >= 11.7): 300-500 MB measured across
                                 # Pascal..Ada with torch 2.x; nvidia-smi shows it, torch.cuda.memory_reserved does not
 
+def _major(compute_capability:str|None)->int: return int(str(compute_capability).split('.')[0]) if compute_capability else 0
+
 def cublas_workspace_bytes(compute_capability:str|None)->int:
-    "cuBLAS workspace PyTorch allocates through the caching allocator on the first matmul (default `CUBLAS_WORKSPACE_CONFIG`)."
-    major = int(str(compute_capability).split('.')[0]) if compute_capability else 0
-    return 32 * _MB if major >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8  # ':4096:8' on Hopper+, else ':4096:2:16:8'
+    "cuBLAS workspace PyTorch allocates through the caching allocator on the first matmul and keeps (`CUBLAS_WORKSPACE_CONFIG`, or its default)."
+    conf = [int(v) for v in os.environ.get('CUBLAS_WORKSPACE_CONFIG', '').split(':') if v.isdigit()]  # ':SIZE:COUNT' pairs, SIZE in KiB
+    if conf: return sum(kib * 1024 * n for kib, n in zip(conf[::2], conf[1::2]))
+    return 32 * _MB if _major(compute_capability) >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8  # ':4096:8' on Hopper+, else ':4096:2:16:8'
+
+def cublaslt_workspace_bytes(compute_capability:str|None, memory:int|None=None)->int:
+    "cuBLASLt workspace PyTorch allocates on the first cuBLASLt matmul (`nn.Linear`'s matmul-plus-bias) and keeps; 0 when it shares cuBLAS's."
+    if os.environ.get('TORCH_CUBLASLT_UNIFIED_WORKSPACE') == '1': return 0
+    kib = os.environ.get('CUBLASLT_WORKSPACE_SIZE')  # KiB; PyTorch's default (CublasHandlePool.cpp) otherwise:
+    if kib is None: kib = 32768 if _major(compute_capability) >= 9 else 4096 if _major(compute_capability) == 8 and (memory or 0) // 2**30 >= 24 else 1024
+    return int(kib) * 1024
 
 # %% ../nbs/01_budget.ipynb #ca10
 @dataclass
@@ -820,30 +832,23 @@ def _saved_by_module(tr:AllocationTracker)->dict:
     return dict(sorted(saved.items(), key=lambda kv: -kv[1]))
 
 # %% ../nbs/01_budget.ipynb #mp11
-def _simulate_cuda(tr:AllocationTracker, workspace:int)->CachingAllocatorSim:
+def _simulate_cuda(tr:AllocationTracker, kept:tuple=(), # bytes allocated first and kept: the cuBLAS and cuBLASLt workspaces
+                  expandable:bool=False)->CachingAllocatorSim: # the allocator's expandable_segments
     sim = CachingAllocatorSim()
-    sim.malloc(workspace)  # cuBLAS workspace: allocated at the first matmul, kept for the life of the process
+    for n in kept:  # allocated at the first matmul, kept for the life of the process
+        if n: sim.malloc(n)
     blocks = {}
     for sign, rec in tr.events:
         if sign > 0: blocks[id(rec)] = sim.malloc(rec.nbytes) if rec.nbytes else None
         elif blocks.get(id(rec)) is not None: sim.free(blocks.pop(id(rec)))
+    # expandable segments grow by 2 MiB pages as needed and keep them: reserved follows the allocated peak, without fragments
+    if expandable: sim.peak_reserved = _ROUND_LARGE * math.ceil(sim.peak_allocated / _ROUND_LARGE)
     return sim
 
 def _device_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
     "(peak allocated, peak reserved, bytes the device adds by term, notes stating them) for the trace `tr` on `target`."
     raw = tr.peak
-    if target.kind == 'cuda':
-        ws = cublas_workspace_bytes(target.compute_capability)
-        sim = _simulate_cuda(tr, ws)
-        terms = {'cuBLAS workspace': ws, 'allocator rounding': sim.peak_allocated - raw - ws,
-                 'allocator cache': sim.peak_reserved - sim.peak_allocated, 'CUDA context': CUDA_CONTEXT_BYTES}
-        return sim.peak_allocated, sim.peak_reserved, terms, [
-            f"CUDA context {fmt_bytes(CUDA_CONTEXT_BYTES)} (assumed: 300-500 MB for torch 2.x with lazy module loading; "
-            "nvidia-smi counts it, torch.cuda.memory_reserved does not)",
-            f"cuBLAS workspace {fmt_bytes(ws)} (default CUBLAS_WORKSPACE_CONFIG for compute capability {target.compute_capability})",
-            "caching allocator simulated: 512-byte rounding, 2 MiB segments for blocks up to 1 MiB, 20 MiB for up to 10 MiB, "
-            "larger ones rounded to 2 MiB; reserved memory is never returned during the step",
-            "cuDNN convolution workspace is not included: it depends on the algorithm cuDNN picks (cudnn.benchmark may pick larger ones)"]
+    if target.kind == 'cuda': return _cuda_terms(target, tr)
     if target.kind == 'cpu':
         ws = cpu_workspace_bytes(tr.kernels, measured=tr.measured)  # allocated on the first full-size step and kept: there at the peak
         isa, cap = _mkl_isa(), torch.backends.cpu.get_cpu_capability()
@@ -860,6 +865,132 @@ def _device_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, li
             "dispatch (fused attention); modelled from `python bench/budget_accuracy.py --kernels` at one thread"]
     notes = [f"{target.kind} allocator and driver overheads are not modelled: tensor bytes only"] if target.kind in ('mps', 'xpu') else []
     return raw, raw, {}, notes
+
+# %% ../nbs/01_budget.ipynb #mp11b
+def _cuda_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
+    "`_device_terms` on a CUDA target: the cuBLAS/cuBLASLt workspaces, the caching allocator replayed, the context, and their notes."
+    cc, path = target.compute_capability, tr.kernel_path
+    ws = cublas_workspace_bytes(cc)
+    lt = cublaslt_workspace_bytes(cc, target.memory) if any(k[0] == 'matmul' for k in tr.kernels) else 0
+    expandable = bool(getattr(getattr(path, 'opts', None), 'expandable', False))
+    sim = _simulate_cuda(tr, (ws, lt), expandable)
+    terms = {'cuBLAS workspace': ws, 'cuBLASLt workspace': lt, 'allocator rounding': sim.peak_allocated - tr.peak - ws - lt,
+             'allocator cache': sim.peak_reserved - sim.peak_allocated, 'CUDA context': CUDA_CONTEXT_BYTES}
+    return sim.peak_allocated, sim.peak_reserved, terms, [
+        f"CUDA context {fmt_bytes(CUDA_CONTEXT_BYTES)} (assumed: 300-500 MB for torch 2.x with lazy module loading; "
+        "nvidia-smi counts it, torch.cuda.memory_reserved does not)",
+        f"cuBLAS workspace {fmt_bytes(ws)}" + (f" and cuBLASLt workspace {fmt_bytes(lt)} (any matmul counts as one that uses it)" if lt else '')
+        + f" (CUBLAS_WORKSPACE_CONFIG / CUBLASLT_WORKSPACE_SIZE, or PyTorch's defaults for compute capability {cc})",
+        ("caching allocator with expandable segments: reserved memory follows the allocated peak, rounded to 2 MiB pages" if expandable else
+         "caching allocator simulated: 512-byte rounding, 2 MiB segments for blocks up to 1 MiB, 20 MiB for up to 10 MiB, "
+         "larger ones rounded to 2 MiB; reserved memory is never returned during the step"),
+        *(path.notes() if hasattr(path, 'notes') else
+          ["cuDNN convolution workspace: not in this trace (traced without `kernels=CudaKernels(...)`, which `plan_memory` uses)"])]
+
+# %% ../nbs/01_budget.ipynb #cw1
+def _fft_size(n:int)->int: return 1 << max(0, math.ceil(math.log2(n)))  # a power of two: no smaller than the size cuFFT pads to
+
+def cudnn_conv_workspace(x:tuple, w:tuple, y:tuple, # input (N, C, ...), weight (K, C/groups, ...) and output (N, K, ...) shapes
+                         stride, padding, dilation, groups:int,
+                         itemsize:int, # bytes per element of the data (4: fp32, 2: fp16/bf16)
+                         direction:str='forward', # 'forward', 'backward data' or 'backward weight'
+                        )->tuple[int, int]:
+    "Workspace bytes of one cuDNN convolution call: (the heuristics' implicit-GEMM engine, the largest any algorithm family asks for)."
+    N, C, K, ks = x[0], x[1], y[1], tuple(w[2:])
+    if groups > 1 and groups == C and itemsize == 4: return 0, 0  # fp32 depthwise: PyTorch's own kernel, not cuDNN
+    heur = {'forward': 4 * (C // groups) * math.prod(ks), 'backward data': 0, 'backward weight': 4 * math.prod(w)}[direction]
+    fams = [itemsize * (C // groups) * math.prod(ks) * math.prod(y[2:]) if direction == 'forward' else 0]  # explicit GEMM: one im2col
+    unit = groups == 1 and all(s == 1 for s in stride) and all(d == 1 for d in dilation)
+    if unit and len(ks) <= 2 and all(h + 2 * p <= 256 and k > p for h, p, k in zip(x[2:], padding, ks)):
+        dims = [_fft_size(h + 2 * p) for h, p in zip(x[2:], padding)]
+        fams.append(2 * itemsize * math.prod(dims[:-1]) * (dims[-1] // 2 + 1) * (N * C + K * C + N * K))  # FFT: x, w and y spectra
+    if unit and ks == (3, 3):
+        tiles = math.prod(math.ceil(o / 4) for o in y[2:])
+        fams.append(4 * 36 * (N * C * tiles + K * C + N * K * tiles))  # Winograd F(4x4, 3x3): 6x6 transforms, fp32
+    return heur, max(heur, *fams)
+
+# %% ../nbs/01_budget.ipynb #cw6
+@dataclass
+class CudaKernels:
+    "How a CUDA run's kernels are set up, as far as their workspace goes: `trace_step(kernels=CudaKernels(...))` places it."
+    benchmark:bool=False   # torch.backends.cudnn.benchmark: time every engine of each new convolution shape first
+    cap:int|None=None      # bytes: CUDNN_CONV_WSCAP_DBG (set in MiB); cuDNN offers no engine that needs more
+    memory:int|None=None   # the device's bytes: the timing buffer is limited by what is free
+    expandable:bool=False  # the caching allocator's expandable_segments
+    def __call__(self, tr:AllocationTracker)->Callable: return _CudaPath(self, tr)
+
+def cuda_kernels(target:Target, # the CUDA device planned for
+                 strategy=None, # a chapter 06 `Strategy` (its cudnn_benchmark and alloc_conf); None: this process's settings
+                )->CudaKernels:
+    "The kernel settings a run gets on `target`: benchmark and allocator from `strategy` (else this process), the cap from the environment."
+    conf = getattr(strategy, 'alloc_conf', None) or os.environ.get('PYTORCH_ALLOC_CONF') or os.environ.get('PYTORCH_CUDA_ALLOC_CONF') or ''
+    cap = os.environ.get('CUDNN_CONV_WSCAP_DBG')
+    return CudaKernels(bool(getattr(strategy, 'cudnn_benchmark', torch.backends.cudnn.benchmark)), int(cap) * _MB if cap else None,
+                       target.memory, 'expandable_segments:true' in conf.replace(' ', '').lower())
+
+# %% ../nbs/01_budget.ipynb #cw8
+class _CudaPath:
+    "The tracker's kernel path on CUDA: each cuDNN convolution's workspace as a transient at its op."
+    def __init__(self, opts:CudaKernels, tr:AllocationTracker):
+        self.opts, self.tr, self.timed, self.log = opts, tr, set(), []  # log: (step, direction, bytes while it runs, its timing buffer's)
+
+    def __call__(self, func, args, out)->tuple[Any, int]:
+        if func is torch.ops.aten.mkldnn_rnn_layer.default and out[3].numel() == 0 and args[15]:  # an LSTM layer, training
+            (T, B, _), H = args[0].shape, args[10]  # time-major input
+            reserve, ws = cudnn_lstm_bytes(T, B, H, args[0].element_size())
+            return (*out[:3], torch.empty(reserve, dtype=torch.uint8, device=args[0].device)), ws
+        if func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
+            (T, B, _), H = args[0].shape, args[5].shape[-1]
+            return out, cudnn_lstm_bytes(T, B, H, args[0].element_size())[1]
+        if func not in _CONVS: return out, 0
+        fwd = func is torch.ops.aten.convolution.default
+        x, w, y = (args[0], args[1], out) if fwd else (args[1], args[2], args[0])
+        stride, padding, dilation, transposed = args[3:7] if fwd else args[4:8]
+        dirs = ['forward'] if fwd else [d for d, on in zip(('backward data', 'backward weight'), args[10]) if on]
+        if transposed:  # cuDNN runs a transposed convolution's forward as the backward-data of the plain one, and the reverse
+            x, y, dirs = y, x, [{'forward': 'backward data', 'backward data': 'forward'}.get(d, d) for d in dirs]
+        shapes = (tuple(x.shape), tuple(w.shape), tuple(y.shape), tuple(stride), tuple(padding), tuple(dilation), args[8] if fwd else args[9], x.element_size())
+        return out, max((self.workspace(d, *shapes) for d in dirs), default=0)
+
+# %% ../nbs/01_budget.ipynb #cw9
+@patch
+def workspace(self:_CudaPath, direction:str, x, w, y, stride, padding, dilation, groups, itemsize)->int:
+    "Bytes one direction of a convolution holds while it runs: its engine's workspace, and on a shape's first call with benchmark on the timing buffer."
+    heur, bound = cudnn_conv_workspace(x, w, y, stride, padding, dilation, groups, itemsize, direction)
+    o = self.opts
+    free = max(0, o.memory - CUDA_CONTEXT_BYTES - self.tr.current) if o.memory else bound  # what the allocator reports free
+    limit = min(bound, free, bound if o.cap is None else o.cap)
+    run = limit if o.benchmark else min(heur, bound if o.cap is None else o.cap)  # the fastest engine is assumed to need up to the bound
+    key = (direction, x, w, stride, padding, dilation, groups, itemsize)
+    timing = limit if o.benchmark and key not in self.timed else 0
+    self.timed.add(key)
+    self.log.append((self.tr.step, direction, run, timing))
+    return max(run, timing)
+
+# %% ../nbs/01_budget.ipynb #cw10
+@patch
+def notes(self:_CudaPath)->list[str]:
+    "What the plan's CUDA kernel terms rest on, in words."
+    run, timing = max((r for *_, r, _ in self.log), default=0), [t for *_, t in self.log if t]
+    how = (f"cudnn.benchmark on: the first call of each shape times every engine in one buffer as large as the largest engine's workspace "
+           f"({len(timing)} timing buffers in the first step, the largest {fmt_bytes(max(timing, default=0))}), and later calls are assumed to "
+           "need up to that bound" if self.opts.benchmark else
+           f"cudnn.benchmark off: the heuristics' implicit-GEMM engines, modelled to need {fmt_bytes(run)} at most per call here")
+    cap = f"; capped at {fmt_bytes(self.opts.cap)} by CUDNN_CONV_WSCAP_DBG" if self.opts.cap is not None else ''
+    return [f"cuDNN convolution workspace placed at each convolution, taken from the caching allocator and freed when it returns ({how}{cap}). "
+            "Bound: the largest of the FFT, Winograd and explicit-GEMM families' workspaces; the engine cuDNN really picks is known only "
+            "on the card (`python bench/budget_cuda.py --workspaces` measures it). Depthwise fp32 convolutions run PyTorch's own kernel",
+            f"cuDNN LSTM: a reserve space kept for backward ({_LSTM_RESERVED} values per unit and step) and a workspace inside the op "
+            f"({_LSTM_GATES} per unit and step), modelled; GRUs keep the per-step tensors of the CPU's recurrence in their place"]
+
+# %% ../nbs/01_budget.ipynb #cr1
+_LSTM_RESERVED = 5  # values cuDNN's reserve space is modelled to keep per unit and step: four gate activations and the cell state
+
+def cudnn_lstm_bytes(T:int, B:int, H:int, # steps, batch, hidden units of one LSTM layer and direction
+                     itemsize:int=4)->tuple[int, int]:
+    "(reserve space kept for backward, workspace while the op runs) of one cuDNN LSTM layer and direction, modelled."
+    per_step = itemsize * B * H
+    return _LSTM_RESERVED * T * per_step, _LSTM_GATES * T * per_step  # input projections (forward) or gate gradients (backward) of every step
 
 # %% ../nbs/01_budget.ipynb #mp15
 def _step_notes(precision:str, accum:int, micro:int)->list[str]:
@@ -911,8 +1042,8 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
     target = resolve_target(device_or_gpu)
     b = _batch_size(batch)
     mb = min(micro_batch or b, b)
-    kernels = 'cpu' if target.kind == 'cpu' else None
-    measured, missing = (_calibrated(), []) if calibrate and kernels else (None, None)
+    kernels = 'cpu' if target.kind == 'cpu' else cuda_kernels(target, strategy) if target.kind == 'cuda' else None
+    measured, missing = (_calibrated(), []) if calibrate and kernels == 'cpu' else (None, None)
     trace = functools.partial(trace_step, model, batch, loss_fn, optimizer, precision, micro_batch, transform, cuda=target.kind == 'cuda', kernels=kernels)
     t = trace(measured=measured, missing=missing)
     if missing: t = trace(measured=calibrate_kernels(missing))
@@ -935,7 +1066,7 @@ def _calibration_note(target:Target)->str:
 
 # %% ../nbs/01_budget.ipynb #c037
 COLORS = {'weights': '#4c72b0', 'weight copies': '#8fa9d6', 'gradients': '#dd8452', 'optimizer': '#55a868', 'activations': '#c44e52',
-          'temporaries': '#8172b3', 'batch': '#937860', 'cuBLAS workspace': '#bbbbbb', 'allocator rounding': '#cccccc',
+          'temporaries': '#8172b3', 'batch': '#937860', 'cuBLAS workspace': '#bbbbbb', 'cuBLASLt workspace': '#b4b4b4', 'allocator rounding': '#cccccc',
           'allocator cache': '#dddddd', 'CUDA context': '#999999', 'CPU kernel workspace': '#bbbbbb',
           'kernel scratch': '#aaaaaa'}
 
