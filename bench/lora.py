@@ -5,7 +5,7 @@ trained by the book on the digits 0-4 of the embedded MNIST sample, then adapted
     python bench/lora.py --seeds 1 --epochs 4    # a short look
     python bench/lora.py --arm full,lr=auto --arm rank=16,bias=all,lr=auto   # arms of your own (each --arm replaces the list)
 
-An arm is `key=value` pairs: `full` (every weight trains), or LoRA's `rank` (8), `alpha` (16), `dropout` (0.1), `bias` ('none',
+An arm is `key=value` pairs: `full` (every weight trains; `bias=none` freezes the biases, a probe), or LoRA's `rank` (8), `alpha` (16), `dropout` (0.1), `bias` ('none',
 'all', 'lora_only': which biases train, as peft's LoraConfig), `rslora` (1: scale alpha/sqrt(rank) instead of alpha/rank, as
 peft's use_rslora), and `lr`: a number, 'auto' (the Trainer's lr='auto': chapter 07's `lr_find` with its default rule, a tenth
 of the rate at the lowest smoothed loss) or 'steepest' (`lr_find(rule='steepest')`: the steepest descent of the smoothed loss),
@@ -36,26 +36,28 @@ from netlite_nb.train import Trainer
 
 BATCH = 64
 LORA = dict(rank=8, alpha=16.0, dropout=0.1, bias='none', rslora=0, lr=3e-3)
-ARMS = ['full,lr=1e-3', 'full,lr=auto', 'full,lr=steepest',  # full fine-tuning: the book's default rate, then lr_find's two rules
-        'lr=3e-3', 'lr=auto', 'lr=steepest',                  # the chapter's LoRA before this bench, then lr_find's two rules
-        'lr=steepest,bias=all', 'lr=steepest,dropout=0',      # one mechanism at a time, on lr_find's rate
-        'lr=steepest,rank=16', 'lr=steepest,rank=16,rslora=1']
+ARMS = ['full,lr=1e-3', 'full,lr=auto', 'full,lr=1e-3,bias=none',  # full fine-tuning: the book's default rate, lr_find's, biases frozen
+        'lr=3e-3', 'lr=auto', 'lr=1e-3', 'lr=1e-2',                   # LoRA as the chapter had it; lr_find's rate; the rate either side
+        'lr=3e-3,bias=all', 'lr=3e-3,dropout=0',                      # one mechanism at a time
+        'lr=3e-3,rank=16', 'lr=3e-3,rank=16,rslora=1', 'lr=3e-3,rank=64']  # rank 64 is a probe: 13% of the parameters train
 
 def parse_arm(spec:str)->dict:
     "'full,lr=auto' or 'rank=16,bias=all' -> the arm's settings (LoRA's defaults filled in)."
     kv = dict(p.split('=', 1) if '=' in p else (p, '1') for p in spec.split(',') if p)
     full = kv.pop('full', None) is not None
-    arm = {'full': full, 'lr': 1e-3 if full else LORA['lr']} | ({} if full else {k: v for k, v in LORA.items() if k != 'lr'})
+    arm = {'full': full, 'lr': 1e-3 if full else LORA['lr']} | ({'bias': 'all'} if full else {k: v for k, v in LORA.items() if k != 'lr'})
     for k, v in kv.items():
-        if k not in arm: raise SystemExit(f"--arm {spec!r}: unknown key {k!r}; an arm takes full, lr{'' if full else ', ' + ', '.join(LORA)}.")
+        if k not in arm: raise SystemExit(f"--arm {spec!r}: unknown key {k!r}; an arm takes full, lr, bias{'' if full else ', ' + ', '.join(LORA)}.")
         arm[k] = v if k in ('bias',) or v in ('auto', 'steepest') else type(LORA.get(k, 1.0))(float(v))
     return arm
 
 def digits_mlp(): return create_model('mlp', hidden=(1024, 1024), dropout=0.0)
 
 def adapt(model, arm:dict):
-    "`model` as the arm trains it: itself, or with adapters (rsLoRA: each adapter's scale alpha/sqrt(rank))."
-    if arm['full']: return model
+    "`model` as the arm trains it: itself (bias=none: biases frozen), or with adapters (rsLoRA: each adapter's scale alpha/sqrt(rank))."
+    if arm['full']:
+        for n, p in model.named_parameters(): p.requires_grad_(arm['bias'] == 'all' or 'bias' not in n)
+        return model
     m = add_lora(model, rank=int(arm['rank']), alpha=arm['alpha'], dropout=arm['dropout'], train=['head'], bias=arm['bias'])
     if arm['rslora']:
         for a in m.modules():
@@ -98,6 +100,7 @@ def accuracy(arms:dict, seeds:int, epochs:int)->dict:
         base_acc, *_ = _fine_tune(base, first, 2, 1e-3)
         print(f"seed {seed}: base {base_acc:.2f}% on 0-4", flush=True)
         for s, a in arms.items():
+            torch.manual_seed(1000 + seed)  # every arm's adapters start from the same random A: arms differ by their settings alone
             m, t0 = adapt(copy.deepcopy(base), a), time.time()
             n = (sum(p.numel() for p in m.parameters() if p.requires_grad), sum(p.numel() for p in m.parameters()))
             lr = a['lr'] if a['lr'] != 'steepest' else Trainer(m, second, device='cpu', progress=False, verbose=False, plan=False).lr_find(rule='steepest').suggestion
