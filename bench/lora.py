@@ -12,7 +12,8 @@ of the rate at the lowest smoothed loss) or 'steepest' (`lr_find(rule='steepest'
 so no arm's rate is tuned by hand. LoRA arms put adapters on every layer and train the 10-way head in full.
 
 Per seed: the base trains on 0-4 for 2 epochs (AdamW, lr 1e-3); a copy of it trains on 5-9 for `--epochs` epochs in each arm, with
-chapter 07's Trainer (AdamW, weight decay 0.01, warmup + cosine); accuracy is on the held-out 5-9 images. Per arm, for a training
+chapter 07's Trainer (AdamW, weight decay 0.01, warmup + cosine); accuracy is on the held-out 5-9 images, the training loss (the
+median over seeds) on the 5-9 images it trained on, in eval mode: how far the arm got in fitting them. Per arm, for a training
 step at batch 64 with AdamW:
 - planned: chapter 01's `plan_memory` on the 'cpu' target (tensors and the CPU kernel workspace);
 - measured: the peak resident memory of two training steps in a fresh process, with glibc and MKL set up as
@@ -91,22 +92,22 @@ def step_times(arms:dict, pairs:int=20)->dict:
     return {s: statistics.median(t) for s, t in times.items()}
 
 def accuracy(arms:dict, seeds:int, epochs:int)->dict:
-    "spec -> one (accuracy %, lr used, trainable, total) per seed."
+    "spec -> one (accuracy %, lr used, trainable, total, loss on the training set) per seed."
     res = {s: [] for s in arms}
     for seed in range(seeds):
         first, second = _digit_loaders([0, 1, 2, 3, 4], seed=seed), _digit_loaders([5, 6, 7, 8, 9], seed=seed)
         torch.manual_seed(seed)
         base = digits_mlp()
-        base_acc, *_ = _fine_tune(base, first, 2, 1e-3)
+        base_acc = _fine_tune(base, first, 2, 1e-3)['accuracy']
         print(f"seed {seed}: base {base_acc:.2f}% on 0-4", flush=True)
         for s, a in arms.items():
             torch.manual_seed(1000 + seed)  # every arm's adapters start from the same random A: arms differ by their settings alone
             m, t0 = adapt(copy.deepcopy(base), a), time.time()
             n = (sum(p.numel() for p in m.parameters() if p.requires_grad), sum(p.numel() for p in m.parameters()))
             lr = a['lr'] if a['lr'] != 'steepest' else Trainer(m, second, device='cpu', progress=False, verbose=False, plan=False).lr_find(rule='steepest').suggestion
-            acc, _, lr = _fine_tune(m, second, epochs, lr)  # lr_find leaves model and data as they were: the run starts as any other
-            res[s].append((acc, lr, *n))
-            print(f"  {s:<28} {acc:6.2f}% on 5-9 (lr {lr:.3g}; {time.time() - t0:.0f} s)", flush=True)
+            r = _fine_tune(m, second, epochs, lr)  # lr_find leaves model and data as they were: the run starts as any other
+            res[s].append((r['accuracy'], r['lr'], *n, r['train_loss']))
+            print(f"  {s:<28} {r['accuracy']:6.2f}% on 5-9, training loss {r['train_loss']:.4f} (lr {r['lr']:.3g}; {time.time() - t0:.0f} s)", flush=True)
     return res
 
 def report(arms:dict, seeds:int, epochs:int, out:str|None):
@@ -116,17 +117,17 @@ def report(arms:dict, seeds:int, epochs:int, out:str|None):
     ref = next(s for s, a in arms.items() if a['full'])
     print(f"\n{epochs} epochs, {seeds} seeds; ratios and 'vs full' against {ref!r} (per seed)")
     print(f"{'arm':<28}{'accuracy per seed':>24}{'median':>8}{'vs full':>22}{'lr (median)':>12}{'trainable':>10}"
-          f"{'planned':>9}{'measured':>10}{'plan err':>9}{'peak':>6}{'step':>6}")
+          f"{'planned':>9}{'measured':>10}{'plan err':>9}{'peak':>6}{'step':>6}{'train loss':>11}")
     rows = {}
     for s in arms:
         a, (p, m) = acc[s], mem[s]
         gaps = [x[0] - f[0] for x, f in zip(a, acc[ref])]
-        rows[s] = dict(accuracy=[x[0] for x in a], lr=[x[1] for x in a], trainable=a[0][2] / a[0][3], planned=p, measured=m,
+        rows[s] = dict(accuracy=[x[0] for x in a], lr=[x[1] for x in a], train_loss=[x[4] for x in a], trainable=a[0][2] / a[0][3], planned=p, measured=m,
                        peak_ratio=m / mem[ref][1], step_ratio=times[s] / times[ref], step_s=times[s], gaps=gaps)
         r = rows[s]
         print(f"{s:<28}{' '.join(f'{x:6.2f}' for x in r['accuracy']):>24}{statistics.median(r['accuracy']):>8.2f}"
               f"{' '.join(f'{g:+5.1f}' for g in gaps):>22}{statistics.median(r['lr']):>12.3g}{100 * r['trainable']:>9.1f}%"
-              f"{p / 2**20:>7.1f}Mi{m / 2**20:>8.1f}Mi{100 * (p - m) / m:>+8.1f}%{r['peak_ratio']:>6.2f}{r['step_ratio']:>6.2f}")
+              f"{p / 2**20:>7.1f}Mi{m / 2**20:>8.1f}Mi{100 * (p - m) / m:>+8.1f}%{r['peak_ratio']:>6.2f}{r['step_ratio']:>6.2f}{statistics.median(r['train_loss']):>11.4f}")
     if out: Path(out).write_text(json.dumps(dict(epochs=epochs, seeds=seeds, reference=ref, arms=rows), indent=1))
 
 if __name__ == '__main__':

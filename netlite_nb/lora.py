@@ -280,13 +280,13 @@ def _digit_loaders(labels, batch_size:int=64, seed:int=0):
 @dataclass
 class AdaptationResult:
     "Full fine-tuning against LoRA on one task change."
-    rows:dict   # 'full' / 'lora' -> accuracy (%), trainable, total, planned peak, measured peak, seconds
+    rows:dict   # 'full' / 'lora' -> accuracy (%), training-set loss, lr, trainable, total, planned peak, measured peak, seconds
     base_accuracy:float   # the base model on the second task before any adaptation (%)
 
 @patch
 def __str__(self:AdaptationResult):
-    head = f"{'':<6}{'accuracy':>9}{'trainable':>18}{'planned peak':>14}{'measured peak':>15}{'plan error':>11}{'time':>8}"
-    lines = [head] + [f"{k:<6}{r['accuracy']:>8.2f}%{r['trainable']:>10,} ({100*r['trainable']/r['total']:.1f}%)"
+    head = f"{'':<6}{'accuracy':>9}{'train loss':>11}{'trainable':>18}{'planned peak':>14}{'measured peak':>15}{'plan error':>11}{'time':>8}"
+    lines = [head] + [f"{k:<6}{r['accuracy']:>8.2f}%{r['train_loss']:>11.4f}{r['trainable']:>10,} ({100*r['trainable']/r['total']:.1f}%)"
                       f"{r['planned']/2**20:>11.1f}MiB{r['measured']/2**20:>12.1f}MiB{100*(r['planned']-r['measured'])/r['measured']:>+10.1f}%{r['seconds']:>7.1f}s"
                       for k, r in self.rows.items()]
     f, l = self.rows['full'], self.rows['lora']
@@ -297,10 +297,11 @@ def __str__(self:AdaptationResult):
 def __repr__(self:AdaptationResult): return str(self)  # the table, not the dataclass fields (they hold the models)
 
 # %% ../nbs/09a_lora.ipynb #l058
-def _fine_tune(model, dls, epochs:int, lr)->tuple[float, float, float]:
-    "Train `model` with chapter 07's Trainer on the CPU (`lr` a rate or 'auto'); (accuracy % on the validation data, seconds, lr used)."
+def _fine_tune(model, dls, epochs:int, lr)->dict:
+    "Train `model` with chapter 07's Trainer on the CPU (`lr` a rate or 'auto'): validation accuracy %, training-set loss, seconds, lr used."
     t = Trainer(model, dls, device='cpu', lr=lr, progress=False, verbose=False, plan=False).fit(epochs)
-    return 100 * t.last_metrics['accuracy'], t.state.elapsed, t.opt.defaults['lr']
+    r = dict(accuracy=100 * t.last_metrics['accuracy'], seconds=t.state.elapsed, lr=t.opt.defaults['lr'])
+    return r | dict(train_loss=t.validate(dls.train)['valid_loss'])  # how well it fits what it trained on: under- or overfitting
 
 def compare_adaptation(base:nn.Module, # a model trained on the first task (not changed)
                        dls, # chapter 04 loaders of the second task
@@ -315,8 +316,7 @@ def compare_adaptation(base:nn.Module, # a model trained on the first task (not 
         m = copy.deepcopy(base) if kind == 'full' else add_lora(copy.deepcopy(base), **lora_kw)
         planned, measured = plan_memory(m, batch).peak, measured_step_peak(m, batch)
         trainable, total = sum(p.numel() for p in m.parameters() if p.requires_grad), sum(p.numel() for p in m.parameters())
-        acc, secs, lr = _fine_tune(m, dls, epochs, lr)
-        rows[kind] = dict(accuracy=acc, trainable=trainable, total=total, planned=planned, measured=measured, seconds=secs, lr=lr, model=m)
+        rows[kind] = _fine_tune(m, dls, epochs, lr) | dict(trainable=trainable, total=total, planned=planned, measured=measured, model=m)
     return AdaptationResult(rows, base_acc)
 
 # %% ../nbs/09a_lora.ipynb #l066b
