@@ -9,13 +9,14 @@ An arm is `key=value` pairs: `full` (every weight trains; `bias=none` freezes th
 'all', 'lora_only': which biases train, as peft's LoraConfig), `rslora` (1: scale alpha/sqrt(rank) instead of alpha/rank, as
 peft's use_rslora), and `lr`: a number, 'auto' (the Trainer's lr='auto': chapter 07's `lr_find` with its default rule, a tenth
 of the rate at the lowest smoothed loss) or 'steepest' (`lr_find(rule='steepest')`: the steepest descent of the smoothed loss),
-so no arm's rate is tuned by hand. LoRA arms put adapters on every layer and train the 10-way head in full.
+so no arm's rate is tuned by hand; `epochs` (the arm's own, instead of --epochs). LoRA arms put adapters on every layer and train the 10-way head in full.
 
 Per seed: the base trains on 0-4 for 2 epochs (AdamW, lr 1e-3); a copy of it trains on 5-9 for `--epochs` epochs in each arm, with
 chapter 07's Trainer (AdamW, weight decay 0.01, warmup + cosine); accuracy is on the held-out 5-9 images, the training loss (the
 median over seeds) on the 5-9 images it trained on, in eval mode: how far the arm got in fitting them. Per arm, for a training
 step at batch 64 with AdamW:
 - planned: chapter 01's `plan_memory` on the 'cpu' target (tensors and the CPU kernel workspace);
+- tensors: the plan without the CPU kernel workspace, minus the measured peak (what the kernels keep is the rest);
 - measured: the peak resident memory of two training steps in a fresh process, with glibc and MKL set up as
   bench/budget_accuracy.py sets them (its `measure`, see its docstring), so the resident set tracks live tensors;
 - step: the median over paired steps, every arm's model stepped in turn in one process (the machine is shared and noisy);
@@ -46,9 +47,9 @@ def parse_arm(spec:str)->dict:
     "'full,lr=auto' or 'rank=16,bias=all' -> the arm's settings (LoRA's defaults filled in)."
     kv = dict(p.split('=', 1) if '=' in p else (p, '1') for p in spec.split(',') if p)
     full = kv.pop('full', None) is not None
-    arm = {'full': full, 'lr': 1e-3 if full else LORA['lr']} | ({'bias': 'all'} if full else {k: v for k, v in LORA.items() if k != 'lr'})
+    arm = {'full': full, 'lr': 1e-3 if full else LORA['lr'], 'epochs': 0} | ({'bias': 'all'} if full else {k: v for k, v in LORA.items() if k != 'lr'})
     for k, v in kv.items():
-        if k not in arm: raise SystemExit(f"--arm {spec!r}: unknown key {k!r}; an arm takes full, lr, bias{'' if full else ', ' + ', '.join(LORA)}.")
+        if k not in arm: raise SystemExit(f"--arm {spec!r}: unknown key {k!r}; an arm takes full, lr, epochs, bias{'' if full else ', ' + ', '.join(LORA)}.")
         arm[k] = v if k in ('bias',) or v in ('auto', 'steepest') else type(LORA.get(k, 1.0))(float(v))
     return arm
 
@@ -73,9 +74,10 @@ def measured(spec:str)->int:
                          capture_output=True, text=True, check=True)
     return int(out.stdout.split()[-1])
 
-def planned(arm:dict)->int:
+def planned(arm:dict, device_or_gpu='cpu')->int:
+    "The planner's peak: on the 'cpu' target with the CPU kernel workspace, with None tensors only."
     torch.manual_seed(0)
-    return plan_memory(build(arm), (torch.randn(BATCH, 1, 28, 28), torch.randint(0, 10, (BATCH,))), device_or_gpu='cpu').peak
+    return plan_memory(build(arm), (torch.randn(BATCH, 1, 28, 28), torch.randint(0, 10, (BATCH,))), device_or_gpu=device_or_gpu).peak
 
 def step_times(arms:dict, pairs:int=20)->dict:
     "spec -> median seconds of one training step, every arm's model stepped in turn in each round."
@@ -105,29 +107,29 @@ def accuracy(arms:dict, seeds:int, epochs:int)->dict:
             m, t0 = adapt(copy.deepcopy(base), a), time.time()
             n = (sum(p.numel() for p in m.parameters() if p.requires_grad), sum(p.numel() for p in m.parameters()))
             lr = a['lr'] if a['lr'] != 'steepest' else Trainer(m, second, device='cpu', progress=False, verbose=False, plan=False).lr_find(rule='steepest').suggestion
-            r = _fine_tune(m, second, epochs, lr)  # lr_find leaves model and data as they were: the run starts as any other
+            r = _fine_tune(m, second, int(a['epochs']) or epochs, lr)  # lr_find leaves model and data as they were: the run starts as any other
             res[s].append((r['accuracy'], r['lr'], *n, r['train_loss']))
             print(f"  {s:<28} {r['accuracy']:6.2f}% on 5-9, training loss {r['train_loss']:.4f} (lr {r['lr']:.3g}; {time.time() - t0:.0f} s)", flush=True)
     return res
 
 def report(arms:dict, seeds:int, epochs:int, out:str|None):
     acc = accuracy(arms, seeds, epochs)
-    mem = {s: (planned(a), measured(s)) for s, a in arms.items()}
+    mem = {s: (planned(a), measured(s), planned(a, None)) for s, a in arms.items()}
     times = step_times(arms)
     ref = next(s for s, a in arms.items() if a['full'])
     print(f"\n{epochs} epochs, {seeds} seeds; ratios and 'vs full' against {ref!r} (per seed)")
     print(f"{'arm':<28}{'accuracy per seed':>24}{'median':>8}{'vs full':>22}{'lr (median)':>12}{'trainable':>10}"
-          f"{'planned':>9}{'measured':>10}{'plan err':>9}{'peak':>6}{'step':>6}{'train loss':>11}")
+          f"{'planned':>9}{'measured':>10}{'plan err':>9}{'tensors':>9}{'peak':>6}{'step':>6}{'train loss':>11}")
     rows = {}
     for s in arms:
-        a, (p, m) = acc[s], mem[s]
+        a, (p, m, pt) = acc[s], mem[s]
         gaps = [x[0] - f[0] for x, f in zip(a, acc[ref])]
-        rows[s] = dict(accuracy=[x[0] for x in a], lr=[x[1] for x in a], train_loss=[x[4] for x in a], trainable=a[0][2] / a[0][3], planned=p, measured=m,
+        rows[s] = dict(accuracy=[x[0] for x in a], lr=[x[1] for x in a], train_loss=[x[4] for x in a], trainable=a[0][2] / a[0][3], planned=p, measured=m, tensors=pt,
                        peak_ratio=m / mem[ref][1], step_ratio=times[s] / times[ref], step_s=times[s], gaps=gaps)
         r = rows[s]
         print(f"{s:<28}{' '.join(f'{x:6.2f}' for x in r['accuracy']):>24}{statistics.median(r['accuracy']):>8.2f}"
               f"{' '.join(f'{g:+5.1f}' for g in gaps):>22}{statistics.median(r['lr']):>12.3g}{100 * r['trainable']:>9.1f}%"
-              f"{p / 2**20:>7.1f}Mi{m / 2**20:>8.1f}Mi{100 * (p - m) / m:>+8.1f}%{r['peak_ratio']:>6.2f}{r['step_ratio']:>6.2f}{statistics.median(r['train_loss']):>11.4f}")
+              f"{p / 2**20:>7.1f}Mi{m / 2**20:>8.1f}Mi{100 * (p - m) / m:>+8.1f}%{(pt - m) / 2**20:>+6.1f}MiB{r['peak_ratio']:>6.2f}{r['step_ratio']:>6.2f}{statistics.median(r['train_loss']):>11.4f}")
     if out: Path(out).write_text(json.dumps(dict(epochs=epochs, seeds=seeds, reference=ref, arms=rows), indent=1))
 
 if __name__ == '__main__':
