@@ -1,7 +1,7 @@
 """LoRA against full fine-tuning on chapter 09a's offline scenario: chapter 05's MLP (hidden layers 1024, 1024; 1.9 M parameters)
 trained by the book on the digits 0-4 of the embedded MNIST sample, then adapted to 5-9.
 
-    python bench/lora.py                         # every arm below, 3 seeds, 20 epochs of adaptation (long: about an hour on 2 busy cores)
+    python bench/lora.py                         # every arm below, 3 seeds, 20 epochs of adaptation (about 30 minutes on 2 busy cores)
     python bench/lora.py --seeds 1 --epochs 4    # a short look
     python bench/lora.py --arm full,lr=auto --arm rank=16,bias=all,lr=auto   # arms of your own (each --arm replaces the list)
 
