@@ -306,7 +306,7 @@ def _fine_tune(model, dls, epochs:int, lr)->dict:
 def compare_adaptation(base:nn.Module, # a model trained on the first task (not changed)
                        dls, # chapter 04 loaders of the second task
                        epochs:int=4, full_lr:float=1e-3, lora_lr:float=3e-3, # LoRA's few parameters take a larger rate (as in the LoRA paper)
-                       **lora_kw, # add_lora's targets, rank, alpha, dropout, train
+                       **lora_kw, # add_lora's targets, rank, alpha, dropout, train, bias
                       )->AdaptationResult:
     "Fine-tune copies of `base` on `dls` in full and with LoRA; accuracy, trainable parameters, planned and measured peak of each."
     batch = next(iter(dls.train))  # a training batch: the step planned and measured
