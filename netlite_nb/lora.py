@@ -346,7 +346,7 @@ def with_lora(cfg, # a chapter 06 `RunConfig` whose `lora.base` is set
     except RuntimeError as e:
         raise ValueError(f"The weights in {str(ck)!r} do not fit the model {cfg.model.name!r} of this configuration: "
                          f"lora.base must be a run of the same model. {str(e).splitlines()[0][:200]}") from None
-    model = add_lora(model, c.targets, c.rank, c.alpha, c.dropout, c.train, getattr(c, 'bias', 'none'))
+    model = add_lora(model, c.targets, c.rank, c.alpha, c.dropout, c.train, c.bias)
     return replace(cfg, lora=replace(c, base=str(ck))), model
 
 # %% ../nbs/09a_lora.ipynb #l076
