@@ -23,9 +23,9 @@ __all__ = ['OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'TENSOR_TERMS', 'COLORS', 'PLAN_M
            'make_optimizer', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes',
            'cublaslt_workspace_bytes', 'Target', 'resolve_target', 'cpu_workspace_bytes', 'cpu_conv_scratch',
            'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels',
-           'MemoryPlan', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'plan_memory', 'plot_plans',
-           'BudgetTooSmallError', 'max_batch_size', 'Change', 'register_lever', 'fit_to_budget', 'find_batch_size',
-           'budget_widget']
+           'MemoryPlan', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes', 'plan_memory',
+           'plot_plans', 'BudgetTooSmallError', 'max_batch_size', 'Change', 'register_lever', 'fit_to_budget',
+           'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -365,7 +365,7 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
     if precision not in ('fp32', *LOW_PRECISION): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', not {precision!r}")
     # meta tensors are the fastest way to run ops without data; autocast only acts on real device types, and some CPU
     # kernels differ from the reference ops, so mixed precision and those models run on FakeTensors that claim to be CPU tensors
-    cpu_path = precision in LOW_PRECISION or (kernels == 'cpu' and _cpu_dispatch_differs(model))
+    cpu_path = precision in LOW_PRECISION or (kernels is not None and _cpu_dispatch_differs(model))
     x, y = _check_batch(batch)
     mb = min(micro_batch or x.shape[0], x.shape[0])
     accum = math.ceil(x.shape[0] / mb)
@@ -935,6 +935,13 @@ class _CudaPath:
         self.opts, self.tr, self.timed, self.log = opts, tr, set(), []  # log: (step, direction, bytes while it runs, its timing buffer's)
 
     def __call__(self, func, args, out)->tuple[Any, int]:
+        if func is torch.ops.aten.mkldnn_rnn_layer.default and out[3].numel() == 0 and args[15]:  # an LSTM layer, training
+            (T, B, _), H = args[0].shape, args[10]  # time-major input
+            reserve, ws = cudnn_lstm_bytes(T, B, H, args[0].element_size())
+            return (*out[:3], torch.empty(reserve, dtype=torch.uint8, device=args[0].device)), ws
+        if func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
+            (T, B, _), H = args[0].shape, args[5].shape[-1]
+            return out, cudnn_lstm_bytes(T, B, H, args[0].element_size())[1]
         if func not in _CONVS: return out, 0
         fwd = func is torch.ops.aten.convolution.default
         x, w, y = (args[0], args[1], out) if fwd else (args[1], args[2], args[0])
@@ -973,8 +980,17 @@ def notes(self:_CudaPath)->list[str]:
     return [f"cuDNN convolution workspace placed at each convolution, taken from the caching allocator and freed when it returns ({how}{cap}). "
             "Bound: the largest of the FFT, Winograd and explicit-GEMM families' workspaces; the engine cuDNN really picks is known only "
             "on the card (`python bench/budget_cuda.py --workspaces` measures it). Depthwise fp32 convolutions run PyTorch's own kernel",
-            "cuDNN RNN: its reserve space (kept for backward) is stood in for by the per-step tensors of the reference recurrence the trace "
-            "runs, and its workspace is not included"]
+            f"cuDNN LSTM: a reserve space kept for backward ({_LSTM_RESERVED} values per unit and step) and a workspace inside the op "
+            f"({_LSTM_GATES} per unit and step), modelled; GRUs keep the per-step tensors of the CPU's recurrence in their place"]
+
+# %% ../nbs/01_budget.ipynb #cr1
+_LSTM_RESERVED = 5  # values cuDNN's reserve space is modelled to keep per unit and step: four gate activations and the cell state
+
+def cudnn_lstm_bytes(T:int, B:int, H:int, # steps, batch, hidden units of one LSTM layer and direction
+                     itemsize:int=4)->tuple[int, int]:
+    "(reserve space kept for backward, workspace while the op runs) of one cuDNN LSTM layer and direction, modelled."
+    per_step = itemsize * B * H
+    return _LSTM_RESERVED * T * per_step, _LSTM_GATES * T * per_step  # input projections (forward) or gate gradients (backward) of every step
 
 # %% ../nbs/01_budget.ipynb #mp15
 def _step_notes(precision:str, accum:int, micro:int)->list[str]:
@@ -1050,7 +1066,7 @@ def _calibration_note(target:Target)->str:
 
 # %% ../nbs/01_budget.ipynb #c037
 COLORS = {'weights': '#4c72b0', 'weight copies': '#8fa9d6', 'gradients': '#dd8452', 'optimizer': '#55a868', 'activations': '#c44e52',
-          'temporaries': '#8172b3', 'batch': '#937860', 'cuBLAS workspace': '#bbbbbb', 'allocator rounding': '#cccccc',
+          'temporaries': '#8172b3', 'batch': '#937860', 'cuBLAS workspace': '#bbbbbb', 'cuBLASLt workspace': '#b4b4b4', 'allocator rounding': '#cccccc',
           'allocator cache': '#dddddd', 'CUDA context': '#999999', 'CPU kernel workspace': '#bbbbbb',
           'kernel scratch': '#aaaaaa'}
 

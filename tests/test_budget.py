@@ -355,7 +355,7 @@ _, status = os.waitpid(pid, 0); sys.exit(os.waitstatus_to_exitcode(status))
 
 # --- CUDA kernel workspaces (cuDNN, cuBLAS/cuBLASLt) and bench/budget_cuda.py: no GPU needed ---
 from types import SimpleNamespace
-from netlite_nb.budget import CudaKernels, cublaslt_workspace_bytes, cuda_kernels, cudnn_conv_workspace, resolve_target
+from netlite_nb.budget import CudaKernels, cublaslt_workspace_bytes, cuda_kernels, cudnn_conv_workspace, cudnn_lstm_bytes, resolve_target
 
 def convnet(): return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
                                     nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
@@ -435,7 +435,12 @@ def test_lstm_plan_on_cuda_states_the_rnn_terms():
     batch = (torch.randn(8, 20, 16), torch.zeros(8, dtype=torch.long))
     off, on = (plan_memory(LSTMNet(), batch, device_or_gpu='rtx 3060', strategy=s) for s in (HEUR, BENCH))
     assert (off.peak, off.reserved) == (on.peak, on.reserved)   # no convolutions: benchmark changes nothing
-    assert any('cuDNN RNN' in n and 'reserve space' in n for n in off.notes) and off.by_module.get('rnn', 0) > 0
+    assert any('cuDNN LSTM' in n and 'reserve space' in n for n in off.notes) and off.by_module.get('rnn', 0) > 0
+    tr = trace_step(LSTMNet(), batch, cuda=True, kernels=CudaKernels()).tracker
+    reserve, ws = cudnn_lstm_bytes(20, 8, 32)
+    kept = [r for r in tr.allocs if r.nbytes == reserve and r.category == 'activations']
+    assert len(kept) == 2 and all(r.phase == 'forward' and r.died > r.born + 1 for r in kept)  # a tensor kept for backward, each step
+    assert sum(r.nbytes == ws for r in scratch(tr)) == 4   # the workspace: a transient in forward and in backward, each step
 
 
 def test_cuda_trace_takes_the_fused_attention_path():
