@@ -668,13 +668,13 @@ def _compute_window(self:Trainer, batches:list)->tuple[torch.Tensor, int]:
     "Forward and backward every micro-batch of `batches` (weighted by its share of samples), then one optimizer step."
     total, scaled_loss, mb = None, self.precision.use_scaler, self.state.micro_batch
     net = self.model if self.wrapper is None else self.wrapper
-    last = sum(math.ceil(yb.shape[0] / mb) for _, yb in batches) - 1
+    # a data-parallel wrapper averages the gradients across processes once per window, in the last micro-batch's backward
+    last = sum(math.ceil(yb.shape[0] / mb) for _, yb in batches) - 1 if hasattr(net, 'no_sync') else 0
     for i, (xc, yc, w) in enumerate(micro_batches(batches, mb, self.device)):
         self.xb, self.yb = xc, yc
         if self._bn_warm: self._warm_batchnorm()
         self._call('before_batch')
-        # a data-parallel wrapper averages the gradients across processes once per window, in the last micro-batch's backward
-        with net.no_sync() if i < last and hasattr(net, 'no_sync') else contextlib.nullcontext():
+        with net.no_sync() if i < last else contextlib.nullcontext():
             with self.precision.autocast(): loss = self.loss_fn(net(xc), yc)
             part = loss * w if w != 1 else loss
             (self.scaler.scale(part) if scaled_loss else part).backward()
@@ -1182,7 +1182,7 @@ def fit(self:Trainer, epochs:int|None=None, # passes over the training data
     "Train for `epochs` or `steps` (continuing from `resume`); returns the trainer."
     self._setup_run(epochs, steps, resume)
     self.stop, self.interrupted = False, False
-    self.log(self._describe())
+    if self.opts.verbose: self.log(self._describe())
     self._t0, self._running = time.perf_counter(), True
     self._losses, self._log_t, self._log_samples = [], self._t0, self.samples  # step losses since the last record, summed only then
     self.model.train()
@@ -1242,7 +1242,7 @@ def _one_step(self:Trainer, batches:list):
 @patch
 def _fit_epochs(self:Trainer):
     "Optimizer steps, epoch after epoch, until `total_steps` or a stop; validation after each finished epoch."
-    n_batches, s = _len(self.train_data), self.state
+    n_batches, s, cuda = _len(self.train_data), self.state, self.device.type == 'cuda'
     while s.step < s.total_steps and not self.stop:
         if hasattr(self.train_data, 'set_epoch'): self.train_data.set_epoch(s.epoch)
         it, exhausted = self._epoch_iter(), False
@@ -1250,7 +1250,7 @@ def _fit_epochs(self:Trainer):
         while s.step < s.total_steps and not self.stop:
             # where a resumed run restarts this step if a second Ctrl-C lands mid-step (the data order and
             # dropout draw from torch's generators, which are cheap to copy; Python's and NumPy's are not)
-            self._rng_window = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if self.device.type == 'cuda' else None)
+            self._rng_window = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None)
             batches = list(itertools.islice(it, s.window))
             if not batches:
                 _need(s.batch_in_epoch > 0, f"The training data gave no batch in epoch {s.epoch}: an empty dataset, or an iterable "
