@@ -2,7 +2,7 @@
 
     python bench/budget_accuracy.py                 # accuracy table: 3 models x 3 batch sizes
     python bench/budget_accuracy.py --families      # the same on 14 model families the package does not ship, 2 batch sizes each
-                                                    # (--models lstm mha to run a part)
+                                                    # (--models lstm mha to run a part; --calibrate adds the calibrated plan)
     python bench/budget_accuracy.py --budgets       # max_batch_size at 0.5/1/2 GiB budgets, checked by measurement
                                                     # (--models cnn transformer --gib 0.5 1 to run a part)
     python bench/budget_accuracy.py --real-budgets  # the same at the unscaled 2/4/8 GiB, for the CNN and the transformer
@@ -155,18 +155,7 @@ def _steps(model, opt, x, y, n=2):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-def _mkl():
-    "libtorch's bundled MKL, for its memory-manager calls (None on a build without MKL)."
-    import ctypes
-    lib = ctypes.CDLL(str(Path(torch.__file__).parent / 'lib' / 'libtorch_cpu.so'))
-    if not hasattr(lib, 'mkl_serv_mem_stat'): return None
-    lib.mkl_serv_mem_stat.restype = ctypes.c_int64
-    return lib
-
-def _free_blas_buffers():
-    "Hand MKL's cached GEMM buffers back (mkl_free_buffers), so the next GEMM allocates its workspace as a fresh process's first one does."
-    lib = _mkl()
-    if lib is not None: lib.mkl_serv_free_buffers()
+from netlite_nb.budget import _free_blas_buffers  # hands MKL's cached matmul buffers back (mkl_free_buffers)
 
 def measure(name, bs, full_warmup=False)->int:
     "Run in a fresh process: the measured peak bytes of two AdamW training steps (full_warmup: what kernels keep is already there)."
@@ -199,16 +188,29 @@ def predicted(name, bs, device_or_gpu='cpu', **kw)->int:
     model, batch = make(name, bs)
     return plan_memory(model, batch, optimizer='adamw', device_or_gpu=device_or_gpu, **kw).peak
 
-def accuracy_table(full_warmup=False, models=MODELS):
-    "Predicted vs measured peak for each model at its batch sizes; the last column is the plan without the CPU kernel workspace."
-    print(f"{'model':<13}{'batch':>6}{'predicted':>12}{'measured':>12}{'error':>8}  {'tensors only: error':>20}")
-    errs = []
+def accuracy_table(full_warmup=False, models=MODELS, calibrate=False):
+    """Predicted vs measured peak for each model at its batch sizes; then the plan without the CPU kernel workspace (tensors only),
+    and with calibrate: the plan calibrated on this machine, starting from an empty cache (the seconds it took to measure)."""
+    import tempfile
+    from netlite_nb import budget
+    if calibrate:  # an empty cache of our own: what a first calibrated plan costs on this machine
+        os.environ['XDG_CACHE_HOME'] = tempfile.mkdtemp()
+        budget._calibrated.cache_clear()
+    print(f"{'model':<13}{'batch':>6}{'predicted':>12}{'measured':>12}{'error':>8}  {'tensors only: error':>20}" + ('  calibrated: error  (measuring)' if calibrate else ''))
+    errs, cerrs, secs = [], [], 0.0
     for name, (_, _, sizes) in models.items():
         for bs in sizes:
             p, t, m = predicted(name, bs), predicted(name, bs, None), measured(name, bs, full_warmup)
             errs.append((p - m) / m)
-            print(f"{name:<13}{bs:>6}{p/2**20:>10.1f}Mi{m/2**20:>10.1f}Mi{100*errs[-1]:>+7.1f}%  {(t - m)/2**20:>+10.1f} MiB{100*(t - m)/m:>+7.1f}%", flush=True)
-    print(f"max |error| {100*max(abs(e) for e in errs):.1f}%")
+            line = f"{name:<13}{bs:>6}{p/2**20:>10.1f}Mi{m/2**20:>10.1f}Mi{100*errs[-1]:>+7.1f}%  {(t - m)/2**20:>+10.1f} MiB{100*(t - m)/m:>+7.1f}%"
+            if calibrate:
+                t0 = time.time(); c = predicted(name, bs, calibrate=True); dt = time.time() - t0
+                t0 = time.time(); predicted(name, bs, calibrate=True); dt -= time.time() - t0  # less a plan from the cache
+                secs += dt; cerrs.append((c - m) / m)
+                line += f"  {c/2**20:>9.1f}Mi{100*cerrs[-1]:>+7.1f}%  ({max(0, dt):.0f} s)"
+            print(line, flush=True)
+    print(f"max |error| {100*max(abs(e) for e in errs):.1f}%" + (f"; calibrated {100*max(abs(e) for e in cerrs):.1f}%; "
+          f"calibration from an empty cache took {secs:.0f} s in all" if calibrate else ''))
 
 def kernels_child(specs:list, threads:int=1)->list:
     "Run in a fresh process: the resident bytes each kernel adds beyond its outputs, in order (kept buffers show up once)."
@@ -246,15 +248,24 @@ def run_kernels(specs, threads=1)->list:
 
 def gemm_report():
     "Measure what the CPU workspace model of `plan_memory` rests on, each number next to the model's."
-    from netlite_nb.budget import cpu_workspace_bytes, KERNEL_STATE_BYTES
+    from netlite_nb.budget import cpu_workspace_bytes, _MKL_BLOCKING
     mi = lambda n: f"{n/2**20:6.2f}"
     mm = lambda M, K, N: ('matmul', 1, M, K, N, 'torch.float32')
-    print("1. One fp32 matmul (M x K) @ (K x N) in a fresh process: resident MiB beyond its output")
+    from netlite_nb.budget import _in_child, _mkl_isa
+    isa = torch.backends.cpu.get_cpu_capability()
+    print(f"1. One fp32 matmul (M x K) @ (K x N), MKL's buffers handed back before each: resident MiB beyond its output "
+          f"(this CPU: {isa}; model: the {_mkl_isa()} row)")
     print(f"{'M':>6}{'K':>6}{'N':>7}  measured  model")
-    for M, K, N in [(256, 4096, 4096), (384, 4096, 4096), (392, 4096, 4096), (1024, 4096, 4096), (4096, 4096, 4096),
-                    (1024, 64, 4096), (1024, 256, 4096), (1024, 512, 4096), (1024, 640, 4096), (1024, 784, 4096),
-                    (1024, 4096, 176), (1024, 4096, 192), (1024, 4096, 1024), (1024, 4096, 8192), (1024, 4096, 16384)]:
-        print(f"{M:>6}{K:>6}{N:>7}  {mi(run_kernels([['mm', M, K, N]])[0])}    {mi(cpu_workspace_bytes([mm(M, K, N)]))}", flush=True)
+    shapes = [(256, 4096, 4096), (384, 4096, 4096), (392, 4096, 4096), (1024, 4096, 4096), (4096, 4096, 4096),
+              (1, 4096, 4096), (2, 4096, 4096), (4, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096), (128, 4096, 4096), (300, 4096, 4096),
+              (1024, 64, 4096), (1024, 128, 4096), (1024, 192, 4096), (1024, 200, 4096), (1024, 256, 4096), (1024, 384, 4096),
+              (1024, 400, 4096), (1024, 512, 4096), (1024, 640, 4096), (1024, 784, 4096),
+              (1024, 4096, 10), (1024, 4096, 32), (1024, 4096, 64), (1024, 4096, 128), (1024, 4096, 176), (1024, 4096, 192), (1024, 4096, 1024),
+              (1024, 4096, 6144), (1024, 4096, 6400), (1024, 4096, 6656), (1024, 4096, 8192), (1024, 4096, 16384),
+              (32, 128, 384), (384, 2048, 64), (2048, 64, 384), (2048, 256, 2000), (128, 128, 128)]
+    got = _in_child('_measure_matmuls', [['matmul', 1, M, K, N, 'float32'] for M, K, N in shapes])
+    for (M, K, N), g in zip(shapes, got):
+        print(f"{M:>6}{K:>6}{N:>7}  {mi(g)}    {mi(cpu_workspace_bytes([mm(M, K, N)]))}", flush=True)
     big, small = [1024, 4096, 4096], [1024, 4096, 1024]
     again = run_kernels([['mm', *big], ['mm', *big]])
     print(f"2. Kept, not transient: the same 1024x4096 @ 4096x4096 matmul twice in one process adds {mi(again[0])} then {mi(again[1])} MiB")
@@ -268,8 +279,10 @@ def gemm_report():
     skinny = [[256, 4096, 10], [512, 4096, 10], [10, 1024, 4096], [10, 512, 1024], [128, 256, 256], [256, 784, 1024], [64, 1024, 1024], [96, 512, 2048]]
     got = run_kernels([['conv', *c] for c in convs] + [['mm', *s] for s in skinny])
     nc, ns = 2 * len(convs), len(skinny)
-    print(f"4. Kernel state per shape: {len(convs)} convolutions (forward and backward: {nc} kernels) add {mi(sum(got[:nc]))} MiB, "
-          f"{ns} matmuls too small to pack add {mi(sum(got[nc:]))} MiB: {sum(got)/(nc+ns)/2**10:.0f} KiB per kernel (model {KERNEL_STATE_BYTES/2**10:.0f} KiB)")
+    g = _MKL_BLOCKING[_mkl_isa()]
+    print(f"4. Kernel state per shape: {len(convs)} convolutions (forward and backward: {nc} kernels) add {mi(sum(got[:nc]))} MiB: "
+          f"{sum(got[:nc])/nc/2**10:.0f} KiB per kernel (model {g['state']/2**10:.0f} KiB); {ns} smaller matmuls add {mi(sum(got[nc:]))} MiB "
+          f"(model {mi(cpu_workspace_bytes([mm(*s) for s in skinny]))}); all together {sum(got)/(nc+ns)/2**10:.0f} KiB per kernel")
     one, two = run_kernels([['mm', *big]], 1)[0], run_kernels([['mm', *big]], 2)[0]
     print(f"5. Threads (not modelled): the 1024x4096 @ 4096x4096 matmul adds {mi(one)} MiB with one thread, {mi(two)} with two")
     bf = run_kernels([['mm_bf16', *big], ['mm_bf16', *small]])
@@ -367,6 +380,7 @@ if __name__ == '__main__':
     ap.add_argument('--measure', nargs='+', help=argparse.SUPPRESS)
     ap.add_argument('--kernels-child', help=argparse.SUPPRESS)
     ap.add_argument('--families', action='store_true', help='accuracy table on the model families the package does not ship')
+    ap.add_argument('--calibrate', action='store_true', help='add a column: the plan calibrated on this machine (from an empty cache)')
     ap.add_argument('--budgets', action='store_true')
     ap.add_argument('--real-budgets', action='store_true', help="--budgets with the issue's unscaled 2, 4 and 8 GiB, for the CNN and the transformer")
     ap.add_argument('--models', nargs='+', help='models for --budgets (default: all three; cnn and transformer for --real-budgets)')
@@ -385,7 +399,7 @@ if __name__ == '__main__':
     elif a.lstm_child: print(json.dumps(lstm_child(json.loads(a.lstm_child))))
     elif a.kernels: kernels_report()
     elif a.budgets and a.families: budgets_table(a.models or list(FAMILIES), a.gib)
-    elif a.families: accuracy_table(a.full_warmup, {k: v for k, v in FAMILIES.items() if not a.models or k in a.models})
+    elif a.families: accuracy_table(a.full_warmup, {k: v for k, v in FAMILIES.items() if not a.models or k in a.models}, a.calibrate)
     elif a.budgets: budgets_table(a.models or list(MODELS), a.gib)
     elif a.real_budgets: budgets_table(a.models or ['cnn', 'transformer'], [2, 4, 8])
     elif a.gemm: gemm_report()

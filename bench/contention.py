@@ -17,6 +17,8 @@ SETTINGS = {  # name -> environment for the training process (read before torch 
     'default': {},                                              # torch's own: one thread per core, libgomp's spin-wait
     'passive': {'OMP_WAIT_POLICY': 'PASSIVE'},                  # threads sleep at once when they wait
     'threads-1': {'OMP_NUM_THREADS': str(max(1, (os.cpu_count() or 2) - 1))},   # leave one core to the rest of the machine
+    'spin-10k': {'GOMP_SPINCOUNT': '10000'},                    # libgomp spins 10k rounds (~tens of µs), then sleeps
+    'spin-100k': {'GOMP_SPINCOUNT': '100000'},
     'passive+threads-1': {'OMP_WAIT_POLICY': 'PASSIVE', 'OMP_NUM_THREADS': str(max(1, (os.cpu_count() or 2) - 1))},
 }
 CHILD = ("import json, sys; from netlite_nb.run import run_demo; import torch\n"
@@ -26,7 +28,7 @@ CHILD = ("import json, sys; from netlite_nb.run import run_demo; import torch\n"
 
 def train_seconds(setting:str, steps:int, out:str)->dict:
     "One demo training run in a fresh process with `setting`'s environment; its training time in seconds."
-    env = {k: v for k, v in os.environ.items() if k not in ('OMP_NUM_THREADS', 'OMP_WAIT_POLICY', 'MKL_NUM_THREADS')}
+    env = {k: v for k, v in os.environ.items() if k not in ('OMP_NUM_THREADS', 'OMP_WAIT_POLICY', 'MKL_NUM_THREADS', 'GOMP_SPINCOUNT', 'KMP_BLOCKTIME')}
     env.update(SETTINGS[setting])
     r = subprocess.run([sys.executable, '-c', CHILD, str(steps), out], capture_output=True, text=True, env=env, timeout=3600)
     if r.returncode: raise RuntimeError(f"the training process failed ({setting}):\n{r.stderr[-2000:]}")

@@ -8,8 +8,9 @@ device (nothing was checked, which is not a pass). The checks:
 - allocator settings: a strategy's `alloc_conf` (expandable segments) applied before CUDA starts, seen in the
   allocator's own snapshot (in a fresh process: the settings are read when CUDA starts);
 - planner: `plan_memory(..., device_or_gpu='cuda')`'s reserved bytes against `torch.cuda.max_memory_reserved` after two
-  real training steps, for three zoo models (target within ±10 %), each in a fresh process so one model's cached
-  blocks do not count for the next;
+  real training steps (target within ±10 %), through bench/budget_cuda.py — three of its families with cudnn.benchmark off
+  and the encoder-decoder with it on, each in a fresh process so one model's cached blocks do not count for the next
+  (`python bench/budget_cuda.py` runs every family);
 - precision: a Trainer step in bf16 and fp16 autocast (with GradScaler for fp16): the forward really computes in the
   low dtype, the loss stays finite and falls, the scaler is on only for fp16;
 - out of memory: `torch.cuda.set_per_process_memory_fraction` makes a small budget, the Trainer's first micro-batch
@@ -64,28 +65,16 @@ def check_alloc_conf():
     want = 'expandable_segments:True' in (out['conf'] or '')
     row('allocator snapshot shows expandable segments', out['expandable'], want, out['expandable'] == want)
 
-def check_planner(batch:int):
-    for name in ('netlite_tiny', 'resnet', 'vit_tiny'):
-        out = in_fresh_process(f"""
-            import json, torch
-            from netlite_nb.models import create_model
-            from netlite_nb.budget import plan_memory, make_optimizer
-            torch.manual_seed(0)
-            ch = 3 if {name!r} == 'resnet' else 1
-            size = 32 if ch == 3 else 28
-            m = create_model({name!r}, num_classes=10, in_channels=ch)
-            x, y = torch.randn({batch}, ch, size, size), torch.randint(0, 10, ({batch},))
-            plan = plan_memory(m, (x, y), device_or_gpu='cuda')
-            m = m.cuda(); x, y = x.cuda(), y.cuda()
-            opt = make_optimizer('adamw', m.parameters())
-            for _ in range(2):
-                torch.nn.functional.cross_entropy(m(x), y).backward(); opt.step(); opt.zero_grad(set_to_none=True)
-            torch.cuda.synchronize()
-            print(json.dumps({{'planned': plan.reserved, 'measured': torch.cuda.max_memory_reserved()}}))
-        """)
-        err = out['planned'] / out['measured'] - 1
-        row(f"planner reserved, {name} batch {batch}", f"{out['planned'] / 2**20:.1f} MiB planned, {out['measured'] / 2**20:.1f} MiB measured ({err:+.1%})",
-            'within ±10%', abs(err) <= 0.10)
+def check_planner(quick:bool):
+    "Three families of bench/budget_cuda.py (its plan and its fresh-process measurement), cudnn.benchmark off, and the conv net with it on."
+    sys.path.insert(0, str(ROOT / 'bench'))
+    import budget_cuda as C
+    for name, bm in (('resnet18', False), ('encdec', False), ('lstm', False), ('encdec', True)):
+        bs = C.FAMILIES[name][2][0 if quick else 1]
+        p, m = C.planned(name, bs, bm), C.measured(name, bs, bm)
+        err = C.error(p['reserved'], m['reserved'])
+        row(f"planner reserved, {name} batch {bs}, cudnn.benchmark {'on' if bm else 'off'}",
+            f"{p['reserved'] / 2**20:.1f} MiB planned, {m['reserved'] / 2**20:.1f} MiB measured ({err:+.1%})", 'within ±10%', abs(err) <= 0.10)
 
 def _loaders(n, bs):
     import torch
@@ -144,14 +133,14 @@ def check_oom_and_dashboard():
 
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument('--quick', action='store_true', help='smaller batches for the planner check')
+    ap.add_argument('--quick', action='store_true', help='the smaller batch of each family in the planner check')
     args = ap.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
         print("No CUDA device: nothing was checked (exit 2). Run this on a machine with an NVIDIA GPU.")
         return 2
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}")
-    for check in (check_probe, check_alloc_conf, lambda: check_planner(64 if args.quick else 256), check_precision, check_oom_and_dashboard):
+    for check in (check_probe, check_alloc_conf, lambda: check_planner(args.quick), check_precision, check_oom_and_dashboard):
         try: check()
         except Exception as e: row(getattr(check, '__name__', 'planner'), f"raised {type(e).__name__}: {str(e)[:300]}", 'no error', False)
     w = max(len(n) for n, *_ in ROWS)

@@ -18,13 +18,14 @@ from fastcore.basics import patch
 from .probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes, free_memory, gpu_catalogue, in_notebook, is_oom, lookup_gpu
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'KERNEL_STATE_BYTES', 'TENSOR_TERMS', 'COLORS', 'PLAN_MARGIN', 'LEVERS',
-           'Allocation', 'AllocationTracker', 'ShapeMismatchError', 'resize_batch', 'default_loss', 'is_traced',
-           'register_optimizer', 'make_optimizer', 'Trace', 'trace_step', 'CachingAllocatorSim',
-           'cublas_workspace_bytes', 'Target', 'resolve_target', 'cpu_workspace_bytes', 'cpu_conv_scratch',
+__all__ = ['OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'TENSOR_TERMS', 'COLORS', 'PLAN_MARGIN', 'LEVERS', 'Allocation',
+           'AllocationTracker', 'ShapeMismatchError', 'resize_batch', 'default_loss', 'is_traced', 'register_optimizer',
+           'make_optimizer', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes',
+           'cublaslt_workspace_bytes', 'Target', 'resolve_target', 'cpu_workspace_bytes', 'cpu_conv_scratch',
            'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels',
-           'MemoryPlan', 'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'max_batch_size', 'Change',
-           'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
+           'MemoryPlan', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes', 'plan_memory',
+           'plot_plans', 'BudgetTooSmallError', 'max_batch_size', 'Change', 'register_lever', 'fit_to_budget',
+           'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -67,6 +68,7 @@ class AllocationTracker(TorchDispatchMode):
         self.kernels:list[tuple] = []   # every matmul and convolution, in order (`_kernel`)
         self.kernel_path:Callable|None = None  # kernel_path(func, args, out) -> (out, scratch bytes): a device's kernels (set by `trace_step`)
         self.decomposed = False  # saw an op that only a reference decomposition runs (attention's math path on 'meta')
+        self.measured:dict|None = None  # kernels measured on this machine (`calibrate_kernels`) that the trace used
 
     def record_of(self, t:torch.Tensor)->Allocation|None:
         "The record of `t`'s storage while it is tracked and alive."
@@ -322,6 +324,8 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
     dev = 'cpu' if fm else 'meta'
     tr = AllocationTracker(dev)
     if kernels == 'cpu': tr.kernel_path = functools.partial(cpu_kernel_path, measured=measured, missing=missing)
+    elif callable(kernels): tr.kernel_path = kernels(tr)  # another device's kernels, e.g. CUDA's (`CudaKernels`)
+    tr.measured = measured
     try:
         with fm or contextlib.nullcontext(), _watch_modules(m, tr):
             params = [p for p in m.parameters() if p.requires_grad]
@@ -353,15 +357,15 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
                transform:Callable|None=None, # model -> model applied to the copy first (e.g. chapter 02's `convert_model`)
                cuda:bool=False, # trace the optimizer as it runs on CUDA (multi-tensor kernels)
                steps:int=2, # training steps; the second one has optimizer state, as every step after it does
-               kernels:str|None=None, # 'cpu': the CPU's kernels (their scratch, LSTM workspace, fused attention); None: PyTorch's reference ops
-               measured:dict|None=None, # convolution scratch measured on this machine, by key (`calibrate_kernels`)
-               missing:list|None=None, # collects the convolutions `measured` has no entry for
+               kernels=None, # 'cpu': the CPU's kernels (their scratch, LSTM workspace, fused attention); a `CudaKernels`: cuDNN's workspace; None: PyTorch's reference ops
+               measured:dict|None=None, # kernels measured on this machine, by key (`calibrate_kernels`)
+               missing:list|None=None, # collects the convolutions and matmuls `measured` has no entry for
               )->Trace:
     "Run `steps` training steps of `model` on fake tensors and record every allocation and free."
     if precision not in ('fp32', *LOW_PRECISION): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', not {precision!r}")
     # meta tensors are the fastest way to run ops without data; autocast only acts on real device types, and some CPU
     # kernels differ from the reference ops, so mixed precision and those models run on FakeTensors that claim to be CPU tensors
-    cpu_path = precision in LOW_PRECISION or (kernels == 'cpu' and _cpu_dispatch_differs(model))
+    cpu_path = precision in LOW_PRECISION or (kernels is not None and _cpu_dispatch_differs(model))
     x, y = _check_batch(batch)
     mb = min(micro_batch or x.shape[0], x.shape[0])
     accum = math.ceil(x.shape[0] / mb)
@@ -375,8 +379,8 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
             if transform is not None: m = transform(m)
             m.train()
             tr = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, measured, missing)
-            if cpu_path or kernels != 'cpu' or not tr.decomposed: break
-            cpu_path = True  # attention ran its reference path on 'meta': trace again on the CPU's dispatch
+            if cpu_path or kernels is None or not tr.decomposed: break
+            cpu_path = True  # attention ran its reference path on 'meta': trace again on the CPU's dispatch (fused, as CUDA's is)
     finally: log.setLevel(level)
     return Trace(tr, sum(p.numel() for p in model.parameters()), accum)
 
@@ -442,10 +446,20 @@ def free(self:CachingAllocatorSim, blk:list):
 CUDA_CONTEXT_BYTES = 400 * _MB  # driver context + PyTorch's kernels, lazily loaded (CUDA >= 11.7): 300-500 MB measured across
                                 # Pascal..Ada with torch 2.x; nvidia-smi shows it, torch.cuda.memory_reserved does not
 
+def _major(compute_capability:str|None)->int: return int(str(compute_capability).split('.')[0]) if compute_capability else 0
+
 def cublas_workspace_bytes(compute_capability:str|None)->int:
-    "cuBLAS workspace PyTorch allocates through the caching allocator on the first matmul (default `CUBLAS_WORKSPACE_CONFIG`)."
-    major = int(str(compute_capability).split('.')[0]) if compute_capability else 0
-    return 32 * _MB if major >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8  # ':4096:8' on Hopper+, else ':4096:2:16:8'
+    "cuBLAS workspace PyTorch allocates through the caching allocator on the first matmul and keeps (`CUBLAS_WORKSPACE_CONFIG`, or its default)."
+    conf = [int(v) for v in os.environ.get('CUBLAS_WORKSPACE_CONFIG', '').split(':') if v.isdigit()]  # ':SIZE:COUNT' pairs, SIZE in KiB
+    if conf: return sum(kib * 1024 * n for kib, n in zip(conf[::2], conf[1::2]))
+    return 32 * _MB if _major(compute_capability) >= 9 else 4096 * 1024 * 2 + 16 * 1024 * 8  # ':4096:8' on Hopper+, else ':4096:2:16:8'
+
+def cublaslt_workspace_bytes(compute_capability:str|None, memory:int|None=None)->int:
+    "cuBLASLt workspace PyTorch allocates on the first cuBLASLt matmul (`nn.Linear`'s matmul-plus-bias) and keeps; 0 when it shares cuBLAS's."
+    if os.environ.get('TORCH_CUBLASLT_UNIFIED_WORKSPACE') == '1': return 0
+    kib = os.environ.get('CUBLASLT_WORKSPACE_SIZE')  # KiB; PyTorch's default (CublasHandlePool.cpp) otherwise:
+    if kib is None: kib = 32768 if _major(compute_capability) >= 9 else 4096 if _major(compute_capability) == 8 and (memory or 0) // 2**30 >= 24 else 1024
+    return int(kib) * 1024
 
 # %% ../nbs/01_budget.ipynb #ca10
 @dataclass
@@ -480,16 +494,24 @@ def resolve_target(device_or_gpu)->Target:
     return resolve_target(GPUInfo.from_spec(d))  # a catalogue name; unknown names raise UnknownGPUError with the closest ones
 
 # %% ../nbs/01_budget.ipynb #c073
-# Read off `python bench/budget_accuracy.py --gemm`: torch 2.14.1's bundled MKL on an AVX-512 CPU, one thread.
-_MKL_KC, _MKL_N_MAX, _MKL_M_BLOCK = 384, 9984, 648  # rows of B packed at a time; columns of B packed at most; rows of A packed
-_MKL_PACK_MIN_M, _MKL_PACK_MIN_N = 385, 192         # smaller products take a path that keeps smaller buffers
-KERNEL_STATE_BYTES = 136 * 1024                      # kept per distinct convolution or unpacked matmul shape
+# MKL's fp32 matmul packing on each ISA, read off `python bench/budget_accuracy.py --gemm` (torch 2.14.1's MKL, one thread):
+# kc rows of B (the K dimension) are packed at a time (a K up to 2 kc in two halves), at most n_max of its columns, and
+# m_block rows of A: the whole block whatever M is on AVX-512, min(M, m_block) rows on AVX2. Products with fewer than min_m
+# rows or min_n columns are not packed. state / mm_state: bytes kept per distinct oneDNN convolution / unpacked matmul shape.
+_MKL_BLOCKING = {
+    'AVX512': dict(kc=384, n_max=9984, m_block=648, whole_block=True, min_m=385, min_n=192, state=136*1024, mm_state=136*1024), # a Xeon
+    'AVX2': dict(kc=192, n_max=6400, m_block=384, whole_block=False, min_m=4, min_n=64, state=122*1024, mm_state=0)}  # an AMD EPYC
 
-def _mkl_panel(M:int, K:int, N:int)->int:
+def _mkl_isa(isa:str|None=None)->str:
+    "The measured row of `_MKL_BLOCKING` for `isa` (default: this CPU's); an ISA not measured yet gets AVX-512's larger buffers."
+    return 'AVX2' if (isa or torch.backends.cpu.get_cpu_capability()) == 'AVX2' else 'AVX512'
+
+def _mkl_panel(M:int, K:int, N:int, isa:str|None=None)->int:
     "Resident bytes of MKL's packing buffers for one fp32 (M x K) @ (K x N) product; 0 for a product it does not pack."
-    if M < _MKL_PACK_MIN_M or N < _MKL_PACK_MIN_N: return 0
-    kc = K if K <= _MKL_KC else math.ceil(K / 2) if K <= 2 * _MKL_KC else _MKL_KC
-    return 4 * kc * (min(N, _MKL_N_MAX) + _MKL_M_BLOCK)
+    g = _MKL_BLOCKING[_mkl_isa(isa)]
+    if M < g['min_m'] or N < g['min_n']: return 0
+    kc = K if K <= g['kc'] else math.ceil(K / 2) if K <= 2 * g['kc'] else g['kc']
+    return 4 * kc * (min(N, g['n_max']) + (g['m_block'] if g['whole_block'] else min(M, g['m_block'])))
 
 def _keeps_state(k:tuple)->bool:
     "Does kernel `k` (`_kernel`) keep per-shape state? Small matmuls and oneDNN's convolutions do; PyTorch's fallback convolution does not."
@@ -499,16 +521,25 @@ def _keeps_state(k:tuple)->bool:
     stride, padding, dilation, transposed, _, groups = (ast.literal_eval(a) for a in (k[4:10] if fwd else k[5:11]))
     return _conv_backend(x, w, tuple(stride), tuple(padding), tuple(dilation), transposed, groups, torch.float32, torch.get_num_threads()) == 'Mkldnn'
 
+# %% ../nbs/01_budget.ipynb #c073b
 def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls and convolutions in the order they ran
+                        isa:str|None=None, # the CPU's ISA, 'AVX2' or 'AVX512'; default: this machine's
+                        measured:dict|None=None, # matmul buffers measured on this machine, by key (`calibrate_kernels`); None: the model
                        )->int:
     "Memory the CPU math libraries keep for a step's kernels: MKL's matmul packing buffers plus per-shape kernel state."
+    g = _MKL_BLOCKING[_mkl_isa(isa)]
     total = held = 0
     seen = set()
     for k in kernels:
-        panel = _mkl_panel(*k[2:5]) if k[0] == 'matmul' and k[5] == 'torch.float32' else 0
-        if panel > held: total, held = total + panel, panel  # a bigger product gets new buffers; the smaller ones stay cached
-        elif panel == 0 and k not in seen and _keeps_state(k): total += KERNEL_STATE_BYTES
+        new = k not in seen
         seen.add(k)
+        if k[0] != 'matmul':
+            if new and _keeps_state(k): total += g['state']
+            continue
+        key = _mm_key(k)[0] if measured else None
+        panel = measured[key][0] if key in (measured or {}) else _mkl_panel(*k[2:5], isa) if k[5] == 'torch.float32' else 0
+        if panel > held: total, held = total + panel, panel  # a bigger product gets new buffers; the smaller ones stay cached
+        elif panel == 0 and new: total += g['mm_state']
     return total
 
 # %% ../nbs/01_budget.ipynb #kp1
@@ -557,8 +588,8 @@ def _lstm_workspace(T:int, B:int, H:int, I:int)->tuple[int, int, int]:
     return u * (_LSTM_GATES + 1) + 4 * B * H, u * _LSTM_GATES, u * (2 * _LSTM_GATES + 1) + 4 * B * T * I
 
 def cpu_kernel_path(func, args, out,
-                    measured:dict|None=None, # convolution scratch measured on this machine (`calibrate_kernels`); None: the model
-                    missing:list|None=None, # collects the convolutions `measured` lacks
+                    measured:dict|None=None, # kernels measured on this machine (`calibrate_kernels`); None: the model
+                    missing:list|None=None, # collects the convolutions and matmuls `measured` lacks
                    )->tuple[Any, int]:
     "For the tracker: a CPU op's outputs as the real kernel makes them (the LSTM workspace the reference leaves empty), and its scratch bytes."
     if func is torch.ops.aten.mkldnn_rnn_layer.default and out[3].numel() == 0 and args[15]:
@@ -568,6 +599,9 @@ def cpu_kernel_path(func, args, out,
     if func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
         (T, B, I), H = args[0].shape, args[5].shape[-1]
         return out, _lstm_workspace(T, B, H, I)[2]
+    if func in _MATMULS and missing is not None and measured is not None:
+        key, spec = _mm_key(_kernel(func, args))
+        if key not in measured: missing.append(spec)
     if func in _CONVS and measured is not None:
         key, spec = _conv_key(func, args)
         if key in measured: return out, max(0, int(measured[key][0] + measured[key][1] * spec[-1]))
@@ -606,6 +640,12 @@ def _conv_key(func, args)->tuple[str, list]:
             str(x.dtype).split('.')[-1], bool(fwd or args[10][0]), bool(transposed), x.shape[0]]
     return json.dumps(spec[:-1]), spec
 
+def _mm_key(k:tuple)->tuple[str, list]:
+    "A matmul's (`_kernel`) calibration key and spec, clipped where MKL's buffers stop growing on every CPU measured (M, K 1024; N 16384)."
+    _, b, M, K, N, dt = k
+    spec = ['matmul', min(b, 2), min(M, 1024), min(K, 1024), min(N, 16384), dt.split('.')[-1]]
+    return json.dumps(spec), spec
+
 def _hwm_growth(f:Callable)->tuple[int, Any]:
     "How far this process's resident high-water mark rises above its resident size while `f` runs (Linux), and f's result."
     page = os.sysconf('SC_PAGE_SIZE')
@@ -635,30 +675,67 @@ def _measure_convs(specs:list, batches:tuple)->list:
     for s in specs: _run_conv(s, 1)  # loads every kernel's code and what the library keeps once: neither is scratch
     return [[min(_run_conv(s, b), _run_conv(s, b)) for b in batches] for s in specs]
 
+# %% ../nbs/01_budget.ipynb #cal3b
+@functools.cache
+def _mkl_lib():
+    "libtorch's bundled MKL, for its memory-manager calls (None without one, e.g. on ARM)."
+    import ctypes
+    try: lib = ctypes.CDLL(str(Path(torch.__file__).parent / 'lib' / 'libtorch_cpu.so'))
+    except OSError: return None
+    return lib if hasattr(lib, 'mkl_serv_free_buffers') else None
+
+def _free_blas_buffers():
+    "Hand MKL's cached matmul buffers back (mkl_free_buffers): the next matmul allocates its own, as in a fresh process."
+    if _mkl_lib() is not None: _mkl_lib().mkl_serv_free_buffers()
+
+def _measure_matmuls(specs:list)->list:
+    "Run in a fresh process: the bytes MKL keeps after each matmul spec (`_mm_key`), each starting from no buffers."
+    torch.randn(8, 8) @ torch.randn(8, 8)  # loads the code
+    out = []
+    for _, b, M, K, N, dtype in specs:
+        lead = [b] if b > 1 else []
+        x, w = torch.randn(*lead, M, K).to(getattr(torch, dtype)), torch.randn(*lead, K, N).to(getattr(torch, dtype))
+        _free_blas_buffers()
+        grown, y = _hwm_growth(lambda: x @ w)
+        out.append(max(0, grown - y.nbytes))
+    return out
+
+def _measure_kernels(convs:list, batches:list, mms:list)->list:
+    "Run in a fresh process: `_measure_convs` and `_measure_matmuls` in one."
+    return [_measure_convs(convs, batches) if convs else [], _measure_matmuls(mms) if mms else []]
+
 # %% ../nbs/01_budget.ipynb #cal4
 _MALLOC_ENV = dict(MALLOC_MMAP_THRESHOLD_='65536', MALLOC_ARENA_MAX='1', MALLOC_TRIM_THRESHOLD_='0')  # freed memory goes back to the OS at once
+
+def _in_child(fn:str, *args)->Any:
+    "`netlite_nb.budget.<fn>(*args)` run in a fresh Python process on this CPU (Linux), glibc handing freed memory back at once."
+    code = f"import json, sys; from netlite_nb.budget import {fn}; print(json.dumps({fn}(*json.load(sys.stdin))))"
+    r = subprocess.run([sys.executable, '-c', code], input=json.dumps(args), capture_output=True, text=True,
+                       env={**os.environ, **_MALLOC_ENV, 'OMP_NUM_THREADS': str(torch.get_num_threads())})
+    if r.returncode: raise RuntimeError(f"Measuring the kernels in a child process failed; plan without calibrate=True. It said: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 def measure_conv_scratch(specs:list, # convolution specs (`_conv_key`)
                          batches:tuple, # batch sizes to measure each one at
                         )->list[list[int]]:
     "Scratch bytes of each convolution at each batch size, measured in a fresh Python process on this CPU (Linux)."
-    code = "import json, sys; from netlite_nb.budget import _measure_convs; print(json.dumps(_measure_convs(*json.load(sys.stdin))))"
-    r = subprocess.run([sys.executable, '-c', code], input=json.dumps([specs, list(batches)]), capture_output=True, text=True,
-                       env={**os.environ, **_MALLOC_ENV, 'OMP_NUM_THREADS': str(torch.get_num_threads())})
-    if r.returncode: raise RuntimeError(f"Measuring the kernels in a child process failed; plan without calibrate=True. It said: {r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return _in_child('_measure_convs', specs, list(batches))
 
-def calibrate_kernels(specs:list, # convolution specs a trace collected (`trace_step(..., missing=[])`)
+def calibrate_kernels(specs:list, # convolution and matmul specs a trace collected (`trace_step(..., missing=[])`)
                      )->dict:
-    "Measure the scratch of each convolution in `specs` that the cache lacks, in a fresh process on this CPU; returns the updated cache."
+    "Measure each kernel in `specs` that the cache lacks, in one fresh process on this CPU; returns the updated cache."
     table = dict(_calibrated())
-    todo = {k: s for k, s in (( json.dumps(s[:-1]), s) for s in specs) if k not in table}
-    if not todo: return table
-    b = max(s[-1] for s in todo.values())
-    batches = (max(1, b // 4), max(2, b // 2))
-    for key, (m1, m2) in zip(todo, measure_conv_scratch(list(todo.values()), batches)):
+    todo = {json.dumps(s) if s[0] == 'matmul' else json.dumps(s[:-1]): s for s in specs}
+    convs = {k: s for k, s in todo.items() if k not in table and s[0] != 'matmul'}
+    mms = {k: s for k, s in todo.items() if k not in table and s[0] == 'matmul'}
+    if not convs and not mms: return table
+    b = max([s[-1] for s in convs.values()] or [2])
+    batches = [max(1, b // 4), max(2, b // 2)]
+    conv_bytes, mm_bytes = _in_child('_measure_kernels', list(convs.values()), batches, list(mms.values()))
+    for key, (m1, m2) in zip(convs, conv_bytes):
         per = (m2 - m1) / (batches[1] - batches[0])
         table[key] = [m1 - per * batches[0], per]  # bytes = constant + per sample x batch
+    table.update((key, [n, 0]) for key, n in zip(mms, mm_bytes))  # kept buffers: the batch is in the key's M
     f = calibration_file()
     f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text(json.dumps(table))
@@ -755,42 +832,165 @@ def _saved_by_module(tr:AllocationTracker)->dict:
     return dict(sorted(saved.items(), key=lambda kv: -kv[1]))
 
 # %% ../nbs/01_budget.ipynb #mp11
-def _simulate_cuda(tr:AllocationTracker, workspace:int)->CachingAllocatorSim:
+def _simulate_cuda(tr:AllocationTracker, kept:tuple=(), # bytes allocated first and kept: the cuBLAS and cuBLASLt workspaces
+                  expandable:bool=False)->CachingAllocatorSim: # the allocator's expandable_segments
     sim = CachingAllocatorSim()
-    sim.malloc(workspace)  # cuBLAS workspace: allocated at the first matmul, kept for the life of the process
+    for n in kept:  # allocated at the first matmul, kept for the life of the process
+        if n: sim.malloc(n)
     blocks = {}
     for sign, rec in tr.events:
         if sign > 0: blocks[id(rec)] = sim.malloc(rec.nbytes) if rec.nbytes else None
         elif blocks.get(id(rec)) is not None: sim.free(blocks.pop(id(rec)))
+    # expandable segments grow by 2 MiB pages as needed and keep them: reserved follows the allocated peak, without fragments
+    if expandable: sim.peak_reserved = _ROUND_LARGE * math.ceil(sim.peak_allocated / _ROUND_LARGE)
     return sim
 
 def _device_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
     "(peak allocated, peak reserved, bytes the device adds by term, notes stating them) for the trace `tr` on `target`."
     raw = tr.peak
-    if target.kind == 'cuda':
-        ws = cublas_workspace_bytes(target.compute_capability)
-        sim = _simulate_cuda(tr, ws)
-        terms = {'cuBLAS workspace': ws, 'allocator rounding': sim.peak_allocated - raw - ws,
-                 'allocator cache': sim.peak_reserved - sim.peak_allocated, 'CUDA context': CUDA_CONTEXT_BYTES}
-        return sim.peak_allocated, sim.peak_reserved, terms, [
-            f"CUDA context {fmt_bytes(CUDA_CONTEXT_BYTES)} (assumed: 300-500 MB for torch 2.x with lazy module loading; "
-            "nvidia-smi counts it, torch.cuda.memory_reserved does not)",
-            f"cuBLAS workspace {fmt_bytes(ws)} (default CUBLAS_WORKSPACE_CONFIG for compute capability {target.compute_capability})",
-            "caching allocator simulated: 512-byte rounding, 2 MiB segments for blocks up to 1 MiB, 20 MiB for up to 10 MiB, "
-            "larger ones rounded to 2 MiB; reserved memory is never returned during the step",
-            "cuDNN convolution workspace is not included: it depends on the algorithm cuDNN picks (cudnn.benchmark may pick larger ones)"]
+    if target.kind == 'cuda': return _cuda_terms(target, tr)
     if target.kind == 'cpu':
-        ws = cpu_workspace_bytes(tr.kernels)  # allocated on the first full-size step and kept, so it is there at the peak
+        ws = cpu_workspace_bytes(tr.kernels, measured=tr.measured)  # allocated on the first full-size step and kept: there at the peak
+        isa, cap = _mkl_isa(), torch.backends.cpu.get_cpu_capability()
+        g = _MKL_BLOCKING[isa]
         return raw + ws, raw + ws, {'CPU kernel workspace': ws}, [
-            f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, 384) x (N + 648) for each product "
-            f"that needs more than the ones before it) and {KERNEL_STATE_BYTES // 1024} KiB per other matmul/oneDNN convolution shape, "
-            "kept for the life of the process; measured for fp32 with one thread by `python bench/budget_accuracy.py --gemm`. "
+            f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, {g['kc']}) x (N + up to {g['m_block']}) "
+            f"for each product that needs more than the ones before it) and {g['state'] // 1024} KiB per oneDNN convolution shape, "
+            "kept for the life of the process; " + ("matmuls measured on this machine by calibration" if tr.measured else
+            f"the {isa} model" + ('' if cap == isa else f" (this CPU reports {cap}, not measured yet: calibrate=True measures it)"))
+            + ", read off `python bench/budget_accuracy.py --gemm` for fp32 with one thread. "
             "More threads pack more and bf16/fp16 matmuls (oneDNN) keep buffers of their own: neither is included",
             "kernel scratch is placed at its op: oneDNN's blocked copies inside each convolution (im2col for PyTorch's fallback); "
             "oneDNN's LSTM workspace is traced as the tensor it is, and models with recurrent layers or attention follow the CPU's "
             "dispatch (fused attention); modelled from `python bench/budget_accuracy.py --kernels` at one thread"]
     notes = [f"{target.kind} allocator and driver overheads are not modelled: tensor bytes only"] if target.kind in ('mps', 'xpu') else []
     return raw, raw, {}, notes
+
+# %% ../nbs/01_budget.ipynb #mp11b
+def _cuda_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
+    "`_device_terms` on a CUDA target: the cuBLAS/cuBLASLt workspaces, the caching allocator replayed, the context, and their notes."
+    cc, path = target.compute_capability, tr.kernel_path
+    ws = cublas_workspace_bytes(cc)
+    lt = cublaslt_workspace_bytes(cc, target.memory) if any(k[0] == 'matmul' for k in tr.kernels) else 0
+    expandable = bool(getattr(getattr(path, 'opts', None), 'expandable', False))
+    sim = _simulate_cuda(tr, (ws, lt), expandable)
+    terms = {'cuBLAS workspace': ws, 'cuBLASLt workspace': lt, 'allocator rounding': sim.peak_allocated - tr.peak - ws - lt,
+             'allocator cache': sim.peak_reserved - sim.peak_allocated, 'CUDA context': CUDA_CONTEXT_BYTES}
+    return sim.peak_allocated, sim.peak_reserved, terms, [
+        f"CUDA context {fmt_bytes(CUDA_CONTEXT_BYTES)} (assumed: 300-500 MB for torch 2.x with lazy module loading; "
+        "nvidia-smi counts it, torch.cuda.memory_reserved does not)",
+        f"cuBLAS workspace {fmt_bytes(ws)}" + (f" and cuBLASLt workspace {fmt_bytes(lt)} (any matmul counts as one that uses it)" if lt else '')
+        + f" (CUBLAS_WORKSPACE_CONFIG / CUBLASLT_WORKSPACE_SIZE, or PyTorch's defaults for compute capability {cc})",
+        ("caching allocator with expandable segments: reserved memory follows the allocated peak, rounded to 2 MiB pages" if expandable else
+         "caching allocator simulated: 512-byte rounding, 2 MiB segments for blocks up to 1 MiB, 20 MiB for up to 10 MiB, "
+         "larger ones rounded to 2 MiB; reserved memory is never returned during the step"),
+        *(path.notes() if hasattr(path, 'notes') else
+          ["cuDNN convolution workspace: not in this trace (traced without `kernels=CudaKernels(...)`, which `plan_memory` uses)"])]
+
+# %% ../nbs/01_budget.ipynb #cw1
+def _fft_size(n:int)->int: return 1 << max(0, math.ceil(math.log2(n)))  # a power of two: no smaller than the size cuFFT pads to
+
+def cudnn_conv_workspace(x:tuple, w:tuple, y:tuple, # input (N, C, ...), weight (K, C/groups, ...) and output (N, K, ...) shapes
+                         stride, padding, dilation, groups:int,
+                         itemsize:int, # bytes per element of the data (4: fp32, 2: fp16/bf16)
+                         direction:str='forward', # 'forward', 'backward data' or 'backward weight'
+                        )->tuple[int, int]:
+    "Workspace bytes of one cuDNN convolution call: (the heuristics' implicit-GEMM engine, the largest any algorithm family asks for)."
+    N, C, K, ks = x[0], x[1], y[1], tuple(w[2:])
+    if groups > 1 and groups == C and itemsize == 4: return 0, 0  # fp32 depthwise: PyTorch's own kernel, not cuDNN
+    heur = {'forward': 4 * (C // groups) * math.prod(ks), 'backward data': 0, 'backward weight': 4 * math.prod(w)}[direction]
+    fams = [itemsize * (C // groups) * math.prod(ks) * math.prod(y[2:]) if direction == 'forward' else 0]  # explicit GEMM: one im2col
+    unit = groups == 1 and all(s == 1 for s in stride) and all(d == 1 for d in dilation)
+    if unit and len(ks) <= 2 and all(h + 2 * p <= 256 and k > p for h, p, k in zip(x[2:], padding, ks)):
+        dims = [_fft_size(h + 2 * p) for h, p in zip(x[2:], padding)]
+        fams.append(2 * itemsize * math.prod(dims[:-1]) * (dims[-1] // 2 + 1) * (N * C + K * C + N * K))  # FFT: x, w and y spectra
+    if unit and ks == (3, 3):
+        tiles = math.prod(math.ceil(o / 4) for o in y[2:])
+        fams.append(4 * 36 * (N * C * tiles + K * C + N * K * tiles))  # Winograd F(4x4, 3x3): 6x6 transforms, fp32
+    return heur, max(heur, *fams)
+
+# %% ../nbs/01_budget.ipynb #cw6
+@dataclass
+class CudaKernels:
+    "How a CUDA run's kernels are set up, as far as their workspace goes: `trace_step(kernels=CudaKernels(...))` places it."
+    benchmark:bool=False   # torch.backends.cudnn.benchmark: time every engine of each new convolution shape first
+    cap:int|None=None      # bytes: CUDNN_CONV_WSCAP_DBG (set in MiB); cuDNN offers no engine that needs more
+    memory:int|None=None   # the device's bytes: the timing buffer is limited by what is free
+    expandable:bool=False  # the caching allocator's expandable_segments
+    def __call__(self, tr:AllocationTracker)->Callable: return _CudaPath(self, tr)
+
+def cuda_kernels(target:Target, # the CUDA device planned for
+                 strategy=None, # a chapter 06 `Strategy` (its cudnn_benchmark and alloc_conf); None: this process's settings
+                )->CudaKernels:
+    "The kernel settings a run gets on `target`: benchmark and allocator from `strategy` (else this process), the cap from the environment."
+    conf = getattr(strategy, 'alloc_conf', None) or os.environ.get('PYTORCH_ALLOC_CONF') or os.environ.get('PYTORCH_CUDA_ALLOC_CONF') or ''
+    cap = os.environ.get('CUDNN_CONV_WSCAP_DBG')
+    return CudaKernels(bool(getattr(strategy, 'cudnn_benchmark', torch.backends.cudnn.benchmark)), int(cap) * _MB if cap else None,
+                       target.memory, 'expandable_segments:true' in conf.replace(' ', '').lower())
+
+# %% ../nbs/01_budget.ipynb #cw8
+class _CudaPath:
+    "The tracker's kernel path on CUDA: each cuDNN convolution's workspace as a transient at its op."
+    def __init__(self, opts:CudaKernels, tr:AllocationTracker):
+        self.opts, self.tr, self.timed, self.log = opts, tr, set(), []  # log: (step, direction, bytes while it runs, its timing buffer's)
+
+    def __call__(self, func, args, out)->tuple[Any, int]:
+        if func is torch.ops.aten.mkldnn_rnn_layer.default and out[3].numel() == 0 and args[15]:  # an LSTM layer, training
+            (T, B, _), H = args[0].shape, args[10]  # time-major input
+            reserve, ws = cudnn_lstm_bytes(T, B, H, args[0].element_size())
+            return (*out[:3], torch.empty(reserve, dtype=torch.uint8, device=args[0].device)), ws
+        if func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
+            (T, B, _), H = args[0].shape, args[5].shape[-1]
+            return out, cudnn_lstm_bytes(T, B, H, args[0].element_size())[1]
+        if func not in _CONVS: return out, 0
+        fwd = func is torch.ops.aten.convolution.default
+        x, w, y = (args[0], args[1], out) if fwd else (args[1], args[2], args[0])
+        stride, padding, dilation, transposed = args[3:7] if fwd else args[4:8]
+        dirs = ['forward'] if fwd else [d for d, on in zip(('backward data', 'backward weight'), args[10]) if on]
+        if transposed:  # cuDNN runs a transposed convolution's forward as the backward-data of the plain one, and the reverse
+            x, y, dirs = y, x, [{'forward': 'backward data', 'backward data': 'forward'}.get(d, d) for d in dirs]
+        shapes = (tuple(x.shape), tuple(w.shape), tuple(y.shape), tuple(stride), tuple(padding), tuple(dilation), args[8] if fwd else args[9], x.element_size())
+        return out, max((self.workspace(d, *shapes) for d in dirs), default=0)
+
+# %% ../nbs/01_budget.ipynb #cw9
+@patch
+def workspace(self:_CudaPath, direction:str, x, w, y, stride, padding, dilation, groups, itemsize)->int:
+    "Bytes one direction of a convolution holds while it runs: its engine's workspace, and on a shape's first call with benchmark on the timing buffer."
+    heur, bound = cudnn_conv_workspace(x, w, y, stride, padding, dilation, groups, itemsize, direction)
+    o = self.opts
+    free = max(0, o.memory - CUDA_CONTEXT_BYTES - self.tr.current) if o.memory else bound  # what the allocator reports free
+    limit = min(bound, free, bound if o.cap is None else o.cap)
+    run = limit if o.benchmark else min(heur, bound if o.cap is None else o.cap)  # the fastest engine is assumed to need up to the bound
+    key = (direction, x, w, stride, padding, dilation, groups, itemsize)
+    timing = limit if o.benchmark and key not in self.timed else 0
+    self.timed.add(key)
+    self.log.append((self.tr.step, direction, run, timing))
+    return max(run, timing)
+
+# %% ../nbs/01_budget.ipynb #cw10
+@patch
+def notes(self:_CudaPath)->list[str]:
+    "What the plan's CUDA kernel terms rest on, in words."
+    run, timing = max((r for *_, r, _ in self.log), default=0), [t for *_, t in self.log if t]
+    how = (f"cudnn.benchmark on: the first call of each shape times every engine in one buffer as large as the largest engine's workspace "
+           f"({len(timing)} timing buffers in the first step, the largest {fmt_bytes(max(timing, default=0))}), and later calls are assumed to "
+           "need up to that bound" if self.opts.benchmark else
+           f"cudnn.benchmark off: the heuristics' implicit-GEMM engines, modelled to need {fmt_bytes(run)} at most per call here")
+    cap = f"; capped at {fmt_bytes(self.opts.cap)} by CUDNN_CONV_WSCAP_DBG" if self.opts.cap is not None else ''
+    return [f"cuDNN convolution workspace placed at each convolution, taken from the caching allocator and freed when it returns ({how}{cap}). "
+            "Bound: the largest of the FFT, Winograd and explicit-GEMM families' workspaces; the engine cuDNN really picks is known only "
+            "on the card (`python bench/budget_cuda.py --workspaces` measures it). Depthwise fp32 convolutions run PyTorch's own kernel",
+            f"cuDNN LSTM: a reserve space kept for backward ({_LSTM_RESERVED} values per unit and step) and a workspace inside the op "
+            f"({_LSTM_GATES} per unit and step), modelled; GRUs keep the per-step tensors of the CPU's recurrence in their place"]
+
+# %% ../nbs/01_budget.ipynb #cr1
+_LSTM_RESERVED = 5  # values cuDNN's reserve space is modelled to keep per unit and step: four gate activations and the cell state
+
+def cudnn_lstm_bytes(T:int, B:int, H:int, # steps, batch, hidden units of one LSTM layer and direction
+                     itemsize:int=4)->tuple[int, int]:
+    "(reserve space kept for backward, workspace while the op runs) of one cuDNN LSTM layer and direction, modelled."
+    per_step = itemsize * B * H
+    return _LSTM_RESERVED * T * per_step, _LSTM_GATES * T * per_step  # input projections (forward) or gate gradients (backward) of every step
 
 # %% ../nbs/01_budget.ipynb #mp15
 def _step_notes(precision:str, accum:int, micro:int)->list[str]:
@@ -842,8 +1042,8 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
     target = resolve_target(device_or_gpu)
     b = _batch_size(batch)
     mb = min(micro_batch or b, b)
-    kernels = 'cpu' if target.kind == 'cpu' else None
-    measured, missing = (_calibrated(), []) if calibrate and kernels else (None, None)
+    kernels = 'cpu' if target.kind == 'cpu' else cuda_kernels(target, strategy) if target.kind == 'cuda' else None
+    measured, missing = (_calibrated(), []) if calibrate and kernels == 'cpu' else (None, None)
     trace = functools.partial(trace_step, model, batch, loss_fn, optimizer, precision, micro_batch, transform, cuda=target.kind == 'cuda', kernels=kernels)
     t = trace(measured=measured, missing=missing)
     if missing: t = trace(measured=calibrate_kernels(missing))
@@ -860,13 +1060,13 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
 
 # %% ../nbs/01_budget.ipynb #mp24
 def _calibration_note(target:Target)->str:
-    if target.kind == 'cpu': return f"convolution scratch measured on this machine by calibration (cached in {calibration_file()})"
+    if target.kind == 'cpu': return f"convolution scratch and matmul buffers measured on this machine by calibration (cached in {calibration_file()})"
     return (f"calibrate=True measures kernels on the device that is present, and only on the CPU so far: this plan for {target.name} "
             "uses the models")
 
 # %% ../nbs/01_budget.ipynb #c037
 COLORS = {'weights': '#4c72b0', 'weight copies': '#8fa9d6', 'gradients': '#dd8452', 'optimizer': '#55a868', 'activations': '#c44e52',
-          'temporaries': '#8172b3', 'batch': '#937860', 'cuBLAS workspace': '#bbbbbb', 'allocator rounding': '#cccccc',
+          'temporaries': '#8172b3', 'batch': '#937860', 'cuBLAS workspace': '#bbbbbb', 'cuBLASLt workspace': '#b4b4b4', 'allocator rounding': '#cccccc',
           'allocator cache': '#dddddd', 'CUDA context': '#999999', 'CPU kernel workspace': '#bbbbbb',
           'kernel scratch': '#aaaaaa'}
 

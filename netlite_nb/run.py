@@ -14,7 +14,7 @@ from .probe import device_memory, fmt_bytes, probe, rows_html, rows_text
 from .budget import resize_batch
 from .data import image_folder, load_dataset, make_loaders, mnist_sample, mnist_sample_loaders
 from .models import MODELS, UnknownModelError, create_model
-from .strategies import ConfigError, RunConfig, _closest, _short, load_config, load_yaml, pick_strategy, size_config
+from .strategies import ConfigError, RunConfig, did_you_mean, load_config, load_yaml, pick_strategy, short_repr, size_config
 from .checkpoint import find_checkpoint, read_state, seed_everything
 from .train import Callback, EarlyStopping, Trainer
 from .lora import merged, with_lora
@@ -80,12 +80,12 @@ def _model_for(cfg:RunConfig, num_classes:int, in_channels:int)->nn.Module:
     takes = [p for p in params if p not in ('num_classes', 'in_channels', 'image_size')]
     unknown = [k for k in kw if k not in params] if not any(p.kind is p.VAR_KEYWORD for p in params.values()) else []
     if unknown and params:
-        raise ConfigError(f"model.kwargs has {unknown[0]!r}, which {name} does not take.{_closest(unknown[0], takes)} "
+        raise ConfigError(f"model.kwargs has {unknown[0]!r}, which {name} does not take.{did_you_mean(unknown[0], takes)} "
                           f"Its options: {', '.join(takes) or 'none'}.")
     try: return create_model(name, num_classes=num_classes, in_channels=in_channels, **kw)
     except (TypeError, ValueError) as e:
         if isinstance(e, UnknownModelError): raise
-        raise ConfigError(f"create_model({name!r}) failed with model.kwargs {_short(kw)}: {str(e).splitlines()[0][:200]}. Fix model.kwargs.") from None
+        raise ConfigError(f"create_model({name!r}) failed with model.kwargs {short_repr(kw)}: {str(e).splitlines()[0][:200]}. Fix model.kwargs.") from None
 
 def _check_device(s)->None:
     "A `ConfigError` when strategy `s` trains on a device this machine's PyTorch cannot use (chapter 00's probe says which it can)."

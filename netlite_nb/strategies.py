@@ -18,9 +18,10 @@ from . import optim as _optim  # importing chapter 03 adds 'adamw8bit' to the op
 
 # %% auto #0
 __all__ = ['DEVICES', 'PRECISIONS', 'DATASETS', 'QUANTIZE', 'YAML_LIMIT', 'ConfigError', 'UnknownStrategyError', 'Strategy',
-           'list_strategies', 'strategy_table', 'strategy_for_gpu', 'load_strategy', 'apply_allocator_settings',
-           'pick_strategy', 'split_batch', 'ModelConfig', 'DataConfig', 'OptimConfig', 'ScheduleConfig', 'TrainConfig',
-           'ExportConfig', 'LoRAConfig', 'RunConfig', 'load_yaml', 'load_config', 'save_config', 'size_config']
+           'short_repr', 'did_you_mean', 'list_strategies', 'strategy_table', 'strategy_for_gpu', 'load_strategy',
+           'apply_allocator_settings', 'pick_strategy', 'split_batch', 'ModelConfig', 'DataConfig', 'OptimConfig',
+           'ScheduleConfig', 'TrainConfig', 'ExportConfig', 'LoRAConfig', 'RunConfig', 'load_yaml', 'load_config',
+           'save_config', 'size_config']
 
 # %% ../nbs/06_strategies.ipynb #c007
 DEVICES = ('cuda', 'mps', 'xpu', 'cpu')
@@ -78,7 +79,7 @@ class Strategy:
 _SHORT = reprlib.Repr()  # keyword arguments only from Python 3.12
 for _k, _v in dict(maxlevel=2, maxlist=4, maxtuple=4, maxdict=4, maxset=4, maxstring=80, maxother=80).items(): setattr(_SHORT, _k, _v)
 
-def _short(value)->str:
+def short_repr(value)->str:
     "`repr(value)` cut to a line: an error message never prints a whole (perhaps alias-expanded, gigabyte) value."
     return _SHORT.repr(value)
 
@@ -98,10 +99,11 @@ def _coerce(value, annotation:str, key:str):
     elif isinstance(value, dict) and 'dict' in names: return dict(value)
     elif isinstance(value, (list, tuple)) and 'list' in names: return list(value)
     want = ' or '.join('null' if n == 'None' else n for n in names)
-    raise ConfigError(f"{key} must be {want}, not {_short(value)} ({type(value).__name__}).")
+    raise ConfigError(f"{key} must be {want}, not {short_repr(value)} ({type(value).__name__}).")
 
 # %% ../nbs/06_strategies.ipynb #c9b0
-def _closest(key, valid)->str:
+def did_you_mean(key, valid)->str:
+    "' Did you mean X?' with the entry of `valid` closest to `key`, or '' when none is close: the tail of an error message."
     close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.5)
     return f" Did you mean {close[0]!r}?" if close else ''
 
@@ -114,7 +116,7 @@ def _unknown_key(key, valid, where)->ConfigError:
 
 def _typed(cls, d, where:str, skip=())->dict:
     "The entries of mapping `d` checked against dataclass `cls`'s fields: unknown keys and wrong types are errors."
-    if not isinstance(d, dict): raise ConfigError(f"{where} must be a mapping of keys to values, not {_short(d)}.")
+    if not isinstance(d, dict): raise ConfigError(f"{where} must be a mapping of keys to values, not {short_repr(d)}.")
     valid = {f.name: f for f in fields(cls) if f.name not in skip}
     out = {}
     for k, v in d.items():
@@ -668,7 +670,7 @@ def load_config(src:str|Path|dict|None=None, # a YAML file, a mapping, or None f
 # %% ../nbs/06_strategies.ipynb #c58f
 def _validate_config(c:RunConfig):
     d, t, e = c.data, c.train, c.export
-    _check(d.name in DATASETS, f"data.name must be one of {', '.join(DATASETS)}, not {_short(d.name)}.{_closest(d.name[:100], DATASETS)}")
+    _check(d.name in DATASETS, f"data.name must be one of {', '.join(DATASETS)}, not {short_repr(d.name)}.{did_you_mean(d.name[:100], DATASETS)}")
     _check(d.name != 'folder' or d.root, "data.name 'folder' needs data.root: the folder with one sub-folder per class.")
     _check(d.batch_size >= 1, f"data.batch_size must be at least 1; got {d.batch_size}.")
     _check(c.optim.weight_decay >= 0, "optim.weight_decay cannot be negative.")
@@ -680,7 +682,7 @@ def _validate_config(c:RunConfig):
     _check(t.early_stopping is None or t.early_stopping >= 1, "train.early_stopping is a patience in epochs, at least 1.")
     _check(t.checkpoint_every is None or t.checkpoint_every >= 1, "train.checkpoint_every is a number of optimizer steps, at least 1, or null.")
     _check(e.quantize in QUANTIZE, f"export.quantize must be null, 'int8' or 'fp16', not {e.quantize!r}.")
-    _check(e.onnx is None or isinstance(e.onnx, (str, bool)), f"export.onnx must be true, a file name or null, not {_short(e.onnx)}.")
+    _check(e.onnx is None or isinstance(e.onnx, (str, bool)), f"export.onnx must be true, a file name or null, not {short_repr(e.onnx)}.")
     lo = c.lora
     _check(type(lo.rank) is int and lo.rank >= 1 and lo.alpha > 0 and 0 <= lo.dropout < 1 and lo.targets and all(isinstance(t, str) for t in lo.targets),
            f"lora: rank must be a whole number of at least 1, alpha positive, dropout in [0, 1) and targets a list of module-name patterns; got {asdict(lo)}.")

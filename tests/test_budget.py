@@ -301,19 +301,6 @@ def test_cli_plan():
     assert r.returncode == 2 and 'Available: mlp' in r.stderr
 
 
-def test_cuda_bench_logic_runs_without_a_gpu(capsys):
-    "bench/budget_cuda.py: its error and table row on made-up numbers, and a clean exit where there is no GPU."
-    sys.path.insert(0, str(ROOT / 'bench'))
-    import budget_cuda as C
-    assert C.error(110, 100) == pytest.approx(0.10) and C.error(90, 100) == pytest.approx(-0.10)
-    mib = 2**20
-    assert C.row('lstm', 32, dict(reserved=105 * mib, allocated=90 * mib), dict(reserved=100 * mib, allocated=88 * mib)).endswith('ok')
-    assert 'OFF' in C.row('lstm', 32, dict(reserved=130 * mib, allocated=90 * mib), dict(reserved=100 * mib, allocated=88 * mib))
-    assert set(C.FAMILIES) >= {'resnet18', 'encdec', 'lstm', 'mha_fused'} and len(C.FAMILIES) >= 12
-    if not torch.cuda.is_available():
-        assert C.main(['lstm'], False) == 0 and 'No CUDA device' in capsys.readouterr().out
-
-
 @pytest.mark.skipif(sys.platform == 'win32', reason='fork')
 def test_a_fake_tensor_trace_leaves_forked_processes_able_to_run_backward():
     "Chapter 08a's `launch` forks: if the planner's FakeTensor backward were the process's first, no fork could train (chapter 00 prevents it)."
@@ -334,3 +321,126 @@ _, status = os.waitpid(pid, 0); sys.exit(os.waitstatus_to_exitcode(status))
     r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, 'PYTHONPATH': str(Path(__file__).resolve().parents[1])})
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+# --- CUDA kernel workspaces (cuDNN, cuBLAS/cuBLASLt) and bench/budget_cuda.py: no GPU needed ---
+from types import SimpleNamespace
+from netlite_nb.budget import CudaKernels, cublaslt_workspace_bytes, cuda_kernels, cudnn_conv_workspace, cudnn_lstm_bytes, resolve_target
+
+def convnet(): return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                                    nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+IMG = (torch.empty(8, 3, 32, 32, device='meta'), torch.empty(8, dtype=torch.long, device='meta'))
+BENCH, HEUR = SimpleNamespace(cudnn_benchmark=True), SimpleNamespace(cudnn_benchmark=False)
+
+def scratch(tr): return [r for r in tr.allocs if r.category == 'kernel scratch']
+
+
+def test_cuda_plan_states_and_places_the_cudnn_workspace():
+    off, on = (plan_memory(convnet(), IMG, device_or_gpu='rtx 3060', strategy=s) for s in (HEUR, BENCH))
+    for p, mode in ((off, 'cudnn.benchmark off'), (on, 'cudnn.benchmark on')):
+        assert any(mode in n and 'cuDNN convolution workspace' in n for n in p.notes), p.notes
+        assert not any('not included: it depends' in n for n in p.notes)
+        assert sum(p.breakdown.values()) == p.total
+    assert on.reserved > off.reserved and on.peak > off.peak   # the benchmark's timing buffer lands in the backward peak here
+    tr = trace_step(convnet(), IMG, cuda=True, kernels=CudaKernels(benchmark=True, memory=12 * 2**30)).tracker
+    convs = {'0', '2'}
+    assert {r.module for r in scratch(tr) if r.phase == 'forward'} == convs and {r.phase for r in scratch(tr)} == {'forward', 'backward'}
+    assert all(r.died == r.born + 1 for r in scratch(tr))   # at the convolution ops, freed there
+    timed = [(step, d) for step, d, _, t in tr.kernel_path.log if t]
+    assert timed == [(0, 'forward'), (0, 'forward'), (0, 'backward data'), (0, 'backward weight'), (0, 'backward weight')]
+
+
+def test_cudnn_workspace_moves_the_peak_only_where_it_lands():
+    # a conv stem before a big Linear: AdamW's update of the Linear is the peak, far from the convolutions
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.Flatten(), nn.Linear(8 * 32 * 32, 2048), nn.ReLU(), nn.Linear(2048, 10))
+    ref = trace_step(m, IMG, cuda=True).tracker
+    for k in (CudaKernels(), CudaKernels(benchmark=True)):
+        tr = trace_step(m, IMG, cuda=True, kernels=k).tracker
+        assert scratch(tr) and tr.peak == ref.peak and ref.events[ref.peak_at][1].phase == 'optimizer'
+    # a conv net peaks in backward, at a convolution: the peak rises there, by no more than the largest workspace
+    ref = trace_step(convnet(), IMG, cuda=True).tracker
+    on = trace_step(convnet(), IMG, cuda=True, kernels=CudaKernels(benchmark=True)).tracker
+    assert ref.peak < on.peak <= ref.peak + max(r.nbytes for r in scratch(on)) < ref.peak + sum(r.nbytes for r in scratch(on))
+
+
+def test_cudnn_workspace_follows_the_cap_env_var(monkeypatch):
+    uncapped = plan_memory(convnet(), IMG, device_or_gpu='rtx 3060', strategy=BENCH)
+    monkeypatch.setenv('CUDNN_CONV_WSCAP_DBG', '1')   # MiB, as cuDNN reads it
+    assert cuda_kernels(resolve_target('rtx 3060')).cap == 2**20
+    capped = plan_memory(convnet(), IMG, device_or_gpu='rtx 3060', strategy=BENCH)
+    tr = trace_step(convnet(), IMG, cuda=True, kernels=cuda_kernels(resolve_target('rtx 3060'), BENCH)).tracker
+    assert max(r.nbytes for r in scratch(tr)) == 2**20
+    assert capped.peak < uncapped.peak and any('capped at 1.0 MiB by CUDNN_CONV_WSCAP_DBG' in n for n in capped.notes)
+
+
+def test_cudnn_workspace_model_by_family():
+    x, w, y = (4, 16, 30, 30), (32, 16, 3, 3), (4, 32, 30, 30)
+    heur, bound = cudnn_conv_workspace(x, w, y, (1, 1), (1, 1), (1, 1), 1, 4)
+    fft = 2 * 4 * 32 * 17 * (4 * 16 + 32 * 16 + 4 * 32)          # 32 = the power of two above 30 + 2
+    wino = 4 * 36 * (4 * 16 * 64 + 32 * 16 + 4 * 32 * 64)          # 8 x 8 tiles of 4 x 4 outputs
+    assert (heur, bound) == (4 * 16 * 9, max(fft, wino))
+    assert cudnn_conv_workspace(x, w, y, (1, 1), (1, 1), (1, 1), 1, 4, 'backward data') == (0, max(fft, wino))
+    assert cudnn_conv_workspace(x, w, (4, 32, 15, 15), (2, 2), (1, 1), (1, 1), 1, 4)[1] == 4 * 16 * 9 * 15 * 15  # strided: im2col
+    # a transposed convolution's forward is the plain one's backward-data: no index table, the bound of the swapped shapes
+    tr = trace_step(nn.ConvTranspose2d(16, 8, 3, padding=1), torch.empty(2, 16, 10, 10, device='meta'), kernels=CudaKernels()).tracker
+    assert tr.kernel_path.log[0][1:3] == ('backward data', 0)
+
+
+def test_cublaslt_workspace_and_allocator_settings(monkeypatch):
+    assert [cublaslt_workspace_bytes(cc, g * 2**30) for cc, g in (('7.5', 8), ('8.6', 24), ('9.0', 80))] == [2**20, 4 * 2**20, 32 * 2**20]
+    monkeypatch.setenv('CUBLASLT_WORKSPACE_SIZE', '512')
+    assert cublaslt_workspace_bytes('9.0') == 512 * 1024
+    p = plan_memory(mlp(), MNIST, device_or_gpu='rtx 3060')
+    assert p.breakdown['cuBLASLt workspace'] == 512 * 1024
+    monkeypatch.setenv('TORCH_CUBLASLT_UNIFIED_WORKSPACE', '1')
+    assert cublaslt_workspace_bytes('9.0') == 0
+    exp = plan_memory(convnet(), IMG, device_or_gpu='rtx 3060', strategy=SimpleNamespace(cudnn_benchmark=True, alloc_conf='expandable_segments:True'))
+    assert exp.reserved == 2 * 2**20 * -(-exp.peak // (2 * 2**20)) and any('expandable segments' in n for n in exp.notes)
+
+
+def test_lstm_plan_on_cuda_states_the_rnn_terms():
+    class LSTMNet(nn.Module):
+        def __init__(s): super().__init__(); s.rnn, s.head = nn.LSTM(16, 32, batch_first=True), nn.Linear(32, 4)
+        def forward(s, x): return s.head(s.rnn(x)[0][:, -1])
+    batch = (torch.randn(8, 20, 16), torch.zeros(8, dtype=torch.long))
+    off, on = (plan_memory(LSTMNet(), batch, device_or_gpu='rtx 3060', strategy=s) for s in (HEUR, BENCH))
+    assert (off.peak, off.reserved) == (on.peak, on.reserved)   # no convolutions: benchmark changes nothing
+    assert any('cuDNN LSTM' in n and 'reserve space' in n for n in off.notes) and off.by_module.get('rnn', 0) > 0
+    tr = trace_step(LSTMNet(), batch, cuda=True, kernels=CudaKernels()).tracker
+    reserve, ws = cudnn_lstm_bytes(20, 8, 32)
+    kept = [r for r in tr.allocs if r.nbytes == reserve and r.category == 'activations']
+    assert len(kept) == 2 and all(r.phase == 'forward' and r.died > r.born + 1 for r in kept)  # a tensor kept for backward, each step
+    assert sum(r.nbytes == ws for r in scratch(tr)) == 4   # the workspace: a transient in forward and in backward, each step
+
+
+def test_cuda_trace_takes_the_fused_attention_path():
+    "CUDA's SDPA kernels (flash, memory-efficient) hold no T x T matrix: a CUDA trace follows the fused path, as a CPU one does."
+    class Attn(nn.Module):
+        def __init__(s): super().__init__(); s.a, s.h = nn.MultiheadAttention(32, 2, batch_first=True), nn.Linear(32, 3)
+        def forward(s, x): return s.h(s.a(x, x, x, need_weights=False)[0].mean(1))
+    batch = (torch.randn(4, 256, 32), torch.zeros(4, dtype=torch.long))
+    ref, fused = (trace_step(Attn(), batch, cuda=True, kernels=k).tracker for k in (None, CudaKernels()))
+    tt = 4 * 2 * 256 * 256 * 4   # one fp32 attention matrix per head and sample
+    assert ref.decomposed and ref.peak - fused.peak >= tt
+    assert not any(r.nbytes >= tt for r in fused.allocs if r.category == 'activations')
+
+
+def test_cuda_bench_logic_runs_without_a_gpu(capsys):
+    "bench/budget_cuda.py: its error and table row on made-up numbers, a dry run of real cases, and a clean exit where there is no GPU."
+    sys.path.insert(0, str(ROOT / 'bench'))
+    import budget_cuda as C
+    assert C.error(110, 100) == pytest.approx(0.10) and C.error(90, 100) == pytest.approx(-0.10)
+    mib = 2**20
+    assert C.row('lstm', 32, dict(reserved=105 * mib, allocated=90 * mib), dict(reserved=100 * mib, allocated=88 * mib)).endswith('ok')
+    assert 'OFF' in C.row('lstm', 32, dict(reserved=130 * mib, allocated=90 * mib), dict(reserved=100 * mib, allocated=88 * mib))
+    assert set(C.FAMILIES) >= {'resnet18', 'encdec', 'lstm', 'mha_fused'} and len(C.FAMILIES) >= 12
+    assert C.main(['--dry-run', '--models', 'encdec', 'lstm']) == 0
+    out = capsys.readouterr().out
+    rows = [l for l in out.splitlines() if l.startswith(('encdec', 'lstm'))]
+    assert len(rows) == 8 and 'plans for rtx 3060' in out   # 2 families x 2 batch sizes x benchmark off and on
+    enc = {l.split()[2]: float(l.split()[3][:-2]) for l in rows if l.split()[:2] == ['encdec', '8']}
+    assert enc['on'] > enc['off']                             # the benchmark's timing buffers, planned
+    assert C.main(['--dry-run', '--workspaces', '--models', 'encdec']) == 0
+    assert sum(l.startswith('encdec') for l in capsys.readouterr().out.splitlines()) == len(C.conv_specs('encdec', 8)) == 4
+    if not torch.cuda.is_available():
+        assert C.main(['--models', 'lstm']) == 0 and 'No CUDA device' in capsys.readouterr().out
