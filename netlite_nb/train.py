@@ -712,11 +712,15 @@ def _oom_report(self:Trainer, error:str)->OOMReport:
     r.notes += notes
     return r
 
+def _running_stat_layers(model:nn.Module)->list[nn.Module]:
+    "The normalisation layers that keep running statistics (used in evaluation mode instead of the batch's own)."
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats]
+
 @patch
 def _running_stats(self:Trainer)->list[torch.Tensor]:
     "The buffers a training forward updates in place (BatchNorm's running statistics), found once."
     if self._stats is None:
-        self._stats = [b for m in self.model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
+        self._stats = [b for m in _running_stat_layers(self.model)
                        for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
         self._stats_saved = [b.clone() for b in self._stats]
     return self._stats
@@ -767,8 +771,7 @@ def _recover(self:Trainer, error:str, stats:list):
 # %% ../nbs/07_train.ipynb #bn02
 def _batchnorms(model:nn.Module)->list[tuple[nn.Module, float]]:
     "The normalisation layers that keep running statistics by a momentum, with that momentum."
-    return [(m, m.momentum) for m in model.modules()
-            if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats and m.momentum]
+    return [(m, m.momentum) for m in _running_stat_layers(model) if m.momentum]
 
 @patch
 def _warm_batchnorm(self:Trainer):
@@ -831,10 +834,6 @@ def _eval_forward(self:Trainer, model:nn.Module, xb:torch.Tensor)->torch.Tensor:
         self.log(f"out of memory in evaluation with {n} samples per forward pass: retrying with {self.eval_batch}")
 
 # %% ../nbs/07_train.ipynb #ns02
-def _running_stat_layers(model:nn.Module)->list[nn.Module]:
-    "The normalisation layers whose evaluation mode uses running statistics rather than the batch's own."
-    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats]
-
 def _stale_statistics(eval_loss:float, # cross-entropy with the running statistics (evaluation mode)
                       batch_stats_loss:float, # the same batch with the batch's own statistics
                       num_classes:int)->bool:
