@@ -1,20 +1,28 @@
 """LoRA against full fine-tuning on chapter 09a's offline scenario: chapter 05's MLP (hidden layers 1024, 1024; 1.9 M parameters)
 trained by the book on the digits 0-4 of the embedded MNIST sample, then adapted to 5-9.
 
-    python bench/lora.py                         # 3 seeds, 20 epochs of adaptation (about 10 minutes on 2 busy cores)
-    python bench/lora.py --seeds 1 --epochs 4    # the chapter's short version
-    python bench/lora.py --dropout 0             # LoRA without dropout on the adapters' input
+    python bench/lora.py                         # every arm below, 3 seeds, 20 epochs of adaptation (about 30 minutes on 2 busy cores)
+    python bench/lora.py --seeds 1 --epochs 4    # a short look
+    python bench/lora.py --arm full,lr=auto --arm rank=16,bias=all,lr=auto   # arms of your own (each --arm replaces the list)
 
-Per seed: the base trains on 0-4 for 2 epochs (AdamW, lr 1e-3); copies of it train on 5-9 for the same number of epochs, in full
-(AdamW, lr 1e-3) and with LoRA (rank 8, alpha 16, dropout 0.1 on every layer, the 10-way head trained in full; AdamW, lr 3e-3), with chapter 07's
-Trainer; accuracy is on the held-out 5-9 images. Memory, for a training step at batch 64 with AdamW:
+An arm is `key=value` pairs: `full` (every weight trains; `bias=none` freezes the biases, a probe), or LoRA's `rank` (8), `alpha` (16), `dropout` (0.1), `bias` ('none',
+'all', 'lora_only': which biases train, as peft's LoraConfig), `rslora` (1: scale alpha/sqrt(rank) instead of alpha/rank, as
+peft's use_rslora), and `lr`: a number, 'auto' (the Trainer's lr='auto': chapter 07's `lr_find` with its default rule, a tenth
+of the rate at the lowest smoothed loss) or 'steepest' (`lr_find(rule='steepest')`: the steepest descent of the smoothed loss),
+so no arm's rate is tuned by hand; `epochs` (the arm's own, instead of --epochs). LoRA arms put adapters on every layer and train the 10-way head in full.
+
+Per seed: the base trains on 0-4 for 2 epochs (AdamW, lr 1e-3); a copy of it trains on 5-9 for `--epochs` epochs in each arm, with
+chapter 07's Trainer (AdamW, weight decay 0.01, warmup + cosine); accuracy is on the held-out 5-9 images, the training loss (the
+median over seeds) on the 5-9 images it trained on, in eval mode: how far the arm got in fitting them. Per arm, for a training
+step at batch 64 with AdamW:
 - planned: chapter 01's `plan_memory` on the 'cpu' target (tensors and the CPU kernel workspace);
-- tensors only: the same plan without the workspace, minus the measured peak (what the kernels keep is the rest);
+- tensors: the plan without the CPU kernel workspace, minus the measured peak (what the kernels keep is the rest);
 - measured: the peak resident memory of two training steps in a fresh process, with glibc and MKL set up as
   bench/budget_accuracy.py sets them (its `measure`, see its docstring), so the resident set tracks live tensors;
-- time: median over paired steps of full and LoRA in one process (the machine is shared and noisy).
+- step: the median over paired steps, every arm's model stepped in turn in one process (the machine is shared and noisy);
+  ratios are against full fine-tuning's step measured in the same rounds.
 """
-import argparse, os, statistics, subprocess, sys, time
+import argparse, copy, json, math, os, statistics, subprocess, sys, time
 from pathlib import Path
 import torch
 import torch.nn.functional as F
@@ -24,80 +32,115 @@ sys.path.insert(0, str(ROOT))  # this checkout's netlite_nb, not whichever one i
 sys.path.insert(0, str(ROOT / 'bench'))
 import budget_accuracy  # the fresh-process RSS measurement of chapter 01's accuracy bench
 from netlite_nb.budget import plan_memory
-from netlite_nb.lora import _digit_loaders, _fine_tune, add_lora, compare_adaptation
+from netlite_nb.lora import LowRank, _digit_loaders, _fine_tune, add_lora
 from netlite_nb.models import create_model
+from netlite_nb.train import Trainer
 
-LORA = dict(rank=8, alpha=16.0, dropout=0.1, train=['head'])
 BATCH = 64
+LORA = dict(rank=8, alpha=16.0, dropout=0.1, bias='none', rslora=0, lr=3e-3)
+ARMS = ['full,lr=1e-3', 'full,lr=auto', 'full,lr=1e-3,bias=none',  # full fine-tuning: the book's default rate, lr_find's, biases frozen
+        'lr=3e-3', 'lr=auto', 'lr=1e-3', 'lr=1e-2',                   # LoRA as the chapter had it; lr_find's rate; the rate either side
+        'lr=3e-3,bias=all', 'lr=3e-3,dropout=0',                      # one mechanism at a time
+        'lr=3e-3,rank=16', 'lr=3e-3,rank=16,rslora=1', 'lr=3e-3,rank=64']  # rank 64 is a probe: 13% of the parameters train
+
+def parse_arm(spec:str)->dict:
+    "'full,lr=auto' or 'rank=16,bias=all' -> the arm's settings (LoRA's defaults filled in)."
+    kv = dict(p.split('=', 1) if '=' in p else (p, '1') for p in spec.split(',') if p)
+    full = kv.pop('full', None) is not None
+    arm = {'full': full, 'lr': 1e-3 if full else LORA['lr'], 'epochs': 0} | ({'bias': 'all'} if full else {k: v for k, v in LORA.items() if k != 'lr'})
+    for k, v in kv.items():
+        if k not in arm: raise SystemExit(f"--arm {spec!r}: unknown key {k!r}; an arm takes full, lr, epochs, bias{'' if full else ', ' + ', '.join(LORA)}.")
+        arm[k] = v if k in ('bias',) or v in ('auto', 'steepest') else type(LORA.get(k, 1.0))(float(v))
+    return arm
 
 def digits_mlp(): return create_model('mlp', hidden=(1024, 1024), dropout=0.0)
 
-def build(kind:str):
-    "The model a 'full' or 'lora' step trains (weights random: the memory of a step does not depend on their values)."
-    return digits_mlp() if kind == 'full' else add_lora(digits_mlp(), **LORA)
+def adapt(model, arm:dict):
+    "`model` as the arm trains it: itself (bias=none: biases frozen), or with adapters (rsLoRA: each adapter's scale alpha/sqrt(rank))."
+    if arm['full']:
+        for n, p in model.named_parameters(): p.requires_grad_(arm['bias'] == 'all' or 'bias' not in n)
+        return model
+    m = add_lora(model, rank=int(arm['rank']), alpha=arm['alpha'], dropout=arm['dropout'], train=['head'], bias=arm['bias'])
+    if arm['rslora']:
+        for a in m.modules():
+            if isinstance(a, LowRank): a.scale = a.alpha / math.sqrt(a.rank)
+    return m
 
-def measured(kind:str)->int:
-    "Peak bytes of two AdamW steps of `kind` at batch 64, measured in a fresh process by budget_accuracy.measure."
-    out = subprocess.run([sys.executable, __file__, '--measure', kind, '--dropout', str(LORA['dropout'])], env={**os.environ, **budget_accuracy.ENV, 'PYTHONPATH': str(ROOT)},
+def build(arm:dict): return adapt(digits_mlp(), arm)  # weights random: the memory of a step does not depend on their values
+
+def measured(spec:str)->int:
+    "Peak bytes of two AdamW steps of the arm at batch 64, measured in a fresh process by budget_accuracy.measure."
+    out = subprocess.run([sys.executable, __file__, '--measure', spec], env={**os.environ, **budget_accuracy.ENV, 'PYTHONPATH': str(ROOT)},
                          capture_output=True, text=True, check=True)
     return int(out.stdout.split()[-1])
 
-def planned(kind:str, device_or_gpu='cpu')->int:
+def planned(arm:dict, device_or_gpu='cpu')->int:
     "The planner's peak: on the 'cpu' target with the CPU kernel workspace, with None tensors only."
     torch.manual_seed(0)
-    return plan_memory(build(kind), (torch.randn(BATCH, 1, 28, 28), torch.randint(0, 10, (BATCH,))), device_or_gpu=device_or_gpu).peak
+    return plan_memory(build(arm), (torch.randn(BATCH, 1, 28, 28), torch.randint(0, 10, (BATCH,))), device_or_gpu=device_or_gpu).peak
 
-def step_times(pairs:int=30)->tuple[float, float]:
-    "Median seconds of a full and a LoRA training step, timed in alternation."
+def step_times(arms:dict, pairs:int=20)->dict:
+    "spec -> median seconds of one training step, every arm's model stepped in turn in each round."
     torch.manual_seed(0)
     x, y = torch.rand(BATCH, 1, 28, 28), torch.randint(0, 10, (BATCH,))
-    models = {k: build(k) for k in ('full', 'lora')}
-    opts = {k: torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-3) for k, m in models.items()}
-    times = {k: [] for k in models}
+    models = {s: build(a) for s, a in arms.items()}
+    opts = {s: torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-3) for s, m in models.items()}
+    times = {s: [] for s in models}
     for i in range(pairs + 3):
-        for k, m in models.items():
+        for s, m in models.items():
             t0 = time.perf_counter()
-            F.cross_entropy(m(x), y).backward(); opts[k].step(); opts[k].zero_grad(set_to_none=True)
-            if i >= 3: times[k].append(time.perf_counter() - t0)  # the first steps load kernels and create the optimizer state
-    return statistics.median(times['full']), statistics.median(times['lora'])
+            F.cross_entropy(m(x), y).backward(); opts[s].step(); opts[s].zero_grad(set_to_none=True)
+            if i >= 3: times[s].append(time.perf_counter() - t0)  # the first steps load kernels and create the optimizer state
+    return {s: statistics.median(t) for s, t in times.items()}
 
-def accuracy(seeds:int, epochs:int)->dict:
-    "kind -> held-out accuracies on 5-9, one per seed; with the trainable and total parameter counts."
-    acc, counts = {'full': [], 'lora': []}, {}
-    for s in range(seeds):
-        first, second = _digit_loaders([0, 1, 2, 3, 4], seed=s), _digit_loaders([5, 6, 7, 8, 9], seed=s)
-        torch.manual_seed(s)
+def accuracy(arms:dict, seeds:int, epochs:int)->dict:
+    "spec -> one (accuracy %, lr used, trainable, total, loss on the training set) per seed."
+    res = {s: [] for s in arms}
+    for seed in range(seeds):
+        first, second = _digit_loaders([0, 1, 2, 3, 4], seed=seed), _digit_loaders([5, 6, 7, 8, 9], seed=seed)
+        torch.manual_seed(seed)
         base = digits_mlp()
-        base_acc, _ = _fine_tune(base, first, 2, 1e-3)
-        r = compare_adaptation(base, second, epochs=epochs, **LORA)
-        for k in acc: acc[k].append(r.rows[k]['accuracy']); counts[k] = (r.rows[k]['trainable'], r.rows[k]['total'])
-        print(f"seed {s}: base {base_acc:.2f}% on 0-4; on 5-9 full {r.rows['full']['accuracy']:.2f}%, LoRA {r.rows['lora']['accuracy']:.2f}% "
-              f"(base before adapting {r.base_accuracy:.2f}%)", flush=True)
-    return acc, counts
+        base_acc = _fine_tune(base, first, 2, 1e-3)['accuracy']
+        print(f"seed {seed}: base {base_acc:.2f}% on 0-4", flush=True)
+        for s, a in arms.items():
+            torch.manual_seed(1000 + seed)  # every arm's adapters start from the same random A: arms differ by their settings alone
+            m, t0 = adapt(copy.deepcopy(base), a), time.time()
+            n = (sum(p.numel() for p in m.parameters() if p.requires_grad), sum(p.numel() for p in m.parameters()))
+            lr = a['lr'] if a['lr'] != 'steepest' else Trainer(m, second, device='cpu', progress=False, verbose=False, plan=False).lr_find(rule='steepest').suggestion
+            r = _fine_tune(m, second, int(a['epochs']) or epochs, lr)  # lr_find leaves model and data as they were: the run starts as any other
+            res[s].append((r['accuracy'], r['lr'], *n, r['train_loss']))
+            print(f"  {s:<28} {r['accuracy']:6.2f}% on 5-9, training loss {r['train_loss']:.4f} (lr {r['lr']:.3g}; {time.time() - t0:.0f} s)", flush=True)
+    return res
 
-def report(seeds:int, epochs:int):
-    acc, counts = accuracy(seeds, epochs)
-    mem = {k: (planned(k), measured(k), planned(k, None)) for k in ('full', 'lora')}
-    t_full, t_lora = step_times()
-    print(f"\n{'':<6}{'accuracy (median)':>18}{'trainable':>22}{'planned':>11}{'measured':>11}{'plan error':>11}{'tensors only':>14}{'step':>9}")
-    for k, t in (('full', t_full), ('lora', t_lora)):
-        (tr, tot), (p, m, pt) = counts[k], mem[k]
-        print(f"{k:<6}{statistics.median(acc[k]):>17.2f}%{tr:>12,} ({100*tr/tot:4.1f}%){p/2**20:>8.1f}Mi{m/2**20:>8.1f}Mi{100*(p-m)/m:>+10.1f}%"
-              f"{(pt-m)/2**20:>+9.1f} MiB{1000*t:>7.1f}ms")
-    gaps = [l - f for f, l in zip(acc['full'], acc['lora'])]
-    print(f"LoRA/full: trainable {counts['lora'][0]/counts['full'][0]:.3f}, measured peak {mem['lora'][1]/mem['full'][1]:.2f}, "
-          f"step time {t_lora/t_full:.2f}; accuracy LoRA - full per seed: {', '.join(f'{g:+.2f}' for g in gaps)} points "
-          f"({epochs} epochs, {seeds} seeds)")
+def report(arms:dict, seeds:int, epochs:int, out:str|None):
+    acc = accuracy(arms, seeds, epochs)
+    mem = {s: (planned(a), measured(s), planned(a, None)) for s, a in arms.items()}
+    times = step_times(arms)
+    ref = next(s for s, a in arms.items() if a['full'])
+    print(f"\n{epochs} epochs, {seeds} seeds; ratios and 'vs full' against {ref!r} (per seed)")
+    print(f"{'arm':<28}{'accuracy per seed':>24}{'median':>8}{'vs full':>22}{'lr (median)':>12}{'trainable':>10}"
+          f"{'planned':>9}{'measured':>10}{'plan err':>9}{'tensors':>9}{'peak':>6}{'step':>6}{'train loss':>11}")
+    rows = {}
+    for s in arms:
+        a, (p, m, pt) = acc[s], mem[s]
+        gaps = [x[0] - f[0] for x, f in zip(a, acc[ref])]
+        rows[s] = dict(accuracy=[x[0] for x in a], lr=[x[1] for x in a], train_loss=[x[4] for x in a], trainable=a[0][2] / a[0][3], planned=p, measured=m, tensors=pt,
+                       peak_ratio=m / mem[ref][1], step_ratio=times[s] / times[ref], step_s=times[s], gaps=gaps)
+        r = rows[s]
+        print(f"{s:<28}{' '.join(f'{x:6.2f}' for x in r['accuracy']):>24}{statistics.median(r['accuracy']):>8.2f}"
+              f"{' '.join(f'{g:+5.1f}' for g in gaps):>22}{statistics.median(r['lr']):>12.3g}{100 * r['trainable']:>9.1f}%"
+              f"{p / 2**20:>7.1f}Mi{m / 2**20:>8.1f}Mi{100 * (p - m) / m:>+8.1f}%{(pt - m) / 2**20:>+6.1f}MiB{r['peak_ratio']:>6.2f}{r['step_ratio']:>6.2f}{statistics.median(r['train_loss']):>11.4f}")
+    if out: Path(out).write_text(json.dumps(dict(epochs=epochs, seeds=seeds, reference=ref, arms=rows), indent=1))
 
 if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--seeds', type=int, default=3)
     ap.add_argument('--epochs', type=int, default=20)
-    ap.add_argument('--dropout', type=float, default=LORA['dropout'], help="dropout on the adapters' input")
-    ap.add_argument('--measure', choices=['full', 'lora'], help=argparse.SUPPRESS)  # the fresh child process of `measured`
+    ap.add_argument('--arm', action='append', help="an arm, e.g. 'full,lr=auto' or 'rank=16,bias=all,lr=auto' (repeatable)")
+    ap.add_argument('--json', help="also write the results to this file")
+    ap.add_argument('--measure', help=argparse.SUPPRESS)  # the fresh child process of `measured`
     a = ap.parse_args()
-    LORA['dropout'] = a.dropout
     if a.measure:
-        budget_accuracy.ALL[a.measure] = (lambda: build(a.measure), (1, 28, 28), ())  # the bench measures any model in ALL
+        budget_accuracy.ALL[a.measure] = (lambda: build(parse_arm(a.measure)), (1, 28, 28), ())  # the bench measures any model in ALL
         print(budget_accuracy.measure(a.measure, BATCH))
-    else: report(a.seeds, a.epochs)
+    else: report({s: parse_arm(s) for s in (a.arm or ARMS)}, a.seeds, a.epochs, a.json)

@@ -7,10 +7,11 @@ final validation accuracy averaged over seeds.
     python bench/optim_state.py --seeds 0 --epochs 2
     python bench/optim_state.py --step-only      # just the step-time table (~1 minute)
     OMP_NUM_THREADS=1 python bench/optim_state.py --step-only   # the same on one thread
+    python bench/optim_state.py --runs 5         # the step-time table in 5 fresh processes: medians over runs
     python bench/optim_state.py --chunks         # AdamW8bit's step time by chunk size
 """
 from __future__ import annotations
-import argparse, math, os, statistics, sys, time
+import argparse, json, math, os, resource, statistics, subprocess, sys, time
 import torch, torch.nn as nn, torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -103,7 +104,8 @@ def _bnb_adamw8bit():
 
 class _PlainAdamW8bit(AdamW8bit):
     "AdamW8bit stepping the plain way (chapter 03's `_adamw_8bit_reference`: whole tensor, fresh temporaries), for comparison."
-    def _update_8bit(self, p, st, group, step_size, bc2_sqrt): optim._adamw_8bit_reference(p, st, group, step_size, bc2_sqrt)
+    def _update_8bit(self, p, st, group, step_size, bc2_sqrt, decay=1.0):
+        p.mul_(decay); optim._adamw_8bit_reference(p, st, group, step_size, bc2_sqrt)
 
 
 class _ChunkedAdamW8bit(AdamW8bit):
@@ -115,20 +117,26 @@ class _ChunkedAdamW8bit(AdamW8bit):
         finally: optim._chunk_values = sized
 
 
+def _faults():
+    "Minor page faults of this process so far: a step that allocates fresh memory pays one per 4 KiB page it touches."
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _paired(makers, repeats, size):
-    "Each optimizer's step on its own copy of one size x size weight, in turn, `repeats` rounds: {name: [seconds]} and the optimizers."
+    "Each optimizer's step on its own copy of one size x size weight, in turn, `repeats` rounds: {name: [seconds]}, the optimizers, {name: [page faults]}, {name: [CPU seconds]}."
     torch.manual_seed(0)
     w0 = torch.randn(size, size) * 0.02
     grads = [torch.randn(size, size) * 1e-3 for _ in range(3)]
     ws = {n: nn.Parameter(w0.clone()) for n in makers}
     opts = {n: make([ws[n]], 1e-3) for n, make in makers.items()}
-    times = {n: [] for n in makers}
+    times, faults, cpu = {n: [] for n in makers}, {n: [] for n in makers}, {n: [] for n in makers}
     for r in range(repeats + 1):
         for n, o in opts.items():  # interleaved, so a change in the machine's load hits every optimizer alike
             ws[n].grad = grads[r % 3]
-            t0 = time.perf_counter(); o.step(); dt = time.perf_counter() - t0
-            if r: times[n].append(dt)  # the first round creates the state
-    return times, opts
+            f0, c0, t0 = _faults(), time.process_time(), time.perf_counter(); o.step()
+            dt, dc, df = time.perf_counter() - t0, time.process_time() - c0, _faults() - f0
+            if r: times[n].append(dt); faults[n].append(df); cpu[n].append(dc)  # the first round creates the state
+    return times, opts, faults, cpu
 
 
 def _ratio_cols(ts, base):
@@ -137,19 +145,59 @@ def _ratio_cols(ts, base):
     return f"{statistics.median(ts) * 1e3:9.1f} {q[1]:8.2f} {q[0]:6.2f}–{q[2]:<5.2f}"
 
 
-def step_time(repeats=15, size=2048):
-    "One size x size weight: each optimizer's step in turn, `repeats` rounds; median step time and ratio to AdamW's (quartiles)."
+def step_stats(repeats=15, size=2048):
+    "One size x size weight, each optimizer's step in turn for `repeats` rounds: {name: {ms, ms_q1, ms_q3, faults, ratio, ratio_q1, ratio_q3, cpu_ms, cpu_ratio, bpp}}."
     makers = {'torch.optim.AdamW': OPTIMIZERS['torch.optim.AdamW'], 'AdamW8bit (netlite_nb)': OPTIMIZERS['AdamW8bit'],
               'AdamW8bit, plain step': lambda p, lr: _PlainAdamW8bit(p, lr=lr, weight_decay=0.01)}
     if _bnb_adamw8bit(): makers['bitsandbytes.optim.AdamW8bit'] = _bnb_adamw8bit()
-    times, opts = _paired(makers, repeats, size)
-    base = times['torch.optim.AdamW']
-    out = [f"step on one {size}x{size} fp32 weight ({size * size / 1e6:.1f}M parameters), {repeats} interleaved rounds, "
-           f"{torch.get_num_threads()} thread(s), chunk {optim._chunk_values(torch.device('cpu'), 256)} values:",
-           f"{'optimizer':32s} {'median ms':>9s} {'× AdamW':>8s} {'quartiles':>11s} {'state B/param':>13s}"]
+    times, opts, faults, cpu = _paired(makers, repeats, size)
+    base, q = times['torch.optim.AdamW'], lambda xs: statistics.quantiles(xs, n=4, method='inclusive')
+    out = {}
     for n, ts in times.items():
-        out.append(f"{n:32s} {_ratio_cols(ts, base)} {state_bytes(opts[n]) / size**2:13.3f}")
+        (m1, m2, m3), (r1, r2, r3) = q([t * 1e3 for t in ts]), q([t / b for t, b in zip(ts, base)])
+        out[n] = dict(ms=m2, ms_q1=m1, ms_q3=m3, faults=statistics.median(faults[n]), ratio=r2, ratio_q1=r1, ratio_q3=r3,
+                      cpu_ms=statistics.median(cpu[n]) * 1e3, bpp=state_bytes(opts[n]) / size**2)
+    for r in out.values(): r['cpu_ratio'] = r['cpu_ms'] / out['torch.optim.AdamW']['cpu_ms']
+    return out
+
+
+def step_time(repeats=15, size=2048):
+    "One size x size weight: each optimizer's step in turn, `repeats` rounds; median step time, page faults, ratio to AdamW's (quartiles)."
+    load0 = os.getloadavg()[0]
+    stats = step_stats(repeats, size)
+    out = [f"step on one {size}x{size} fp32 weight ({size * size / 1e6:.1f}M parameters), {repeats} interleaved rounds, "
+           f"{torch.get_num_threads()} thread(s), chunk {optim._chunk_values(torch.device('cpu'), 256)} values, "
+           f"load average {load0:.1f} -> {os.getloadavg()[0]:.1f}:",
+           f"{'optimizer':32s} {'median ms':>9s} {'q1–q3 ms':>13s} {'faults/step':>11s} {'× AdamW':>8s} {'quartiles':>11s} {'CPU ms':>7s} {'CPU ×':>6s} {'state B/param':>13s}"]
+    for n, r in stats.items():
+        span = f"{r['ms_q1']:.1f}–{r['ms_q3']:.1f}"
+        out.append(f"{n:32s} {r['ms']:9.1f} {span:>13s} {r['faults']:11.0f} {r['ratio']:8.2f} {r['ratio_q1']:6.2f}–{r['ratio_q3']:<5.2f} {r['cpu_ms']:7.1f} {r['cpu_ratio']:6.2f} {r['bpp']:13.3f}")
+    out.append("faults/step: page faults of a step (fresh memory the step touches); torch.optim.AdamW's step allocates two "
+               "temporaries as large as the weight, and whether the allocator hands it fresh pages, and so whether the step "
+               "is fast or slow, changes from process to process. CPU ms: the process's CPU time per step (all its threads, "
+               "median): what a step costs where no other job takes the cores, but it also counts OpenMP threads spinning at barriers")
     if not _bnb_adamw8bit(): out.append('(bitsandbytes not installed: pip install -e ".[bnb]" to compare with it)')
+    return '\n'.join(out)
+
+
+def step_runs(runs=5, rounds=15, threads=None):
+    "The step-time table's medians in `runs` fresh processes (AdamW's fast or slow allocator state is set per process): per-run rows and the median over runs."
+    cmd = [sys.executable, os.path.abspath(__file__), '--step-json', '--rounds', str(rounds)] + (['--threads', str(threads)] if threads else [])
+    load0, res = os.getloadavg()[0], []
+    for _ in range(runs):
+        res.append(json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]))
+    ours, adamw = 'AdamW8bit (netlite_nb)', 'torch.optim.AdamW'
+    out = [f"{runs} fresh processes x {rounds} interleaved rounds, {res[0]['threads']} thread(s), "
+           f"load average {load0:.1f} -> {os.getloadavg()[0]:.1f}; per run, medians of the rounds:"]
+    out += [f"  run {i + 1}: {adamw} {r[adamw]['ms']:.1f} ms ({r[adamw]['faults']:.0f} faults/step), "
+            f"{ours} {r[ours]['ms']:.1f} ms: {r[ours]['ratio']:.2f}× AdamW; CPU time {r[adamw]['cpu_ms']:.1f} and "
+            f"{r[ours]['cpu_ms']:.1f} ms: {r[ours]['cpu_ratio']:.2f}×" for i, r in enumerate(res)]
+    out.append(f"{'optimizer':32s} {'median ms (lowest–highest run)':>32s} {'× AdamW (lowest–highest run)':>30s}")
+    for n in res[0]:
+        if n == 'threads': continue
+        ms, ra = sorted(r[n]['ms'] for r in res), sorted(r[n]['ratio'] for r in res)
+        out.append(f"{n:32s} {f'{statistics.median(ms):.1f} ({ms[0]:.1f}–{ms[-1]:.1f})':>32s} "
+                   f"{f'{statistics.median(ra):.2f} ({ra[0]:.2f}–{ra[-1]:.2f})':>30s}")
     return '\n'.join(out)
 
 
@@ -157,7 +205,7 @@ def chunk_sweep(repeats=7, size=2048, chunks=tuple(2**k for k in range(12, 23, 2
     "AdamW8bit's step with the chunk forced to each size, against AdamW in the same rounds: what the chunk size costs."
     makers = {'torch.optim.AdamW': OPTIMIZERS['torch.optim.AdamW']}
     makers.update({c: (lambda c: lambda p, lr: _ChunkedAdamW8bit(p, c, lr=lr, weight_decay=0.01))(c) for c in chunks})
-    times, _ = _paired(makers, repeats, size)
+    times = _paired(makers, repeats, size)[0]
     out = [f"AdamW8bit's step by chunk size, one {size}x{size} weight, {repeats} interleaved rounds, {torch.get_num_threads()} thread(s) "
            f"(chosen here: {optim._chunk_values(torch.device('cpu'), 256)}):",
            f"{'chunk (values, KiB touched)':32s} {'median ms':>9s} {'× AdamW':>8s} {'quartiles':>11s}"]
@@ -173,9 +221,13 @@ def main():
     ap.add_argument('--threads', type=int, default=None, help="PyTorch's threads (default: its own choice, which follows OMP_NUM_THREADS)")
     ap.add_argument('--rounds', type=int, default=15, help='interleaved rounds of the step-time table')
     ap.add_argument('--step-only', action='store_true', help='only the step-time table')
+    ap.add_argument('--runs', type=int, default=0, help='the step-time table in this many fresh processes, summarized')
+    ap.add_argument('--step-json', action='store_true', help=argparse.SUPPRESS)  # one run's medians as JSON, for --runs
     ap.add_argument('--chunks', action='store_true', help="only the step time by chunk size")
     a = ap.parse_args()
     if a.threads: torch.set_num_threads(a.threads)
+    if a.step_json: print(json.dumps({**step_stats(a.rounds), 'threads': torch.get_num_threads()})); return
+    if a.runs: print(step_runs(a.runs, a.rounds, a.threads)); return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)\n")
     if a.chunks: print(chunk_sweep()); return
     print(step_time(a.rounds), '\n')

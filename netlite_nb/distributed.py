@@ -5,6 +5,7 @@
 # %% ../nbs/08a_distributed.ipynb #c003
 from __future__ import annotations
 import copy, gc, importlib, math, multiprocessing as mp, os, signal, socket, time, traceback
+from pathlib import Path
 from dataclasses import replace
 from datetime import timedelta
 import torch, torch.distributed as dist
@@ -181,6 +182,22 @@ def distribute(trainer:Trainer, # a trainer that has not started `fit`
     t.notes.append(f"data-parallel: process {rank} of {world} ({backend}); effective batch {world} × {t.effective_batch} = {world * t.effective_batch}")
     return t
 
+# %% ../nbs/08a_distributed.ipynb #c036a
+def _openmp_survives_fork()->bool:
+    "False where PyTorch runs on GNU OpenMP (Linux wheels): its pool is gone in a forked process, which hangs at its first parallel op with more than one thread."
+    try: return 'libgomp' not in Path('/proc/self/maps').read_text()
+    except OSError: return True  # no /proc: not Linux, so not GNU OpenMP (macOS wheels ship LLVM's libomp, which forks safely)
+
+def _fork_threads(threads:int|None, nproc:int)->int:
+    "PyTorch threads for each process `launch` runs: what fork allows, `threads` if given."
+    if _openmp_survives_fork(): return threads or max(1, torch.get_num_threads() // nproc)
+    if threads not in (None, 1):
+        raise ValueError(f"threads={threads}: a process forked from this one can run PyTorch on one thread only here, because GNU "
+                         "OpenMP (PyTorch's CPU threads on Linux) does not survive a fork: it would hang at its first parallel "
+                         "operation. Use more processes (nproc) for more cores, or train from a terminal with "
+                         "`netlite train CONFIG.yaml --nproc-per-node N`, whose fresh processes may use several threads each.")
+    return 1
+
 # %% ../nbs/08a_distributed.ipynb #c036
 _DIST_VARS = ('MASTER_ADDR', 'MASTER_PORT', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'RANK', 'LOCAL_RANK')
 
@@ -251,7 +268,7 @@ def _start(nproc:int, threads:int, fn, args, kwargs)->list:
 # %% ../nbs/08a_distributed.ipynb #c038
 def launch(fn, # the training function; each process calls fn(*args, **kwargs)
            *args, nproc:int=2, # processes on this machine
-           threads:int|None=None, # PyTorch threads per process; default the cores divided among the processes
+           threads:int|None=None, # PyTorch threads per process; default 1 where GNU OpenMP cannot fork, else the cores divided among them
            timeout:float=120, # seconds the others may take to finish after process 0 has
            **kwargs):
     "Run `fn` in `nproc` processes of one data-parallel job: this one is process 0 (its dashboard shows here), the others are forked."
@@ -260,7 +277,7 @@ def launch(fn, # the training function; each process calls fn(*args, **kwargs)
         raise RuntimeError("CUDA is already initialised in this notebook, and processes forked from it cannot use the GPU. "
                            "Restart the kernel and call `launch` before anything touches the GPU, or train from a terminal "
                            "with `netlite train CONFIG.yaml --nproc-per-node N`.")
-    threads = threads or max(1, torch.get_num_threads() // nproc)
+    threads = _fork_threads(threads, nproc)
     importlib.import_module('torch._dynamo')  # DDP imports it (some 900 modules) when it is built: once here, not in every process
     saved, n_threads, procs = {k: os.environ.get(k) for k in _DIST_VARS}, torch.get_num_threads(), []
     os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(free_port()), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc))

@@ -119,12 +119,13 @@ class LoRASummary:
     rank:int
     alpha:float
     dropout:float
+    bias:str='none'       # which biases train: 'none', 'all' or 'lora_only' (as `peft`'s LoraConfig)
     @property
     def fraction(self)->float: return self.trainable / self.total
 
 @patch
 def rows(self:LoRASummary)->list[tuple[str,str]]:
-    r = [('adapters', f"{len(self.adapted)} modules, rank {self.rank}, alpha {self.alpha:g}, dropout {self.dropout:g}"),
+    r = [('adapters', f"{len(self.adapted)} modules, rank {self.rank}, alpha {self.alpha:g}, dropout {self.dropout:g}, bias {self.bias!r}"),
          ('trainable', f"{self.trainable:,} of {self.total:,} parameters ({100*self.fraction:.2f}%)")]
     r += [(f"  {n}", w) for n, w in list(self.adapted.items())[:8]] + ([('  ...', f"{len(self.adapted) - 8} more")] if len(self.adapted) > 8 else [])
     return r + [(f"skipped {n}", why) for n, why in self.skipped.items()]
@@ -135,16 +136,29 @@ def __str__(self:LoRASummary): return rows_text(self.rows())
 def _repr_html_(self:LoRASummary): return rows_html(self.rows(), 'LoRA')
 
 # %% ../nbs/09a_lora.ipynb #l027
-def _freeze(model:nn.Module, train)->int:
-    "Freeze every parameter but the adapters' and those of modules matching `train`; returns how many train."
-    full = {id(p) for n, m in model.named_modules() if n and _matches(n, train) for p in m.parameters()}
+_BIAS = ('none', 'all', 'lora_only')
+
+def _trains_bias(name:str, bias:str, adapted)->bool:
+    "Does the parameter `name` train under `bias`: a bias anywhere ('all'), or one of an adapted module ('lora_only')?"
+    owner, _, leaf = name.rpartition('.')
+    if 'bias' not in leaf or bias == 'none': return False
+    return bias == 'all' or owner in adapted or owner.removesuffix('.base') in adapted
+
+def _in_full(model:nn.Module, train)->set:
+    "ids of the parameters of the modules matching `train`."
+    return {id(p) for n, m in model.named_modules() if n and _matches(n, train) for p in m.parameters()}
+
+def _freeze(model:nn.Module, train, bias:str='none', adapted=())->int:
+    "Freeze every parameter but the adapters', the biases `bias` names and those of modules matching `train`; returns how many train."
+    full = _in_full(model, train)
     for n, p in model.named_parameters():
-        p.requires_grad_(n.rsplit('.', 1)[-1] in ('lora_A', 'lora_B') or id(p) in full)
+        p.requires_grad_(n.rsplit('.', 1)[-1] in ('lora_A', 'lora_B') or id(p) in full or _trains_bias(n, bias, adapted))
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
-def _fingerprint(model:nn.Module)->bytes|None:
-    "SHA-256 of the frozen parameters' names and bytes; None for the planner's data-less copies."
-    frozen = [(n, p) for n, p in model.named_parameters() if not p.requires_grad]
+def _fingerprint(model:nn.Module, train=())->bytes|None:
+    "SHA-256 of the base weights' names and bytes (all but the adapters and the `train` modules); None for the planner's data-less copies."
+    new = _in_full(model, train)
+    frozen = [(n, p) for n, p in model.named_parameters() if n.rsplit('.', 1)[-1] not in ('lora_A', 'lora_B') and id(p) not in new]
     if any(is_traced(p) for _, p in frozen): return None
     h = hashlib.sha256()
     for n, p in frozen: h.update(n.encode()); h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
@@ -157,9 +171,11 @@ def add_lora(model:nn.Module, # changed in place (and returned)
              alpha:float=16.0, # the update is scaled by alpha / rank
              dropout:float=0.0, # dropout on the adapters' input (not for MultiheadAttention's parametrizations)
              train=(), # module-name patterns whose parameters train in full (e.g. a new head)
+             bias:str='none', # biases that train too, as `peft`'s LoraConfig: 'none', 'all' (every bias), 'lora_only' (those of adapted modules)
             )->nn.Module:
     "Freeze `model` and give the modules `targets` names low-rank adapters; returns the model, whose `lora_summary` says what was done."
     if is_lora(model): raise ValueError("This model already has LoRA adapters: merge them first (`merge_lora`), then add new ones.")
+    if bias not in _BIAS: raise ValueError(f"bias must be 'none', 'all' or 'lora_only' (which biases train, as in peft), not {bias!r}.")
     mods = list(model.named_modules())
     parents = {f"{p}.{c}" if p else c: pm for p, pm in mods for c, _ in pm.named_children()}
     kw, adapted, skipped = dict(rank=rank, alpha=alpha, dropout=dropout), {}, {}
@@ -172,9 +188,9 @@ def add_lora(model:nn.Module, # changed in place (and returned)
         names = [n for n, m in mods if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd, nn.MultiheadAttention))][:6]
         raise ValueError(f"No module named by targets={list(targets)!r} can take an adapter (Linear, Conv or MultiheadAttention). "
                          f"Such modules in this model are named like {names}: use those names, or '*' for all.")
-    trainable = _freeze(model, train)
-    model.lora_summary = LoRASummary(adapted, skipped, trainable, sum(p.numel() for p in model.parameters()), rank, alpha, dropout)
-    model._lora_base = _fingerprint(model)
+    trainable = _freeze(model, train, bias, adapted)
+    model.lora_summary = LoRASummary(adapted, skipped, trainable, sum(p.numel() for p in model.parameters()), rank, alpha, dropout, bias)
+    model._lora_base = _fingerprint(model, train)  # before training: biases that train are part of the base too
     _register_state_hooks(model)
     return model
 
@@ -264,13 +280,13 @@ def _digit_loaders(labels, batch_size:int=64, seed:int=0):
 @dataclass
 class AdaptationResult:
     "Full fine-tuning against LoRA on one task change."
-    rows:dict   # 'full' / 'lora' -> accuracy (%), trainable, total, planned peak, measured peak, seconds
+    rows:dict   # 'full' / 'lora' -> accuracy (%), training-set loss, lr, trainable, total, planned peak, measured peak, seconds
     base_accuracy:float   # the base model on the second task before any adaptation (%)
 
 @patch
 def __str__(self:AdaptationResult):
-    head = f"{'':<6}{'accuracy':>9}{'trainable':>18}{'planned peak':>14}{'measured peak':>15}{'plan error':>11}{'time':>8}"
-    lines = [head] + [f"{k:<6}{r['accuracy']:>8.2f}%{r['trainable']:>10,} ({100*r['trainable']/r['total']:.1f}%)"
+    head = f"{'':<6}{'accuracy':>9}{'train loss':>11}{'trainable':>18}{'planned peak':>14}{'measured peak':>15}{'plan error':>11}{'time':>8}"
+    lines = [head] + [f"{k:<6}{r['accuracy']:>8.2f}%{r['train_loss']:>11.4f}{r['trainable']:>10,} ({100*r['trainable']/r['total']:.1f}%)"
                       f"{r['planned']/2**20:>11.1f}MiB{r['measured']/2**20:>12.1f}MiB{100*(r['planned']-r['measured'])/r['measured']:>+10.1f}%{r['seconds']:>7.1f}s"
                       for k, r in self.rows.items()]
     f, l = self.rows['full'], self.rows['lora']
@@ -281,15 +297,16 @@ def __str__(self:AdaptationResult):
 def __repr__(self:AdaptationResult): return str(self)  # the table, not the dataclass fields (they hold the models)
 
 # %% ../nbs/09a_lora.ipynb #l058
-def _fine_tune(model, dls, epochs:int, lr:float)->tuple[float, float]:
-    "Train `model` with chapter 07's Trainer on the CPU; (accuracy % on the validation data, seconds)."
+def _fine_tune(model, dls, epochs:int, lr)->dict:
+    "Train `model` with chapter 07's Trainer on the CPU (`lr` a rate or 'auto'): validation accuracy %, training-set loss, seconds, lr used."
     t = Trainer(model, dls, device='cpu', lr=lr, progress=False, verbose=False, plan=False).fit(epochs)
-    return 100 * t.last_metrics['accuracy'], t.state.elapsed
+    r = dict(accuracy=100 * t.last_metrics['accuracy'], seconds=t.state.elapsed, lr=t.opt.defaults['lr'])
+    return r | dict(train_loss=t.validate(dls.train)['valid_loss'])  # how well it fits what it trained on: under- or overfitting
 
 def compare_adaptation(base:nn.Module, # a model trained on the first task (not changed)
                        dls, # chapter 04 loaders of the second task
                        epochs:int=4, full_lr:float=1e-3, lora_lr:float=3e-3, # LoRA's few parameters take a larger rate (as in the LoRA paper)
-                       **lora_kw, # add_lora's targets, rank, alpha, dropout, train
+                       **lora_kw, # add_lora's targets, rank, alpha, dropout, train, bias
                       )->AdaptationResult:
     "Fine-tune copies of `base` on `dls` in full and with LoRA; accuracy, trainable parameters, planned and measured peak of each."
     batch = next(iter(dls.train))  # a training batch: the step planned and measured
@@ -299,8 +316,7 @@ def compare_adaptation(base:nn.Module, # a model trained on the first task (not 
         m = copy.deepcopy(base) if kind == 'full' else add_lora(copy.deepcopy(base), **lora_kw)
         planned, measured = plan_memory(m, batch).peak, measured_step_peak(m, batch)
         trainable, total = sum(p.numel() for p in m.parameters() if p.requires_grad), sum(p.numel() for p in m.parameters())
-        acc, secs = _fine_tune(m, dls, epochs, lr)
-        rows[kind] = dict(accuracy=acc, trainable=trainable, total=total, planned=planned, measured=measured, seconds=secs, model=m)
+        rows[kind] = _fine_tune(m, dls, epochs, lr) | dict(trainable=trainable, total=total, planned=planned, measured=measured, model=m)
     return AdaptationResult(rows, base_acc)
 
 # %% ../nbs/09a_lora.ipynb #l066b
@@ -330,7 +346,7 @@ def with_lora(cfg, # a chapter 06 `RunConfig` whose `lora.base` is set
     except RuntimeError as e:
         raise ValueError(f"The weights in {str(ck)!r} do not fit the model {cfg.model.name!r} of this configuration: "
                          f"lora.base must be a run of the same model. {str(e).splitlines()[0][:200]}") from None
-    model = add_lora(model, c.targets, c.rank, c.alpha, c.dropout, c.train)
+    model = add_lora(model, c.targets, c.rank, c.alpha, c.dropout, c.train, c.bias)
     return replace(cfg, lora=replace(c, base=str(ck))), model
 
 # %% ../nbs/09a_lora.ipynb #l076
@@ -345,7 +361,7 @@ def model_for_export(path, # a run directory, a checkpoint directory or a .safet
     lc = run.get('lora') or {}
     if not lc.get('base'): return model_from_checkpoint(path, name)
     model, info = model_from_checkpoint(lc['base'], name)
-    add_lora(model, lc.get('targets', ('*',)), lc.get('rank', 8), lc.get('alpha', 16.0), lc.get('dropout', 0.0), lc.get('train', ()))
+    add_lora(model, lc.get('targets', ('*',)), lc.get('rank', 8), lc.get('alpha', 16.0), lc.get('dropout', 0.0), lc.get('train', ()), lc.get('bias', 'none'))
     w = p if p.is_file() else find_checkpoint(p, weights_only=True) / 'model.safetensors'
     st.load_model(model, str(w))
     run_dir = w.parent.parent if w.parent.name.startswith('step-') else w.parent

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import importlib.util, itertools, math, os, pathlib, subprocess, sys
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 import torch
 from fastcore.basics import patch
@@ -195,9 +196,8 @@ def _adamw_8bit_reference(p:torch.Tensor, st:dict, group:dict, step_size:float, 
     st['exp_avg_sq_q'][:], st['exp_avg_sq_absmax'][:] = quantize_blockwise(v, False, bs)
 
 # %% ../nbs/03_optim.ipynb #fs1
-_CHUNK_BYTES_PER_VALUE = 27  # fp32 m, v and a temporary, an int32 key, a bool, two codes, the parameter and its fp32 gradient
+_CHUNK_BYTES_PER_VALUE = 26  # fp32 m, v and a temporary, an int32 key, two codes, the parameter and its fp32 gradient
 _MIN_CHUNK = 2**16  # below this the ~30 operation launches per chunk cost more than the cache saves (bench/optim_state.py --chunks)
-_SERIAL_VALUES = 2**15  # PyTorch's grain size: an operation on at most this many values runs on the calling thread alone
 
 def _count_cpus(cpu_list:str)->int:
     "Number of CPUs in a Linux CPU list such as '0-3,8'."
@@ -224,59 +224,74 @@ def _cache_per_core()->int|None:
 def _chunk_values(device:torch.device, block_size:int)->int:
     "Values the 8-bit step updates at once on `device`, in whole blocks (on a CPU: see the text above)."
     chunk = _CHUNK
-    if device.type == 'cpu' and torch.get_num_threads() > 1: chunk = _SERIAL_VALUES
-    elif device.type == 'cpu': chunk = min(max((_cache_per_core() or 2**21) // _CHUNK_BYTES_PER_VALUE, _MIN_CHUNK), _CHUNK)
+    if device.type == 'cpu': chunk = min(max((_cache_per_core() or 2**21) // _CHUNK_BYTES_PER_VALUE, _MIN_CHUNK), _CHUNK)
     return max(block_size, chunk // block_size * block_size)
 
 # %% ../nbs/03_optim.ipynb #fs5
 @patch
 def _scratch(self:AdamW8bit, like:torch.Tensor, n:int, worker:int=0)->dict:
-    "fp32, int32 and bool buffers of at least `n` values on `like`'s device for one worker thread, made once and reused by every chunk and step."
+    "fp32 and int32 buffers of at least `n` values on `like`'s device for one worker thread, made once and reused by every chunk and step."
     key = (like.device, is_traced(like), worker)  # a planner's fake buffers never serve a real step
     sc = self.__dict__.setdefault('_scratch_buffers', {}).get(key)
     if sc is None or sc['m'].numel() < n:
         make = lambda dtype: torch.empty(n, dtype=dtype, device=like.device)
         sc = self._scratch_buffers[key] = dict(m=make(torch.float32), v=make(torch.float32), t=make(torch.float32),
-                                               i=make(torch.int32), b=make(torch.bool), cut={})
+                                               i=make(torch.int32), cut={})
     return sc
 
 def _cut(sc:dict, n:int)->dict:
     "The buffers cut to a chunk of `n` values, cut once per chunk length."
-    if n not in sc['cut']: sc['cut'][n] = {'h': sc['i'][:n // 2], **{k: sc[k][:n] for k in 'mvtib'}}
+    if n not in sc['cut']: sc['cut'][n] = {k: sc[k][:n] for k in 'mvti'}
     return sc['cut'][n]
+
+# %% ../nbs/03_optim.ipynb #fq1
+@lru_cache(None)
+def _quant_list(signed:bool)->list:
+    "Per bucket, the int32 `e` for which `(e + z) >> 17` is the code of a float with bits `b` in it, where `z = b ^ (b >> 31)`."
+    base, inside = _lookup_lists(signed)
+    base, key = torch.tensor(base), torch.arange(2**16)
+    mid = torch.tensor(inside).view(torch.int32).long() & 0xFFFFFFFF
+    neg = key >= 2**15
+    mid_low = torch.where(neg, 0xFFFF - (mid & 0xFFFF), mid & 0xFFFF)  # the low 16 bits of the midpoint's z
+    mid_low = torch.where(mid >> 16 == key, mid_low, 0xFFFF)  # no midpoint in this bucket: no value lies above one
+    z_high = torch.where(neg, 0x7FFF - (key & 0x7FFF), key)  # the high 16 bits of z, the same for every value of the bucket
+    return ((base << 17) + 2**17 - 1 - mid_low - (z_high << 16)).tolist()
+
+for _signed in (True, False): _quant_list(_signed)  # at import, as the lookup lists
+_QUANT = {}  # (signed, device) -> _quant_list as int32, real tensors only
+
+def _quant_table(signed:bool, like:torch.Tensor)->torch.Tensor:
+    "The one-read quantization table of a map on `like`'s device (an empty one in a planner's trace)."
+    if is_traced(like): return torch.empty(2**16, dtype=torch.int32, device=like.device)
+    k = (signed, like.device)
+    if k not in _QUANT: _QUANT[k] = torch.tensor(_quant_list(signed), dtype=torch.int32, device=like.device)
+    return _QUANT[k]
 
 # %% ../nbs/03_optim.ipynb #fs7
 _TINY = torch.finfo(torch.float32).tiny
-_PAIRS = {}  # (signed, device) -> the values of all 65 536 pairs of codes, real tensors only
 
-def _code_pairs(code:torch.Tensor, signed:bool)->torch.Tensor:
-    "Both fp32 values of every pair of codes as one int64, indexed by the two uint8 codes read as one little-endian uint16."
-    if is_traced(code): return torch.empty(2**16, dtype=torch.int64, device=code.device)
-    k = (signed, code.device)
-    if k not in _PAIRS: _PAIRS[k] = torch.stack([code.repeat(256), code.repeat_interleave(256)], 1).contiguous().view(torch.int64).view(-1)
-    return _PAIRS[k]
-
-def _dequantize_into(q:torch.Tensor, absmax:torch.Tensor, code:torch.Tensor, pairs:torch.Tensor, out:torch.Tensor, w:dict, bs:int):
-    "`dequantize_blockwise` of the codes `q` and (blocks, 1) scales `absmax` into `out`, two codes per table read where it can."
-    if q.numel() % 2 or sys.byteorder != 'little': torch.index_select(code, 0, w['i'].copy_(q), out=out)
-    else: torch.index_select(pairs, 0, w['h'].copy_(q.view(torch.uint16)), out=out.view(torch.int64))
+def _dequantize_into(q:torch.Tensor, absmax:torch.Tensor, code:torch.Tensor, out:torch.Tensor, w:dict, bs:int):
+    "`dequantize_blockwise` of the codes `q` and (blocks, 1) scales `absmax` into `out`."
+    torch.index_select(code, 0, w['i'].copy_(q), out=out)
     out.view(-1, bs).mul_(absmax)
 
-def _quantize_into(x:torch.Tensor, q:torch.Tensor, absmax:torch.Tensor, tables:tuple, w:dict, bs:int):
-    "`quantize_blockwise` of fp32 `x` (whole blocks; overwritten) into the codes `q` and the (blocks, 1) scales `absmax`."
-    _, base, inside = tables
-    torch.amax(torch.abs(x, out=w['t']).view(-1, bs), 1, keepdim=True, out=absmax)
+def _quantize_into(x:torch.Tensor, q:torch.Tensor, absmax:torch.Tensor, table:torch.Tensor, w:dict, bs:int, signed:bool=True):
+    "`quantize_blockwise` of fp32 `x` (whole blocks; overwritten) into the codes `q` and the (blocks, 1) scales `absmax`, one table read per value."
+    bits = x.view(torch.int32)
+    mag = torch.abs(x, out=w['t']) if signed else x  # v, a sum of squares, is its own magnitude (or NaN, which amax keeps)
+    torch.amax(mag.view(-1, bs), 1, keepdim=True, out=absmax)
     x.view(-1, bs).div_(absmax.clamp_min(_TINY))
-    key = torch.bitwise_right_shift(x.view(torch.int32), 16, out=w['i']).bitwise_and_(0xFFFF)  # as in _nearest_code
-    torch.index_select(base, 0, key, out=q)
-    q.add_(torch.gt(x, torch.index_select(inside, 0, key, out=w['t']), out=w['b']))
+    key = torch.bitwise_right_shift(bits, 16, out=w['i']).bitwise_and_(0xFFFF)  # as in _nearest_code
+    z = torch.bitwise_right_shift(bits, 31, out=w['t'].view(torch.int32)).bitwise_xor_(bits)
+    torch.bitwise_right_shift(torch.index_select(table, 0, key, out=bits).add_(z), 17, out=q)
 
 # %% ../nbs/03_optim.ipynb #fs9
-def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float, sc:dict, chunk:int, part:int=0, parts:int=1):
+def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float, sc:dict, chunk:int, part:int=0, parts:int=1,
+                decay:float=1.0): # the weight decay factor, applied to each chunk of `p` before its update
     "`_adamw_8bit_reference`'s update, `chunk` values at a time in the buffers `sc` (chunks `part`, `part + parts`, ...), bias correction folded into two scalars."
     (b1, b2), bs, eight = group['betas'], group['block_size'], 'exp_avg_q' in st
     signed, unsigned = _tables(True, p), _tables(False, p)
-    pairs_s, pairs_u = _code_pairs(signed[0], True), _code_pairs(unsigned[0], False)
+    table_s, table_u = _quant_table(True, p), _quant_table(False, p)
     lr_c, eps_c = step_size * bc2_sqrt, group['eps'] * bc2_sqrt
     scales = lambda a: a.view(-1, 1).split(chunk // bs)
     pieces = zip(p.view(-1).split(chunk), p.grad.reshape(-1).split(chunk), (st['exp_avg_q'] if eight else st['exp_avg']).split(chunk),
@@ -284,21 +299,31 @@ def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
     for pc, gc, qm, am, qv, av in itertools.islice(pieces, part, None, parts):
         k, w = pc.numel(), _cut(sc, qv.numel())
         m, v = w['m'], w['v']
-        if eight: _dequantize_into(qm, am, signed[0], pairs_s, m, w, bs)
+        if eight: _dequantize_into(qm, am, signed[0], m, w, bs)
         else: m[:k].copy_(qm)
-        _dequantize_into(qv, av, unsigned[0], pairs_u, v, w, bs)
+        _dequantize_into(qv, av, unsigned[0], v, w, bs)
         mk, vk, gc = m[:k], v[:k], gc.float()
         mk.lerp_(gc, 1 - b1); vk.mul_(b2).addcmul_(gc, gc, value=1 - b2)
         d = torch.sqrt(vk, out=w['t'][:k]).add_(eps_c)
+        if decay != 1: pc.mul_(decay)
         if p.dtype == torch.float32: pc.addcdiv_(mk, d, value=-lr_c)
         else: pc.add_(torch.div(mk, d, out=d).to(p.dtype), alpha=-lr_c)
         if k < m.numel(): m[k:].zero_(); v[k:].zero_()  # the padding of the last block, as the reference pads
-        if eight: _quantize_into(m, qm, am, signed, w, bs)
+        if eight: _quantize_into(m, qm, am, table_s, w, bs)
         else: qm.copy_(mk)
-        _quantize_into(v, qv, av, unsigned, w, bs)
+        _quantize_into(v, qv, av, table_u, w, bs, signed=False)
 
 # %% ../nbs/03_optim.ipynb #fs14
 _POOLS = {}  # (process id, number of threads) -> ThreadPoolExecutor; a forked child has none of its parent's threads
+
+@contextmanager
+def _one_intraop_thread():
+    "PyTorch's intra-op threads set to one on the calling thread for the duration, then restored."
+    n = torch.get_num_threads()
+    if n != 1: torch.set_num_threads(1)
+    try: yield
+    finally:
+        if n != 1: torch.set_num_threads(n)
 
 def _in_threads(fn, n:int):
     "Run fn(0), ..., fn(n - 1) on `n` threads and return when all are done (re-raising the first error)."
@@ -307,12 +332,17 @@ def _in_threads(fn, n:int):
     for f in [pool.submit(fn, j) for j in range(n)]: f.result()
 
 @patch
-def _update_8bit(self:AdamW8bit, p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float):
-    "The 8-bit update of `p`, on the calling thread or, for a parameter of several chunks on several CPU threads, on the pool."
-    chunk, n = _chunk_values(p.device, group['block_size']), st['exp_avg_sq_q'].numel()
-    threads = min(torch.get_num_threads(), math.ceil(n / chunk)) if p.device.type == 'cpu' and not is_traced(p) else 1
+def _update_8bit(self:AdamW8bit, p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float, decay:float=1.0):
+    "The 8-bit update of `p`: on a CPU on one intra-op thread, split over the pool when it is large enough; elsewhere as it is."
+    bs, n = group['block_size'], st['exp_avg_sq_q'].numel()
+    chunk, threads, cpu = _chunk_values(p.device, bs), 1, p.device.type == 'cpu' and not is_traced(p)
+    if cpu:  # at least _MIN_CHUNK values per thread; a parameter smaller than a chunk per thread is cut into one piece per thread
+        threads = max(1, min(torch.get_num_threads(), n // _MIN_CHUNK))
+        chunk = min(chunk, math.ceil(n / threads / bs) * bs)
+        threads = min(threads, math.ceil(n / chunk))
     def work(j):
-        with torch.no_grad(): _adamw_8bit(p, st, group, step_size, bc2_sqrt, self._scratch(p, min(chunk, n), j), chunk, j, threads)
+        with torch.no_grad(), (_one_intraop_thread() if cpu else nullcontext()):
+            _adamw_8bit(p, st, group, step_size, bc2_sqrt, self._scratch(p, min(chunk, n), j), chunk, j, threads, decay)
     if threads == 1: work(0)
     else: _in_threads(work, threads)
 
@@ -331,13 +361,15 @@ def step(self:AdamW8bit, closure=None):
             if p.grad is None: continue
             if p.grad.is_sparse: raise ValueError(f"AdamW8bit does not support sparse gradients (parameter {_describe(group, i, p)}).")
             st = self.state[p]
-            if not st: self._init_state(p, group, st)
-            st['step'] += 1
-            t = st['step']
-            step_size, bc2_sqrt = lr / (1 - b1 ** t), math.sqrt(1 - b2 ** t)
-            if wd: p.mul_(1 - lr * wd)
-            if 'exp_avg_sq' in st: _adamw_fp32(p, st, group, step_size, bc2_sqrt)
-            else: self._update_8bit(p, st, group, step_size, bc2_sqrt)
+            with _one_intraop_thread() if p.device.type == 'cpu' and not is_traced(p) else nullcontext():  # no OpenMP: see the pool
+                if not st: self._init_state(p, group, st)
+                st['step'] += 1
+                t = st['step']
+                step_size, bc2_sqrt = lr / (1 - b1 ** t), math.sqrt(1 - b2 ** t)
+                if 'exp_avg_sq' in st:
+                    if wd: p.mul_(1 - lr * wd)
+                    _adamw_fp32(p, st, group, step_size, bc2_sqrt)
+                else: self._update_8bit(p, st, group, step_size, bc2_sqrt, 1 - lr * wd)  # the decay applied chunk by chunk
     return loss
 
 # %% ../nbs/03_optim.ipynb #ad16

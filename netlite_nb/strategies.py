@@ -518,6 +518,7 @@ class LoRAConfig:
     alpha:float=16.0              # the update is scaled by alpha / rank
     dropout:float=0.0             # dropout on the adapters' input
     train:list=field(default_factory=list)  # module-name patterns trained in full (e.g. a new head)
+    bias:str='none'               # which biases train, as peft's LoraConfig: 'none', 'all', or 'lora_only' (those of adapted layers)
 
 # %% ../nbs/06_strategies.ipynb #c56d
 _SECTIONS = {'model': ModelConfig, 'data': DataConfig, 'optim': OptimConfig, 'schedule': ScheduleConfig,
@@ -686,6 +687,7 @@ def _validate_config(c:RunConfig):
     lo = c.lora
     _check(type(lo.rank) is int and lo.rank >= 1 and lo.alpha > 0 and 0 <= lo.dropout < 1 and lo.targets and all(isinstance(t, str) for t in lo.targets),
            f"lora: rank must be a whole number of at least 1, alpha positive, dropout in [0, 1) and targets a list of module-name patterns; got {asdict(lo)}.")
+    _check(lo.bias in ('none', 'all', 'lora_only'), f"lora.bias must be 'none', 'all' or 'lora_only', not {short_repr(lo.bias)}.{did_you_mean(str(lo.bias), ('none', 'all', 'lora_only'))}")
 
 # %% ../nbs/06_strategies.ipynb #c65b
 def save_config(cfg:RunConfig|dict, # a resolved `RunConfig`, or any plain mapping (the `Trainer` adds what it decided)

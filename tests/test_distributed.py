@@ -164,3 +164,25 @@ except DistributedError as e: print(e)
     r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, 'PYTHONPATH': str(Path(__file__).resolve().parents[1])})
     assert 'Restart the kernel and call `launch` before any training' in r.stdout, (r.stdout[-2000:], r.stderr[-2000:])
+
+
+def _parallel_op_threads():
+    "A parallel op on 4M values (it hangs in a forked process with >1 thread of a pool fork did not copy); this process's threads."
+    (torch.randn(1 << 22) * 2 + 1).sum()
+    return torch.get_num_threads()
+
+
+def test_launch_after_parallel_ops_gives_forked_processes_threads_they_can_use():
+    from netlite_nb.distributed import _openmp_survives_fork
+    saved = torch.get_num_threads()
+    torch.set_num_threads(4)  # as on a 4-core machine: the old default gave each of 2 forked processes 2 threads
+    try:
+        _parallel_op_threads()  # the notebook has run a parallel op: GNU OpenMP's pool exists, and fork does not copy it
+        t0 = time.time()
+        threads = launch(_parallel_op_threads, nproc=2, timeout=30)
+        assert time.time() - t0 < 30
+        if not _openmp_survives_fork():
+            assert threads == 1
+            with pytest.raises(ValueError, match='one thread only'): launch(_parallel_op_threads, nproc=2, threads=2)
+        assert torch.get_num_threads() == 4  # launch restores this process's threads
+    finally: torch.set_num_threads(saved)

@@ -106,9 +106,9 @@ def test_fit_to_budget_offers_lora_with_a_traced_saving():
     assert not any(c.description.startswith('LoRA') for c in fit_to_budget(add_lora(copy.deepcopy(net)), batch, budget=budget, finetune=True))
 
 
-def _run(base, run_dir=None, steps=6, resume=None, checkpoint_every=None):
+def _run(base, run_dir=None, steps=6, resume=None, checkpoint_every=None, bias='none'):
     torch.manual_seed(0)
-    m = add_lora(copy.deepcopy(base), targets=['0'], rank=4, dropout=0.2, train=['3'])
+    m = add_lora(copy.deepcopy(base), targets=['0'], rank=4, dropout=0.2, train=['3'], bias=bias)
     dl = DataLoader(blobs(256), 32, shuffle=True, generator=torch.Generator().manual_seed(0))
     return Trainer(m, dl, device='cpu', lr=1e-2, progress=False, verbose=False, plan=False, run_dir=run_dir,
                    checkpoint_every=checkpoint_every).fit(steps=steps, resume=resume)
@@ -148,3 +148,44 @@ def test_the_lora_section_of_a_run_configuration():
     assert load_config({'strategy': 'cpu'}).lora.base is None                 # no section: train every weight
     for bad in ({'rank': 0}, {'dropout': 1.0}, {'targets': []}, {'targets': 'head'}):
         with pytest.raises(ConfigError, match='lora'): load_config({'strategy': 'cpu', 'lora': bad})
+
+
+def test_bias_option_trains_the_biases_peft_trains():
+    "bias= as peft's LoraConfig: 'none', 'lora_only' (biases of adapted modules), 'all' (every bias)."
+    torch.manual_seed(0)
+    train = lambda b: {n for n, p in add_lora(Mixed(), rank=2, bias=b).named_parameters() if p.requires_grad and 'lora_' not in n}
+    assert train('none') == set()
+    assert train('lora_only') == {'conv.base.bias', 'attn.in_proj_bias', 'attn.out_proj.bias', 'head.base.bias'}  # not the skipped 'dw'
+    assert train('all') == train('lora_only') | {'dw.bias'}
+    m = Mixed()
+    n = add_lora(copy.deepcopy(m), rank=2, bias='all').lora_summary.trainable - add_lora(copy.deepcopy(m), rank=2).lora_summary.trainable
+    assert n == sum(p.numel() for k, p in m.named_parameters() if 'bias' in k) == 8 + 8 + 24 + 8 + 5
+    with pytest.raises(ValueError, match="'none', 'all' or 'lora_only'"): add_lora(Mixed(), bias='yes')
+
+
+def test_merging_keeps_trained_biases():
+    torch.manual_seed(0)
+    m = _as_trained(add_lora(Mixed(), rank=2, bias='all')).eval()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if 'bias' in n: p.add_(torch.randn_like(p))                           # as training would move them
+        x = torch.randn(4, 1, 6, 6)
+        want, plain = m(x), merge_lora(copy.deepcopy(m))
+        assert (plain(x) - want).abs().max() < 1e-5
+        assert torch.equal(plain.state_dict()['conv.bias'], m.conv.base.bias)
+
+
+def test_trained_biases_are_saved_with_the_adapters_and_resume_exactly(tmp_path):
+    torch.manual_seed(0)
+    base = mlp(hidden=256)
+    straight = _run(base, tmp_path / 'run', checkpoint_every=3, bias='lora_only')
+    ck = tmp_path / 'run' / 'step-0000003'
+    resumed = _run(base, tmp_path / 'resumed', resume=ck, bias='lora_only')
+    for (n, p), (_, q) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()): assert torch.equal(p, q), n
+    import safetensors.torch as st
+    saved = st.load_file(str(ck / 'model.safetensors'))
+    assert set(saved) == {'0.lora_A', '0.lora_B', '0.base.bias', '3.weight', '3.bias', 'lora_base_sha256'}
+    assert not torch.equal(saved['0.base.bias'], base[0].bias)                 # the bias trained, and the file holds it
+    other = add_lora(copy.deepcopy(base), targets=['0'], rank=4, dropout=0.2, train=['3'])   # bias='none': the same base weights
+    other.load_state_dict(saved)                                               # not refused as another base, and the bias comes along
+    assert torch.equal(other[0].base.bias, saved['0.base.bias'])

@@ -199,6 +199,24 @@ def test_table_lookup_rounds_like_the_binary_search(signed):
     assert torch.equal(_nearest_code(x, signed).long(), want)
 
 
+@pytest.mark.parametrize('signed', [True, False])
+def test_one_read_quantizer_rounds_like_the_lookup_tables(signed):
+    "The step's quantizer (one int32 read and integer arithmetic) gives `_nearest_code`'s codes: random bit patterns, midpoints, NaNs of both signs."
+    from netlite_nb.optim import _quant_table, _quantize_into
+    mids = torch.tensor(_code_and_mids_lists(signed)[1])
+    g = torch.Generator().manual_seed(1)
+    bits = torch.randint(0, 2**31, (1_000_000,), generator=g, dtype=torch.int64).to(torch.int32)
+    x = torch.cat([bits.view(torch.float32), -bits.view(torch.float32), mids, mids.nextafter(torch.tensor(2.)),
+                   mids.nextafter(torch.tensor(-2.)), torch.tensor([0., -0., 1e-45, -1e-45])])
+    x = x[x.abs() <= 1]
+    x = torch.cat([x, x.new_zeros((-x.numel()) % 255)]).view(-1, 255)
+    x = torch.cat([torch.cat([x, torch.ones(len(x), 1)], 1).view(-1), torch.tensor([float('nan'), -float('nan')]).repeat(128)])  # absmax 1: unchanged
+    q, absmax = torch.empty(x.numel(), dtype=torch.uint8), torch.empty(x.numel() // 256, 1)
+    w = {'t': torch.empty_like(x), 'i': torch.empty(x.numel(), dtype=torch.int32)}
+    _quantize_into(x.clone(), q, absmax, _quant_table(signed, x), w, 256, signed)
+    assert torch.equal(q, _nearest_code(x, signed))
+
+
 def test_adamw8bit_name_builds_ours_on_cpu_and_for_the_planner():
     assert type(make_optimizer('adamw8bit', nn.Linear(4, 2).parameters())) is AdamW8bit
     assert type(make_optimizer('adamw8bit', [nn.Parameter(torch.empty(4, 4, device='meta'))])) is AdamW8bit
@@ -252,8 +270,8 @@ def test_bitsandbytes_state_is_refused_with_a_sentence():
     with pytest.raises(ValueError, match='bitsandbytes'): AdamW8bit(m.parameters()).load_state_dict(ob.state_dict())
 
 
-def _one_step_each_way(p, opt, chunk=None, threads=1):
-    "From the same parameter and state, one step by the plain reference and one by the optimizer's own chunked update."
+def _one_step_each_way(p, opt, chunk=None, threads=1, decay=1.0):
+    "From the same parameter and state, one step by the plain reference and one by the optimizer's own chunked update (decay first)."
     from netlite_nb.optim import _adamw_8bit_reference, _chunk_values
     import netlite_nb.optim as optim
     group, st = opt.param_groups[0], opt.state[p]
@@ -267,8 +285,8 @@ def _one_step_each_way(p, opt, chunk=None, threads=1):
         if chunk: optim._chunk_values = lambda device, block_size: chunk
         torch.set_num_threads(threads)
         with torch.no_grad():
-            _adamw_8bit_reference(ref, st_ref, group, step_size, bc2_sqrt)
-            opt._update_8bit(p, st, group, step_size, bc2_sqrt)
+            _adamw_8bit_reference(ref.mul_(decay), st_ref, group, step_size, bc2_sqrt)
+            opt._update_8bit(p, st, group, step_size, bc2_sqrt, decay)
     finally: optim._chunk_values = sized; torch.set_num_threads(threads_before)
     return before, p.detach().clone(), ref, {k: st[k] for k in st_ref}, st_ref
 
@@ -293,12 +311,12 @@ def _assert_same_step(before, fast, ref, st, st_ref):
 def test_chunked_step_is_the_reference_step(first_moment, threads):
     "Several chunks and a ragged last one (and its padded last block), one thread or a pool of two: the plain whole-tensor step's result."
     g = torch.Generator().manual_seed(0)
-    n = 5 * 2**15 + 300  # with two threads the chunk is 2**15: five full chunks, then 300 values (one full block and a padded one)
+    n = 5 * 2**15 + 300  # two threads cut it into two pieces of 82 176 and 81 844 values, the last ending in a padded block
     p = nn.Parameter(torch.randn(n, generator=g) * 0.1)
     opt = AdamW8bit([p], lr=1e-2, min_8bit_size=0, first_moment=first_moment)
     for _ in range(4):
         p.grad = torch.randn(n, generator=g) * 10.0 ** -torch.randint(0, 6, (n,), generator=g)
-        _assert_same_step(*_one_step_each_way(p, opt, chunk=None if threads == 2 else 4096, threads=threads))
+        _assert_same_step(*_one_step_each_way(p, opt, chunk=None if threads == 2 else 4096, threads=threads, decay=1 - 1e-2 * 0.1))
 
 
 def test_odd_parameters_step_like_the_reference():
@@ -316,7 +334,7 @@ def test_odd_parameters_step_like_the_reference():
             assert p.grad.is_contiguous() == (make_grad is None or w.dim() == 1)
             _assert_same_step(*_one_step_each_way(p, opt, chunk=512))
         assert p.dtype == w.dtype and p.shape == w.shape
-    for bs in (255, 100):  # an odd block size: chunks of an odd number of codes, read one code at a time
+    for bs in (255, 100):  # an odd block size: chunks of an odd number of codes
         p = nn.Parameter(torch.randn(3000, generator=g)); opt = AdamW8bit([p], block_size=bs, min_8bit_size=0)
         for _ in range(3):
             p.grad = torch.randn(3000, generator=g) * 1e-2
@@ -333,3 +351,35 @@ def test_step_buffers_are_reused_and_not_state():
     assert state_bytes(o) == 2 * (600 * 256 + 600 * 4)
     assert set(o.state_dict()['state'][0]) == {'step', 'shape', 'exp_avg_q', 'exp_avg_absmax', 'exp_avg_sq_q', 'exp_avg_sq_absmax'}
     assert all(v.numel() <= 512 * 300 for sc in o._scratch_buffers.values() for v in sc.values() if isinstance(v, torch.Tensor))
+
+
+def _step_in_child(conn, p):
+    "In a forked child: one 8-bit step of `p` on two threads, its result sent back as bytes (numpy: no OpenMP), or the error."
+    try:
+        AdamW8bit([p]).step()
+        conn.send(p.detach().numpy().tobytes())
+    except BaseException as e: conn.send(repr(e))
+    finally: conn.close()
+
+
+@pytest.mark.skipif(not hasattr(os, 'fork'), reason='fork is POSIX-only')
+def test_8bit_step_runs_in_a_forked_child_of_a_process_that_ran_parallel_ops():
+    "GNU OpenMP does not survive fork: the 8-bit step uses its own threads, never OpenMP's, so a forked child can step."
+    import multiprocessing as mp
+    n, threads = 4 * 2**16 + 300, torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch.randn(2**22).add_(1).sum()  # an OpenMP team in the parent, as any training would start
+        p, q = (nn.Parameter(torch.linspace(-1, 1, n)) for _ in range(2))
+        p.grad = q.grad = torch.linspace(1e-3, -1e-3, n)
+        AdamW8bit([p]).step()
+        assert torch.get_num_threads() == 2  # the step restored the thread count
+        recv, send = mp.Pipe(duplex=False)
+        child = mp.get_context('fork').Process(target=_step_in_child, args=(send, q)); child.start(); send.close()
+        got = recv.recv() if recv.poll(60) else None
+        child.join(5)
+        if child.is_alive(): child.kill()
+        assert got is not None, "the 8-bit step hung in a forked child (OpenMP after fork)"
+        assert isinstance(got, bytes), got
+        assert got == p.detach().numpy().tobytes()
+    finally: torch.set_num_threads(threads)

@@ -539,3 +539,11 @@ def test_an_unknown_strategy_names_the_python_and_the_cli_lists():
     assert e.value.query == 'Voodoo 3'
     with pytest.raises(UnknownStrategyError) as e: load_strategy('rtx_306_12gb')
     assert 'rtx_3060_12gb' in e.value.hint and e.value.hint in str(e.value)
+
+
+def test_lora_bias_is_a_config_key_and_is_checked():
+    from netlite_nb.strategies import load_config
+    base = {'model': {'name': 'mlp'}, 'data': {'name': 'mnist_sample'}, 'train': {'epochs': 1}}
+    assert load_config({**base, 'lora': {'bias': 'lora_only'}}).lora.bias == 'lora_only'
+    assert load_config(base).lora.bias == 'none'
+    with pytest.raises(ConfigError, match="Did you mean 'all'"): load_config({**base, 'lora': {'bias': 'al'}})
