@@ -2,18 +2,28 @@
 
 The plain loop is the least a training loop can do (forward, loss, zero_grad, backward, step, scheduler step).
 The trainer adds: precision policy, accumulation bookkeeping, callbacks, history records every `log_every`
-steps (with a device-memory reading), random-state snapshots for exact resume, the nan/inf check, and Ctrl-C
-deferral around the update. The smaller the step, the larger that share: the `tiny` case (a 40-100-100-10 MLP at
-batch 100, a step of a few hundred µs) is where it shows most.
+steps (with a memory reading), random-state snapshots for exact resume and out-of-memory retry, the nan/inf
+check, Ctrl-C deferral around the update — and, once per Trainer, chapter 04's check of the data (`check_data`).
+The smaller the step, the larger that share: the `tiny` case (a 40-100-100-10 MLP at batch 100) shows it most.
 
-The machine may be shared, so a single pair of runs can be off by ±30 %. Each case runs `--pairs` short pairs
-(plain, trainer — the order alternating from pair to pair, so a drift in the machine's load hits both alike) and
-reports the median of the per-pair ratios with its quartiles, for wall time (what a user waits for) and for the
-process's CPU time (which descheduling by other processes does not inflate; exact with `--threads 1`).
+Two ratios, so that a one-time cost is not mistaken for a per-step one:
+- `per step`: `Trainer(check_data=False).fit` against the plain loop — the bookkeeping every step pays;
+- `first fit`: `Trainer().fit` with the defaults — a fresh Trainer's first `fit` also checks the data once;
+  `check ms` is that one-time cost (median of the paired differences), which a longer run spreads thinner.
 
-    python bench/trainer_overhead.py [--case all|cnn|mlp|tiny] [--pairs 15] [--steps 150] [--threads 1]
+The machine may be shared, so a single pair of runs can be off by ±30 %. Each case runs `--pairs` rounds of the
+three runs, their order rotating from round to round (so a drift in the machine's load hits all alike), and reports
+the median of the per-round ratios with its quartiles, for wall time (what a user waits for) and for the process's
+CPU time (which descheduling by other processes does not inflate; exact with `--threads 1`), and the load average.
+
+`--instructions` counts the instructions of each part instead, under valgrind's callgrind (needs `valgrind`, a C
+compiler and `valgrind/callgrind.h`); a count does not change with the machine's load. It runs each loop for
+`--steps` and `2 × --steps` steps in one process: the difference is the cost of `--steps` steps without the setup.
+
+    python bench/trainer_overhead.py [--case all|cnn|mlp|tiny] [--pairs 15] [--steps 150] [--threads 1] [--instructions]
 """
-import argparse, statistics, time, torch
+import argparse, ctypes, os, re, shutil, statistics, subprocess, sys, tempfile, time, torch
+from pathlib import Path
 from torch import nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -35,48 +45,122 @@ def make_data(case, n=4096):
 
 def clocks(): return time.perf_counter(), time.process_time()
 
-def plain(case, dl, steps, lr=1e-3):
+def plain(case, dl, steps, lr=1e-3, mark=None):
     model = make_model(case); opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     sched = warmup_cosine(opt, steps, int(0.05 * steps)); model.train()
-    n, step, (w0, c0) = 0, 0, clocks()
-    while step < steps:
-        for xb, yb in dl:
-            loss = F.cross_entropy(model(xb), yb)
-            opt.zero_grad(set_to_none=True); loss.backward(); opt.step(); sched.step()
-            n += len(yb); step += 1
-            if step == steps: break
-    w1, c1 = clocks()
-    return n / (w1 - w0), n / (c1 - c0)
+    n, step = 0, 0
+    with mark or _Clock() as c:
+        while step < steps:
+            for xb, yb in dl:
+                loss = F.cross_entropy(model(xb), yb)
+                opt.zero_grad(set_to_none=True); loss.backward(); opt.step(); sched.step()
+                n += len(yb); step += 1
+                if step == steps: break
+    return c.rates(n)
 
-def trainer(case, dl, steps, lr=1e-3):
-    t = Trainer(make_model(case), dl, device='cpu', lr=lr, progress=False, verbose=False, plan=False, seed=None, log_every=10)
-    w0, c0 = clocks(); t.fit(steps=steps); w1, c1 = clocks()
-    return t.samples / (w1 - w0), t.samples / (c1 - c0)
+def trainer(case, dl, steps, lr=1e-3, check_data=False, mark=None):
+    t = Trainer(make_model(case), dl, device='cpu', lr=lr, progress=False, verbose=False, plan=False, seed=None, log_every=10,
+                check_data=check_data)
+    with mark or _Clock() as c: t.fit(steps=steps)
+    return c.rates(t.samples)
+
+class _Clock:
+    "Wall and CPU time of a `with` block; `rates(n)` gives n per second of each."
+    def __enter__(self): self.t0 = clocks(); return self
+    def __exit__(self, *exc): self.t1 = clocks()
+    def rates(self, n): return n / (self.t1[0] - self.t0[0]), n / (self.t1[1] - self.t0[1]), self.t1[0] - self.t0[0]
 
 def quartiles(xs): q = statistics.quantiles(xs, n=4); return q[0], q[2]
 
 def run_case(case, pairs, steps):
+    "Rounds of (plain, trainer per step, trainer first fit) in rotating order; the per-round ratios."
     dl = make_data(case)
-    plain(case, dl, 20); trainer(case, dl, 20)  # warm up kernels and allocator
-    ps, ts = [], []
+    plain(case, dl, 20); trainer(case, dl, 20); trainer(case, dl, 20, check_data=True)  # warm up kernels and allocator
+    runs = {'plain': lambda: plain(case, dl, steps), 'step': lambda: trainer(case, dl, steps),
+            'first': lambda: trainer(case, dl, steps, check_data=True)}
+    res = {k: [] for k in runs}
     for i in range(pairs):
-        if i % 2: t = trainer(case, dl, steps); p = plain(case, dl, steps)
-        else: p = plain(case, dl, steps); t = trainer(case, dl, steps)
-        ps.append(p); ts.append(t)
-    wall = [t[0] / p[0] for p, t in zip(ps, ts)]; cpu = [t[1] / p[1] for p, t in zip(ps, ts)]
-    return statistics.median(p[0] for p in ps), statistics.median(t[0] for t in ts), wall, cpu
+        order = list(runs)[i % 3:] + list(runs)[:i % 3]
+        for k in order: res[k].append(runs[k]())
+    ratio = lambda k, j: [t[j] / p[j] for p, t in zip(res['plain'], res[k])]
+    check_ms = [1e3 * (f[2] - s[2]) for s, f in zip(res['step'], res['first'])]
+    return res, {'step': (ratio('step', 0), ratio('step', 1)), 'first': (ratio('first', 0), ratio('first', 1))}, check_ms
+
+def fmt(xs): return f"{statistics.median(xs):.3f} ({'%.2f–%.2f' % quartiles(xs)})"
+
+def timed(a):
+    print(f"{a.pairs} rounds of {a.steps} steps per case, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start")
+    print(f"{'case':<6}{'batch':>6}{'plain samples/s':>16}{'per step: wall':>22}{'CPU':>20}{'first fit: wall':>22}{'CPU':>20}{'check ms':>10}")
+    for case in (CASES if a.case == 'all' else [a.case]):
+        res, r, check_ms = run_case(case, a.pairs, a.steps)
+        print(f"{case:<6}{CASES[case][2]:>6}{statistics.median(p[0] for p in res['plain']):>16.0f}{fmt(r['step'][0]):>22}{fmt(r['step'][1]):>20}"
+              f"{fmt(r['first'][0]):>22}{fmt(r['first'][1]):>20}{statistics.median(check_ms):>10.1f}", flush=True)
+    print(f"ratio: Trainer/plain samples/s, median (quartiles) of the paired runs (target >= 0.95); load average {os.getloadavg()[0]:.1f} at the end")
+
+# --- instruction counts under callgrind ---------------------------------------------------------------------------
+
+_SHIM = r'''#include <valgrind/callgrind.h>
+void cg_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
+void cg_stop(const char *name) { CALLGRIND_DUMP_STATS_AT(name); CALLGRIND_STOP_INSTRUMENTATION; }
+'''
+
+class _Callgrind:
+    "A `with` block counted by callgrind under the name `tag` (the process runs with --instr-atstart=no)."
+    lib = None
+    def __init__(self, tag): self.tag = tag
+    def __enter__(self): self.lib.cg_start(); return self
+    def __exit__(self, *exc): self.lib.cg_stop(self.tag.encode())
+    def rates(self, n): return 0, 0, 0
+
+def _counted(a):
+    "Inside valgrind: each loop for `steps` and `2 × steps` steps, each a named callgrind dump."
+    _Callgrind.lib = ctypes.CDLL(os.environ['NETLITE_CG_SHIM'])
+    for case in (CASES if a.case == 'all' else [a.case]):
+        dl = make_data(case)
+        plain(case, dl, 20); trainer(case, dl, 20); trainer(case, dl, 20, check_data=True)
+        for n in (a.steps, 2 * a.steps):
+            plain(case, dl, n, mark=_Callgrind(f"{case}:plain:{n}"))
+            trainer(case, dl, n, mark=_Callgrind(f"{case}:step:{n}"))
+        trainer(case, dl, a.steps, check_data=True, mark=_Callgrind(f"{case}:first:{a.steps}"))
+
+def instructions(a):
+    "Run this script under callgrind and print instructions per step (plain, Trainer) and the one-time costs."
+    missing = [w for w, ok in (('valgrind', shutil.which('valgrind')), ('a C compiler (cc)', shutil.which('cc')),
+                               ('valgrind/callgrind.h', Path('/usr/include/valgrind/callgrind.h').exists())) if not ok]
+    if missing: sys.exit(f"--instructions needs {', '.join(missing)}: install valgrind (its headers come with it) and a C compiler.")
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / 'shim.c').write_text(_SHIM)
+        subprocess.run(['cc', '-O2', '-shared', '-fPIC', '-o', f'{d}/shim.so', f'{d}/shim.c'], check=True)
+        env = {**os.environ, 'NETLITE_CG_SHIM': f'{d}/shim.so', 'OMP_NUM_THREADS': str(a.threads)}
+        args = [a2 for a2 in sys.argv[1:] if a2 != '--instructions']
+        subprocess.run(['valgrind', '--tool=callgrind', '--instr-atstart=no', f'--callgrind-out-file={d}/cg.out',
+                        sys.executable, __file__, *args, '--_counted'], env=env, check=True, capture_output=True)
+        counts = {}
+        for p in Path(d).glob('cg.out.*'):
+            t = p.read_text(errors='replace')
+            m, n = re.search(r'^desc: Trigger: Client Request: (\S+)', t, re.M), re.search(r'^totals: (\d+)', t, re.M)
+            if m and n: counts[m.group(1)] = int(n.group(1))
+    s = a.steps
+    print(f"instructions (callgrind), torch {torch.__version__}, {a.threads} threads: per step = (2×{s} steps − {s} steps) / {s}")
+    print(f"{'case':<6}{'plain /step':>14}{'Trainer /step':>15}{'extra /step':>13}{'ratio':>8}{'fit setup':>12}{'data check':>13}{'first fit ratio':>17}")
+    for case in (CASES if a.case == 'all' else [a.case]):
+        g = lambda k, n: counts[f"{case}:{k}:{n}"]
+        p, t = (g('plain', 2 * s) - g('plain', s)) / s, (g('step', 2 * s) - g('step', s)) / s
+        setup, check = g('step', s) - g('plain', s) - s * (t - p), g('first', s) - g('step', s)
+        print(f"{case:<6}{p:>14,.0f}{t:>15,.0f}{t - p:>13,.0f}{p / t:>8.3f}{setup:>12,.0f}{check:>13,.0f}{g('plain', s) / g('first', s):>17.3f}")
+    print("ratio: plain/Trainer instructions per step (the samples/s ratio on an idle, compute-bound core); "
+          f"first fit ratio: plain/Trainer for a fresh Trainer's {s}-step fit, setup and data check included")
 
 if __name__ == '__main__':
     ap = argparse.ArgumentParser()
     ap.add_argument('--case', default='all', choices=['all', *CASES]); ap.add_argument('--pairs', type=int, default=15)
     ap.add_argument('--steps', type=int, default=150)
     ap.add_argument('--threads', type=int, default=1, help='torch threads (1: CPU time is exact and the machine\'s other jobs matter less)')
+    ap.add_argument('--instructions', action='store_true', help='count instructions under valgrind (immune to load) instead of timing')
+    ap.add_argument('--_counted', action='store_true', help=argparse.SUPPRESS)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    print(f"{a.pairs} pairs of {a.steps} steps per case, torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print(f"{'case':<6}{'batch':>6}{'plain samples/s':>17}{'Trainer samples/s':>19}{'ratio (wall)':>14}{'quartiles':>15}{'ratio (CPU)':>13}{'quartiles':>15}")
-    for case in (CASES if a.case == 'all' else [a.case]):
-        p, t, wall, cpu = run_case(case, a.pairs, a.steps)
-        print(f"{case:<6}{CASES[case][2]:>6}{p:>17.0f}{t:>19.0f}{statistics.median(wall):>14.3f}{'%.3f–%.3f' % quartiles(wall):>15}"
-              f"{statistics.median(cpu):>13.3f}{'%.3f–%.3f' % quartiles(cpu):>15}", flush=True)
-    print("ratio: Trainer/plain samples/s, median of the paired runs (target >= 0.95)")
+    if a._counted: _counted(a)
+    elif a.instructions: instructions(a)
+    else: timed(a)

@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_train.ipynb #c003
 from __future__ import annotations
-import contextlib, copy, difflib, io, itertools, math, signal, sys, tempfile, threading, time, traceback
+import contextlib, copy, difflib, io, itertools, math, signal, sys, tempfile, threading, time, traceback, warnings
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 import numpy as np, torch
@@ -455,6 +455,7 @@ class Trainer:
         self.eval_batch = None  # samples per evaluation forward pass; None: the loader's batch (halved after an OOM)
         self._ckpt, self._rng_window, self._in_update, self._stop_requested, self._running = None, None, False, False, False
         self._step_skipped, self._rng_end, self.lr_found, self._lr_record, self._bn_warm, self._best_due, self._loss_value = False, None, None, None, [], False, None
+        self._stats_warned = False  # the warning of `_check_running_stats` is given once per trainer
         # data-parallel training (chapter 08a): the wrapper (DDP) runs the training steps; only the main process writes files
         self.wrapper, self.is_main, self.world_size = None, True, 1
 
@@ -667,13 +668,13 @@ def _compute_window(self:Trainer, batches:list)->tuple[torch.Tensor, int]:
     "Forward and backward every micro-batch of `batches` (weighted by its share of samples), then one optimizer step."
     total, scaled_loss, mb = None, self.precision.use_scaler, self.state.micro_batch
     net = self.model if self.wrapper is None else self.wrapper
-    last = sum(math.ceil(yb.shape[0] / mb) for _, yb in batches) - 1
+    # a data-parallel wrapper averages the gradients across processes once per window, in the last micro-batch's backward
+    last = sum(math.ceil(yb.shape[0] / mb) for _, yb in batches) - 1 if hasattr(net, 'no_sync') else 0
     for i, (xc, yc, w) in enumerate(micro_batches(batches, mb, self.device)):
         self.xb, self.yb = xc, yc
         if self._bn_warm: self._warm_batchnorm()
         self._call('before_batch')
-        # a data-parallel wrapper averages the gradients across processes once per window, in the last micro-batch's backward
-        with net.no_sync() if i < last and hasattr(net, 'no_sync') else contextlib.nullcontext():
+        with net.no_sync() if i < last else contextlib.nullcontext():
             with self.precision.autocast(): loss = self.loss_fn(net(xc), yc)
             part = loss * w if w != 1 else loss
             (self.scaler.scale(part) if scaled_loss else part).backward()
@@ -711,11 +712,15 @@ def _oom_report(self:Trainer, error:str)->OOMReport:
     r.notes += notes
     return r
 
+def _running_stat_layers(model:nn.Module)->list[nn.Module]:
+    "The normalisation layers that keep running statistics (used in evaluation mode instead of the batch's own)."
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats]
+
 @patch
 def _running_stats(self:Trainer)->list[torch.Tensor]:
     "The buffers a training forward updates in place (BatchNorm's running statistics), found once."
     if self._stats is None:
-        self._stats = [b for m in self.model.modules() if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
+        self._stats = [b for m in _running_stat_layers(self.model)
                        for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None]
         self._stats_saved = [b.clone() for b in self._stats]
     return self._stats
@@ -766,8 +771,7 @@ def _recover(self:Trainer, error:str, stats:list):
 # %% ../nbs/07_train.ipynb #bn02
 def _batchnorms(model:nn.Module)->list[tuple[nn.Module, float]]:
     "The normalisation layers that keep running statistics by a momentum, with that momentum."
-    return [(m, m.momentum) for m in model.modules()
-            if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats and m.momentum]
+    return [(m, m.momentum) for m in _running_stat_layers(model) if m.momentum]
 
 @patch
 def _warm_batchnorm(self:Trainer):
@@ -829,6 +833,56 @@ def _eval_forward(self:Trainer, model:nn.Module, xb:torch.Tensor)->torch.Tensor:
         self.eval_batch = max(1, n // 2)
         self.log(f"out of memory in evaluation with {n} samples per forward pass: retrying with {self.eval_batch}")
 
+# %% ../nbs/07_train.ipynb #ns02
+def _stale_statistics(eval_loss:float, # cross-entropy with the running statistics (evaluation mode)
+                      batch_stats_loss:float, # the same batch with the batch's own statistics
+                      num_classes:int)->bool:
+    "True when the running statistics make a classifier worse than a uniform guess and the batch's own clearly better (see above)."
+    chance = math.log(num_classes)
+    return eval_loss > chance and batch_stats_loss < chance and batch_stats_loss <= eval_loss - math.log(2)
+
+_STALE_MSG = ("Evaluation mode disagrees with training mode: on a validation batch the model scores a loss of {ev:.2f} with its "
+              "normalisation layers' running statistics, worse than guessing among {c} classes (ln {c} = {ch:.2f}), and {bs:.2f} with "
+              "the batch's own statistics. The running statistics do not describe what the layers see. Common causes: too few "
+              "training steps for BatchNorm's momentum, training batches of one or two samples, or validation data distributed "
+              "unlike the training data (normalise both alike). Train longer, or recompute the statistics from training batches: "
+              "torch.optim.swa_utils.update_bn(train_loader, trainer.model).")
+
+# %% ../nbs/07_train.ipynb #ns03
+@patch
+@torch.no_grad()
+def _batch_stats_loss(self:Trainer, model:nn.Module, xb, yb)->float|None:
+    "The loss on (xb, yb) with only the normalisation layers in training mode; every state the pass touches is put back (None: not measured)."
+    layers = _running_stat_layers(model)
+    if not layers or len(xb) < 2 or self.world_size > 1: return None  # BatchNorm cannot train on one sample; SyncBatchNorm would wait
+    bufs = [b for m in layers for b in m.buffers()]
+    saved, modes, rng = [b.clone() for b in bufs], [m.training for m in layers], rng_state()
+    try:
+        for m in layers: m.train()
+        with self.precision.autocast(): return self.loss_fn(model(xb).float(), yb).item()
+    except Exception as e:
+        if not is_oom(e): raise
+        traceback.clear_frames(e.__traceback__)
+        return None  # a diagnostic is not worth a failed validation
+    finally:
+        for b, s in zip(bufs, saved): b.copy_(s)
+        for m, t in zip(layers, modes): m.train(t)
+        set_rng_state(rng)
+
+@patch
+def _check_running_stats(self:Trainer, model:nn.Module, xb, yb, out)->dict:
+    "For a validation batch of class targets: both losses (`norm_check`) and, once, the warning when they disagree wildly."
+    if not (out.ndim == 2 and out.shape[1] > 1 and yb.ndim == 1 and not yb.is_floating_point()): return {}
+    k = min(len(xb), self.eval_batch or len(xb))  # the samples evaluation runs in one pass
+    bs = self._batch_stats_loss(model, xb[:k], yb[:k])
+    if bs is None: return {}
+    ev = self.loss_fn(out[:k], yb[:k]).item()
+    r = {'norm_check': {'eval_loss': ev, 'batch_stats_loss': bs}}
+    if _stale_statistics(ev, bs, out.shape[1]) and not self._stats_warned:
+        self._stats_warned, r['warning'] = True, _STALE_MSG.format(ev=ev, bs=bs, c=out.shape[1], ch=math.log(out.shape[1]))
+        warnings.warn(r['warning'], stacklevel=4)
+    return r
+
 # %% ../nbs/07_train.ipynb #g004
 @patch
 @torch.no_grad()
@@ -840,11 +894,12 @@ def validate(self:Trainer, data=None, # an iterable of (x, y) batches; default t
     if data is None: raise ValueError("No validation data: pass `data=` or give the Trainer a (train, valid) pair.")
     model, metrics = self.eval_model, {**_metric_fns(self.opts.metrics), **(metrics or {})}
     was = model.training; model.eval()
-    tot, n, correct, extra = 0.0, 0, 0, {k: 0.0 for k in metrics}
+    tot, n, correct, extra, check = 0.0, 0, 0, {k: 0.0 for k in metrics}, {}
     try:
-        for xb, yb in data:
+        for i, (xb, yb) in enumerate(data):
             xb, yb = _to(xb, self.device), _to(yb, self.device)
             out = self._eval_forward(model, xb)
+            if i == 0: check = self._check_running_stats(model, xb, yb, out)
             k = len(yb)
             tot += self.loss_fn(out, yb).item() * k; n += k
             if out.ndim == 2 and yb.ndim == 1 and not yb.is_floating_point(): correct += (out.argmax(1) == yb).sum().item()
@@ -856,7 +911,7 @@ def validate(self:Trainer, data=None, # an iterable of (x, y) batches; default t
     if correct or (n and out.ndim == 2 and not yb.is_floating_point()): res['accuracy'] = correct / n
     res.update({k: v / max(n, 1) for k, v in extra.items()})
     self.last_metrics = res
-    self._record(**res)
+    self._record(**res, **check)
     if own: self._keep_best(res)
     self._call('after_validate')
     return res
@@ -1126,7 +1181,7 @@ def fit(self:Trainer, epochs:int|None=None, # passes over the training data
     "Train for `epochs` or `steps` (continuing from `resume`); returns the trainer."
     self._setup_run(epochs, steps, resume)
     self.stop, self.interrupted = False, False
-    self.log(self._describe())
+    if self.opts.verbose: self.log(self._describe())
     self._t0, self._running = time.perf_counter(), True
     self._losses, self._log_t, self._log_samples = [], self._t0, self.samples  # step losses since the last record, summed only then
     self.model.train()
@@ -1186,7 +1241,7 @@ def _one_step(self:Trainer, batches:list):
 @patch
 def _fit_epochs(self:Trainer):
     "Optimizer steps, epoch after epoch, until `total_steps` or a stop; validation after each finished epoch."
-    n_batches, s = _len(self.train_data), self.state
+    n_batches, s, cuda = _len(self.train_data), self.state, self.device.type == 'cuda'
     while s.step < s.total_steps and not self.stop:
         if hasattr(self.train_data, 'set_epoch'): self.train_data.set_epoch(s.epoch)
         it, exhausted = self._epoch_iter(), False
@@ -1194,7 +1249,7 @@ def _fit_epochs(self:Trainer):
         while s.step < s.total_steps and not self.stop:
             # where a resumed run restarts this step if a second Ctrl-C lands mid-step (the data order and
             # dropout draw from torch's generators, which are cheap to copy; Python's and NumPy's are not)
-            self._rng_window = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if self.device.type == 'cuda' else None)
+            self._rng_window = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if cuda else None)
             batches = list(itertools.islice(it, s.window))
             if not batches:
                 _need(s.batch_in_epoch > 0, f"The training data gave no batch in epoch {s.epoch}: an empty dataset, or an iterable "

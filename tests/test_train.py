@@ -1,7 +1,7 @@
 "Chapter 07 across chapters: OOM recovery (halving, checkpointing, BatchNorm), strategy conversions and allocator settings, precision, accumulation, history."
 import pytest, torch, yaml
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, TensorDataset
 import netlite_nb.train as train_module
 from netlite_nb.train import Trainer, Callback, InjectOOM, SimulatedMemoryLimit, choose_precision
 from netlite_nb.budget import plan_memory
@@ -468,3 +468,79 @@ def test_batchnorm_warmup_averages_the_first_batches_evenly_and_resumes_bit_for_
     bn_run([Sigint(1)], micro_batch=8, run_dir=tmp_path / 'cut')       # stopped inside the warm-up (micro-batch 4 of 10)
     res = bn_run(micro_batch=8, run_dir=tmp_path / 'cut', resume=tmp_path / 'cut')
     assert losses(res) == losses(full) and state_equal(res.model, full.model)
+
+
+def bn_fit(**kw):
+    "bn_net trained 3 epochs on the blobs, validating after each (the running-statistics check runs every time)."
+    x, y = blobs(768, dtype=torch.float64).tensors
+    dl = DataLoader(TensorDataset(x[:512], y[:512]), 32, shuffle=True, generator=torch.Generator().manual_seed(0))
+    valid = [(x[i:i + 64], y[i:i + 64]) for i in range(512, 768, 64)]  # a list: iterating a DataLoader draws from torch's generator
+    torch.manual_seed(0)
+    return Trainer(bn_net(), (dl, valid), lr=3e-3, **{**KW, **kw}).fit(epochs=3)
+
+
+def spoil_statistics(model):
+    "Running statistics of some other data: each mean moved by 3 × a normal draw, each variance 10× too small."
+    g = torch.Generator().manual_seed(0)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm1d): m.running_mean += 3 * torch.randn(m.running_mean.shape, generator=g, dtype=m.running_mean.dtype); m.running_var /= 10
+
+
+def test_running_stats_check_warns_once_on_stale_statistics_and_changes_nothing(recwarn):
+    import math, random, numpy as np
+    t = bn_fit()
+    checks = [r['norm_check'] for r in t.history if 'valid_loss' in r]
+    assert len(checks) == 3 and not [r for r in t.history if 'warning' in r] and not recwarn.list      # trained: silent
+    assert checks[-1]['eval_loss'] < math.log(10) and checks[-1]['batch_stats_loss'] < math.log(10)
+    spoil_statistics(t.model)
+    sd = {k: v.clone() for k, v in t.model.state_dict().items()}
+    rng = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
+    modes, momenta = [m.training for m in t.model.modules()], [m.momentum for m in t.model.modules() if isinstance(m, nn.BatchNorm1d)]
+    with pytest.warns(UserWarning, match='worse than guessing among 10 classes') as w:
+        t.validate(t.valid_data); t.validate(t.valid_data)
+    assert len([x for x in w if 'Evaluation mode disagrees' in str(x.message)]) == 1                   # once per trainer
+    assert 'update_bn' in t.history[-2]['warning'] and 'warning' not in t.history[-1]
+    c = t.history[-2]['norm_check']
+    assert c['eval_loss'] > math.log(10) > c['batch_stats_loss'] and t.history[-2]['accuracy'] < 0.5
+    assert all(torch.equal(v, sd[k]) for k, v in t.model.state_dict().items())                     # buffers and counters as they were
+    assert torch.equal(torch.get_rng_state(), rng[0]) and random.getstate() == rng[1] and np.array_equal(np.random.get_state()[1], rng[2])
+    assert [m.training for m in t.model.modules()] == modes and [m.momentum for m in t.model.modules() if isinstance(m, nn.BatchNorm1d)] == momenta
+
+
+def test_running_stats_check_leaves_the_run_bit_identical(monkeypatch):
+    # dropout draws from torch's generator and BatchNorm keeps statistics: a check that moved either would change the weights
+    checked = bn_fit()
+    monkeypatch.setattr(Trainer, '_check_running_stats', lambda self, *a: {})
+    unchecked = bn_fit()
+    assert state_equal(checked.model, unchecked.model) and losses(checked) == losses(unchecked)
+    assert 'norm_check' in checked.history[-1] and 'norm_check' not in unchecked.history[-1]
+
+
+def test_running_stats_check_only_where_it_means_something():
+    dl = DataLoader(blobs(256, dtype=torch.float64), 32)
+    plain = Trainer(nn.Sequential(nn.Linear(20, 10)).double(), (dl, dl), **KW).fit(epochs=1)      # no running statistics
+    assert 'norm_check' not in plain.history[-1]
+    reg = [(x, x[:, :1]) for x, _ in dl]                                                              # regression: no chance level
+    t = Trainer(nn.Sequential(nn.Linear(20, 8), nn.BatchNorm1d(8), nn.Linear(8, 1)).double(), (reg, reg), loss_fn=nn.MSELoss(), **KW).fit(epochs=1)
+    assert 'valid_loss' in t.history[-1] and 'norm_check' not in t.history[-1]
+    ddp = bn_fit(); ddp.world_size = 2                                                                # SyncBatchNorm would wait for the others
+    assert 'norm_check' not in (ddp.validate(ddp.valid_data), ddp.history[-1])[1]
+
+
+@pytest.mark.slow
+def test_running_stats_check_on_the_demos_short_run(monkeypatch):
+    "The demo's netlite_tiny after 20 steps: without the BatchNorm warm-up its accuracy was 10 % and the check warns; with it, silent."
+    import warnings
+    from netlite_nb.data import mnist_sample_loaders
+    from netlite_nb.models import create_model
+    def run():
+        torch.manual_seed(0)
+        t = Trainer(create_model('netlite_tiny', num_classes=10), mnist_sample_loaders(batch_size=128), **KW)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter('always'); t.fit(steps=20)
+        return t, [x for x in w if 'Evaluation mode disagrees' in str(x.message)]
+    warm, warned = run()
+    assert not warned and warm.history[-1]['accuracy'] > 0.3
+    monkeypatch.setattr(train_module, '_batchnorms', lambda model: [])                              # the trainer before the warm-up
+    cold, warned = run()
+    assert len(warned) == 1 and cold.history[-1]['accuracy'] < 0.15 and 'warning' in cold.history[-1]
