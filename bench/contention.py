@@ -19,6 +19,7 @@ SETTINGS = {  # name -> environment for the training process (read before torch 
     'threads-1': {'OMP_NUM_THREADS': str(max(1, (os.cpu_count() or 2) - 1))},   # leave one core to the rest of the machine
     'spin-10k': {'GOMP_SPINCOUNT': '10000'},                    # libgomp spins 10k rounds (~tens of µs), then sleeps
     'spin-100k': {'GOMP_SPINCOUNT': '100000'},
+    'spin-1k': {'GOMP_SPINCOUNT': '1000'},
     'passive+threads-1': {'OMP_WAIT_POLICY': 'PASSIVE', 'OMP_NUM_THREADS': str(max(1, (os.cpu_count() or 2) - 1))},
 }
 CHILD = ("import json, sys; from netlite_nb.run import run_demo; import torch\n"
