@@ -233,7 +233,7 @@ def next_commands(self:DemoResult)->list[str]:
 
 # %% ../nbs/10_run.ipynb #dm05
 _DEMO_INTRO = ("netlite demo: train netlite_tiny on 4,000 embedded MNIST digits (8 epochs, 504 optimizer steps), check it on 1,000 "
-               "held-out ones, save a checkpoint and export ONNX + INT8. On an idle 2-core CPU training takes about 30 s; the forecast "
+               "held-out ones, save a checkpoint and export ONNX + INT8. On an idle 2-core CPU training took 35-80 s when this was written (80 s with the netlite command's OMP_WAIT_POLICY=PASSIVE, chapter 11); the forecast "
                "for this machine follows its first steps.")
 
 class _Forecast(Callback):
