@@ -13,7 +13,7 @@ from .strategies import load_yaml
 
 # %% auto #0
 __all__ = ['CHECKPOINT_FORMAT', 'seed_everything', 'rng_state', 'set_rng_state', 'loader_generators', 'clean_leftovers',
-           'save_checkpoint', 'find_checkpoint', 'read_state', 'load_checkpoint', 'read_run_config']
+           'write_metrics', 'save_checkpoint', 'find_checkpoint', 'read_state', 'load_checkpoint', 'read_run_config']
 
 # %% ../nbs/06a_checkpoint.ipynb #k006
 def seed_everything(seed:int=0, # the seed for Python, NumPy and PyTorch (all devices)
@@ -131,7 +131,7 @@ def _metrics_lines(p:Path)->int|None:
 
 def _json_line(r:dict)->str: return json.dumps(r, default=lambda o: o.item() if hasattr(o, 'item') else str(o)) + '\n'
 
-def _write_metrics(run_dir:Path, history:list, keep:int|None=None):
+def write_metrics(run_dir:Path, history:list, keep:int|None=None):
     "Make `run_dir/metrics.jsonl` hold `history`: append the records it lacks, or rewrite it when it holds more (a resumed run)."
     p = run_dir / 'metrics.jsonl'
     n = _metrics_lines(p)
@@ -193,7 +193,7 @@ def save_checkpoint(run_dir, # the run directory; the checkpoint becomes RUN_DIR
     if history is not None: state['history_len'] = len(history)
     finite = _finite(model)
     try:
-        if history is not None: _write_metrics(run_dir, history)
+        if history is not None: write_metrics(run_dir, history)
         _write_files(tmp, state, model, ema, step, finite)
     except (OSError, RuntimeError) as e:
         if not _disk_full(e): raise
@@ -290,7 +290,7 @@ def load_checkpoint(path, # a checkpoint or run directory (see `find_checkpoint`
     _check_fits(ck, s, model, optimizer, ema)  # before anything is loaded: a refused checkpoint leaves the model as it was
     st.load_model(model, str(ck / 'model.safetensors'), device=str(device))
     if ema is not None and (ck / 'ema.safetensors').is_file(): st.load_model(ema, str(ck / 'ema.safetensors'), device=str(device))
-    if 'history_len' in s: _write_metrics(ck.parent, s['history'])  # records after this checkpoint belong to a run now undone
+    if 'history_len' in s: write_metrics(ck.parent, s['history'])  # records after this checkpoint belong to a run now undone
     for o, k in ((optimizer, 'optimizer'), (scheduler, 'scheduler'), (scaler, 'scaler')):
         if o is not None and s.get(k) is not None: o.load_state_dict(s[k])
     if restore_rng: set_rng_state(s['rng'])

@@ -17,7 +17,7 @@ from .probe import fmt_bytes
 from .budget import MemoryPlan
 from .checkpoint import find_checkpoint, read_state
 from .data import DeviceLoader, TensorLoader
-from .train import Callback, Trainer, _hooks
+from .train import Callback, Trainer
 
 # %% auto #0
 __all__ = ['RANK_ZERO_ONLY', 'dist_env', 'launched', 'pick_backend', 'free_port', 'init_distributed', 'ShardedLoader',
@@ -178,7 +178,7 @@ def distribute(trainer:Trainer, # a trainer that has not started `fit`
                         gradient_as_bucket_view=gradient_as_bucket_view)
     if rank > 0: _quiet(t)
     backend = pick_backend(t.device)
-    t.callbacks.append(DataParallel(t, world, backend, bucket_cap_mb, gradient_as_bucket_view)); t._hooks = _hooks(t.callbacks)
+    t.add_callback(DataParallel(t, world, backend, bucket_cap_mb, gradient_as_bucket_view))
     t.notes.append(f"data-parallel: process {rank} of {world} ({backend}); effective batch {world} × {t.effective_batch} = {world * t.effective_batch}")
     return t
 

@@ -20,7 +20,7 @@ from .layers import CheckpointedSequential, memory_transform
 import netlite_nb.optim  # registers 'adamw8bit' with `make_optimizer`
 from .strategies import apply_allocator_settings, load_strategy, pick_strategy, save_config
 from .checkpoint import (find_checkpoint, load_checkpoint, loader_generators, read_state, rng_state, save_checkpoint,
-                                   seed_everything, set_rng_state, read_run_config, _write_metrics)
+                                   seed_everything, set_rng_state, read_run_config, write_metrics)
 from .data import DataCheckError, check_dataset
 
 # %% auto #0
@@ -508,6 +508,15 @@ def _with_builtin_callbacks(self:Trainer, callbacks)->list:
         except ImportError: self.notes.append("TensorBoard logging skipped: `pip install tensorboard` to enable it")
     return cbs
 
+# %% ../nbs/07_train.ipynb #d019b
+@patch
+def add_callback(self:Trainer, cb:Callback)->Callback:
+    "Add `cb` to this trainer's callbacks, in its `order` like those given to the constructor; returns it."
+    _need(isinstance(cb, Callback), f"add_callback takes a Callback (a subclass of netlite_nb.train.Callback), not {type(cb).__name__}.")
+    _need(not self._running, "add_callback: the trainer is fitting; add callbacks before `fit`, or between two calls of it.")
+    self.callbacks.append(cb); self._hooks = _hooks(self.callbacks)
+    return cb
+
 # %% ../nbs/07_train.ipynb #d021
 @patch
 def _resolve_sizes(self:Trainer):
@@ -802,7 +811,7 @@ def _record(self:Trainer, **kw)->dict:
     r = {'step': self.step, 'epoch': self.epoch, 'time': self._elapsed_now(), 'samples': self.samples, 'mem': m.current, 'mem_peak': m.peak, **kw}
     self.state.history.append(r)
     if self.run_dir is not None:  # RUN_DIR/metrics.jsonl as the run goes: another process can follow it while the run lasts
-        self.run_dir.mkdir(parents=True, exist_ok=True); _write_metrics(self.run_dir, self.state.history)
+        self.run_dir.mkdir(parents=True, exist_ok=True); write_metrics(self.run_dir, self.state.history)
     return r
 
 @patch

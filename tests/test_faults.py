@@ -200,7 +200,7 @@ def test_steps_count_from_the_start_of_the_call_and_resume_finishes_the_cut_call
     class Stop(Callback):
         def after_step(self, t):
             if t.step == 8: raise KeyboardInterrupt
-    t.callbacks.append(Stop()); t._hooks = __import__('netlite_nb.train', fromlist=['_hooks'])._hooks(t.callbacks)
+    t.add_callback(Stop())
     t.fit(steps=5)
     assert t.interrupted and t.step == 8
     r = Trainer(mlp(), loaders(), run_dir=tmp_path, **KW).fit(steps=5, resume=tmp_path)
