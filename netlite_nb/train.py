@@ -1333,7 +1333,9 @@ def plot(self:LRFinder):
     ax.plot(self.lrs, self.smoothed, color='C0', label='smoothed')
     ax.axvline(self.suggestion, color='C3', ls='--', label=f"suggestion {self.suggestion:.2g} ({self.rule})")
     lo, hi = min(self.smoothed), max(self.smoothed[0], min(self.smoothed)) * 1.3
-    ax.set(xscale='log', xlabel='learning rate', ylabel='training loss', ylim=(lo - 0.1 * (hi - lo), hi), title='lr_find')
+    steep = lo > 0 and hi > 13 * lo  # a fall of more than tenfold (a new head on a trained network) reads on a log axis
+    ax.set(xscale='log', xlabel='learning rate', ylabel='training loss', title='lr_find', yscale='log' if steep else 'linear',
+           ylim=(lo / 1.3, hi) if steep else (lo - 0.1 * (hi - lo), hi))
     ax.legend(loc='lower left', fontsize=8); fig.tight_layout()
     return fig
 
