@@ -1290,19 +1290,20 @@ def smooth_losses(lrs, # the learning rates of a range test
     return np.exp(s) if log else s
 
 # %% ../nbs/07_train.ipynb #lr01
-_RULES = {'min/10': 'a tenth of the lr at the lowest smoothed loss', 'steepest': 'where the smoothed loss falls fastest'}
+_RULES = {'steepest>=min/10': 'where the smoothed loss falls fastest, but not below a tenth of the lr at its lowest',
+          'min/10': 'a tenth of the lr at the lowest smoothed loss', 'steepest': 'where the smoothed loss falls fastest'}
 
 def suggest_lr(lrs, # the learning rates of a range test
                smoothed, # its smoothed losses
-               rule:str='min/10', # 'min/10' or 'steepest' (see `_RULES`)
+               rule:str='steepest>=min/10', # 'steepest>=min/10', 'min/10' or 'steepest' (see `_RULES`)
               )->float:
     "The learning rate `rule` reads off a range test's smoothed loss curve."
     _need(rule in _RULES, f"rule must be one of {', '.join(map(repr, _RULES))}, not {rule!r}.")
     lrs, sm = np.asarray(lrs, dtype=float), np.asarray(smoothed, dtype=float)
     i = int(np.argmin(sm))
     if rule == 'min/10' or i < 2: return float(lrs[i] / 10)  # fewer than 3 points before the minimum have no slope to read
-    slope = np.gradient(sm[:i + 1], np.log(lrs[:i + 1]))
-    return float(lrs[int(np.argmin(slope))])
+    steep = float(lrs[int(np.argmin(np.gradient(sm[:i + 1], np.log(lrs[:i + 1]))))])
+    return steep if rule == 'steepest' else max(steep, float(lrs[i] / 10))
 
 # %% ../nbs/07_train.ipynb #lr06
 @dataclass
@@ -1312,7 +1313,7 @@ class LRFinder:
     losses:list      # each step's training loss
     smoothed:list    # the losses smoothed without lag (`smooth_losses`)
     suggestion:float # what `rule` reads off the smoothed curve
-    rule:str         # 'min/10' or 'steepest'
+    rule:str         # a key of `_RULES`
     stopped:str      # why the sweep ended
 
     def summary(self)->dict:
@@ -1394,7 +1395,7 @@ def _sweep(self:Trainer, lrs, width:float, diverge:float)->tuple[list, list, str
 def lr_find(self:Trainer, start_lr:float=1e-7, end_lr:float=10.0, num_steps:int=100,
             width:float=0.25, # smoothing: σ of `smooth_losses`' centred window, in decades of learning rate
             diverge:float=4.0, # stop once the smoothed loss is this many times its lowest
-            rule:str='min/10', # how the suggestion is read off the curve: 'min/10' or 'steepest'
+            rule:str='steepest>=min/10', # how the suggestion is read off the curve: a key of `_RULES`
            )->LRFinder:
     "The learning-rate range test on this trainer's model and data, read by `rule` off the loss smoothed without lag; the trainer is left exactly as it was."
     _need(0 < start_lr < end_lr and _positive_int(num_steps) and num_steps >= 5 and width > 0,
