@@ -321,13 +321,15 @@ def test_chunked_step_is_the_reference_step(first_moment, threads):
 
 
 def test_odd_parameters_step_like_the_reference():
-    "One value, a shape that is not whole blocks, a non-contiguous gradient, bf16 and fp16, zero and NaN gradients, odd block sizes."
+    "One value, a shape that is not whole blocks, a non-contiguous gradient, bf16 and fp16, zero, NaN (both signs) and infinite gradients, odd block sizes."
     g = torch.Generator().manual_seed(1)
     cases = [(torch.randn(1, generator=g), None), (torch.randn(3, 5, 7, generator=g), None),
              (torch.randn(40, 70, generator=g), lambda w: torch.randn(70, 40, generator=g).t()),   # gradient is a transposed view
              (torch.randn(300, 20, generator=g).bfloat16(), None), (torch.randn(300, 20, generator=g).half(), None),
              (torch.randn(1000, generator=g), lambda w: torch.zeros_like(w)),
-             (torch.randn(1000, generator=g), lambda w: torch.full_like(w, float('nan')))]
+             (torch.randn(1000, generator=g), lambda w: torch.full_like(w, float('nan'))),
+             (torch.randn(1000, generator=g), lambda w: torch.full_like(w, -float('nan'))),
+             (torch.randn(1000, generator=g), lambda w: torch.full_like(w, float('inf')))]  # inf / inf: the CPU's own NaN, often negative
     for w, make_grad in cases:
         p = nn.Parameter(w.clone()); opt = AdamW8bit([p], lr=1e-2, min_8bit_size=0)
         for _ in range(3):
