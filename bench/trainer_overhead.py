@@ -9,7 +9,8 @@ The smaller the step, the larger that share: the `tiny` case (a 40-100-100-10 ML
 Two ratios, so that a one-time cost is not mistaken for a per-step one:
 - `per step`: `Trainer(check_data=False).fit` against the plain loop — the bookkeeping every step pays;
 - `first fit`: `Trainer().fit` with the defaults — a fresh Trainer's first `fit` also checks the data once;
-  `check ms` is that one-time cost (median of the paired differences), which a longer run spreads thinner.
+  `check ms` is that one-time cost, which a longer run spreads thinner: the CPU time of the check alone
+  (`Trainer._check_data` on fresh Trainers, median of 9), since the difference of two timed runs drowns in their noise.
 
 The machine may be shared, so a single pair of runs can be off by ±30 %. Each case runs `--pairs` rounds of four
 runs, their order rotating from round to round (so a drift in the machine's load hits all alike), and reports the
@@ -89,7 +90,10 @@ def run_case(case, pairs, steps):
         order = list(runs)[i % 4:] + list(runs)[:i % 4]
         for k in order: res[k].append(runs[k]())
     ratio = lambda k, j: [t[j] / p[j] for p, t in zip(res['plain'], res[k])]
-    check_ms = [1e3 * (f[2] - s[2]) for s, f in zip(res['step'], res['first'])]
+    check_ms = []
+    for _ in range(9):
+        t = Trainer(make_model(case), dl, device='cpu', progress=False, verbose=False, plan=False, seed=None)
+        c0 = time.process_time(); t._check_data(); check_ms.append(1e3 * (time.process_time() - c0))
     return res, {k: (ratio(k, 0), ratio(k, 1)) for k in ('step', 'first', 'again')}, check_ms
 
 def fmt(xs): return f"{statistics.median(xs):.3f} ({'%.2f–%.2f' % quartiles(xs)})"
@@ -97,11 +101,11 @@ def fmt(xs): return f"{statistics.median(xs):.3f} ({'%.2f–%.2f' % quartiles(xs
 def timed(a):
     print(f"{a.pairs} rounds of {a.steps} steps per case, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start")
-    print(f"{'case':<6}{'batch':>6}{'plain samples/s':>16}{'A/A: wall':>20}{'per step: wall':>22}{'CPU':>20}{'first fit: wall':>22}{'CPU':>20}{'check ms':>10}")
+    print(f"{'case':<6}{'batch':>6}{'plain samples/s':>16}{'A/A: wall':>20}{'per step: wall':>22}{'CPU':>20}{'first fit: wall':>22}{'CPU':>20}{'check CPU ms':>14}")
     for case in (CASES if a.case == 'all' else [a.case]):
         res, r, check_ms = run_case(case, a.pairs, a.steps)
         print(f"{case:<6}{CASES[case][2]:>6}{statistics.median(p[0] for p in res['plain']):>16.0f}{fmt(r['again'][0]):>20}{fmt(r['step'][0]):>22}"
-              f"{fmt(r['step'][1]):>20}{fmt(r['first'][0]):>22}{fmt(r['first'][1]):>20}{statistics.median(check_ms):>10.1f}", flush=True)
+              f"{fmt(r['step'][1]):>20}{fmt(r['first'][0]):>22}{fmt(r['first'][1]):>20}{statistics.median(check_ms):>14.1f}", flush=True)
     print(f"ratio: Trainer/plain samples/s, median (quartiles) of the paired runs (target >= 0.95); A/A: the plain loop against itself "
           f"(the noise floor); load average {os.getloadavg()[0]:.1f} at the end")
 
