@@ -59,8 +59,9 @@ PROBLEMS = {  # name: (data, model, plain recipe)
 }
 RECIPES = {  # Trainer options of each workflow compared
     'defaults (lr 1e-3, cosine)': {},
-    "lr='auto' (min/10), cosine": dict(lr='auto'),
-    "lr='auto' (min/10), onecycle": dict(lr='auto', lr_schedule='onecycle'),
+    "lr='auto' (steepest>=min/10), cosine": dict(lr='auto'),
+    "lr='auto' (steepest>=min/10), onecycle": dict(lr='auto', lr_schedule='onecycle'),
+    "lr='auto' (min/10), cosine": dict(lr='auto', rule='min/10'),
     "lr='auto' (steepest), cosine": dict(lr='auto', rule='steepest'),
 }
 

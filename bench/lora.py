@@ -7,8 +7,8 @@ trained by the book on the digits 0-4 of the embedded MNIST sample, then adapted
 
 An arm is `key=value` pairs: `full` (every weight trains; `bias=none` freezes the biases, a probe), or LoRA's `rank` (8), `alpha` (16), `dropout` (0.1), `bias` ('none',
 'all', 'lora_only': which biases train, as peft's LoraConfig), `rslora` (1: scale alpha/sqrt(rank) instead of alpha/rank, as
-peft's use_rslora), and `lr`: a number, 'auto' (the Trainer's lr='auto': chapter 07's `lr_find` with its default rule, a tenth
-of the rate at the lowest smoothed loss) or 'steepest' (`lr_find(rule='steepest')`: the steepest descent of the smoothed loss),
+peft's use_rslora), and `lr`: a number, 'auto' (the Trainer's lr='auto': chapter 07's `lr_find` with its default rule, the
+steepest descent of the smoothed loss but not below a tenth of the rate at its lowest) or 'steepest' (`lr_find(rule='steepest')`),
 so no arm's rate is tuned by hand; `epochs` (the arm's own, instead of --epochs). LoRA arms put adapters on every layer and train the 10-way head in full.
 
 Per seed: the base trains on 0-4 for 2 epochs (AdamW, lr 1e-3); a copy of it trains on 5-9 for `--epochs` epochs in each arm, with

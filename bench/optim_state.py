@@ -9,6 +9,7 @@ final validation accuracy averaged over seeds.
     OMP_NUM_THREADS=1 python bench/optim_state.py --step-only   # the same on one thread
     python bench/optim_state.py --runs 5         # the step-time table in 5 fresh processes: medians over runs
     python bench/optim_state.py --chunks         # AdamW8bit's step time by chunk size
+    python bench/optim_state.py --instructions   # instructions per step under valgrind's callgrind (load-independent; ~10 minutes)
 """
 from __future__ import annotations
 import argparse, json, math, os, resource, statistics, subprocess, sys, time
@@ -214,6 +215,41 @@ def chunk_sweep(repeats=7, size=2048, chunks=tuple(2**k for k in range(12, 23, 2
     return '\n'.join(out)
 
 
+def _callgrind_child(which, steps):
+    "In a process run by callgrind with instrumentation off: turn it on around `steps` steps of one optimizer on a 2048x2048 weight."
+    torch.set_num_threads(1)
+    makers = {'torch.optim.AdamW': OPTIMIZERS['torch.optim.AdamW'], 'AdamW8bit (netlite_nb)': OPTIMIZERS['AdamW8bit']}
+    torch.manual_seed(0)
+    w = nn.Parameter(torch.randn(2048, 2048) * 0.02); grads = [torch.randn(2048, 2048) * 1e-3 for _ in range(3)]
+    opt = makers[which]([w], 1e-3)
+    w.grad = grads[2]; opt.step()  # the state is made outside the count
+    ctl = lambda on: subprocess.run(['callgrind_control', '-i', on, str(os.getpid())], capture_output=True, check=True)
+    ctl('on'); time.sleep(2)  # callgrind polls for the command; the wait runs no instructions
+    for r in range(steps): w.grad = grads[r % 3]; opt.step()
+    ctl('off')
+
+
+def instructions(steps=3):
+    "Instructions per step (and per parameter) of torch.optim.AdamW and AdamW8bit on one thread, counted by callgrind: what load does not change."
+    import shutil, tempfile
+    if not (shutil.which('valgrind') and shutil.which('callgrind_control')):
+        return "valgrind is not installed: apt-get install valgrind (it provides callgrind and callgrind_control)"
+    out, counts = ["instructions per step on one 2048x2048 weight, one thread, callgrind (valgrind), "
+                   f"{steps} steps counted after the first:"], {}
+    for which in ('torch.optim.AdamW', 'AdamW8bit (netlite_nb)'):
+        with tempfile.TemporaryDirectory() as d:
+            r = subprocess.run(['valgrind', '--tool=callgrind', '--instr-atstart=no', f'--callgrind-out-file={d}/cg.out', sys.executable,
+                                os.path.abspath(__file__), '--callgrind-child', which, '--rounds', str(steps)],
+                               capture_output=True, text=True, env={**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONHASHSEED': '0'})
+        got = [l for l in r.stderr.splitlines() if 'Collected' in l]
+        if r.returncode or not got: return f"callgrind run of {which} failed:\n{r.stderr[-2000:]}"
+        counts[which] = int(got[-1].split()[-1]) / steps
+        out.append(f"{which:32s} {counts[which] / 1e6:8.1f} M instructions/step  {counts[which] / 2048**2:6.1f} per parameter")
+    out.append(f"AdamW8bit / torch.optim.AdamW: {counts['AdamW8bit (netlite_nb)'] / counts['torch.optim.AdamW']:.2f}× the instructions "
+               "(AdamW waits on memory, the 8-bit step on its table reads: the time ratio is smaller)")
+    return '\n'.join(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--seeds', default='0,1,2')
@@ -224,8 +260,12 @@ def main():
     ap.add_argument('--runs', type=int, default=0, help='the step-time table in this many fresh processes, summarized')
     ap.add_argument('--step-json', action='store_true', help=argparse.SUPPRESS)  # one run's medians as JSON, for --runs
     ap.add_argument('--chunks', action='store_true', help="only the step time by chunk size")
+    ap.add_argument('--instructions', action='store_true', help='instructions per step under valgrind (callgrind), AdamW and AdamW8bit')
+    ap.add_argument('--callgrind-child', default=None, help=argparse.SUPPRESS)  # one optimizer's steps, for --instructions
     a = ap.parse_args()
     if a.threads: torch.set_num_threads(a.threads)
+    if a.callgrind_child: _callgrind_child(a.callgrind_child, a.rounds); return
+    if a.instructions: print(instructions()); return
     if a.step_json: print(json.dumps({**step_stats(a.rounds), 'threads': torch.get_num_threads()})); return
     if a.runs: print(step_runs(a.runs, a.rounds, a.threads)); return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)\n")

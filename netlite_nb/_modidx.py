@@ -1098,5 +1098,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'netlite_nb.train.one_cycle': ('train.html#one_cycle', 'netlite_nb/train.py'),
                                   'netlite_nb.train.register_notebook_progress': ( 'train.html#register_notebook_progress',
                                                                                    'netlite_nb/train.py'),
+                                  'netlite_nb.train.smooth_losses': ('train.html#smooth_losses', 'netlite_nb/train.py'),
                                   'netlite_nb.train.suggest_lr': ('train.html#suggest_lr', 'netlite_nb/train.py'),
                                   'netlite_nb.train.warmup_cosine': ('train.html#warmup_cosine', 'netlite_nb/train.py')}}}

@@ -247,15 +247,15 @@ def _cut(sc:dict, n:int)->dict:
 # %% ../nbs/03_optim.ipynb #fq1
 @lru_cache(None)
 def _quant_list(signed:bool)->list:
-    "Per bucket, the int32 `e` for which `(e + z) >> 17` is the code of a float with bits `b` in it, where `z = b ^ (b >> 31)`."
+    "Per bucket, the int32 `e` for which `(e + z) >> 17` is the code of a float with bits `b` in it, where `z = |b|` (as an int32)."
     base, inside = _lookup_lists(signed)
     base, key = torch.tensor(base), torch.arange(2**16)
     mid = torch.tensor(inside).view(torch.int32).long() & 0xFFFFFFFF
     neg = key >= 2**15
     mid_low = torch.where(neg, 0xFFFF - (mid & 0xFFFF), mid & 0xFFFF)  # the low 16 bits of the midpoint's z
     mid_low = torch.where(mid >> 16 == key, mid_low, 0xFFFF)  # no midpoint in this bucket: no value lies above one
-    z_high = torch.where(neg, 0x7FFF - (key & 0x7FFF), key)  # the high 16 bits of z, the same for every value of the bucket
-    return ((base << 17) + 2**17 - 1 - mid_low - (z_high << 16)).tolist()
+    z_high = torch.where(neg, 0x7FFF - (key & 0x7FFF), key)  # the high 16 bits of b ^ (b >> 31), the same for every value of the bucket
+    return ((base << 17) + 2**17 - 1 - mid_low - (z_high << 16) - neg.long()).tolist()  # |b| is b ^ (b >> 31), plus 1 where b < 0
 
 for _signed in (True, False): _quant_list(_signed)  # at import, as the lookup lists
 _QUANT = {}  # (signed, device) -> _quant_list as int32, real tensors only
@@ -276,14 +276,19 @@ def _dequantize_into(q:torch.Tensor, absmax:torch.Tensor, code:torch.Tensor, out
     out.view(-1, bs).mul_(absmax)
 
 def _quantize_into(x:torch.Tensor, q:torch.Tensor, absmax:torch.Tensor, table:torch.Tensor, w:dict, bs:int, signed:bool=True):
-    "`quantize_blockwise` of fp32 `x` (whole blocks; overwritten) into the codes `q` and the (blocks, 1) scales `absmax`, one table read per value."
+    "`quantize_blockwise` of fp32 `x` (whole blocks; overwritten; never negative if not `signed`) into the codes `q` and the (blocks, 1) scales `absmax`, one table read per value."
     bits = x.view(torch.int32)
     mag = torch.abs(x, out=w['t']) if signed else x  # v, a sum of squares, is its own magnitude (or NaN, which amax keeps)
     torch.amax(mag.view(-1, bs), 1, keepdim=True, out=absmax)
     x.view(-1, bs).div_(absmax.clamp_min(_TINY))
-    key = torch.bitwise_right_shift(bits, 16, out=w['i']).bitwise_and_(0xFFFF)  # as in _nearest_code
-    z = torch.bitwise_right_shift(bits, 31, out=w['t'].view(torch.int32)).bitwise_xor_(bits)
-    torch.bitwise_right_shift(torch.index_select(table, 0, key, out=bits).add_(z), 17, out=q)
+    if signed:
+        key = torch.bitwise_right_shift(bits, 16, out=w['i']).bitwise_and_(0xFFFF)  # as in _nearest_code
+        z = torch.abs(bits, out=w['t'].view(torch.int32))  # -0.0's bits are INT_MIN, their own |b| modulo 2**32, as the sum needs
+        e = torch.index_select(table, 0, key, out=bits)
+    else:  # clearing the sign bit changes only -0.0 and NaNs (to +0.0 and NaNs of the same code) and leaves the key below 2**15
+        z = bits.bitwise_and_(0x7FFFFFFF)
+        e = torch.index_select(table, 0, torch.bitwise_right_shift(z, 16, out=w['i']), out=w['t'].view(torch.int32))
+    torch.bitwise_right_shift(e.add_(z), 17, out=q)
 
 # %% ../nbs/03_optim.ipynb #fs9
 def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float, sc:dict, chunk:int, part:int=0, parts:int=1,
@@ -301,9 +306,9 @@ def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
         m, v = w['m'], w['v']
         if eight: _dequantize_into(qm, am, signed[0], m, w, bs)
         else: m[:k].copy_(qm)
-        _dequantize_into(qv, av, unsigned[0], v, w, bs)
+        _dequantize_into(qv, av * b2, unsigned[0], v, w, bs)  # β₂·v in the same pass: (code·absmax)·β₂ to within a rounding
         mk, vk, gc = m[:k], v[:k], gc.float()
-        mk.lerp_(gc, 1 - b1); vk.mul_(b2).addcmul_(gc, gc, value=1 - b2)
+        mk.lerp_(gc, 1 - b1); vk.addcmul_(gc, gc, value=1 - b2)
         d = torch.sqrt(vk, out=w['t'][:k]).add_(eps_c)
         if decay != 1: pc.mul_(decay)
         if p.dtype == torch.float32: pc.addcdiv_(mk, d, value=-lr_c)

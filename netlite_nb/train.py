@@ -27,7 +27,7 @@ from .data import DataCheckError, check_dataset
 __all__ = ['NOTEBOOK_PROGRESS', 'PrecisionPolicy', 'choose_precision', 'micro_batches', 'Callback', 'ProgressBar',
            'register_notebook_progress', 'TensorBoardLogger', 'EarlyStopping', 'OOMReport', 'InjectOOM',
            'SimulatedMemoryLimit', 'warmup_cosine', 'one_cycle', 'TrainOptions', 'TrainState', 'Trainer',
-           'NonFiniteError', 'suggest_lr', 'LRFinder']
+           'NonFiniteError', 'smooth_losses', 'suggest_lr', 'LRFinder']
 
 # %% ../nbs/07_train.ipynb #c009
 @dataclass
@@ -1277,20 +1277,33 @@ def _epoch_line(self:Trainer)->str:
     m = ', '.join(f"{k} {100 * v:.2f}%" if k == 'accuracy' else f"{k} {v:.4f}" for k, v in self.last_metrics.items())
     return f"epoch {self.epoch}: {m} (step {self.step}/{self.total_steps}, {self._elapsed_now():.1f} s)"
 
+# %% ../nbs/07_train.ipynb #lr01a
+def smooth_losses(lrs, # the learning rates of a range test
+                  losses, # each step's loss
+                  width:float=0.25, # σ of the Gaussian window, in decades of learning rate
+                 )->np.ndarray:
+    "`losses` smoothed without lag: at each rate, a Gaussian-weighted mean over log10(lr) on both sides (of log(loss) if all are > 0)."
+    x, l = np.log10(np.asarray(lrs, dtype=float)), np.asarray(losses, dtype=float)
+    log = bool(np.all(l > 0))  # a sweep's losses span decades: on a log scale a tenfold fall weighs the same wherever it happens
+    w = np.exp(-0.5 * ((x[:, None] - x[None, :]) / width) ** 2)
+    s = w @ (np.log(l) if log else l) / w.sum(1)
+    return np.exp(s) if log else s
+
 # %% ../nbs/07_train.ipynb #lr01
-_RULES = {'min/10': 'a tenth of the lr at the lowest smoothed loss', 'steepest': 'where the smoothed loss falls fastest'}
+_RULES = {'steepest>=min/10': 'where the smoothed loss falls fastest, but not below a tenth of the lr at its lowest',
+          'min/10': 'a tenth of the lr at the lowest smoothed loss', 'steepest': 'where the smoothed loss falls fastest'}
 
 def suggest_lr(lrs, # the learning rates of a range test
                smoothed, # its smoothed losses
-               rule:str='min/10', # 'min/10' or 'steepest' (see `_RULES`)
+               rule:str='steepest>=min/10', # 'steepest>=min/10', 'min/10' or 'steepest' (see `_RULES`)
               )->float:
     "The learning rate `rule` reads off a range test's smoothed loss curve."
     _need(rule in _RULES, f"rule must be one of {', '.join(map(repr, _RULES))}, not {rule!r}.")
     lrs, sm = np.asarray(lrs, dtype=float), np.asarray(smoothed, dtype=float)
     i = int(np.argmin(sm))
     if rule == 'min/10' or i < 2: return float(lrs[i] / 10)  # fewer than 3 points before the minimum have no slope to read
-    slope = np.gradient(sm[:i + 1], np.log(lrs[:i + 1]))
-    return float(lrs[int(np.argmin(slope))])
+    steep = float(lrs[int(np.argmin(np.gradient(sm[:i + 1], np.log(lrs[:i + 1]))))])
+    return steep if rule == 'steepest' else max(steep, float(lrs[i] / 10))
 
 # %% ../nbs/07_train.ipynb #lr06
 @dataclass
@@ -1298,9 +1311,9 @@ class LRFinder:
     "A learning-rate range test: the rates tried, the losses, the suggested lr and the rule that chose it."
     lrs:list         # the learning rate of each step, rising exponentially
     losses:list      # each step's training loss
-    smoothed:list    # the losses smoothed (bias-corrected exponential moving average)
+    smoothed:list    # the losses smoothed without lag (`smooth_losses`)
     suggestion:float # what `rule` reads off the smoothed curve
-    rule:str         # 'min/10' or 'steepest'
+    rule:str         # a key of `_RULES`
     stopped:str      # why the sweep ended
 
     def summary(self)->dict:
@@ -1321,7 +1334,9 @@ def plot(self:LRFinder):
     ax.plot(self.lrs, self.smoothed, color='C0', label='smoothed')
     ax.axvline(self.suggestion, color='C3', ls='--', label=f"suggestion {self.suggestion:.2g} ({self.rule})")
     lo, hi = min(self.smoothed), max(self.smoothed[0], min(self.smoothed)) * 1.3
-    ax.set(xscale='log', xlabel='learning rate', ylabel='training loss', ylim=(lo - 0.1 * (hi - lo), hi), title='lr_find')
+    steep = lo > 0 and hi > 13 * lo  # a fall of more than tenfold (a new head on a trained network) reads on a log axis
+    ax.set(xscale='log', xlabel='learning rate', ylabel='training loss', title='lr_find', yscale='log' if steep else 'linear',
+           ylim=(lo / 1.3, hi) if steep else (lo - 0.1 * (hi - lo), hi))
     ax.legend(loc='lower left', fontsize=8); fig.tight_layout()
     return fig
 
@@ -1358,10 +1373,10 @@ def _restore(self:Trainer, snap:dict):
 
 # %% ../nbs/07_train.ipynb #lr10
 @patch
-def _sweep(self:Trainer, lrs, beta:float, diverge:float)->tuple[list, list, str]:
+def _sweep(self:Trainer, lrs, width:float, diverge:float)->tuple[list, list, str]:
     "One optimizer step per learning rate in `lrs` until the smoothed loss diverges: (losses, smoothed losses, why it stopped)."
     ratios = [b / self._base_lrs[0] for b in self._base_lrs]  # parameter groups keep their proportions
-    it, losses, smooth, avg = iter(self.train_data), [], [], 0.0
+    it, losses, smooth = iter(self.train_data), [], []
     self.model.train()
     for i, lr in enumerate(lrs):
         for g, r in zip(self.opt.param_groups, ratios): g['lr'] = float(lr) * r
@@ -1371,26 +1386,25 @@ def _sweep(self:Trainer, lrs, beta:float, diverge:float)->tuple[list, list, str]
         try: loss = self._train_window(batches)[0].item()
         except NonFiniteError: loss = math.nan
         if not math.isfinite(loss): return losses, smooth, f"stopped at lr {lr:.2g}: the loss became nan or inf"
-        avg = beta * avg + (1 - beta) * loss
-        losses.append(loss); smooth.append(avg / (1 - beta ** (i + 1)))
+        losses.append(loss); smooth = smooth_losses(lrs[:i + 1], losses, width).tolist()  # the newest point: half a window, late by ~σ
         if smooth[-1] > diverge * min(smooth): return losses, smooth, f"stopped at lr {lr:.2g}: the smoothed loss passed {diverge:g}× its lowest"
     return losses, smooth, "reached the end of the range"
 
 # %% ../nbs/07_train.ipynb #lr11
 @patch
 def lr_find(self:Trainer, start_lr:float=1e-7, end_lr:float=10.0, num_steps:int=100,
-            beta:float=0.98, # smoothing of the loss curve (exponential moving average)
+            width:float=0.25, # smoothing: σ of `smooth_losses`' centred window, in decades of learning rate
             diverge:float=4.0, # stop once the smoothed loss is this many times its lowest
-            rule:str='min/10', # how the suggestion is read off the curve: 'min/10' or 'steepest'
+            rule:str='steepest>=min/10', # how the suggestion is read off the curve: a key of `_RULES`
            )->LRFinder:
-    "The learning-rate range test on this trainer's model and data; the trainer is left exactly as it was."
-    _need(0 < start_lr < end_lr and _positive_int(num_steps) and num_steps >= 5,
-          f"lr_find needs 0 < start_lr < end_lr and num_steps >= 5; got {start_lr}, {end_lr}, {num_steps}.")
+    "The learning-rate range test on this trainer's model and data, read by `rule` off the loss smoothed without lag; the trainer is left exactly as it was."
+    _need(0 < start_lr < end_lr and _positive_int(num_steps) and num_steps >= 5 and width > 0,
+          f"lr_find needs 0 < start_lr < end_lr, num_steps >= 5 and width > 0; got {start_lr}, {end_lr}, {num_steps}, {width}.")
     _need(rule in _RULES, f"rule must be one of {', '.join(map(repr, _RULES))}, not {rule!r}.")
     self._resolve_sizes()
     lrs, snap = np.geomspace(start_lr, end_lr, num_steps), self._snapshot()
     self._hooks, self.opts = _hooks([]), replace(self.opts, on_nonfinite='stop')  # the sweep is not part of the run
-    try: losses, smooth, stopped = self._sweep(lrs, beta, diverge)
+    try: losses, smooth, stopped = self._sweep(lrs, width, diverge)
     finally:
         mb = self.state.micro_batch
         self._restore(snap)

@@ -201,7 +201,7 @@ def test_table_lookup_rounds_like_the_binary_search(signed):
 
 @pytest.mark.parametrize('signed', [True, False])
 def test_one_read_quantizer_rounds_like_the_lookup_tables(signed):
-    "The step's quantizer (one int32 read and integer arithmetic) gives `_nearest_code`'s codes: random bit patterns, midpoints, NaNs of both signs."
+    "The step's quantizer (one int32 read and integer arithmetic) gives `_nearest_code`'s codes: random bit patterns, midpoints, NaNs of both signs, -0.0."
     from netlite_nb.optim import _quant_table, _quantize_into
     mids = torch.tensor(_code_and_mids_lists(signed)[1])
     g = torch.Generator().manual_seed(1)
@@ -209,6 +209,7 @@ def test_one_read_quantizer_rounds_like_the_lookup_tables(signed):
     x = torch.cat([bits.view(torch.float32), -bits.view(torch.float32), mids, mids.nextafter(torch.tensor(2.)),
                    mids.nextafter(torch.tensor(-2.)), torch.tensor([0., -0., 1e-45, -1e-45])])
     x = x[x.abs() <= 1]
+    if not signed: x = torch.cat([x.abs(), torch.tensor([-0.])])  # v is a sum of squares: only -0.0 and NaNs carry a sign
     x = torch.cat([x, x.new_zeros((-x.numel()) % 255)]).view(-1, 255)
     x = torch.cat([torch.cat([x, torch.ones(len(x), 1)], 1).view(-1), torch.tensor([float('nan'), -float('nan')]).repeat(128)])  # absmax 1: unchanged
     q, absmax = torch.empty(x.numel(), dtype=torch.uint8), torch.empty(x.numel() // 256, 1)
@@ -320,13 +321,15 @@ def test_chunked_step_is_the_reference_step(first_moment, threads):
 
 
 def test_odd_parameters_step_like_the_reference():
-    "One value, a shape that is not whole blocks, a non-contiguous gradient, bf16 and fp16, zero and NaN gradients, odd block sizes."
+    "One value, a shape that is not whole blocks, a non-contiguous gradient, bf16 and fp16, zero, NaN (both signs) and infinite gradients, odd block sizes."
     g = torch.Generator().manual_seed(1)
     cases = [(torch.randn(1, generator=g), None), (torch.randn(3, 5, 7, generator=g), None),
              (torch.randn(40, 70, generator=g), lambda w: torch.randn(70, 40, generator=g).t()),   # gradient is a transposed view
              (torch.randn(300, 20, generator=g).bfloat16(), None), (torch.randn(300, 20, generator=g).half(), None),
              (torch.randn(1000, generator=g), lambda w: torch.zeros_like(w)),
-             (torch.randn(1000, generator=g), lambda w: torch.full_like(w, float('nan')))]
+             (torch.randn(1000, generator=g), lambda w: torch.full_like(w, float('nan'))),
+             (torch.randn(1000, generator=g), lambda w: torch.full_like(w, -float('nan'))),
+             (torch.randn(1000, generator=g), lambda w: torch.full_like(w, float('inf')))]  # inf / inf: the CPU's own NaN, often negative
     for w, make_grad in cases:
         p = nn.Parameter(w.clone()); opt = AdamW8bit([p], lr=1e-2, min_8bit_size=0)
         for _ in range(3):

@@ -319,7 +319,7 @@ def test_lr_find_leaves_the_trainer_bit_for_bit():
 def test_lr_find_sweep_without_the_restore_would_be_seen():
     "The comparison above can fail: the sweep itself moves every piece it checks."
     t = _bn_trainer(); t.fit(steps=5); before = _everything(t)
-    t._sweep(np.geomspace(1e-6, 1, 10), 0.98, 4.0)
+    t._sweep(np.geomspace(1e-6, 1, 10), 0.25, 4.0)
     after = _everything(t)
     for k in ('model', 'opt', 'gens'): assert not _same(after[k], before[k]), k
 
@@ -330,11 +330,56 @@ def test_lr_find_stops_on_divergence_and_suggests_by_its_rule():
     f = t.lr_find(end_lr=1e3)
     assert len(f.lrs) < 100 and ('passed 4×' in f.stopped or 'nan' in f.stopped)
     i = int(np.argmin(f.smoothed))
-    assert f.suggestion == f.lrs[i] / 10 and f.rule == 'min/10'
     steep = t.lr_find(end_lr=1e3, rule='steepest')
-    assert steep.lrs == f.lrs and steep.suggestion <= f.lrs[i]       # the same sweep (state restored), read by the other rule
+    assert steep.lrs == f.lrs and steep.suggestion <= f.lrs[i]       # the same sweep (state restored), read by another rule
+    assert f.rule == 'steepest>=min/10' and f.suggestion == max(steep.suggestion, f.lrs[i] / 10)
+    assert t.lr_find(end_lr=1e3, rule='min/10').suggestion == f.lrs[i] / 10
     png = f._repr_png_(); assert png[:8] == b'\x89PNG\r\n\x1a\n'
     with pytest.raises(ValueError, match='rule must be one of'): t.lr_find(rule='valley')
+
+
+
+# --- lr_find after a steep fall (a new head on a pretrained network): the zero-lag smoothing --------------------------------
+
+def _made_up_loss(lr, lowest, floor=0.5, start=25.0):
+    "`start` falling to `floor` at lr `lowest`, then diverging: a parabola in log10(loss) against log10(lr), capped at `start` on the left."
+    d = (np.log10(lr) - np.log10(lowest)) ** 2
+    return floor * 10 ** np.where(np.asarray(lr) < lowest, np.minimum(d, np.log10(start / floor)), d)
+
+
+def _curve_trainer(lowest, start, seed=0):
+    "A trainer whose training loss is `_made_up_loss` at the rate the optimizer holds, times 10 % log-normal noise."
+    noise, t = np.random.default_rng(seed), None
+    def loss_fn(out, y):
+        return out.sum() * 0 + float(_made_up_loss(t.opt.param_groups[0]['lr'], lowest, start=start) * np.exp(noise.normal(0, 0.1)))
+    torch.manual_seed(0)
+    t = Trainer(mlp(), loaders(), loss_fn=loss_fn, **KW)
+    return t
+
+
+@pytest.mark.parametrize('lowest,start,num_steps,seed', [(1e-4, 25.0, 100, 0), (3e-3, 25.0, 100, 1), (3e-2, 200.0, 100, 2),
+                                                         (0.3, 25.0, 100, 3), (1e-3, 25.0, 300, 4), (1e-2, 5.0, 40, 5)])
+def test_lr_find_after_a_steep_fall_suggests_a_tenth_of_the_true_minimum(lowest, start, num_steps, seed):
+    "A loss far above its floor that falls tenfold within a decade, then diverges: min/10 is a tenth of where it is lowest."
+    from netlite_nb.train import suggest_lr
+    f = _curve_trainer(lowest, start, seed).lr_find(num_steps=num_steps, rule='min/10')
+    step = 8 / (num_steps - 1)                            # decades between two rates of the sweep
+    assert abs(np.log10(f.suggestion) - (np.log10(lowest) - 1)) <= max(step, 0.1) + 1e-9, f
+    assert 'passed 4×' in f.stopped and f.losses[0] > 0.8 * start / 0.5 * min(f.losses)   # it fell first, and stopped on the rise
+    default = suggest_lr(f.lrs, f.smoothed)               # the default rule on the same sweep: never below min/10, never above the minimum
+    assert f.suggestion <= default <= 10 * f.suggestion
+
+
+def test_smooth_losses_is_centred_and_scaled_in_decades():
+    from netlite_nb.train import smooth_losses
+    for n in (50, 400):                                   # more steps per decade: the same curve, the same minimum
+        lrs = np.geomspace(1e-7, 10, n)
+        sm = smooth_losses(lrs, _made_up_loss(lrs, 1e-3))
+        assert abs(np.log10(lrs[np.argmin(sm)]) + 3) <= 8 / (n - 1) + 1e-9
+        fall = np.where(lrs < 1e-3, 10.0, 1.0)            # a tenfold step down at 1e-3: the smoothed curve is halfway (in log) there
+        half = np.log10(lrs[np.argmin(abs(np.log(smooth_losses(lrs, fall)) - np.log(10) / 2))])
+        assert abs(half + 3) <= 8 / (n - 1) + 1e-9
+    with pytest.raises(ValueError, match='width > 0'): _curve_trainer(1e-2, 25.0).lr_find(width=0)
 
 
 class _StopAt(Callback):
@@ -351,7 +396,7 @@ def test_lr_auto_trains_with_the_suggestion_records_it_and_resumes_with_it(tmp_p
     sugg = auto.lr_found.suggestion
     assert losses(auto) == losses(run(None, lr=sugg))                    # exactly the run lr=<suggestion> gives
     cfg = yaml.safe_load((tmp_path / 'auto' / 'config.yaml').read_text())
-    assert cfg['optimizer']['lr'] == cfg['lr_find']['suggestion'] == sugg and cfg['lr_find']['rule'].startswith('min/10')
+    assert cfg['optimizer']['lr'] == cfg['lr_find']['suggestion'] == sugg and cfg['lr_find']['rule'].startswith('steepest>=min/10')
     run(tmp_path / 'cut', cbs=[_StopAt(5)])
     resumed = run(tmp_path / 'cut', resume=tmp_path / 'cut')
     assert resumed.lr_found is None and losses(resumed) == losses(auto)  # no second sweep: the checkpoint's rate goes on
