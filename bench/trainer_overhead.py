@@ -9,18 +9,25 @@ The smaller the step, the larger that share: the `tiny` case (a 40-100-100-10 ML
 Two ratios, so that a one-time cost is not mistaken for a per-step one:
 - `per step`: `Trainer(check_data=False).fit` against the plain loop — the bookkeeping every step pays;
 - `first fit`: `Trainer().fit` with the defaults — a fresh Trainer's first `fit` also checks the data once;
-  `check ms` is that one-time cost (median of the paired differences), which a longer run spreads thinner.
+  `check ms` is that one-time cost, which a longer run spreads thinner: the CPU time of the check alone
+  (`Trainer._check_data` on fresh Trainers, median of 9), since the difference of two timed runs drowns in their noise.
 
-The machine may be shared, so a single pair of runs can be off by ±30 %. Each case runs `--pairs` rounds of the
-three runs, their order rotating from round to round (so a drift in the machine's load hits all alike), and reports
-the median of the per-round ratios with its quartiles, for wall time (what a user waits for) and for the process's
-CPU time (which descheduling by other processes does not inflate; exact with `--threads 1`), and the load average.
+The machine may be shared, so a single pair of runs can be off by ±30 %. Each case runs `--pairs` rounds of four
+runs, their order rotating from round to round (so a drift in the machine's load hits all alike), and reports the
+median of the per-round ratios with its quartiles, for wall time (what a user waits for) and for the process's CPU
+time (which descheduling by other processes does not inflate; exact with `--threads 1`), and the load average.
+The fourth run is the plain loop again: `A/A`, plain against plain, is the noise floor of the ratios in that run
+(the same code can differ by where its tensors land in memory, and by what the other processes do meanwhile);
+a Trainer ratio inside the A/A spread is no measured difference.
 
 `--instructions` counts the instructions of each part instead, under valgrind's callgrind (needs `valgrind`, a C
 compiler and `valgrind/callgrind.h`); a count does not change with the machine's load. It runs each loop for
 `--steps` and `2 × --steps` steps in one process: the difference is the cost of `--steps` steps without the setup.
+`--cache` adds callgrind's cache simulation with this machine's L1d and L2 (read from sysfs): the misses per step
+show whether the Trainer touches memory the plain loop does not (extra passes over parameters or gradients, copies,
+per-step buffers). The simulation sees virtual addresses only: no page faults, TLB or prefetchers.
 
-    python bench/trainer_overhead.py [--case all|cnn|mlp|tiny] [--pairs 15] [--steps 150] [--threads 1] [--instructions]
+    python bench/trainer_overhead.py [--case all|cnn|mlp|tiny] [--pairs 15] [--steps 150] [--threads 1] [--instructions [--cache]]
 """
 import argparse, ctypes, os, re, shutil, statistics, subprocess, sys, tempfile, time, torch
 from pathlib import Path
@@ -77,26 +84,30 @@ def run_case(case, pairs, steps):
     dl = make_data(case)
     plain(case, dl, 20); trainer(case, dl, 20); trainer(case, dl, 20, check_data=True)  # warm up kernels and allocator
     runs = {'plain': lambda: plain(case, dl, steps), 'step': lambda: trainer(case, dl, steps),
-            'first': lambda: trainer(case, dl, steps, check_data=True)}
+            'again': lambda: plain(case, dl, steps), 'first': lambda: trainer(case, dl, steps, check_data=True)}
     res = {k: [] for k in runs}
     for i in range(pairs):
-        order = list(runs)[i % 3:] + list(runs)[:i % 3]
+        order = list(runs)[i % 4:] + list(runs)[:i % 4]
         for k in order: res[k].append(runs[k]())
     ratio = lambda k, j: [t[j] / p[j] for p, t in zip(res['plain'], res[k])]
-    check_ms = [1e3 * (f[2] - s[2]) for s, f in zip(res['step'], res['first'])]
-    return res, {'step': (ratio('step', 0), ratio('step', 1)), 'first': (ratio('first', 0), ratio('first', 1))}, check_ms
+    check_ms = []
+    for _ in range(9):
+        t = Trainer(make_model(case), dl, device='cpu', progress=False, verbose=False, plan=False, seed=None)
+        c0 = time.process_time(); t._check_data(); check_ms.append(1e3 * (time.process_time() - c0))
+    return res, {k: (ratio(k, 0), ratio(k, 1)) for k in ('step', 'first', 'again')}, check_ms
 
 def fmt(xs): return f"{statistics.median(xs):.3f} ({'%.2f–%.2f' % quartiles(xs)})"
 
 def timed(a):
     print(f"{a.pairs} rounds of {a.steps} steps per case, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start")
-    print(f"{'case':<6}{'batch':>6}{'plain samples/s':>16}{'per step: wall':>22}{'CPU':>20}{'first fit: wall':>22}{'CPU':>20}{'check ms':>10}")
+    print(f"{'case':<6}{'batch':>6}{'plain samples/s':>16}{'A/A: wall':>20}{'per step: wall':>22}{'CPU':>20}{'first fit: wall':>22}{'CPU':>20}{'check CPU ms':>14}")
     for case in (CASES if a.case == 'all' else [a.case]):
         res, r, check_ms = run_case(case, a.pairs, a.steps)
-        print(f"{case:<6}{CASES[case][2]:>6}{statistics.median(p[0] for p in res['plain']):>16.0f}{fmt(r['step'][0]):>22}{fmt(r['step'][1]):>20}"
-              f"{fmt(r['first'][0]):>22}{fmt(r['first'][1]):>20}{statistics.median(check_ms):>10.1f}", flush=True)
-    print(f"ratio: Trainer/plain samples/s, median (quartiles) of the paired runs (target >= 0.95); load average {os.getloadavg()[0]:.1f} at the end")
+        print(f"{case:<6}{CASES[case][2]:>6}{statistics.median(p[0] for p in res['plain']):>16.0f}{fmt(r['again'][0]):>20}{fmt(r['step'][0]):>22}"
+              f"{fmt(r['step'][1]):>20}{fmt(r['first'][0]):>22}{fmt(r['first'][1]):>20}{statistics.median(check_ms):>14.1f}", flush=True)
+    print(f"ratio: Trainer/plain samples/s, median (quartiles) of the paired runs (target >= 0.95); A/A: the plain loop against itself "
+          f"(the noise floor); load average {os.getloadavg()[0]:.1f} at the end")
 
 # --- instruction counts under callgrind ---------------------------------------------------------------------------
 
@@ -124,6 +135,16 @@ def _counted(a):
             trainer(case, dl, n, mark=_Callgrind(f"{case}:step:{n}"))
         trainer(case, dl, a.steps, check_data=True, mark=_Callgrind(f"{case}:first:{a.steps}"))
 
+def _cache_flags()->list[str]:
+    "callgrind's cache simulation with this CPU's L1d and L2 (sysfs), so that 'LL' misses are misses of the core's own L2."
+    def spec(level, kind):
+        for d in Path('/sys/devices/system/cpu/cpu0/cache').glob('index*'):
+            r = lambda f: (d / f).read_text().strip()
+            if r('level') == str(level) and r('type') in kind:
+                return f"{int(r('size').rstrip('K')) * 1024},{r('ways_of_associativity')},{r('coherency_line_size')}"
+        sys.exit(f"--cache: no level-{level} {'/'.join(kind)} cache in /sys/devices/system/cpu/cpu0/cache.")
+    return ['--cache-sim=yes', f"--D1={spec(1, ('Data',))}", f"--LL={spec(2, ('Unified', 'Data'))}"]
+
 def instructions(a):
     "Run this script under callgrind and print instructions per step (plain, Trainer) and the one-time costs."
     missing = [w for w, ok in (('valgrind', shutil.which('valgrind')), ('a C compiler (cc)', shutil.which('cc')),
@@ -134,13 +155,17 @@ def instructions(a):
         subprocess.run(['cc', '-O2', '-shared', '-fPIC', '-o', f'{d}/shim.so', f'{d}/shim.c'], check=True)
         env = {**os.environ, 'NETLITE_CG_SHIM': f'{d}/shim.so', 'OMP_NUM_THREADS': str(a.threads)}
         args = [a2 for a2 in sys.argv[1:] if a2 != '--instructions']
+        args = [a2 for a2 in args if a2 != '--cache']
         subprocess.run(['valgrind', '--tool=callgrind', '--instr-atstart=no', f'--callgrind-out-file={d}/cg.out',
-                        sys.executable, __file__, *args, '--_counted'], env=env, check=True, capture_output=True)
-        counts = {}
+                        *(_cache_flags() if a.cache else []), sys.executable, __file__, *args, '--_counted'], env=env, check=True, capture_output=True)
+        counts, events = {}, {}
         for p in Path(d).glob('cg.out.*'):
             t = p.read_text(errors='replace')
-            m, n = re.search(r'^desc: Trigger: Client Request: (\S+)', t, re.M), re.search(r'^totals: (\d+)', t, re.M)
-            if m and n: counts[m.group(1)] = int(n.group(1))
+            m, n = re.search(r'^desc: Trigger: Client Request: (\S+)', t, re.M), re.search(r'^totals: ([\d ]+)', t, re.M)
+            e = re.search(r'^events: (.+)$', t, re.M)
+            if m and n:
+                counts[m.group(1)] = int(n.group(1).split()[0])
+                events[m.group(1)] = dict(zip(e.group(1).split(), map(int, n.group(1).split())))
     s = a.steps
     print(f"instructions (callgrind), torch {torch.__version__}, {a.threads} threads: per step = (2×{s} steps − {s} steps) / {s}")
     print(f"{'case':<6}{'plain /step':>14}{'Trainer /step':>15}{'extra /step':>13}{'ratio':>8}{'fit setup':>12}{'data check':>13}{'first fit ratio':>17}")
@@ -151,6 +176,20 @@ def instructions(a):
         print(f"{case:<6}{p:>14,.0f}{t:>15,.0f}{t - p:>13,.0f}{p / t:>8.3f}{setup:>12,.0f}{check:>13,.0f}{g('plain', s) / g('first', s):>17.3f}")
     print("ratio: plain/Trainer instructions per step (the samples/s ratio on an idle, compute-bound core); "
           f"first fit ratio: plain/Trainer for a fresh Trainer's {s}-step fit, setup and data check included")
+    if a.cache: _print_misses(events, a)
+
+def _print_misses(events:dict, a):
+    "Simulated cache misses per step, plain loop against Trainer (loads and stores; L1d and the core's L2)."
+    s = a.steps
+    print(f"\nsimulated misses per step (callgrind --cache-sim, {' '.join(_cache_flags()[1:])}), (2×{s} − {s} steps) / {s}")
+    print(f"{'case':<6}{'L1d plain':>12}{'L1d Trainer':>13}{'ratio':>8}{'L2 plain':>11}{'L2 Trainer':>12}{'ratio':>8}{'bytes read plain':>18}{'Trainer':>10}")
+    for case in (CASES if a.case == 'all' else [a.case]):
+        per = lambda k, ev: sum((events[f"{case}:{k}:{2 * s}"][e] - events[f"{case}:{k}:{s}"][e]) / s for e in ev)
+        d1p, d1t = per('plain', ('D1mr', 'D1mw')), per('step', ('D1mr', 'D1mw'))
+        l2p, l2t = per('plain', ('DLmr', 'DLmw')), per('step', ('DLmr', 'DLmw'))
+        print(f"{case:<6}{d1p:>12,.0f}{d1t:>13,.0f}{d1t / d1p:>8.3f}{l2p:>11,.0f}{l2t:>12,.0f}{l2t / l2p:>8.3f}"
+              f"{64 * l2p / 2**20:>15.1f} MB{64 * l2t / 2**20:>7.1f} MB")
+    print("ratio: Trainer/plain misses per step; bytes read: L2 misses × 64-byte lines (what comes from L3 or memory)")
 
 if __name__ == '__main__':
     ap = argparse.ArgumentParser()
@@ -158,6 +197,7 @@ if __name__ == '__main__':
     ap.add_argument('--steps', type=int, default=150)
     ap.add_argument('--threads', type=int, default=1, help='torch threads (1: CPU time is exact and the machine\'s other jobs matter less)')
     ap.add_argument('--instructions', action='store_true', help='count instructions under valgrind (immune to load) instead of timing')
+    ap.add_argument('--cache', action='store_true', help='with --instructions: also simulate this CPU\'s L1d and L2 and print misses per step')
     ap.add_argument('--_counted', action='store_true', help=argparse.SUPPRESS)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)

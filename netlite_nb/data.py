@@ -10,7 +10,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterable
 import numpy as np, torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 from fastcore.basics import patch
 from .probe import in_notebook
 
@@ -170,20 +170,20 @@ def _tensor_stats(x:torch.Tensor)->tuple[float, float, float, float, int]:
     "(sum, sum of squares, min, max, number of values) of all pixels of `x`, checking each chunk for NaN/inf."
     total, squares, lo, hi = 0.0, 0.0, math.inf, -math.inf
     for s in range(0, len(x), 4096):
-        _check_pixels(x[s:s+4096], s)
         xf = _as_float(x[s:s+4096])
-        total, squares = total + float(xf.sum()), squares + float(xf.double().pow(2).sum())
+        t, q = float(xf.sum()), float(xf.double().pow(2).sum())
+        if not (math.isfinite(t) and math.isfinite(q)): _check_pixels(x[s:s+4096], s)  # finite sums: no NaN/inf in the chunk
+        total, squares = total + t, squares + q
         lo, hi = min(lo, float(xf.min())), max(hi, float(xf.max()))
     return total, squares, lo, hi, x[0].numel() * len(x)
 
 def _sample_index(n:int, k:int)->torch.Tensor: return torch.linspace(0, n - 1, min(k, n)).round().long().unique()
 
-def _item_stats(data, max_items:int)->tuple[tuple, tuple, int]:
-    "`_tensor_stats` of up to `max_items` evenly spaced items of a dataset, their shape, and how many were read."
-    idx = _sample_index(len(data), max_items)
-    xs = torch.stack([torch.as_tensor(data[int(i)][0]).float() for i in idx])
-    _check_pixels(xs, index=idx)
-    return (float(xs.sum()), float(xs.double().pow(2).sum()), float(xs.min()), float(xs.max()), xs.numel()), tuple(xs.shape[1:]), len(idx)
+def _sample_stats(xs:torch.Tensor, index:torch.Tensor)->tuple[float, float, float, float, int]:
+    "`_tensor_stats` of sampled float images `xs`, the items `index` of a dataset (named by that index when one has NaN/inf)."
+    total, squares = float(xs.sum()), float(xs.double().pow(2).sum())
+    if not (math.isfinite(total) and math.isfinite(squares)): _check_pixels(xs, index=index)
+    return total, squares, float(xs.min()), float(xs.max()), xs.numel()
 
 # %% ../nbs/04_data.ipynb #c015k
 def _targets(data)->torch.Tensor|None:
@@ -194,17 +194,42 @@ def _targets(data)->torch.Tensor|None:
         return None if inner is None else inner[torch.as_tensor(data.indices, dtype=torch.long)]
     return None if t is None else torch.as_tensor(t)
 
-def _images_and_labels(data, max_items:int|None=None)->tuple[torch.Tensor|None, torch.Tensor, bool]:
-    "Images (None for a dataset read item by item), labels, and whether the labels are all of them (else `max_items` evenly spaced)."
+def _stacked_rows(data)->tuple|None:
+    "(images, labels, row of each item or None for row i) of a dataset whose items are rows of tensors (a `TensorDataset`, a `Subset` of one), else None."
+    if isinstance(data, TensorDataset) and len(data.tensors) >= 2: return data.tensors[0], data.tensors[1], None
+    if isinstance(data, Subset) and (inner := _stacked_rows(data.dataset)) is not None:
+        rows = torch.as_tensor(data.indices, dtype=torch.long)
+        return inner[0], inner[1], rows if inner[2] is None else inner[2][rows]
+    return None
+
+def _read_items(data, labels:torch.Tensor, # the items whose labels are wanted
+                pixels:torch.Tensor, # the items whose images are wanted: some of `labels`
+               )->tuple[torch.Tensor, torch.Tensor]:
+    "Float images of items `pixels` and labels of items `labels`, each item read once (stacked rows are indexed, not read)."
+    if (rows := _stacked_rows(data)) is not None:
+        x, y, at = rows
+        return x[pixels if at is None else at[pixels]].float(), y[labels if at is None else at[labels]]
+    keep, xs, ys = set(pixels.tolist()), [], []
+    for i in labels.tolist():
+        item = data[i]; ys.append(item[1])
+        if i in keep: xs.append(torch.as_tensor(item[0]).float())
+    return torch.stack(xs), torch.as_tensor(ys)
+
+def _images_and_labels(data, max_items:int, # images of a dataset read item by item: this many, evenly spaced
+                       sample_labels:bool=False, # and its labels too (unless it keeps `targets`)
+                      )->tuple[torch.Tensor|None, torch.Tensor, bool, torch.Tensor|None]:
+    "Images, labels, whether the labels are all of them, and which items the images are (None: all of them)."
     if isinstance(data, (tuple, list)):
         x, y = data
         if len(x) != len(y): raise DataCheckError(_len_msg(len(x), len(y)))
-        return torch.as_tensor(x), torch.as_tensor(y), True
-    if isinstance(getattr(data, 'x', None), torch.Tensor): return data.x, data.y, True
-    t = _targets(data)
-    if t is not None: return None, t, True
-    if max_items is None or len(data) <= max_items: return None, torch.as_tensor([data[i][1] for i in range(len(data))]), True
-    return None, torch.as_tensor([data[int(i)][1] for i in _sample_index(len(data), max_items)]), False
+        return torch.as_tensor(x), torch.as_tensor(y), True, None
+    if isinstance(getattr(data, 'x', None), torch.Tensor): return data.x, data.y, True, None
+    if len(data) == 0: return None, torch.zeros(0, dtype=torch.long), True, None
+    pixels, t = _sample_index(len(data), max_items), _targets(data)
+    if t is not None: return _read_items(data, pixels, pixels)[0], t, True, pixels
+    every = not sample_labels or len(data) <= max_items
+    xs, y = _read_items(data, torch.arange(len(data)) if every else pixels, pixels)
+    return xs, y, every, pixels
 
 # %% ../nbs/04_data.ipynb #c015l
 def check_dataset(data, # a `LabeledTensors`, an (x, y) pair of tensors, or a dataset of (x, y) items
@@ -216,13 +241,13 @@ def check_dataset(data, # a `LabeledTensors`, an (x, y) pair of tensors, or a da
                  )->DataReport:
     "Check images and labels before training; raise `DataCheckError` naming the item and the fix, else summarise."
     classes = getattr(data, 'classes', None) or getattr(getattr(data, 'dataset', None), 'classes', None)
-    x, y, every = _images_and_labels(data, max_items if sample_labels else None)
+    x, y, every, index = _images_and_labels(data, max_items, sample_labels)
     if len(y) == 0: raise DataCheckError(f"{name} is empty: no items to train on. Fix: check the path or the filter that built it.")
     num_classes = num_classes or (len(classes) if classes else int(y.max()) + 1)
     classes = list(classes) if classes and len(classes) == num_classes else [str(i) for i in range(num_classes)]
     counts = _check_labels(y, num_classes, classes, name, classes_missing if every else 'ignore')  # a sample may miss a rare class
-    if x is not None: stats, shape, checked = _tensor_stats(x), tuple(x.shape[1:]), len(x)
-    else: stats, shape, checked = _item_stats(data, max_items)
+    stats = _tensor_stats(x) if index is None else _sample_stats(x, index)
+    shape, checked = tuple(x.shape[1:]), len(x)
     total, squares, lo, hi, cnt = stats
     mean = total / cnt
     std = math.sqrt(max(0.0, squares / cnt - mean**2))

@@ -156,3 +156,50 @@ def test_tensor_loader_on_cuda():
     assert xb.is_cuda and yb.is_cuda and xb.shape == (64, 1, 28, 28)
     a, b = [torch.cat([y for _, y in TensorLoader(mnist_sample()[0], 64, shuffle=True, seed=s, device=d)]).cpu() for s, d in ((3, 'cuda'), (3, 'cpu'))]
     assert torch.equal(a, b)                                     # the order depends on the seed, not the device
+
+class _Counted(torch.utils.data.Dataset):
+    "n items of shape (1, 2, 2) with labels i % 3, read one at a time, counting the reads."
+    def __init__(self, n): self.n, self.reads = n, 0
+    def __len__(self): return self.n
+    def __getitem__(self, i): self.reads += 1; return torch.full((1, 2, 2), float(i)), i % 3
+
+@pytest.mark.parametrize('n,sample_labels,reads', [(10_000, True, 100), (300, False, 300), (50, True, 50), (50, False, 50)])
+def test_check_dataset_reads_each_item_once(n, sample_labels, reads):
+    "Labels and pixels come from one read of each item (the old check read the sampled items twice)."
+    ds = _Counted(n)
+    r = check_dataset(ds, sample_labels=sample_labels, max_items=100)
+    assert ds.reads == reads and r.checked == min(n, 100) and r.n == (n if not sample_labels or n <= 100 else 100)
+
+class _CountedRows(torch.utils.data.TensorDataset):
+    reads = 0
+    def __getitem__(self, i): self.reads += 1; return super().__getitem__(i)
+
+class _OneByOne(torch.utils.data.Dataset):
+    "The items of `ds`, readable only one at a time."
+    def __init__(self, ds): self.ds = ds
+    def __len__(self): return len(self.ds)
+    def __getitem__(self, i): return self.ds[i]
+
+def _message(f):
+    with pytest.raises(DataCheckError) as e: f()
+    return str(e.value)
+
+def test_tensor_dataset_check_indexes_rows_and_finds_the_same():
+    "A TensorDataset (and a Subset of one) is checked from its tensors, with no item read, and reports what item-by-item reading does."
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(3000, 1, 4, 4, generator=g), torch.randint(0, 10, (3000,), generator=g)
+    rows = _CountedRows(x, y)
+    sub = torch.utils.data.Subset(rows, list(range(2999, -1, -3)))
+    for ds in (rows, sub):
+        for kw in (dict(sample_labels=True, max_items=512), dict(max_items=200)):
+            fast = check_dataset(ds, **kw)
+            assert rows.reads == 0
+            assert fast == check_dataset(_OneByOne(ds), **kw)
+            rows.reads = 0
+    k = int(torch.linspace(0, 2999, 512).round()[171])  # an item of the evenly spaced sample of 512
+    xn = x.clone(); xn[k, 0, 2, 2] = float('nan')
+    msg = _message(lambda: check_dataset(_CountedRows(xn, y), sample_labels=True, max_items=512))
+    assert f'Image {k} contains NaN' in msg and msg == _message(lambda: check_dataset(_OneByOne(_CountedRows(xn, y)), sample_labels=True, max_items=512))
+    yb = y.clone(); yb[0] = 12
+    msg = _message(lambda: check_dataset(_CountedRows(x, yb), num_classes=10, sample_labels=True))
+    assert 'Label of item 0 is 12' in msg and msg == _message(lambda: check_dataset(_OneByOne(_CountedRows(x, yb)), num_classes=10, sample_labels=True))
