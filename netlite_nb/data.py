@@ -133,14 +133,16 @@ def _check_pixels(x:torch.Tensor, offset=0, index=None):
                              f"`torch.nan_to_num` hides the symptom, not the cause.")
 
 # %% ../nbs/04_data.ipynb #c015c
-def _class_indices(y:torch.Tensor, num_classes:int)->torch.Tensor:
-    "Labels as a long tensor of class indices; raise on fractions and on labels outside [0, num_classes)."
+def _class_indices(y:torch.Tensor, num_classes:int,
+                   index:torch.Tensor|None=None, # the dataset's item of each label, when `y` is a sample (None: label i is item i)
+                  )->torch.Tensor:
+    "Labels as a long tensor of class indices; raise on fractions and on labels outside [0, num_classes), naming the dataset's items."
     y = _whole_labels(y)
     bad = ((y < 0) | (y >= num_classes)).nonzero().flatten()
     if len(bad):
-        i = int(bad[0]); hint = (' They look 1-based: subtract 1.' if int(y.min()) == 1 and int(y.max()) == num_classes else
+        j = int(bad[0]); i, bad = (j, bad) if index is None else (int(index[j]), index[bad]); hint = (' They look 1-based: subtract 1.' if int(y.min()) == 1 and int(y.max()) == num_classes else
                                  f' If there really are {int(y.max()) + 1} classes, say num_classes={int(y.max()) + 1}.')
-        raise DataCheckError(f"Label of item {i} is {int(y[i])}, outside [0, {num_classes}) (items out of range: {_list(bad)}). "
+        raise DataCheckError(f"Label of item {i} is {int(y[j])}, outside [0, {num_classes}) (items out of range: {_list(bad)}). "
                              f"Labels must be 0..{num_classes-1} for {num_classes} classes.{hint}")
     return y
 
@@ -149,9 +151,10 @@ def _raise(e:Exception): raise e
 
 def _check_labels(y:torch.Tensor, num_classes:int, classes:list[str], name:str,
                   classes_missing:str='raise', # 'raise', 'warn' (a sample may miss a rare class), or 'ignore'
+                  index:torch.Tensor|None=None, # the dataset's item of each label, when `y` is a sample
                  )->list[int]:
     "Items per class; raise when a label is not a class, and (as `classes_missing` says) when every item has one label or a class has none."
-    y = _class_indices(y, num_classes)
+    y = _class_indices(y, num_classes, index)
     counts = torch.bincount(y, minlength=num_classes).tolist()
     present = [c for c in range(num_classes) if counts[c]]
     report = {'raise': lambda m: _raise(DataCheckError(m)), 'warn': lambda m: warnings.warn(m, stacklevel=4), 'ignore': lambda m: None}[classes_missing]
@@ -245,7 +248,7 @@ def check_dataset(data, # a `LabeledTensors`, an (x, y) pair of tensors, or a da
     if len(y) == 0: raise DataCheckError(f"{name} is empty: no items to train on. Fix: check the path or the filter that built it.")
     num_classes = num_classes or (len(classes) if classes else int(y.max()) + 1)
     classes = list(classes) if classes and len(classes) == num_classes else [str(i) for i in range(num_classes)]
-    counts = _check_labels(y, num_classes, classes, name, classes_missing if every else 'ignore')  # a sample may miss a rare class
+    counts = _check_labels(y, num_classes, classes, name, classes_missing if every else 'ignore', None if every else index)  # a sample may miss a rare class
     stats = _tensor_stats(x) if index is None else _sample_stats(x, index)
     shape, checked = tuple(x.shape[1:]), len(x)
     total, squares, lo, hi, cnt = stats

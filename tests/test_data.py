@@ -203,3 +203,12 @@ def test_tensor_dataset_check_indexes_rows_and_finds_the_same():
     yb = y.clone(); yb[0] = 12
     msg = _message(lambda: check_dataset(_CountedRows(x, yb), num_classes=10, sample_labels=True))
     assert 'Label of item 0 is 12' in msg and msg == _message(lambda: check_dataset(_OneByOne(_CountedRows(x, yb)), num_classes=10, sample_labels=True))
+
+def test_a_sampled_label_out_of_range_names_the_datasets_item():
+    "With `sample_labels`, a bad label is named by its index in the dataset, not by its place in the sample (both read paths)."
+    x, y = torch.rand(3000, 1, 4, 4), torch.randint(0, 10, (3000,), generator=torch.Generator().manual_seed(0))
+    k = int(torch.linspace(0, 2999, 512).round()[300])  # the sample's 301st item
+    y[k] = 12
+    for ds in (_CountedRows(x, y), _OneByOne(_CountedRows(x, y))):
+        msg = _message(lambda: check_dataset(ds, num_classes=10, sample_labels=True, max_items=512))
+        assert f'Label of item {k} is 12' in msg and f'items out of range: {k}' in msg, msg
