@@ -439,7 +439,9 @@ def heap_report(name, bs):
     for sign, rec in tr.events:
         if sign > 0: index[id(rec)] = len(sizes); sizes.append(rec.nbytes)
         else: sizes.append(-index.pop(id(rec)) - 1)
-    grown = run_child('--replay-child', sizes)[0]
+    out = subprocess.run([sys.executable, __file__, '--replay-child', '-'], input=json.dumps(sizes), env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
+                         capture_output=True, text=True, check=True)  # on stdin: too long for a command line
+    grown = json.loads(out.stdout.split('\n')[-2])[0]
     m, (trimmed, nodes) = measured(name, bs), run_child('--trimmed-child', [name, bs])
     mi = lambda n: f"{n/2**20:.2f} MiB"
     print(f"{name} at batch {bs}: the trace's tensors peak at {mi(tr.peak)}; replayed through glibc (the bench's settings) they raise the "
@@ -477,7 +479,7 @@ if __name__ == '__main__':
     if a.measure: print(measure(a.measure[0], int(a.measure[1]), a.measure[2:] == ['full']))
     elif a.kernels_child: print(json.dumps(kernels_child(*json.loads(a.kernels_child))))
     elif a.lstm_child: print(json.dumps(lstm_child(json.loads(a.lstm_child))))
-    elif a.replay_child: print(json.dumps(replay_child(json.loads(a.replay_child))))
+    elif a.replay_child: print(json.dumps(replay_child(json.load(sys.stdin))))
     elif a.trimmed_child: print(json.dumps(measure_trimmed(*json.loads(a.trimmed_child))))
     elif a.heap: heap_report(a.heap[0], int(a.heap[1]))
     elif a.kernels: kernels_report()
