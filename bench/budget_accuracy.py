@@ -10,6 +10,7 @@
     python bench/budget_accuracy.py --budgets --families --gib 0.5 1   # max_batch_size on every family, checked by measurement
     python bench/budget_accuracy.py --gemm          # the CPU kernel workspace a tensor trace cannot see, next to the planner's model
     python bench/budget_accuracy.py --repeat mlp 4200 3   # how well one measurement repeats
+    python bench/budget_accuracy.py --heap gru 32   # glibc's holes between the traced tensors vs the autograd graph's heap
     (--threads 2 measures with two threads instead of one; --full-warmup warms up at the full batch, so what the kernels keep
      is already in the baseline and the measured steps hold tensors only)
 
@@ -190,13 +191,14 @@ def predicted(name, bs, device_or_gpu='cpu', **kw)->int:
 
 def accuracy_table(full_warmup=False, models=MODELS, calibrate=False):
     """Predicted vs measured peak for each model at its batch sizes; then the plan without the CPU kernel workspace (tensors only),
-    and with calibrate: the plan calibrated on this machine, starting from an empty cache (the seconds it took to measure)."""
+    and with calibrate: the plan calibrated on this machine, from an empty cache filled first by `calibrate_all`."""
     import tempfile
     from netlite_nb import budget
     if calibrate:  # an empty cache of our own: what a first calibrated plan costs on this machine
         os.environ['XDG_CACHE_HOME'] = tempfile.mkdtemp()
         budget._calibrated.cache_clear()
-    print(f"{'model':<13}{'batch':>6}{'predicted':>12}{'measured':>12}{'error':>8}  {'tensors only: error':>20}" + ('  calibrated: error  (measuring)' if calibrate else ''))
+        calibrate_all(models)
+    print(f"{'model':<13}{'batch':>6}{'predicted':>12}{'measured':>12}{'error':>8}  {'tensors only: error':>20}" + ('  calibrated: error' if calibrate else ''))
     errs, cerrs, secs = [], [], 0.0
     for name, (_, _, sizes) in models.items():
         for bs in sizes:
@@ -204,13 +206,25 @@ def accuracy_table(full_warmup=False, models=MODELS, calibrate=False):
             errs.append((p - m) / m)
             line = f"{name:<13}{bs:>6}{p/2**20:>10.1f}Mi{m/2**20:>10.1f}Mi{100*errs[-1]:>+7.1f}%  {(t - m)/2**20:>+10.1f} MiB{100*(t - m)/m:>+7.1f}%"
             if calibrate:
-                t0 = time.time(); c = predicted(name, bs, calibrate=True); dt = time.time() - t0
-                t0 = time.time(); predicted(name, bs, calibrate=True); dt -= time.time() - t0  # less a plan from the cache
-                secs += dt; cerrs.append((c - m) / m)
-                line += f"  {c/2**20:>9.1f}Mi{100*cerrs[-1]:>+7.1f}%  ({max(0, dt):.0f} s)"
+                c = predicted(name, bs, calibrate=True)  # every shape is in the cache already (`calibrate_all`)
+                cerrs.append((c - m) / m)
+                line += f"  {c/2**20:>9.1f}Mi{100*cerrs[-1]:>+7.1f}%"
             print(line, flush=True)
-    print(f"max |error| {100*max(abs(e) for e in errs):.1f}%" + (f"; calibrated {100*max(abs(e) for e in cerrs):.1f}%; "
-          f"calibration from an empty cache took {secs:.0f} s in all" if calibrate else ''))
+    print(f"max |error| {100*max(abs(e) for e in errs):.1f}%" + (f"; calibrated {100*max(abs(e) for e in cerrs):.1f}%" if calibrate else ''))
+
+def calibrate_all(models):
+    """Measure every kernel shape the calibrated plans of `models` need, in one child process (one torch import, not one a plan):
+    trace one step of each case to collect the shapes the cache lacks, then `calibrate_kernels` on all of them. Prints what it cost."""
+    from netlite_nb.budget import trace_step, calibrate_kernels, _calibrated
+    t0, specs = time.time(), []
+    for name, (_, _, sizes) in models.items():
+        for bs in sizes:
+            model, batch = make(name, bs)
+            trace_step(model, batch, optimizer='adamw', kernels='cpu', measured=_calibrated(), missing=specs, steps=1)  # step 2 runs the same shapes
+    t1 = time.time()
+    table = calibrate_kernels(specs)
+    print(f"calibration from an empty cache: {len(table)} kernel shapes measured in one child process in {time.time() - t1:.0f} s, "
+          f"after {t1 - t0:.0f} s of tracing to find them ({len(specs)} kernel calls)", flush=True)
 
 def kernels_child(specs:list, threads:int=1)->list:
     "Run in a fresh process: the resident bytes each kernel adds beyond its outputs, in order (kept buffers show up once)."
@@ -373,6 +387,68 @@ def budgets_table(models=tuple(MODELS), budgets=(0.5, 1, 2), next_up=True):
                 line += f"{m1/2**20:>12.1f}Mi{(p1 - p0)/2**20:>10.3f}Mi"
             print(f"{line}  {ok}  ({time.time() - t0:.0f} s)", flush=True)
 
+def _libc():
+    import ctypes
+    libc = ctypes.CDLL(None)
+    libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
+    libc.free.argtypes, libc.memset.argtypes = [ctypes.c_void_p], [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+    return libc
+
+def replay_child(sizes:list)->list:
+    "Run in a fresh process: replay (+bytes | -index of the allocation) through glibc as c10 allocates (64-byte aligned, written); the peak growth."
+    import ctypes
+    libc, ptrs = _libc(), {}
+    libc.malloc_trim(0)  # the free heap the import left would take allocations without growing the resident set
+    base = _rss()
+    with open('/proc/self/clear_refs', 'w') as f: f.write('5')
+    for i, n in enumerate(sizes):
+        if n >= 0:
+            p = ctypes.c_void_p(); libc.posix_memalign(ctypes.byref(p), 64, max(n, 1)); libc.memset(p, 1, max(n, 1)); ptrs[i] = p.value
+        else: libc.free(ptrs.pop(-n - 1))
+    return [_hwm() - base]
+
+def measure_trimmed(name, bs)->list:
+    "Run in a fresh process: `measure` with glibc's free heap handed back after the warm-up (malloc_trim), and the autograd graph's size."
+    import ctypes, gc
+    torch.set_num_threads(1)
+    model, (x, y) = make(name, bs)
+    warm = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _steps(model, warm, x[:2], y[:2], 1)
+    del warm
+    for p in model.parameters(): p.grad = None
+    torch.manual_seed(1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gc.collect(); _free_blas_buffers(); ctypes.CDLL(None).malloc_trim(0)
+    alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
+    base = _rss()
+    with open('/proc/self/clear_refs', 'w') as f: f.write('5')
+    _steps(model, opt, x, y, 2)
+    seen, todo = set(), [F.cross_entropy(model(x), y).grad_fn]
+    while todo:
+        n = todo.pop()
+        if n is not None and n not in seen: seen.add(n); todo.extend(f for f, _ in n.next_functions)
+    return [_hwm() - base + alive, sum(type(n).__name__ != 'AccumulateGrad' for n in seen)]
+
+def heap_report(name, bs):
+    """Where a recurrent step's memory beyond its tensors sits: glibc's holes between the traced tensors (the trace's own
+    allocations replayed through glibc), or the autograd graph (the heap the warm-up's graph left, handed back first)."""
+    from netlite_nb.budget import trace_step
+    model, batch = make(name, bs)
+    tr = trace_step(model, batch, optimizer='adamw', kernels='cpu').tracker
+    index, sizes = {}, []
+    for sign, rec in tr.events:
+        if sign > 0: index[id(rec)] = len(sizes); sizes.append(rec.nbytes)
+        else: sizes.append(-index.pop(id(rec)) - 1)
+    out = subprocess.run([sys.executable, __file__, '--replay-child', '-'], input=json.dumps(sizes), env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
+                         capture_output=True, text=True, check=True)  # on stdin: too long for a command line
+    grown = json.loads(out.stdout.split('\n')[-2])[0]
+    m, (trimmed, nodes) = measured(name, bs), run_child('--trimmed-child', [name, bs])
+    mi = lambda n: f"{n/2**20:.2f} MiB"
+    print(f"{name} at batch {bs}: the trace's tensors peak at {mi(tr.peak)}; replayed through glibc (the bench's settings) they raise the "
+          f"resident set by {mi(grown)}: holes between tensors add {mi(grown - tr.peak)}")
+    print(f"  measured step {mi(m)}; with the heap the warm-up left handed back (malloc_trim) {mi(trimmed)}: {mi(trimmed - m)} more, "
+          f"{(trimmed - m)/max(1, nodes):.0f} bytes for each of the {nodes} nodes of the autograd graph")
+
 def repeat(name, bs, n):
     "Measure one case n times, to see how well a measurement repeats."
     ms = [measured(name, bs) / 2**20 for _ in range(n)]
@@ -391,6 +467,9 @@ if __name__ == '__main__':
     ap.add_argument('--kernels', action='store_true', help='measure each kernel family\'s scratch (convolutions, LSTM) next to the model')
     ap.add_argument('--lstm-child', help=argparse.SUPPRESS)
     ap.add_argument('--gemm', action='store_true', help='measure the CPU kernel workspace the planner models, next to the model')
+    ap.add_argument('--heap', nargs=2, metavar=('MODEL', 'BATCH'), help="what glibc's heap and the autograd graph add to one case")
+    ap.add_argument('--replay-child', help=argparse.SUPPRESS)
+    ap.add_argument('--trimmed-child', help=argparse.SUPPRESS)
     ap.add_argument('--repeat', nargs=3, metavar=('MODEL', 'BATCH', 'N'), help='measure one case N times')
     ap.add_argument('--threads', type=int, default=1, help='threads of the measuring processes (the planner models one)')
     ap.add_argument('--full-warmup', action='store_true', help='accuracy table with the warm-up step at the full batch, so kernels have allocated what they keep before the measured steps')
@@ -400,6 +479,9 @@ if __name__ == '__main__':
     if a.measure: print(measure(a.measure[0], int(a.measure[1]), a.measure[2:] == ['full']))
     elif a.kernels_child: print(json.dumps(kernels_child(*json.loads(a.kernels_child))))
     elif a.lstm_child: print(json.dumps(lstm_child(json.loads(a.lstm_child))))
+    elif a.replay_child: print(json.dumps(replay_child(json.load(sys.stdin))))
+    elif a.trimmed_child: print(json.dumps(measure_trimmed(*json.loads(a.trimmed_child))))
+    elif a.heap: heap_report(a.heap[0], int(a.heap[1]))
     elif a.kernels: kernels_report()
     elif a.budgets and a.families: budgets_table(a.models or list(FAMILIES), a.gib, next_up=False)  # the margin leaves room for b+1
     elif a.families: accuracy_table(a.full_warmup, {k: v for k, v in FAMILIES.items() if not a.models or k in a.models}, a.calibrate)

@@ -701,8 +701,8 @@ def _measure_matmuls(specs:list)->list:
     return out
 
 def _measure_kernels(convs:list, batches:list, mms:list)->list:
-    "Run in a fresh process: `_measure_convs` and `_measure_matmuls` in one."
-    return [_measure_convs(convs, batches) if convs else [], _measure_matmuls(mms) if mms else []]
+    "Run in a fresh process: each convolution at its own batch sizes (`batches[i]`, as `_measure_convs`), then the matmuls."
+    return [[_measure_convs([c], b)[0] for c, b in zip(convs, batches)], _measure_matmuls(mms) if mms else []]
 
 # %% ../nbs/01_budget.ipynb #cal4
 _MALLOC_ENV = dict(MALLOC_MMAP_THRESHOLD_='65536', MALLOC_ARENA_MAX='1', MALLOC_TRIM_THRESHOLD_='0')  # freed memory goes back to the OS at once
@@ -724,17 +724,17 @@ def measure_conv_scratch(specs:list, # convolution specs (`_conv_key`)
 def calibrate_kernels(specs:list, # convolution and matmul specs a trace collected (`trace_step(..., missing=[])`)
                      )->dict:
     "Measure each kernel in `specs` that the cache lacks, in one fresh process on this CPU; returns the updated cache."
-    table = dict(_calibrated())
-    todo = {json.dumps(s) if s[0] == 'matmul' else json.dumps(s[:-1]): s for s in specs}
+    table, todo = dict(_calibrated()), {}
+    for s in specs: todo.setdefault(json.dumps(s) if s[0] == 'matmul' else json.dumps(s[:-1]), s)  # a shape at the first batch it came with
     convs = {k: s for k, s in todo.items() if k not in table and s[0] != 'matmul'}
     mms = {k: s for k, s in todo.items() if k not in table and s[0] == 'matmul'}
     if not convs and not mms: return table
-    b = max([s[-1] for s in convs.values()] or [2])
-    batches = [max(1, b // 4), max(2, b // 2)]
+    # specs of several plans (a bench, a batch search) share the one process: each convolution at a quarter and a half of its batch
+    batches = [[max(1, s[-1] // 4), max(2, s[-1] // 2)] for s in convs.values()]
     conv_bytes, mm_bytes = _in_child('_measure_kernels', list(convs.values()), batches, list(mms.values()))
-    for key, (m1, m2) in zip(convs, conv_bytes):
-        per = (m2 - m1) / (batches[1] - batches[0])
-        table[key] = [m1 - per * batches[0], per]  # bytes = constant + per sample x batch
+    for key, (b1, b2), (m1, m2) in zip(convs, batches, conv_bytes):
+        per = (m2 - m1) / (b2 - b1)
+        table[key] = [m1 - per * b1, per]  # bytes = constant + per sample x batch
     table.update((key, [n, 0]) for key, n in zip(mms, mm_bytes))  # kept buffers: the batch is in the key's M
     f = calibration_file()
     f.parent.mkdir(parents=True, exist_ok=True)

@@ -212,6 +212,29 @@ def test_calibration_measures_caches_and_can_be_cleared(tmp_path, monkeypatch):
     assert not f.exists()
 
 
+def test_calibration_of_several_plans_shares_one_child(tmp_path, monkeypatch):
+    "Shapes from plans at different batch sizes: one child process measures them all, each convolution at its own first batch."
+    import netlite_nb.budget as B
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+    _calibrated.cache_clear()
+    calls = []
+    def fake_child(fn, convs, batches, mms):  # scratch of 1000 bytes + 10 per sample; 7 bytes kept per matmul
+        calls.append((fn, [c[-1] for c in convs], batches))
+        return [[[1000 + 10 * b for b in bs] for bs in batches], [7] * len(mms)]
+    monkeypatch.setattr(B, '_in_child', fake_child)
+    specs = []
+    for m, b in ((cnn(), 8), (cnn(), 32), (nn.Sequential(nn.Conv2d(1, 4, 5), nn.Flatten(), nn.Linear(2304, 10)), 32)):
+        trace_step(m, resize_batch(MNIST, b), kernels='cpu', measured=_calibrated(), missing=specs)
+    table = B.calibrate_kernels(specs)
+    assert len(calls) == 1   # one child for every plan
+    fn, conv_batches, batches = calls[0]
+    assert batches == [[max(1, b // 4), max(2, b // 2)] for b in conv_batches] and set(conv_batches) == {8, 32}   # the cnn's shapes at batch 8, where they first came
+    convs = [v for k, v in table.items() if not k.startswith('["matmul"')]
+    assert convs and all(abs(c - 1000) < 1e-6 and abs(per - 10) < 1e-6 for c, per in convs)   # the line through the two batches
+    assert calibration_file().exists()
+    _calibrated.cache_clear()
+
+
 def test_real_cpu_process_within_5_percent():
     "One case of bench/budget_accuracy.py: a fresh process's peak RSS for the same two steps."
     sys.path.insert(0, str(ROOT / 'bench'))
