@@ -274,6 +274,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'netlite_nb.data._raise': ('data.html#_raise', 'netlite_nb/data.py'),
                                  'netlite_nb.data._read_items': ('data.html#_read_items', 'netlite_nb/data.py'),
                                  'netlite_nb.data._readable': ('data.html#_readable', 'netlite_nb/data.py'),
+                                 'netlite_nb.data._reads_as': ('data.html#_reads_as', 'netlite_nb/data.py'),
                                  'netlite_nb.data._resident_ok': ('data.html#_resident_ok', 'netlite_nb/data.py'),
                                  'netlite_nb.data._sample_index': ('data.html#_sample_index', 'netlite_nb/data.py'),
                                  'netlite_nb.data._sample_stats': ('data.html#_sample_stats', 'netlite_nb/data.py'),

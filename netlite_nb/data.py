@@ -197,10 +197,14 @@ def _targets(data)->torch.Tensor|None:
         return None if inner is None else inner[torch.as_tensor(data.indices, dtype=torch.long)]
     return None if t is None else torch.as_tensor(t)
 
+def _reads_as(data, cls)->bool:
+    "Whether `data` is a `cls` whose items are `cls`'s own (a subclass that changes `__getitem__` may transform them)."
+    return isinstance(data, cls) and type(data).__getitem__ is cls.__getitem__
+
 def _stacked_rows(data)->tuple|None:
     "(images, labels, row of each item or None for row i) of a dataset whose items are rows of tensors (a `TensorDataset`, a `Subset` of one), else None."
-    if isinstance(data, TensorDataset) and len(data.tensors) >= 2: return data.tensors[0], data.tensors[1], None
-    if isinstance(data, Subset) and (inner := _stacked_rows(data.dataset)) is not None:
+    if _reads_as(data, TensorDataset) and len(data.tensors) >= 2: return data.tensors[0], data.tensors[1], None
+    if _reads_as(data, Subset) and (inner := _stacked_rows(data.dataset)) is not None:
         rows = torch.as_tensor(data.indices, dtype=torch.long)
         return inner[0], inner[1], rows if inner[2] is None else inner[2][rows]
     return None

@@ -170,9 +170,14 @@ def test_check_dataset_reads_each_item_once(n, sample_labels, reads):
     r = check_dataset(ds, sample_labels=sample_labels, max_items=100)
     assert ds.reads == reads and r.checked == min(n, 100) and r.n == (n if not sample_labels or n <= 100 else 100)
 
-class _CountedRows(torch.utils.data.TensorDataset):
-    reads = 0
-    def __getitem__(self, i): self.reads += 1; return super().__getitem__(i)
+@pytest.fixture
+def tensor_reads(monkeypatch):
+    "Counts `TensorDataset.__getitem__` calls; patched on the class itself, so a plain TensorDataset still reads as one."
+    n, orig = [0], torch.utils.data.TensorDataset.__getitem__
+    def counted(self, i): n[0] += 1; return orig(self, i)
+    monkeypatch.setattr(torch.utils.data.TensorDataset, '__getitem__', counted)
+    return n
+
 
 class _OneByOne(torch.utils.data.Dataset):
     "The items of `ds`, readable only one at a time."
@@ -184,31 +189,44 @@ def _message(f):
     with pytest.raises(DataCheckError) as e: f()
     return str(e.value)
 
-def test_tensor_dataset_check_indexes_rows_and_finds_the_same():
+def test_tensor_dataset_check_indexes_rows_and_finds_the_same(tensor_reads):
     "A TensorDataset (and a Subset of one) is checked from its tensors, with no item read, and reports what item-by-item reading does."
     g = torch.Generator().manual_seed(0)
     x, y = torch.rand(3000, 1, 4, 4, generator=g), torch.randint(0, 10, (3000,), generator=g)
-    rows = _CountedRows(x, y)
+    rows = torch.utils.data.TensorDataset(x, y)
     sub = torch.utils.data.Subset(rows, list(range(2999, -1, -3)))
     for ds in (rows, sub):
         for kw in (dict(sample_labels=True, max_items=512), dict(max_items=200)):
             fast = check_dataset(ds, **kw)
-            assert rows.reads == 0
+            assert tensor_reads[0] == 0
             assert fast == check_dataset(_OneByOne(ds), **kw)
-            rows.reads = 0
+            tensor_reads[0] = 0
     k = int(torch.linspace(0, 2999, 512).round()[171])  # an item of the evenly spaced sample of 512
     xn = x.clone(); xn[k, 0, 2, 2] = float('nan')
-    msg = _message(lambda: check_dataset(_CountedRows(xn, y), sample_labels=True, max_items=512))
-    assert f'Image {k} contains NaN' in msg and msg == _message(lambda: check_dataset(_OneByOne(_CountedRows(xn, y)), sample_labels=True, max_items=512))
+    msg = _message(lambda: check_dataset(torch.utils.data.TensorDataset(xn, y), sample_labels=True, max_items=512))
+    assert f'Image {k} contains NaN' in msg and msg == _message(lambda: check_dataset(_OneByOne(torch.utils.data.TensorDataset(xn, y)), sample_labels=True, max_items=512))
     yb = y.clone(); yb[0] = 12
-    msg = _message(lambda: check_dataset(_CountedRows(x, yb), num_classes=10, sample_labels=True))
-    assert 'Label of item 0 is 12' in msg and msg == _message(lambda: check_dataset(_OneByOne(_CountedRows(x, yb)), num_classes=10, sample_labels=True))
+    msg = _message(lambda: check_dataset(torch.utils.data.TensorDataset(x, yb), num_classes=10, sample_labels=True))
+    assert 'Label of item 0 is 12' in msg and msg == _message(lambda: check_dataset(_OneByOne(torch.utils.data.TensorDataset(x, yb)), num_classes=10, sample_labels=True))
 
 def test_a_sampled_label_out_of_range_names_the_datasets_item():
     "With `sample_labels`, a bad label is named by its index in the dataset, not by its place in the sample (both read paths)."
     x, y = torch.rand(3000, 1, 4, 4), torch.randint(0, 10, (3000,), generator=torch.Generator().manual_seed(0))
     k = int(torch.linspace(0, 2999, 512).round()[300])  # the sample's 301st item
     y[k] = 12
-    for ds in (_CountedRows(x, y), _OneByOne(_CountedRows(x, y))):
+    for ds in (torch.utils.data.TensorDataset(x, y), _OneByOne(torch.utils.data.TensorDataset(x, y))):
         msg = _message(lambda: check_dataset(ds, num_classes=10, sample_labels=True, max_items=512))
         assert f'Label of item {k} is 12' in msg and f'items out of range: {k}' in msg, msg
+
+def test_a_tensor_dataset_subclass_with_its_own_items_is_read_item_by_item(tensor_reads):
+    "A subclass that changes `__getitem__` (a normalisation, an augmentation) is checked on its items, not its stored tensors."
+    class Normalised(torch.utils.data.TensorDataset):
+        def __getitem__(self, i): x, y = super().__getitem__(i); return (x - 0.5) / 0.25, y
+    class Broken(torch.utils.data.TensorDataset):
+        def __getitem__(self, i): x, y = super().__getitem__(i); return (x / 0 if i == 7 else x), y
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(300, 1, 4, 4, generator=g), torch.randint(0, 10, (300,), generator=g)
+    plain, norm = check_dataset(torch.utils.data.TensorDataset(x, y)), check_dataset(Normalised(x, y))
+    assert tensor_reads[0] == 300 and abs(norm.mean - (plain.mean - 0.5) / 0.25) < 1e-4 and abs(norm.std - plain.std / 0.25) < 1e-4
+    x[7] = x[7].clamp_min(0.01)  # x / 0 is inf, not NaN
+    with pytest.raises(DataCheckError, match='Image 7 contains inf'): check_dataset(Broken(x, y))
