@@ -277,7 +277,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'netlite_nb.data._reads_as': ('data.html#_reads_as', 'netlite_nb/data.py'),
                                  'netlite_nb.data._resident_ok': ('data.html#_resident_ok', 'netlite_nb/data.py'),
                                  'netlite_nb.data._sample_index': ('data.html#_sample_index', 'netlite_nb/data.py'),
-                                 'netlite_nb.data._sample_stats': ('data.html#_sample_stats', 'netlite_nb/data.py'),
                                  'netlite_nb.data._stacked_rows': ('data.html#_stacked_rows', 'netlite_nb/data.py'),
                                  'netlite_nb.data._targets': ('data.html#_targets', 'netlite_nb/data.py'),
                                  'netlite_nb.data._tensor_stats': ('data.html#_tensor_stats', 'netlite_nb/data.py'),

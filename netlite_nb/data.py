@@ -140,9 +140,10 @@ def _class_indices(y:torch.Tensor, num_classes:int,
     y = _whole_labels(y)
     bad = ((y < 0) | (y >= num_classes)).nonzero().flatten()
     if len(bad):
-        j = int(bad[0]); i, bad = (j, bad) if index is None else (int(index[j]), index[bad]); hint = (' They look 1-based: subtract 1.' if int(y.min()) == 1 and int(y.max()) == num_classes else
-                                 f' If there really are {int(y.max()) + 1} classes, say num_classes={int(y.max()) + 1}.')
-        raise DataCheckError(f"Label of item {i} is {int(y[j])}, outside [0, {num_classes}) (items out of range: {_list(bad)}). "
+        items = bad if index is None else index[bad]  # as the dataset numbers them
+        hint = (' They look 1-based: subtract 1.' if int(y.min()) == 1 and int(y.max()) == num_classes else
+                f' If there really are {int(y.max()) + 1} classes, say num_classes={int(y.max()) + 1}.')
+        raise DataCheckError(f"Label of item {int(items[0])} is {int(y[bad[0]])}, outside [0, {num_classes}) (items out of range: {_list(items)}). "
                              f"Labels must be 0..{num_classes-1} for {num_classes} classes.{hint}")
     return y
 
@@ -169,24 +170,21 @@ def _check_labels(y:torch.Tensor, num_classes:int, classes:list[str], name:str,
     return counts
 
 # %% ../nbs/04_data.ipynb #c015h
-def _tensor_stats(x:torch.Tensor)->tuple[float, float, float, float, int]:
+def _tensor_stats(x:torch.Tensor,
+                  index:torch.Tensor|None=None, # the dataset's item of each image, when `x` is a sample (None: image i is item i)
+                 )->tuple[float, float, float, float, int]:
     "(sum, sum of squares, min, max, number of values) of all pixels of `x`, checking each chunk for NaN/inf."
     total, squares, lo, hi = 0.0, 0.0, math.inf, -math.inf
     for s in range(0, len(x), 4096):
         xf = _as_float(x[s:s+4096])
         t, q = float(xf.sum()), float(xf.double().pow(2).sum())
-        if not (math.isfinite(t) and math.isfinite(q)): _check_pixels(x[s:s+4096], s)  # finite sums: no NaN/inf in the chunk
+        if not (math.isfinite(t) and math.isfinite(q)):  # finite sums: no NaN/inf in the chunk
+            _check_pixels(x[s:s+4096], s, None if index is None else index[s:s+4096])
         total, squares = total + t, squares + q
         lo, hi = min(lo, float(xf.min())), max(hi, float(xf.max()))
     return total, squares, lo, hi, x[0].numel() * len(x)
 
 def _sample_index(n:int, k:int)->torch.Tensor: return torch.linspace(0, n - 1, min(k, n)).round().long().unique()
-
-def _sample_stats(xs:torch.Tensor, index:torch.Tensor)->tuple[float, float, float, float, int]:
-    "`_tensor_stats` of sampled float images `xs`, the items `index` of a dataset (named by that index when one has NaN/inf)."
-    total, squares = float(xs.sum()), float(xs.double().pow(2).sum())
-    if not (math.isfinite(total) and math.isfinite(squares)): _check_pixels(xs, index=index)
-    return total, squares, float(xs.min()), float(xs.max()), xs.numel()
 
 # %% ../nbs/04_data.ipynb #c015k
 def _targets(data)->torch.Tensor|None:
@@ -253,9 +251,8 @@ def check_dataset(data, # a `LabeledTensors`, an (x, y) pair of tensors, or a da
     num_classes = num_classes or (len(classes) if classes else int(y.max()) + 1)
     classes = list(classes) if classes and len(classes) == num_classes else [str(i) for i in range(num_classes)]
     counts = _check_labels(y, num_classes, classes, name, classes_missing if every else 'ignore', None if every else index)  # a sample may miss a rare class
-    stats = _tensor_stats(x) if index is None else _sample_stats(x, index)
+    total, squares, lo, hi, cnt = _tensor_stats(x, index)
     shape, checked = tuple(x.shape[1:]), len(x)
-    total, squares, lo, hi, cnt = stats
     mean = total / cnt
     std = math.sqrt(max(0.0, squares / cnt - mean**2))
     return DataReport(name, len(y), shape, classes, counts, mean, std, lo, hi, checked)
