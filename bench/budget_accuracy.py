@@ -31,6 +31,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's netlite_nb, not whichever one is installed
 ENV = dict(MALLOC_MMAP_THRESHOLD_='65536', MALLOC_ARENA_MAX='1', MALLOC_TRIM_THRESHOLD_='0', OMP_NUM_THREADS='1')
+HOLES = False  # --warmup-holes: measure as before the autograd graph was planned (the warm-up's freed heap left in place)
 
 def mlp(): return nn.Sequential(nn.Flatten(), nn.Linear(784, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 10))
 
@@ -158,9 +159,10 @@ def _steps(model, opt, x, y, n=2):
 
 from netlite_nb.budget import _free_blas_buffers  # hands MKL's cached matmul buffers back (mkl_free_buffers)
 
-def measure(name, bs, full_warmup=False)->int:
-    "Run in a fresh process: the measured peak bytes of two AdamW training steps (full_warmup: what kernels keep is already there)."
-    import gc
+def measure(name, bs, full_warmup=False, holes=False)->int:
+    """Run in a fresh process: the measured peak bytes of two AdamW training steps (full_warmup: what kernels keep is already there;
+    holes: the warm-up's freed heap is left in place, where the measured steps' small objects reuse it instead of growing the heap)."""
+    import ctypes, gc
     torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', '1')))
     model, (x, y) = make(name, bs)
     warm = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -172,15 +174,17 @@ def measure(name, bs, full_warmup=False)->int:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gc.collect()
     if not full_warmup: _free_blas_buffers()  # the warm-up's small GEMMs left buffers; a real run's first step is full-size
+    if not holes: ctypes.CDLL(None).malloc_trim(0)  # a real first step finds no freed heap of an earlier step to put its graph in
     alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
     base = _rss()
     with open('/proc/self/clear_refs', 'w') as f: f.write('5')  # reset the RSS high-water mark
     _steps(model, opt, x, y, 2)
     return _hwm() - base + alive
 
-def measured(name, bs, full_warmup=False)->int:
-    out = subprocess.run([sys.executable, __file__, '--measure', name, str(bs), *(['full'] if full_warmup else [])], env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
-                         capture_output=True, text=True, check=True)
+def measured(name, bs, full_warmup=False, holes=None)->int:
+    holes = HOLES if holes is None else holes
+    out = subprocess.run([sys.executable, __file__, '--measure', name, str(bs), *(['full'] if full_warmup else []), *(['holes'] if holes else [])],
+                         env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)}, capture_output=True, text=True, check=True)
     return int(out.stdout.split()[-1])
 
 def predicted(name, bs, device_or_gpu='cpu', **kw)->int:
@@ -471,12 +475,14 @@ if __name__ == '__main__':
     ap.add_argument('--replay-child', help=argparse.SUPPRESS)
     ap.add_argument('--trimmed-child', help=argparse.SUPPRESS)
     ap.add_argument('--repeat', nargs=3, metavar=('MODEL', 'BATCH', 'N'), help='measure one case N times')
+    ap.add_argument('--warmup-holes', action='store_true', help="leave the warm-up's freed heap in place (the protocol before the autograd graph was planned)")
     ap.add_argument('--threads', type=int, default=1, help='threads of the measuring processes (the planner models one)')
     ap.add_argument('--full-warmup', action='store_true', help='accuracy table with the warm-up step at the full batch, so kernels have allocated what they keep before the measured steps')
     a = ap.parse_args()
     ENV['OMP_NUM_THREADS'] = str(a.threads)
     torch.set_num_threads(a.threads)  # plan for the thread count the measured processes run with: it changes PyTorch's kernel choice
-    if a.measure: print(measure(a.measure[0], int(a.measure[1]), a.measure[2:] == ['full']))
+    HOLES = a.warmup_holes
+    if a.measure: print(measure(a.measure[0], int(a.measure[1]), 'full' in a.measure[2:], 'holes' in a.measure[2:]))
     elif a.kernels_child: print(json.dumps(kernels_child(*json.loads(a.kernels_child))))
     elif a.lstm_child: print(json.dumps(lstm_child(json.loads(a.lstm_child))))
     elif a.replay_child: print(json.dumps(replay_child(json.load(sys.stdin))))
