@@ -187,11 +187,23 @@ def measured(name, bs, full_warmup=False, holes=None)->int:
                          env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)}, capture_output=True, text=True, check=True)
     return int(out.stdout.split()[-1])
 
+import contextlib
+
+@contextlib.contextmanager
+def _as_measured():
+    "Plan for the processes that `measured` runs: glibc's mmap threshold is theirs (the planner reads it from the environment)."
+    old = os.environ.get('MALLOC_MMAP_THRESHOLD_')
+    os.environ['MALLOC_MMAP_THRESHOLD_'] = ENV['MALLOC_MMAP_THRESHOLD_']
+    try: yield
+    finally:
+        if old is None: del os.environ['MALLOC_MMAP_THRESHOLD_']
+        else: os.environ['MALLOC_MMAP_THRESHOLD_'] = old
+
 def predicted(name, bs, device_or_gpu='cpu', **kw)->int:
     "The planner's peak; on the 'cpu' target it includes the CPU kernel workspace, with device_or_gpu=None it is tensors only."
     from netlite_nb.budget import plan_memory
     model, batch = make(name, bs)
-    return plan_memory(model, batch, optimizer='adamw', device_or_gpu=device_or_gpu, **kw).peak
+    with _as_measured(): return plan_memory(model, batch, optimizer='adamw', device_or_gpu=device_or_gpu, **kw).peak
 
 def accuracy_table(full_warmup=False, models=MODELS, calibrate=False):
     """Predicted vs measured peak for each model at its batch sizes; then the plan without the CPU kernel workspace (tensors only),
@@ -380,7 +392,7 @@ def budgets_table(models=tuple(MODELS), budgets=(0.5, 1, 2), next_up=True):
         for gb in budgets:
             t0, budget = time.time(), int(gb * 2**30)
             model, batch = make(name, 2)
-            b = max_batch_size(model, batch, budget=budget, device_or_gpu='cpu', optimizer='adamw')
+            with _as_measured(): b = max_batch_size(model, batch, budget=budget, device_or_gpu='cpu', optimizer='adamw')
             p0, m0 = predicted(name, b), measured(name, b)
             ok = 'NO: over budget' if m0 > budget else f"NO: uses {100*m0/budget:.0f}% < 90%" if m0 < 0.9 * budget else 'yes'
             line = f"{name:<13}{gb:>6.1f}Gi{b:>8}{p0/2**20:>11.1f}Mi{m0/2**20:>10.1f}Mi{100*m0/budget:>6.0f}%"

@@ -986,7 +986,9 @@ def _device_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, li
         ws = cpu_workspace_bytes(tr.kernels, measured=tr.measured)  # allocated on the first full-size step and kept: there at the peak
         isa, cap = _mkl_isa(), torch.backends.cpu.get_cpu_capability()
         g = _MKL_BLOCKING[isa]
-        return raw + ws, raw + ws, {'CPU kernel workspace': ws}, [
+        rounding = _page_rounding(tr)
+        raw = tr.peak
+        return raw + ws + rounding, raw + ws + rounding, {'CPU kernel workspace': ws, 'allocator rounding': rounding}, [_glibc_note(), 
             f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, {g['kc']}) x (N + up to {g['m_block']}) "
             f"for each product that needs more than the ones before it) and {g['state'] // 1024} KiB per oneDNN convolution shape, "
             "kept for the life of the process; " + ("matmuls measured on this machine by calibration" if tr.measured else
@@ -998,6 +1000,33 @@ def _device_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, li
             "dispatch (fused attention); modelled from `python bench/budget_accuracy.py --kernels` at one thread"]
     notes = [f"{target.kind} allocator and driver overheads are not modelled: tensor bytes only"] if target.kind in ('mps', 'xpu') else []
     return raw, raw, {}, notes
+
+# %% ../nbs/01_budget.ipynb #pr1
+_GLIBC_DEFAULT_MMAP_THRESHOLD = 128 * 1024
+
+def _glibc_mapped(n:int, threshold:int, page:int)->int:
+    "Bytes glibc maps for a 64-byte aligned `n`-byte block (posix_memalign), `n` itself when the block comes from the heap instead."
+    chunk = (n + 8 + 15) // 16 * 16 + 64 + 32  # header, 16-byte granule, then the room memalign asks for to align it
+    return n if chunk < threshold else -(-(chunk + 8) // page) * page
+
+def _page_rounding(tr:AllocationTracker)->int:
+    "Bytes glibc's page rounding adds at the step's peak; moves `tr.peak_at` (and `tr.peak`, tensors only) where rounding moves the peak."
+    if platform.system() != 'Linux' or platform.libc_ver()[0] != 'glibc': return 0
+    threshold = int(os.environ.get('MALLOC_MMAP_THRESHOLD_', _GLIBC_DEFAULT_MMAP_THRESHOLD))
+    page, extra, best, at = os.sysconf('SC_PAGE_SIZE'), 0, -1, -1
+    live = 0
+    for i, (sign, rec) in enumerate(tr.events):
+        if rec.category not in ('autograd graph', 'kernel scratch'): extra += sign * (_glibc_mapped(rec.nbytes, threshold, page) - rec.nbytes)
+        live += sign * rec.nbytes
+        if sign > 0 and live + extra > best: best, at, peak_extra, peak_live = live + extra, i, extra, live
+    if at < 0: return 0
+    tr.peak, tr.peak_at = peak_live, at
+    return peak_extra
+
+def _glibc_note()->str:
+    th = os.environ.get('MALLOC_MMAP_THRESHOLD_')
+    return (f"allocator rounding: glibc maps each block of {fmt_bytes(int(th)) if th else '128 KiB (its default, which it raises as big blocks are freed)'} "
+            "or more with pages of its own, header and alignment included; the autograd graph's objects are on the heap")
 
 # %% ../nbs/01_budget.ipynb #mp11b
 def _cuda_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
