@@ -10,15 +10,18 @@
     python bench/budget_accuracy.py --budgets --families --gib 0.5 1   # max_batch_size on every family, checked by measurement
     python bench/budget_accuracy.py --gemm          # the CPU kernel workspace a tensor trace cannot see, next to the planner's model
     python bench/budget_accuracy.py --repeat mlp 4200 3   # how well one measurement repeats
-    python bench/budget_accuracy.py --heap gru 32   # glibc's holes between the traced tensors vs the autograd graph's heap
+    python bench/budget_accuracy.py --heap gru 32   # glibc's holes between the traced tensors, the autograd graph, what warm-up holes hide
     (--threads 2 measures with two threads instead of one; --full-warmup warms up at the full batch, so what the kernels keep
-     is already in the baseline and the measured steps hold tensors only)
+     is already in the baseline and the measured steps hold tensors only; --warmup-holes leaves the warm-up's freed heap in place,
+     the protocol before the autograd graph was planned)
 
 CPU measurement: each case runs in a fresh `python` process with glibc told to serve every allocation above 64 KiB with its own
 mmap (MALLOC_MMAP_THRESHOLD_ fixed, which also stops glibc raising the threshold as blocks are freed) and one arena
 (MALLOC_ARENA_MAX=1), so a freed tensor's pages go back to the OS at once and the resident set tracks live tensors. The process
 warms up the kernels on a small batch (loading their code), hands MKL's cached matmul buffers back (mkl_free_buffers, so the
-measured steps allocate their workspace as a real run's first full-size step does), then resets the kernel's RSS high-water mark
+measured steps allocate their workspace as a real run's first full-size step does) and glibc's freed heap (malloc_trim, so the
+measured steps' autograd graph and small tensors grow the heap as a real first step's do, instead of filling the warm-up's holes),
+then resets the kernel's RSS high-water mark
 (/proc/self/clear_refs) and runs the same two training steps the planner traces. Measured peak = peak RSS - RSS before the
 steps + bytes of the tensors already alive then (weights, buffers, batch), which the planner counts too.
 """
@@ -423,47 +426,30 @@ def replay_child(sizes:list)->list:
         else: libc.free(ptrs.pop(-n - 1))
     return [_hwm() - base]
 
-def measure_trimmed(name, bs)->list:
-    "Run in a fresh process: `measure` with glibc's free heap handed back after the warm-up (malloc_trim), and the autograd graph's size."
-    import ctypes, gc
-    torch.set_num_threads(1)
-    model, (x, y) = make(name, bs)
-    warm = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    _steps(model, warm, x[:2], y[:2], 1)
-    del warm
-    for p in model.parameters(): p.grad = None
-    torch.manual_seed(1)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    gc.collect(); _free_blas_buffers(); ctypes.CDLL(None).malloc_trim(0)
-    alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
-    base = _rss()
-    with open('/proc/self/clear_refs', 'w') as f: f.write('5')
-    _steps(model, opt, x, y, 2)
-    seen, todo = set(), [F.cross_entropy(model(x), y).grad_fn]
-    while todo:
-        n = todo.pop()
-        if n is not None and n not in seen: seen.add(n); todo.extend(f for f, _ in n.next_functions)
-    return [_hwm() - base + alive, sum(type(n).__name__ != 'AccumulateGrad' for n in seen)]
-
 def heap_report(name, bs):
     """Where a recurrent step's memory beyond its tensors sits: glibc's holes between the traced tensors (the trace's own
-    allocations replayed through glibc), or the autograd graph (the heap the warm-up's graph left, handed back first)."""
-    from netlite_nb.budget import trace_step
+    allocations replayed through glibc), the autograd graph (what the plan holds for it), and what the warm-up's freed heap hid."""
+    from netlite_nb.budget import GRAPH_KEY, trace_step
     model, batch = make(name, bs)
     tr = trace_step(model, batch, optimizer='adamw', kernels='cpu').tracker
     index, sizes = {}, []
     for sign, rec in tr.events:
+        if rec.category == 'autograd graph': continue
         if sign > 0: index[id(rec)] = len(sizes); sizes.append(rec.nbytes)
         else: sizes.append(-index.pop(id(rec)) - 1)
     out = subprocess.run([sys.executable, __file__, '--replay-child', '-'], input=json.dumps(sizes), env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
                          capture_output=True, text=True, check=True)  # on stdin: too long for a command line
     grown = json.loads(out.stdout.split('\n')[-2])[0]
-    m, (trimmed, nodes) = measured(name, bs), run_child('--trimmed-child', [name, bs])
+    tensors = max(__import__('itertools').accumulate(s * r.nbytes for s, r in tr.events if r.category != 'autograd graph'))
+    graph = sum(r.nbytes for r in tr.allocs if r.category == 'autograd graph' and r.step == tr.step and r.born <= tr.peak_at and (r.died or 0) > tr.peak_at)
+    nodes = sum(r.nbytes for r in trace_step(model, batch, optimizer='adamw', kernels='cpu', measured={GRAPH_KEY: (1, 0, 0)}, steps=1).tracker.allocs
+                if r.category == 'autograd graph')
+    holes, trimmed = measured(name, bs, holes=True), measured(name, bs, holes=False)
     mi = lambda n: f"{n/2**20:.2f} MiB"
-    print(f"{name} at batch {bs}: the trace's tensors peak at {mi(tr.peak)}; replayed through glibc (the bench's settings) they raise the "
-          f"resident set by {mi(grown)}: holes between tensors add {mi(grown - tr.peak)}")
-    print(f"  measured step {mi(m)}; with the heap the warm-up left handed back (malloc_trim) {mi(trimmed)}: {mi(trimmed - m)} more, "
-          f"{(trimmed - m)/max(1, nodes):.0f} bytes for each of the {nodes} nodes of the autograd graph")
+    print(f"{name} at batch {bs}: the trace's tensors peak at {mi(tensors)}; replayed through glibc (the bench's settings) they raise the "
+          f"resident set by {mi(grown)}: holes between tensors add {mi(grown - tensors)}")
+    print(f"  {nodes} autograd nodes; the plan holds {mi(graph)} of graph at its peak. Measured with the warm-up's freed heap left in place "
+          f"{mi(holes)}, handed back first (malloc_trim, the bench's protocol) {mi(trimmed)}: the holes hid {mi(trimmed - holes)}")
 
 def repeat(name, bs, n):
     "Measure one case n times, to see how well a measurement repeats."
@@ -485,7 +471,6 @@ if __name__ == '__main__':
     ap.add_argument('--gemm', action='store_true', help='measure the CPU kernel workspace the planner models, next to the model')
     ap.add_argument('--heap', nargs=2, metavar=('MODEL', 'BATCH'), help="what glibc's heap and the autograd graph add to one case")
     ap.add_argument('--replay-child', help=argparse.SUPPRESS)
-    ap.add_argument('--trimmed-child', help=argparse.SUPPRESS)
     ap.add_argument('--repeat', nargs=3, metavar=('MODEL', 'BATCH', 'N'), help='measure one case N times')
     ap.add_argument('--warmup-holes', action='store_true', help="leave the warm-up's freed heap in place (the protocol before the autograd graph was planned)")
     ap.add_argument('--threads', type=int, default=1, help='threads of the measuring processes (the planner models one)')
@@ -498,7 +483,6 @@ if __name__ == '__main__':
     elif a.kernels_child: print(json.dumps(kernels_child(*json.loads(a.kernels_child))))
     elif a.lstm_child: print(json.dumps(lstm_child(json.loads(a.lstm_child))))
     elif a.replay_child: print(json.dumps(replay_child(json.load(sys.stdin))))
-    elif a.trimmed_child: print(json.dumps(measure_trimmed(*json.loads(a.trimmed_child))))
     elif a.heap: heap_report(a.heap[0], int(a.heap[1]))
     elif a.kernels: kernels_report()
     elif a.budgets and a.families: budgets_table(a.models or list(FAMILIES), a.gib, next_up=False)  # the margin leaves room for b+1

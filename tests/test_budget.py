@@ -299,6 +299,20 @@ def test_autograd_graph_is_placed_in_time():
     assert not any(r.category == 'autograd graph' for r in trace_step(_Chain(50), torch.empty(4, 16, device='meta')).tracker.allocs)  # device memory only
 
 
+def test_glibc_page_rounding_of_mapped_blocks(monkeypatch):
+    "glibc maps a 64-byte aligned block at or above its threshold with whole pages, header and slack included; below it, the heap."
+    from netlite_nb.budget import _glibc_mapped, _page_rounding
+    assert _glibc_mapped(65536, 65536, 4096) == 17 * 4096          # 64 KiB: one page more than its bytes
+    assert _glibc_mapped(65536 - 200, 65536, 4096) == 65536 - 200   # just below: the heap, no rounding
+    assert _glibc_mapped(10 * 2**20, 65536, 4096) == 10 * 2**20 + 4096
+    assert _glibc_mapped(65536, 65536, 65536) == 2 * 65536         # 64 KiB pages (some ARM kernels)
+    m, batch = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)), (torch.empty(64, 64, device='meta'), torch.empty(64, dtype=torch.long, device='meta'))
+    monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '65536')
+    tr = trace_step(m, batch, kernels='cpu').tracker
+    mapped = sum(1 for r in tr.allocs if r.nbytes >= 65536 and r.category != 'autograd graph')  # the hidden layer's 64 KiB tensors, the weight and its state
+    assert mapped and 4096 <= _page_rounding(tr) <= 4096 * mapped   # a page or less for each mapped block alive at the peak
+
+
 def test_real_cpu_process_within_5_percent():
     "One case of bench/budget_accuracy.py: a fresh process's peak RSS for the same two steps."
     sys.path.insert(0, str(ROOT / 'bench'))
