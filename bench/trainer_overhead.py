@@ -13,22 +13,25 @@ Two ratios, so that a one-time cost is not mistaken for a per-step one:
   (`Trainer._check_data` on fresh Trainers, median of 9), since the difference of two timed runs drowns in their noise.
 
 Why whole runs are not enough. On this 2-core VM the plain loop alone, in one process, runs a 784-256-10 MLP step at
-about 2.3 ms for a while and then at about 3.4 ms, switching within a run of 150 steps (block medians of 25 steps:
-3,353 then 2,346 µs) with no change of code or memory: every phase (data loading, forward, backward, optimizer)
-scales together, and the slow state goes with the other core being busy. The big tensors sit at the same page
-offsets run after run, so it is not their layout. A run of half a second is a random mix of the two states, so
-whole-run ratios scatter (single pairs 0.66–1.44) and their median can sit anywhere from 0.90 to 1.00 depending
-on the hour — that is how a nearly idle machine showed 0.90 for the MLP while the per-step intervals of separate
-processes showed no difference.
+about 2.3 ms for a while and then at about 3.4 ms, switching within a run of 150 steps (medians of 25-step blocks:
+3,353 then 2,346 µs) with no change of code or memory (`--drift` shows it): every phase (data loading, forward,
+backward, optimizer) speeds up and slows down together, and the slow state goes with the other core being busy.
+A run of half a second is a random mix of the two states, so whole-run ratios scatter (single pairs 0.66–1.44)
+and their median can sit anywhere from 0.90 to 1.00 depending on the hour — that is how a nearly idle machine
+showed 0.90 for the MLP while the per-step intervals of separate processes showed no difference.
 
-So the headline figure is measured *interleaved*: the plain loop's steps run between the Trainer's, one after each,
-from a callback (`_PlainBeside`), so both loops see the same machine state within milliseconds. The Trainer's step
-is the interval between two calls of that callback minus the plain step inside it; each run gives the ratio of the
-median step times (setup and teardown excluded), and the bench reports the median of `--pairs` runs with its
-quartiles. `A/A` runs the same protocol with a second plain loop in place of the Trainer: its distance from 1 is
-the method's own error. What the interleaved ratio still contains is the Trainer's real per-step cost — its Python
-bookkeeping (about 140 k instructions per step on `tiny`), which costs more time than its instruction count
-suggests because the step's tensors have just pushed it out of the caches.
+So the headline figure is measured *interleaved*: the plain loop runs in blocks of 8 steps between blocks of 8 of
+the Trainer's, from a callback (`_PlainBeside`), so both loops meet the same machine within a few tens of ms. Only
+steps that follow a step of their own loop are kept (the first after a switch finds the other loop's tensors in
+the caches), so each step runs as it would in a run of its loop alone. The Trainer's step is the interval between
+two calls of that callback; each run gives the ratio of the median step times (setup and teardown excluded), and
+the bench reports the median of `--pairs` runs with its quartiles. `A/A` runs the same protocol with a second plain
+loop in place of the Trainer: its distance from 1 is the method's own error. What the interleaved ratio still
+contains is the Trainer's real per-step cost, its Python bookkeeping (about 140,000 instructions a step on `tiny`),
+which takes more time than its count suggests: each step's tensors push it out of the caches, and the same
+bookkeeping (splitting the window, the hook calls, a random-state snapshot, the record check) takes 4–8 µs warm,
+12–17 µs after a 4 MB sweep and 60 µs after a 16 MB one. Interleaving step by step (blocks of 1) makes it colder
+still: in one process `mlp` measured 0.956 and 0.951 with blocks of 1, 0.983 and 0.967 with blocks of 8.
 
 The whole-run figures are printed beside it, unchanged, so nothing is hidden: rounds of four runs (plain, Trainer,
 plain again, a fresh Trainer with its data check), their order rotating from round to round, as medians of the
@@ -41,7 +44,10 @@ compiler and `valgrind/callgrind.h`); a count does not change with the machine's
 show whether the Trainer touches memory the plain loop does not (extra passes over parameters or gradients, copies,
 per-step buffers). The simulation sees virtual addresses only: no page faults, TLB or prefetchers.
 
-    python bench/trainer_overhead.py [--case all|cnn|mlp|tiny] [--pairs 15] [--steps 150] [--threads 1] [--instructions [--cache]]
+`--drift` shows the machine's drift itself: the plain loop alone, run after run, its step times in 25-step blocks
+beside each core's use over the block.
+
+    python bench/trainer_overhead.py [--case all|cnn|mlp|tiny] [--pairs 15] [--steps 150] [--threads 1] [--instructions [--cache]] [--drift]
 """
 import argparse, ctypes, os, re, shutil, statistics, subprocess, sys, tempfile, time, torch
 from pathlib import Path
@@ -88,24 +94,33 @@ def trainer(case, dl, steps, lr=1e-3, check_data=False, mark=None, callbacks=())
     return c.rates(t.samples)
 
 class _PlainBeside(Callback):
-    "A second, plain loop that makes one step each time the loop it rides on finishes one; times both loops' steps."
-    def __init__(self, case, dl, steps, lr=1e-3):
+    """A second, plain loop that makes `block` steps after every `block` steps of the loop it rides on; times both loops' steps.
+    Only steps that follow a step of their own loop are kept, as in a run of that loop alone: the first step after a switch
+    finds the other loop's tensors in the caches."""
+    def __init__(self, case, dl, steps, block=8, lr=1e-3):
         self.model = make_model(case); self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.01)
         self.sched = warmup_cosine(self.opt, steps, int(0.05 * steps)); self.model.train()
-        self.dl, self.it, self.host, self.mine, self.last = dl, iter(dl), [], [], None
+        self.dl, self.it, self.block, self.n, self.ran = dl, iter(dl), block, 0, True
+        self.host, self.mine, self.last = [], [], None
     def after_step(self, trainer=None):
-        t0 = time.perf_counter()
-        if self.last is not None: self.host.append(t0 - self.last)  # the host's step, without this callback's
+        now = time.perf_counter()
+        if self.last is not None and (not self.ran or self.block == 1): self.host.append(now - self.last)  # the host's step
+        self.n += 1; self.ran = self.n % self.block == 0
+        if self.ran:
+            for j in range(self.block):
+                t0 = time.perf_counter(); self._step()
+                if j or (self.block == 1 and self.n > 1): self.mine.append(time.perf_counter() - t0)
+        self.last = time.perf_counter()
+    def _step(self):
         try: xb, yb = next(self.it)
         except StopIteration: self.it = iter(self.dl); xb, yb = next(self.it)
         loss = F.cross_entropy(self.model(xb), yb)
         self.opt.zero_grad(set_to_none=True); loss.backward(); self.opt.step(); self.sched.step()
-        self.last = time.perf_counter(); self.mine.append(self.last - t0)
-    def times(self): return statistics.median(self.host), statistics.median(self.mine[1:])  # the first step creates AdamW's state
+    def times(self): return statistics.median(self.host), statistics.median(self.mine)
 
-def interleaved(case, dl, steps, host='trainer'):
-    "(host's median step, plain's median step) in seconds, the plain loop stepping between the host's steps."
-    beside = _PlainBeside(case, _same_data(dl), steps)
+def interleaved(case, dl, steps, host='trainer', block=8):
+    "(host's median step, plain's median step) in seconds, the plain loop stepping in blocks between the host's blocks."
+    beside = _PlainBeside(case, _same_data(dl), steps, block)
     if host == 'trainer': trainer(case, dl, steps, callbacks=[beside])
     else: plain(case, dl, steps, after=beside.after_step)
     return beside.times()
@@ -159,6 +174,29 @@ def timed(a):
     print("Trainer/plain: samples/s ratio, median (quartiles) over the runs (target >= 0.95). Interleaved: the plain loop steps between the "
           "Trainer's steps, so both meet the same machine; A/A: a plain loop in the Trainer's place (the method's own error). "
           f"Whole runs: rounds in rotating order, A/A the plain loop against itself. Load average {os.getloadavg()[0]:.1f} at the end")
+
+def drift(a):
+    "The plain loop alone, run after run in one process: medians of its step times in blocks of 25 steps, and the other cores' use."
+    case = 'mlp' if a.case == 'all' else a.case
+    dl, stamps = make_data(case), []
+    print(f"{case}: the plain loop alone, {a.pairs} runs of {a.steps} steps; µs per step, medians of 25-step blocks "
+          "[% busy of each core over the block, from /proc/stat]")
+    plain(case, dl, 20)
+    for i in range(a.pairs):
+        stamps.clear(); busy = [_busy()]
+        def mark():
+            stamps.append(time.perf_counter())
+            if len(stamps) % 25 == 1 and len(stamps) > 1: busy.append(_busy())
+        plain(case, dl, a.steps, after=mark)
+        d = [1e6 * (y - x) for x, y in zip(stamps, stamps[1:])]
+        blocks = [f"{statistics.median(d[j:j + 25]):6.0f}[{'/'.join(f'{100 * (1 - (i1 - i0) / max(t1 - t0, 1)):.0f}' for (i0, t0), (i1, t1) in zip(u, v))}]"
+                  for j, u, v in zip(range(0, len(d), 25), busy, busy[1:])]
+        print(f"run {i:2d}: " + ' '.join(blocks), flush=True)
+
+def _busy()->list[tuple[int, int]]:
+    "(idle, total) jiffies of each core (idle includes iowait)."
+    rows = [l.split() for l in open('/proc/stat') if l.startswith('cpu') and l[3].isdigit()]
+    return [(int(r[4]) + int(r[5]), sum(map(int, r[1:9]))) for r in rows]
 
 # --- instruction counts under callgrind ---------------------------------------------------------------------------
 
@@ -249,9 +287,11 @@ if __name__ == '__main__':
     ap.add_argument('--threads', type=int, default=1, help='torch threads (1: CPU time is exact and the machine\'s other jobs matter less)')
     ap.add_argument('--instructions', action='store_true', help='count instructions under valgrind (immune to load) instead of timing')
     ap.add_argument('--cache', action='store_true', help='with --instructions: also simulate this CPU\'s L1d and L2 and print misses per step')
+    ap.add_argument('--drift', action='store_true', help='time the plain loop alone in 25-step blocks, run after run (--pairs runs): how the machine drifts')
     ap.add_argument('--_counted', action='store_true', help=argparse.SUPPRESS)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     if a._counted: _counted(a)
     elif a.instructions: instructions(a)
+    elif a.drift: drift(a)
     else: timed(a)
