@@ -589,3 +589,14 @@ def test_running_stats_check_on_the_demos_short_run(monkeypatch):
     monkeypatch.setattr(train_module, '_batchnorms', lambda model: [])                              # the trainer before the warm-up
     cold, warned = run()
     assert len(warned) == 1 and cold.history[-1]['accuracy'] < 0.15 and 'warning' in cold.history[-1]
+
+
+def test_a_step_asks_the_model_for_no_sync_without_raising(monkeypatch):
+    # nn.Module.__getattr__ builds an AttributeError for every missing attribute: asked of the instance, each step paid one
+    missing, getattr_ = [], nn.Module.__getattr__
+    def counting(self, name):
+        try: return getattr_(self, name)
+        except AttributeError: missing.append(name); raise
+    monkeypatch.setattr(nn.Module, '__getattr__', counting)
+    t = Trainer(mlp(), loaders(bs=64), **KW).fit(steps=3)
+    assert t.step == 3 and 'no_sync' not in missing, missing
