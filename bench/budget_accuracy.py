@@ -11,6 +11,7 @@
     python bench/budget_accuracy.py --gemm          # the CPU kernel workspace a tensor trace cannot see, next to the planner's model
     python bench/budget_accuracy.py --repeat mlp 4200 3   # how well one measurement repeats
     python bench/budget_accuracy.py --heap gru 32   # glibc's holes between the traced tensors, the autograd graph, what warm-up holes hide
+    python bench/budget_accuracy.py --phases gru 32 # each phase's measured high-water mark next to the plan's live bytes
     (--threads 2 measures with two threads instead of one; --full-warmup warms up at the full batch, so what the kernels keep
      is already in the baseline and the measured steps hold tensors only; --warmup-holes leaves the warm-up's freed heap in place,
      the protocol before the autograd graph was planned)
@@ -451,6 +452,48 @@ def heap_report(name, bs):
     print(f"  {nodes} autograd nodes; the plan holds {mi(graph)} of graph at its peak. Measured with the warm-up's freed heap left in place "
           f"{mi(holes)}, handed back first (malloc_trim, the bench's protocol) {mi(trimmed)}: the holes hid {mi(trimmed - holes)}")
 
+def phases_child(name, bs)->list:
+    "Run in a fresh process (the bench's protocol): the high-water mark of each phase of each of the two measured steps, cleared before each."
+    import ctypes, gc
+    torch.set_num_threads(1)
+    model, (x, y) = make(name, bs)
+    warm = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _steps(model, warm, x[:2], y[:2], 1)
+    del warm
+    for p in model.parameters(): p.grad = None
+    torch.manual_seed(1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gc.collect(); _free_blas_buffers(); ctypes.CDLL(None).malloc_trim(0)
+    alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
+    base, out = _rss(), []
+    def phase(f):
+        with open('/proc/self/clear_refs', 'w') as fh: fh.write('5')
+        r = f(); out.append(_hwm() - base + alive); return r
+    for _ in range(2):
+        o = phase(lambda: model(x))
+        loss = F.cross_entropy(o, y)
+        phase(loss.backward)
+        del o, loss
+        phase(lambda: (opt.step(), opt.zero_grad(set_to_none=True)))
+    return out
+
+def phases_report(name, bs):
+    "Where in the step a case's measurement and its plan part: each phase's measured high-water mark next to the plan's peak in that phase."
+    from netlite_nb.budget import plan_memory, trace_step
+    model, batch = make(name, bs)
+    with _as_measured(): p = plan_memory(model, batch, optimizer='adamw', device_or_gpu='cpu')
+    tr = trace_step(model, batch, optimizer='adamw', kernels='cpu').tracker
+    kept = p.breakdown['CPU kernel workspace']
+    alive, ph, best = 0, None, {}
+    for sign, rec in tr.events:
+        alive += sign * rec.nbytes
+        if sign > 0: ph = (rec.step, 'forward' if rec.phase == 'loss' else rec.phase)
+        best[ph] = max(best.get(ph, 0), alive)
+    got = run_child('--phases-child', [name, bs])
+    print(f"{name} at batch {bs}: plan {p.peak/2**20:.2f} MiB. Per phase, measured high-water mark | the plan's live bytes (tensors, graph, kernel workspace; no page rounding):")
+    for i, (step, phase) in enumerate((s_, f) for s_ in range(2) for f in ('forward', 'backward', 'optimizer')):
+        print(f"  step {step + 1} {phase:<9} {got[i]/2**20:8.2f} | {(best.get((step, phase), 0) + kept)/2**20:8.2f} MiB")
+
 def repeat(name, bs, n):
     "Measure one case n times, to see how well a measurement repeats."
     ms = [measured(name, bs) / 2**20 for _ in range(n)]
@@ -471,6 +514,8 @@ if __name__ == '__main__':
     ap.add_argument('--gemm', action='store_true', help='measure the CPU kernel workspace the planner models, next to the model')
     ap.add_argument('--heap', nargs=2, metavar=('MODEL', 'BATCH'), help="what glibc's heap and the autograd graph add to one case")
     ap.add_argument('--replay-child', help=argparse.SUPPRESS)
+    ap.add_argument('--phases', nargs=2, metavar=('MODEL', 'BATCH'), help="each phase's measured high-water mark next to the plan's")
+    ap.add_argument('--phases-child', help=argparse.SUPPRESS)
     ap.add_argument('--repeat', nargs=3, metavar=('MODEL', 'BATCH', 'N'), help='measure one case N times')
     ap.add_argument('--warmup-holes', action='store_true', help="leave the warm-up's freed heap in place (the protocol before the autograd graph was planned)")
     ap.add_argument('--threads', type=int, default=1, help='threads of the measuring processes (the planner models one)')
@@ -484,6 +529,8 @@ if __name__ == '__main__':
     elif a.lstm_child: print(json.dumps(lstm_child(json.loads(a.lstm_child))))
     elif a.replay_child: print(json.dumps(replay_child(json.load(sys.stdin))))
     elif a.heap: heap_report(a.heap[0], int(a.heap[1]))
+    elif a.phases: phases_report(a.phases[0], int(a.phases[1]))
+    elif a.phases_child: print(json.dumps(phases_child(*json.loads(a.phases_child))))
     elif a.kernels: kernels_report()
     elif a.budgets and a.families: budgets_table(a.models or list(FAMILIES), a.gib, next_up=False)  # the margin leaves room for b+1
     elif a.families: accuracy_table(a.full_warmup, {k: v for k, v in FAMILIES.items() if not a.models or k in a.models}, a.calibrate)
