@@ -10,15 +10,19 @@
     python bench/budget_accuracy.py --budgets --families --gib 0.5 1   # max_batch_size on every family, checked by measurement
     python bench/budget_accuracy.py --gemm          # the CPU kernel workspace a tensor trace cannot see, next to the planner's model
     python bench/budget_accuracy.py --repeat mlp 4200 3   # how well one measurement repeats
-    python bench/budget_accuracy.py --heap gru 32   # glibc's holes between the traced tensors vs the autograd graph's heap
+    python bench/budget_accuracy.py --heap gru 32   # glibc's holes between the traced tensors, the autograd graph, what warm-up holes hide
+    python bench/budget_accuracy.py --phases gru 32 # each phase's measured high-water mark next to the plan's live bytes
     (--threads 2 measures with two threads instead of one; --full-warmup warms up at the full batch, so what the kernels keep
-     is already in the baseline and the measured steps hold tensors only)
+     is already in the baseline and the measured steps hold tensors only; --warmup-holes leaves the warm-up's freed heap in place,
+     the protocol before the autograd graph was planned)
 
 CPU measurement: each case runs in a fresh `python` process with glibc told to serve every allocation above 64 KiB with its own
 mmap (MALLOC_MMAP_THRESHOLD_ fixed, which also stops glibc raising the threshold as blocks are freed) and one arena
 (MALLOC_ARENA_MAX=1), so a freed tensor's pages go back to the OS at once and the resident set tracks live tensors. The process
 warms up the kernels on a small batch (loading their code), hands MKL's cached matmul buffers back (mkl_free_buffers, so the
-measured steps allocate their workspace as a real run's first full-size step does), then resets the kernel's RSS high-water mark
+measured steps allocate their workspace as a real run's first full-size step does) and glibc's freed heap (malloc_trim, so the
+measured steps' autograd graph and small tensors grow the heap as a real first step's do, instead of filling the warm-up's holes),
+then resets the kernel's RSS high-water mark
 (/proc/self/clear_refs) and runs the same two training steps the planner traces. Measured peak = peak RSS - RSS before the
 steps + bytes of the tensors already alive then (weights, buffers, batch), which the planner counts too.
 """
@@ -31,6 +35,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's netlite_nb, not whichever one is installed
 ENV = dict(MALLOC_MMAP_THRESHOLD_='65536', MALLOC_ARENA_MAX='1', MALLOC_TRIM_THRESHOLD_='0', OMP_NUM_THREADS='1')
+HOLES = False  # --warmup-holes: measure as before the autograd graph was planned (the warm-up's freed heap left in place)
 
 def mlp(): return nn.Sequential(nn.Flatten(), nn.Linear(784, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 10))
 
@@ -158,9 +163,10 @@ def _steps(model, opt, x, y, n=2):
 
 from netlite_nb.budget import _free_blas_buffers  # hands MKL's cached matmul buffers back (mkl_free_buffers)
 
-def measure(name, bs, full_warmup=False)->int:
-    "Run in a fresh process: the measured peak bytes of two AdamW training steps (full_warmup: what kernels keep is already there)."
-    import gc
+def measure(name, bs, full_warmup=False, holes=False)->int:
+    """Run in a fresh process: the measured peak bytes of two AdamW training steps (full_warmup: what kernels keep is already there;
+    holes: the warm-up's freed heap is left in place, where the measured steps' small objects reuse it instead of growing the heap)."""
+    import ctypes, gc
     torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', '1')))
     model, (x, y) = make(name, bs)
     warm = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -172,22 +178,36 @@ def measure(name, bs, full_warmup=False)->int:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gc.collect()
     if not full_warmup: _free_blas_buffers()  # the warm-up's small GEMMs left buffers; a real run's first step is full-size
+    if not holes: ctypes.CDLL(None).malloc_trim(0)  # a real first step finds no freed heap of an earlier step to put its graph in
     alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
     base = _rss()
     with open('/proc/self/clear_refs', 'w') as f: f.write('5')  # reset the RSS high-water mark
     _steps(model, opt, x, y, 2)
     return _hwm() - base + alive
 
-def measured(name, bs, full_warmup=False)->int:
-    out = subprocess.run([sys.executable, __file__, '--measure', name, str(bs), *(['full'] if full_warmup else [])], env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
-                         capture_output=True, text=True, check=True)
+def measured(name, bs, full_warmup=False, holes=None)->int:
+    holes = HOLES if holes is None else holes
+    out = subprocess.run([sys.executable, __file__, '--measure', name, str(bs), *(['full'] if full_warmup else []), *(['holes'] if holes else [])],
+                         env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)}, capture_output=True, text=True, check=True)
     return int(out.stdout.split()[-1])
+
+import contextlib
+
+@contextlib.contextmanager
+def _as_measured():
+    "Plan for the processes that `measured` runs: glibc's mmap threshold is theirs (the planner reads it from the environment)."
+    old = os.environ.get('MALLOC_MMAP_THRESHOLD_')
+    os.environ['MALLOC_MMAP_THRESHOLD_'] = ENV['MALLOC_MMAP_THRESHOLD_']
+    try: yield
+    finally:
+        if old is None: del os.environ['MALLOC_MMAP_THRESHOLD_']
+        else: os.environ['MALLOC_MMAP_THRESHOLD_'] = old
 
 def predicted(name, bs, device_or_gpu='cpu', **kw)->int:
     "The planner's peak; on the 'cpu' target it includes the CPU kernel workspace, with device_or_gpu=None it is tensors only."
     from netlite_nb.budget import plan_memory
     model, batch = make(name, bs)
-    return plan_memory(model, batch, optimizer='adamw', device_or_gpu=device_or_gpu, **kw).peak
+    with _as_measured(): return plan_memory(model, batch, optimizer='adamw', device_or_gpu=device_or_gpu, **kw).peak
 
 def accuracy_table(full_warmup=False, models=MODELS, calibrate=False):
     """Predicted vs measured peak for each model at its batch sizes; then the plan without the CPU kernel workspace (tensors only),
@@ -376,7 +396,7 @@ def budgets_table(models=tuple(MODELS), budgets=(0.5, 1, 2), next_up=True):
         for gb in budgets:
             t0, budget = time.time(), int(gb * 2**30)
             model, batch = make(name, 2)
-            b = max_batch_size(model, batch, budget=budget, device_or_gpu='cpu', optimizer='adamw')
+            with _as_measured(): b = max_batch_size(model, batch, budget=budget, device_or_gpu='cpu', optimizer='adamw')
             p0, m0 = predicted(name, b), measured(name, b)
             ok = 'NO: over budget' if m0 > budget else f"NO: uses {100*m0/budget:.0f}% < 90%" if m0 < 0.9 * budget else 'yes'
             line = f"{name:<13}{gb:>6.1f}Gi{b:>8}{p0/2**20:>11.1f}Mi{m0/2**20:>10.1f}Mi{100*m0/budget:>6.0f}%"
@@ -407,8 +427,33 @@ def replay_child(sizes:list)->list:
         else: libc.free(ptrs.pop(-n - 1))
     return [_hwm() - base]
 
-def measure_trimmed(name, bs)->list:
-    "Run in a fresh process: `measure` with glibc's free heap handed back after the warm-up (malloc_trim), and the autograd graph's size."
+def heap_report(name, bs):
+    """Where a recurrent step's memory beyond its tensors sits: glibc's holes between the traced tensors (the trace's own
+    allocations replayed through glibc), the autograd graph (what the plan holds for it), and what the warm-up's freed heap hid."""
+    from netlite_nb.budget import GRAPH_KEY, trace_step
+    model, batch = make(name, bs)
+    tr = trace_step(model, batch, optimizer='adamw', kernels='cpu').tracker
+    index, sizes = {}, []
+    for sign, rec in tr.events:
+        if rec.category == 'autograd graph': continue
+        if sign > 0: index[id(rec)] = len(sizes); sizes.append(rec.nbytes)
+        else: sizes.append(-index.pop(id(rec)) - 1)
+    out = subprocess.run([sys.executable, __file__, '--replay-child', '-'], input=json.dumps(sizes), env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
+                         capture_output=True, text=True, check=True)  # on stdin: too long for a command line
+    grown = json.loads(out.stdout.split('\n')[-2])[0]
+    tensors = max(__import__('itertools').accumulate(s * r.nbytes for s, r in tr.events if r.category != 'autograd graph'))
+    graph = sum(r.nbytes for r in tr.allocs if r.category == 'autograd graph' and r.step == tr.step and r.born <= tr.peak_at and (r.died or 0) > tr.peak_at)
+    nodes = sum(r.nbytes for r in trace_step(model, batch, optimizer='adamw', kernels='cpu', measured={GRAPH_KEY: (1, 0, 0)}, steps=1).tracker.allocs
+                if r.category == 'autograd graph')
+    holes, trimmed = measured(name, bs, holes=True), measured(name, bs, holes=False)
+    mi = lambda n: f"{n/2**20:.2f} MiB"
+    print(f"{name} at batch {bs}: the trace's tensors peak at {mi(tensors)}; replayed through glibc (the bench's settings) they raise the "
+          f"resident set by {mi(grown)}: holes between tensors add {mi(grown - tensors)}")
+    print(f"  {nodes} autograd nodes; the plan holds {mi(graph)} of graph at its peak. Measured with the warm-up's freed heap left in place "
+          f"{mi(holes)}, handed back first (malloc_trim, the bench's protocol) {mi(trimmed)}: the holes hid {mi(trimmed - holes)}")
+
+def phases_child(name, bs)->list:
+    "Run in a fresh process (the bench's protocol): the high-water mark of each phase of each of the two measured steps, cleared before each."
     import ctypes, gc
     torch.set_num_threads(1)
     model, (x, y) = make(name, bs)
@@ -420,34 +465,34 @@ def measure_trimmed(name, bs)->list:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gc.collect(); _free_blas_buffers(); ctypes.CDLL(None).malloc_trim(0)
     alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
-    base = _rss()
-    with open('/proc/self/clear_refs', 'w') as f: f.write('5')
-    _steps(model, opt, x, y, 2)
-    seen, todo = set(), [F.cross_entropy(model(x), y).grad_fn]
-    while todo:
-        n = todo.pop()
-        if n is not None and n not in seen: seen.add(n); todo.extend(f for f, _ in n.next_functions)
-    return [_hwm() - base + alive, sum(type(n).__name__ != 'AccumulateGrad' for n in seen)]
+    base, out = _rss(), []
+    def phase(f):
+        with open('/proc/self/clear_refs', 'w') as fh: fh.write('5')
+        r = f(); out.append(_hwm() - base + alive); return r
+    for _ in range(2):
+        o = phase(lambda: model(x))
+        loss = F.cross_entropy(o, y)
+        phase(loss.backward)
+        del o, loss
+        phase(lambda: (opt.step(), opt.zero_grad(set_to_none=True)))
+    return out
 
-def heap_report(name, bs):
-    """Where a recurrent step's memory beyond its tensors sits: glibc's holes between the traced tensors (the trace's own
-    allocations replayed through glibc), or the autograd graph (the heap the warm-up's graph left, handed back first)."""
-    from netlite_nb.budget import trace_step
+def phases_report(name, bs):
+    "Where in the step a case's measurement and its plan part: each phase's measured high-water mark next to the plan's peak in that phase."
+    from netlite_nb.budget import plan_memory, trace_step
     model, batch = make(name, bs)
+    with _as_measured(): p = plan_memory(model, batch, optimizer='adamw', device_or_gpu='cpu')
     tr = trace_step(model, batch, optimizer='adamw', kernels='cpu').tracker
-    index, sizes = {}, []
+    kept = p.breakdown['CPU kernel workspace']
+    alive, ph, best = 0, None, {}
     for sign, rec in tr.events:
-        if sign > 0: index[id(rec)] = len(sizes); sizes.append(rec.nbytes)
-        else: sizes.append(-index.pop(id(rec)) - 1)
-    out = subprocess.run([sys.executable, __file__, '--replay-child', '-'], input=json.dumps(sizes), env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
-                         capture_output=True, text=True, check=True)  # on stdin: too long for a command line
-    grown = json.loads(out.stdout.split('\n')[-2])[0]
-    m, (trimmed, nodes) = measured(name, bs), run_child('--trimmed-child', [name, bs])
-    mi = lambda n: f"{n/2**20:.2f} MiB"
-    print(f"{name} at batch {bs}: the trace's tensors peak at {mi(tr.peak)}; replayed through glibc (the bench's settings) they raise the "
-          f"resident set by {mi(grown)}: holes between tensors add {mi(grown - tr.peak)}")
-    print(f"  measured step {mi(m)}; with the heap the warm-up left handed back (malloc_trim) {mi(trimmed)}: {mi(trimmed - m)} more, "
-          f"{(trimmed - m)/max(1, nodes):.0f} bytes for each of the {nodes} nodes of the autograd graph")
+        alive += sign * rec.nbytes
+        if sign > 0: ph = (rec.step, 'forward' if rec.phase == 'loss' else rec.phase)
+        best[ph] = max(best.get(ph, 0), alive)
+    got = run_child('--phases-child', [name, bs])
+    print(f"{name} at batch {bs}: plan {p.peak/2**20:.2f} MiB. Per phase, measured high-water mark | the plan's live bytes (tensors, graph, kernel workspace; no page rounding):")
+    for i, (step, phase) in enumerate((s_, f) for s_ in range(2) for f in ('forward', 'backward', 'optimizer')):
+        print(f"  step {step + 1} {phase:<9} {got[i]/2**20:8.2f} | {(best.get((step, phase), 0) + kept)/2**20:8.2f} MiB")
 
 def repeat(name, bs, n):
     "Measure one case n times, to see how well a measurement repeats."
@@ -469,19 +514,23 @@ if __name__ == '__main__':
     ap.add_argument('--gemm', action='store_true', help='measure the CPU kernel workspace the planner models, next to the model')
     ap.add_argument('--heap', nargs=2, metavar=('MODEL', 'BATCH'), help="what glibc's heap and the autograd graph add to one case")
     ap.add_argument('--replay-child', help=argparse.SUPPRESS)
-    ap.add_argument('--trimmed-child', help=argparse.SUPPRESS)
+    ap.add_argument('--phases', nargs=2, metavar=('MODEL', 'BATCH'), help="each phase's measured high-water mark next to the plan's")
+    ap.add_argument('--phases-child', help=argparse.SUPPRESS)
     ap.add_argument('--repeat', nargs=3, metavar=('MODEL', 'BATCH', 'N'), help='measure one case N times')
+    ap.add_argument('--warmup-holes', action='store_true', help="leave the warm-up's freed heap in place (the protocol before the autograd graph was planned)")
     ap.add_argument('--threads', type=int, default=1, help='threads of the measuring processes (the planner models one)')
     ap.add_argument('--full-warmup', action='store_true', help='accuracy table with the warm-up step at the full batch, so kernels have allocated what they keep before the measured steps')
     a = ap.parse_args()
     ENV['OMP_NUM_THREADS'] = str(a.threads)
     torch.set_num_threads(a.threads)  # plan for the thread count the measured processes run with: it changes PyTorch's kernel choice
-    if a.measure: print(measure(a.measure[0], int(a.measure[1]), a.measure[2:] == ['full']))
+    HOLES = a.warmup_holes
+    if a.measure: print(measure(a.measure[0], int(a.measure[1]), 'full' in a.measure[2:], 'holes' in a.measure[2:]))
     elif a.kernels_child: print(json.dumps(kernels_child(*json.loads(a.kernels_child))))
     elif a.lstm_child: print(json.dumps(lstm_child(json.loads(a.lstm_child))))
     elif a.replay_child: print(json.dumps(replay_child(json.load(sys.stdin))))
-    elif a.trimmed_child: print(json.dumps(measure_trimmed(*json.loads(a.trimmed_child))))
     elif a.heap: heap_report(a.heap[0], int(a.heap[1]))
+    elif a.phases: phases_report(a.phases[0], int(a.phases[1]))
+    elif a.phases_child: print(json.dumps(phases_child(*json.loads(a.phases_child))))
     elif a.kernels: kernels_report()
     elif a.budgets and a.families: budgets_table(a.models or list(FAMILIES), a.gib, next_up=False)  # the margin leaves room for b+1
     elif a.families: accuracy_table(a.full_warmup, {k: v for k, v in FAMILIES.items() if not a.models or k in a.models}, a.calibrate)

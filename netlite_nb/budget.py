@@ -18,14 +18,14 @@ from fastcore.basics import patch
 from .probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes, free_memory, gpu_catalogue, in_notebook, is_oom, lookup_gpu
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'TENSOR_TERMS', 'COLORS', 'PLAN_MARGIN', 'LEVERS', 'Allocation',
-           'AllocationTracker', 'ShapeMismatchError', 'resize_batch', 'default_loss', 'is_traced', 'register_optimizer',
-           'make_optimizer', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes',
-           'cublaslt_workspace_bytes', 'Target', 'resolve_target', 'cpu_workspace_bytes', 'cpu_conv_scratch',
-           'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels',
-           'MemoryPlan', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes', 'plan_memory',
-           'plot_plans', 'BudgetTooSmallError', 'max_batch_size', 'Change', 'register_lever', 'fit_to_budget',
-           'find_batch_size', 'budget_widget']
+__all__ = ['AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'TENSOR_TERMS', 'COLORS', 'PLAN_MARGIN',
+           'LEVERS', 'Allocation', 'AllocationTracker', 'ShapeMismatchError', 'resize_batch', 'default_loss',
+           'is_traced', 'register_optimizer', 'make_optimizer', 'Trace', 'trace_step', 'CachingAllocatorSim',
+           'cublas_workspace_bytes', 'cublaslt_workspace_bytes', 'Target', 'resolve_target', 'cpu_workspace_bytes',
+           'cpu_conv_scratch', 'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch',
+           'calibrate_kernels', 'MemoryPlan', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes',
+           'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'max_batch_size', 'Change', 'register_lever',
+           'fit_to_budget', 'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -69,6 +69,9 @@ class AllocationTracker(TorchDispatchMode):
         self.kernel_path:Callable|None = None  # kernel_path(func, args, out) -> (out, scratch bytes): a device's kernels (set by `trace_step`)
         self.decomposed = False  # saw an op that only a reference decomposition runs (attention's math path on 'meta')
         self.measured:dict|None = None  # kernels measured on this machine (`calibrate_kernels`) that the trace used
+        self.graph:tuple|None = None  # heap bytes per autograd node, saved tensor, saved value (`AUTOGRAD_GRAPH_BYTES`); None: not counted
+        self.nodes:set = set()        # the autograd nodes counted so far in this micro-batch
+        self.held:list[Allocation] = []  # the graph's records still alive
 
     def record_of(self, t:torch.Tensor)->Allocation|None:
         "The record of `t`'s storage while it is tracked and alive."
@@ -105,6 +108,7 @@ def _free(self:AllocationTracker, key:int, rec:Allocation):
 def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None):
     if func in _MATMULS or func in _CONVS: self.kernels.append(_kernel(func, args))
     if func is torch.ops.aten._safe_softmax.default: self.decomposed = True
+    if self.graph is not None and self.phase in ('forward', 'loss'): self.count_nodes(args)  # the nodes of the ops before this one
     out = func(*args, **(kwargs or {}))
     scratch = 0
     if self.kernel_path is not None: out, scratch = self.kernel_path(func, args, out)
@@ -126,10 +130,73 @@ def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None
 def transient(self:AllocationTracker, nbytes:int, # bytes the running op allocates and frees before it returns
               category:str='kernel scratch'):
     "Record memory held only while the current op runs: it adds to what is live at this op, not to the whole step."
+    self.release(self.hold(nbytes, category))
+
+@patch
+def hold(self:AllocationTracker, nbytes:int, category:str)->Allocation:
+    "Record `nbytes` that no tensor holds (kernel scratch, the autograd graph's objects) as alive from now until `release`."
     rec = Allocation(nbytes, self.phase, self.step, self.modules[-1] if self.modules else '', category, born=len(self.events))
     self.allocs.append(rec); self.events.append((1, rec))
-    if self.current + nbytes > self.peak: self.peak, self.peak_at = self.current + nbytes, rec.born
-    rec.died = len(self.events); self.events.append((-1, rec))
+    self.current += nbytes
+    if self.current > self.peak: self.peak, self.peak_at = self.current, rec.born
+    return rec
+
+@patch
+def release(self:AllocationTracker, rec:Allocation):
+    "End a record of `hold` (once)."
+    if rec.died is None:
+        rec.died = len(self.events); self.events.append((-1, rec))
+        self.current -= rec.nbytes
+
+# %% ../nbs/01_budget.ipynb #ag1
+# heap bytes per autograd node, per tensor a node saves and per other value it saves (sizes, scalars), beyond the tensors' data:
+# `_measure_graph()` on a 2-core AMD EPYC (AVX2), torch 2.14.1, glibc 2.36; `plan_memory(..., calibrate=True)` measures the machine's own
+AUTOGRAD_GRAPH_BYTES = (610, 353, 48)
+GRAPH_KEY = 'autograd graph'  # the calibration cache's entry for the measured ones
+_SAVED_VALUES:dict[type, int] = {}
+
+def _saved_values(node)->int:
+    "How many saved values that are not tensors (sizes, strides, scalars) a node of this type keeps: its `_saved_*` less its `_raw_saved_*`."
+    t = type(node)
+    if t not in _SAVED_VALUES:
+        names = dir(node)  # names only: reading a saved tensor would unpack it
+        _SAVED_VALUES[t] = sum(a.startswith('_saved_') for a in names) - sum(a.startswith('_raw_saved_') for a in names)
+    return _SAVED_VALUES[t]
+
+# %% ../nbs/01_budget.ipynb #ag2
+@patch
+def count_nodes(self:AllocationTracker, out):
+    "Hold the heap bytes of the autograd nodes behind `out` that were not counted yet; they live until `free_graph`."
+    todo = [t.grad_fn for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    n = values = 0
+    while todo:
+        node = todo.pop()
+        if node is None or node in self.nodes: continue
+        self.nodes.add(node)
+        n, values = n + 1, values + _saved_values(node)
+        todo.extend(f for f, _ in node.next_functions)
+    if n: self.held.append(self.hold(n * self.graph[0] + values * self.graph[2], 'autograd graph'))
+
+@patch
+def free_graph(self:AllocationTracker):
+    "Backward is over and the loss is gone: the graph's nodes, and whatever they saved that backward did not pass, are freed."
+    for rec in self.held: self.release(rec)
+    self.held, self.nodes = [], set()
+
+# %% ../nbs/01_budget.ipynb #ag2b
+def _graph_census(loss)->tuple[int, int, int, int]:
+    "(nodes, saved tensors, other saved values, bytes of the saved tensors' storages) of the graph behind `loss`."
+    seen, todo, storages, saved = set(), [loss.grad_fn], {}, 0
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen: continue
+        seen.add(node); todo.extend(f for f, _ in node.next_functions)
+        for a in dir(node):
+            if not a.startswith('_saved_'): continue
+            v = getattr(node, a)
+            for t in (v if isinstance(v, tuple) else (v,)):
+                if isinstance(t, torch.Tensor): saved += 1; storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return len(seen), saved, sum(_saved_values(n) for n in seen), sum(storages.values())
 
 # %% ../nbs/01_budget.ipynb #c013
 class ShapeMismatchError(ValueError):
@@ -245,7 +312,9 @@ def _watch_modules(m:nn.Module, tr:AllocationTracker):
     def pre(mod, a):
         tr.inputs[names[mod]] = _shapes(a)
         tr.modules.append(names[mod])
-    def post(mod, a, o): tr.modules.pop()  # returns None: a hook's return value would replace the output
+    def post(mod, a, o):  # returns None: a hook's return value would replace the output
+        if tr.graph is not None and tr.phase == 'forward': tr.count_nodes(o)
+        tr.modules.pop()
     hooks = [h for mod in names for h in (mod.register_forward_pre_hook(pre), mod.register_forward_hook(post))]
     try: yield
     finally:
@@ -257,8 +326,14 @@ def _saved_for_backward(tr:AllocationTracker):
         rec = tr.record_of(t)
         if rec is not None and rec.category == 'temporaries':
             rec.category, rec.saved_by = 'activations', tr.modules[-1] if tr.modules else tr.phase
-        return t
-    return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        if tr.graph is None: return t
+        tr.held.append(tr.hold(tr.graph[1], 'autograd graph'))  # the saved tensor's record and objects, until backward unpacks it
+        return t, tr.held[-1]
+    def unpack(packed):
+        if not isinstance(packed, tuple): return packed
+        tr.release(packed[1])
+        return packed[0]
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 # %% ../nbs/01_budget.ipynb #tp10
 def _micro_step(m:nn.Module, xb, yb, tr:AllocationTracker, loss_fn:Callable, precision:str,
@@ -275,8 +350,10 @@ def _micro_step(m:nn.Module, xb, yb, tr:AllocationTracker, loss_fn:Callable, pre
             tr.phase = 'forward'
     if accum > 1: loss = loss / accum
     if scale is not None: loss = loss * scale
+    if tr.graph is not None: tr.count_nodes(loss)  # the loss's own nodes, and any made outside a module
     tr.phase = 'backward'
     loss.backward()
+    if tr.graph is not None: tr.free_graph()
 
 # %% ../nbs/01_budget.ipynb #tp14
 def _optimizer_phase(opt:torch.optim.Optimizer|None, params:list, tr:AllocationTracker, scale:torch.Tensor|None):
@@ -326,6 +403,7 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
     if kernels == 'cpu': tr.kernel_path = functools.partial(cpu_kernel_path, measured=measured, missing=missing)
     elif callable(kernels): tr.kernel_path = kernels(tr)  # another device's kernels, e.g. CUDA's (`CudaKernels`)
     tr.measured = measured
+    if kernels == 'cpu': tr.graph = tuple((measured or {}).get(GRAPH_KEY, AUTOGRAD_GRAPH_BYTES))  # host heap: a CPU step's memory
     try:
         with fm or contextlib.nullcontext(), _watch_modules(m, tr):
             params = [p for p in m.parameters() if p.requires_grad]
@@ -700,9 +778,63 @@ def _measure_matmuls(specs:list)->list:
         out.append(max(0, grown - y.nbytes))
     return out
 
-def _measure_kernels(convs:list, batches:list, mms:list)->list:
-    "Run in a fresh process: each convolution at its own batch sizes (`batches[i]`, as `_measure_convs`), then the matmuls."
-    return [[_measure_convs([c], b)[0] for c, b in zip(convs, batches)], _measure_matmuls(mms) if mms else []]
+def _measure_kernels(convs:list, batches:list, mms:list, graph:bool=False)->list:
+    "Run in a fresh process: each convolution at its own batch sizes (`batches[i]`, as `_measure_convs`), the matmuls, the graph's bytes."
+    return [[_measure_convs([c], b)[0] for c, b in zip(convs, batches)], _measure_matmuls(mms) if mms else [],
+            _measure_graph()['fit'] if graph else None]
+
+# %% ../nbs/01_budget.ipynb #ag4
+_GRAPH_OPS = {'add': lambda h, p: h + p['w'], 'view': lambda h, p: h.t(), 'mul': lambda h, p: h * p['w'], 'tanh': lambda h, p: h.tanh(),
+              'sigmoid': lambda h, p: h.sigmoid(), 'mm': lambda h, p: h @ p['w'], 'linear': lambda h, p: F.linear(h, p['w'], p['b']),
+              'gru_cell': lambda h, p: torch.gru_cell(h, h, *p['gru']), 'lstm_cell': lambda h, p: torch.lstm_cell(h, (h, h), *p['lstm'])[0],
+              'conv': lambda h, p: F.conv2d(h, p['k'], padding=1), 'bn_relu': lambda h, p: F.relu(F.batch_norm(h, None, None, *p['bn'], training=True))}
+
+def _graph_chain(kind:str, n:int, p:dict):
+    "The loss of a chain of `n` ops of one kind on small tensors that need gradients."
+    h = p['img'] if kind in ('conv', 'bn_relu') else p['x']
+    op = _GRAPH_OPS[kind]
+    for _ in range(n): h = op(h, p)
+    return h.sum()
+
+# %% ../nbs/01_budget.ipynb #ag5
+def _heap_in_use()->int|None:
+    "Bytes glibc's malloc has handed out and not got back (mallinfo2); None without glibc 2.33+."
+    import ctypes
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, 'mallinfo2'): return None
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(f, ctypes.c_size_t) for f in 'arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost'.split()]
+    libc.mallinfo2.restype = MallInfo2
+    m = libc.mallinfo2()
+    return m.uordblks + m.hblkhd
+
+def _graph_link(kind:str, n:int)->list[int]:
+    "The census of a chain of `n` ops of `kind`, and the heap it takes beyond its saved tensors' data (after a warm-up, freed heap handed back)."
+    import ctypes, gc
+    r = lambda *s: torch.randn(*s, requires_grad=True)
+    p = dict(x=r(16, 16), w=r(16, 16), b=r(16), img=r(2, 4, 8, 8), k=r(4, 4, 3, 3), bn=(r(4), r(4)),
+             gru=(r(48, 16), r(48, 16), r(48), r(48)), lstm=(r(64, 16), r(64, 16), r(64), r(64)))
+    _graph_chain(kind, 20, p).backward()  # loads the code, fills the kernels' one-time caches
+    gc.collect(); ctypes.CDLL(None).malloc_trim(0)
+    before = _heap_in_use()
+    loss = _graph_chain(kind, n, p)
+    grown = _heap_in_use() - before
+    nodes, saved, values, data = _graph_census(loss)
+    return [nodes, saved, values, grown - data]
+
+# %% ../nbs/01_budget.ipynb #ag6
+def _measure_graph(lengths:tuple=(100, 400))->dict|None:
+    "Run in a fresh process: heap bytes per autograd node, saved tensor and saved value, fitted over chains of every kind in `_GRAPH_OPS`."
+    if _heap_in_use() is None: return None
+    torch.set_num_threads(1)
+    rows = {}
+    for kind in _GRAPH_OPS:
+        short, long = _graph_link(kind, lengths[0]), _graph_link(kind, lengths[1])
+        rows[kind] = [b - a for a, b in zip(short, long)]  # what the extra links add: the chain's ends cancel
+    A = torch.tensor([[1, s / n, v / n] for n, s, v, _ in rows.values()], dtype=torch.float64)
+    y = torch.tensor([g / n for n, _, _, g in rows.values()], dtype=torch.float64)
+    fit = torch.linalg.lstsq(A, y[:, None]).solution[:, 0]
+    return dict(fit=[round(float(c)) for c in fit], rows={k: [n, s, v, round(g / n), round(float(a @ fit))] for (k, (n, s, v, g)), a in zip(rows.items(), A)})
 
 # %% ../nbs/01_budget.ipynb #cal4
 _MALLOC_ENV = dict(MALLOC_MMAP_THRESHOLD_='65536', MALLOC_ARENA_MAX='1', MALLOC_TRIM_THRESHOLD_='0')  # freed memory goes back to the OS at once
@@ -728,10 +860,11 @@ def calibrate_kernels(specs:list, # convolution and matmul specs a trace collect
     for s in specs: todo.setdefault(json.dumps(s) if s[0] == 'matmul' else json.dumps(s[:-1]), s)  # a shape at the first batch it came with
     convs = {k: s for k, s in todo.items() if k not in table and s[0] != 'matmul'}
     mms = {k: s for k, s in todo.items() if k not in table and s[0] == 'matmul'}
-    if not convs and not mms: return table
+    if not convs and not mms and GRAPH_KEY in table: return table
     # specs of several plans (a bench, a batch search) share the one process: each convolution at a quarter and a half of its batch
     batches = [[max(1, s[-1] // 4), max(2, s[-1] // 2)] for s in convs.values()]
-    conv_bytes, mm_bytes = _in_child('_measure_kernels', list(convs.values()), batches, list(mms.values()))
+    conv_bytes, mm_bytes, graph = _in_child('_measure_kernels', list(convs.values()), batches, list(mms.values()), GRAPH_KEY not in table)
+    if GRAPH_KEY not in table: table[GRAPH_KEY] = graph or list(AUTOGRAD_GRAPH_BYTES)  # the default where glibc cannot say
     for key, (b1, b2), (m1, m2) in zip(convs, batches, conv_bytes):
         per = (m2 - m1) / (b2 - b1)
         table[key] = [m1 - per * b1, per]  # bytes = constant + per sample x batch
@@ -853,7 +986,9 @@ def _device_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, li
         ws = cpu_workspace_bytes(tr.kernels, measured=tr.measured)  # allocated on the first full-size step and kept: there at the peak
         isa, cap = _mkl_isa(), torch.backends.cpu.get_cpu_capability()
         g = _MKL_BLOCKING[isa]
-        return raw + ws, raw + ws, {'CPU kernel workspace': ws}, [
+        rounding = _page_rounding(tr)
+        raw = tr.peak
+        return raw + ws + rounding, raw + ws + rounding, {'CPU kernel workspace': ws, 'allocator rounding': rounding}, [_glibc_note(), 
             f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, {g['kc']}) x (N + up to {g['m_block']}) "
             f"for each product that needs more than the ones before it) and {g['state'] // 1024} KiB per oneDNN convolution shape, "
             "kept for the life of the process; " + ("matmuls measured on this machine by calibration" if tr.measured else
@@ -865,6 +1000,33 @@ def _device_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, li
             "dispatch (fused attention); modelled from `python bench/budget_accuracy.py --kernels` at one thread"]
     notes = [f"{target.kind} allocator and driver overheads are not modelled: tensor bytes only"] if target.kind in ('mps', 'xpu') else []
     return raw, raw, {}, notes
+
+# %% ../nbs/01_budget.ipynb #pr1
+_GLIBC_DEFAULT_MMAP_THRESHOLD = 128 * 1024
+
+def _glibc_mapped(n:int, threshold:int, page:int)->int:
+    "Bytes glibc maps for a 64-byte aligned `n`-byte block (posix_memalign), `n` itself when the block comes from the heap instead."
+    chunk = (n + 8 + 15) // 16 * 16 + 64 + 32  # header, 16-byte granule, then the room memalign asks for to align it
+    return n if chunk < threshold else -(-(chunk + 8) // page) * page
+
+def _page_rounding(tr:AllocationTracker)->int:
+    "Bytes glibc's page rounding adds at the step's peak; moves `tr.peak_at` (and `tr.peak`, tensors only) where rounding moves the peak."
+    if platform.system() != 'Linux' or platform.libc_ver()[0] != 'glibc': return 0
+    threshold = int(os.environ.get('MALLOC_MMAP_THRESHOLD_', _GLIBC_DEFAULT_MMAP_THRESHOLD))
+    page, extra, best, at = os.sysconf('SC_PAGE_SIZE'), 0, -1, -1
+    live = 0
+    for i, (sign, rec) in enumerate(tr.events):
+        if rec.category not in ('autograd graph', 'kernel scratch'): extra += sign * (_glibc_mapped(rec.nbytes, threshold, page) - rec.nbytes)
+        live += sign * rec.nbytes
+        if sign > 0 and live + extra > best: best, at, peak_extra, peak_live = live + extra, i, extra, live
+    if at < 0: return 0
+    tr.peak, tr.peak_at = peak_live, at
+    return peak_extra
+
+def _glibc_note()->str:
+    th = os.environ.get('MALLOC_MMAP_THRESHOLD_')
+    return (f"allocator rounding: glibc maps each block of {fmt_bytes(int(th)) if th else '128 KiB (its default, which it raises as big blocks are freed)'} "
+            "or more with pages of its own, header and alignment included; the autograd graph's objects are on the heap")
 
 # %% ../nbs/01_budget.ipynb #mp11b
 def _cuda_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
@@ -1046,7 +1208,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
     measured, missing = (_calibrated(), []) if calibrate and kernels == 'cpu' else (None, None)
     trace = functools.partial(trace_step, model, batch, loss_fn, optimizer, precision, micro_batch, transform, cuda=target.kind == 'cuda', kernels=kernels)
     t = trace(measured=measured, missing=missing)
-    if missing: t = trace(measured=calibrate_kernels(missing))
+    if missing or (measured is not None and GRAPH_KEY not in measured): t = trace(measured=calibrate_kernels(missing))
     tr = t.tracker
     peak, reserved, terms, device_notes = _device_terms(target, tr)
     if calibrate: device_notes = device_notes + [_calibration_note(target)]
