@@ -98,6 +98,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._mkl_panel': ('budget.html#_mkl_panel', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._mm_key': ('budget.html#_mm_key', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._norm': ('budget.html#_norm', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._on_glibc': ('budget.html#_on_glibc', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._optimizer_name': ('budget.html#_optimizer_name', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._optimizer_phase': ('budget.html#_optimizer_phase', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._page_rounding': ('budget.html#_page_rounding', 'netlite_nb/budget.py'),

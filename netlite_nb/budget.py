@@ -986,9 +986,9 @@ def _device_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, li
         ws = cpu_workspace_bytes(tr.kernels, measured=tr.measured)  # allocated on the first full-size step and kept: there at the peak
         isa, cap = _mkl_isa(), torch.backends.cpu.get_cpu_capability()
         g = _MKL_BLOCKING[isa]
-        rounding = _page_rounding(tr)
+        tr.peak, tr.peak_at, rounding = _page_rounding(tr)  # the breakdown by category is read where rounding puts the peak
         raw = tr.peak
-        return raw + ws + rounding, raw + ws + rounding, {'CPU kernel workspace': ws, 'allocator rounding': rounding}, [_glibc_note(), 
+        return raw + ws + rounding, raw + ws + rounding, {'CPU kernel workspace': ws, 'allocator rounding': rounding}, [_glibc_note()] * _on_glibc() + [
             f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, {g['kc']}) x (N + up to {g['m_block']}) "
             f"for each product that needs more than the ones before it) and {g['state'] // 1024} KiB per oneDNN convolution shape, "
             "kept for the life of the process; " + ("matmuls measured on this machine by calibration" if tr.measured else
@@ -1009,9 +1009,11 @@ def _glibc_mapped(n:int, threshold:int, page:int)->int:
     chunk = (n + 8 + 15) // 16 * 16 + 64 + 32  # header, 16-byte granule, then the room memalign asks for to align it
     return n if chunk < threshold else -(-(chunk + 8) // page) * page
 
-def _page_rounding(tr:AllocationTracker)->int:
-    "Bytes glibc's page rounding adds at the step's peak; moves `tr.peak_at` (and `tr.peak`, tensors only) where rounding moves the peak."
-    if platform.system() != 'Linux' or platform.libc_ver()[0] != 'glibc': return 0
+def _on_glibc()->bool: return platform.system() == 'Linux' and platform.libc_ver()[0] == 'glibc'
+
+def _page_rounding(tr:AllocationTracker)->tuple[int, int, int]:
+    "(bytes live, event index, bytes glibc's page rounding adds) at the step's peak with the rounding: it may move the peak."
+    if not _on_glibc(): return tr.peak, tr.peak_at, 0
     threshold = int(os.environ.get('MALLOC_MMAP_THRESHOLD_', _GLIBC_DEFAULT_MMAP_THRESHOLD))
     page, extra, best, at = os.sysconf('SC_PAGE_SIZE'), 0, -1, -1
     live = 0
@@ -1019,9 +1021,7 @@ def _page_rounding(tr:AllocationTracker)->int:
         if rec.category not in ('autograd graph', 'kernel scratch'): extra += sign * (_glibc_mapped(rec.nbytes, threshold, page) - rec.nbytes)
         live += sign * rec.nbytes
         if sign > 0 and live + extra > best: best, at, peak_extra, peak_live = live + extra, i, extra, live
-    if at < 0: return 0
-    tr.peak, tr.peak_at = peak_live, at
-    return peak_extra
+    return (peak_live, at, peak_extra) if at >= 0 else (tr.peak, tr.peak_at, 0)
 
 def _glibc_note()->str:
     th = os.environ.get('MALLOC_MMAP_THRESHOLD_')

@@ -310,7 +310,9 @@ def test_glibc_page_rounding_of_mapped_blocks(monkeypatch):
     monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '65536')
     tr = trace_step(m, batch, kernels='cpu').tracker
     mapped = sum(1 for r in tr.allocs if r.nbytes >= 65536 and r.category != 'autograd graph')  # the hidden layer's 64 KiB tensors, the weight and its state
-    assert mapped and 4096 <= _page_rounding(tr) <= 4096 * mapped   # a page or less for each mapped block alive at the peak
+    live, at, rounding = _page_rounding(tr)
+    assert mapped and 4096 <= rounding <= 4096 * mapped   # a page or less for each mapped block alive at the peak
+    assert live <= tr.peak and 0 <= at < len(tr.events)     # the peak with rounding: never more tensor bytes than the tensors' own peak
 
 
 def test_real_cpu_process_within_5_percent():
