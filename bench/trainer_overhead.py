@@ -72,16 +72,24 @@ def make_data(case, n=4096):
 
 def clocks(): return time.perf_counter(), time.process_time()
 
+def plain_setup(case, steps, lr=1e-3):
+    "(model, optimizer, schedule) of the plain loop, as the Trainer makes them."
+    model = make_model(case); opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    model.train()
+    return model, opt, warmup_cosine(opt, steps, int(0.05 * steps))
+
+def plain_step(model, opt, sched, xb, yb):
+    "One step of the plain loop: forward, loss, zero_grad, backward, optimizer and scheduler step."
+    loss = F.cross_entropy(model(xb), yb)
+    opt.zero_grad(set_to_none=True); loss.backward(); opt.step(); sched.step()
+
 def plain(case, dl, steps, lr=1e-3, mark=None, after=None):
     "The plain loop; `after()` is called after each step (the interleaved A/A runs a second plain loop there)."
-    model = make_model(case); opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    sched = warmup_cosine(opt, steps, int(0.05 * steps)); model.train()
-    n, step = 0, 0
+    loop, n, step = plain_setup(case, steps, lr), 0, 0
     with mark or _Clock() as c:
         while step < steps:
             for xb, yb in dl:
-                loss = F.cross_entropy(model(xb), yb)
-                opt.zero_grad(set_to_none=True); loss.backward(); opt.step(); sched.step()
+                plain_step(*loop, xb, yb)
                 n += len(yb); step += 1
                 if after is not None: after()
                 if step == steps: break
@@ -98,9 +106,7 @@ class _PlainBeside(Callback):
     Only steps that follow a step of their own loop are kept, as in a run of that loop alone: the first step after a switch
     finds the other loop's tensors in the caches."""
     def __init__(self, case, dl, steps, block=8, lr=1e-3):
-        self.model = make_model(case); self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.01)
-        self.sched = warmup_cosine(self.opt, steps, int(0.05 * steps)); self.model.train()
-        self.dl, self.it, self.block, self.n, self.ran = dl, iter(dl), block, 0, True
+        self.loop, self.dl, self.it, self.block, self.n, self.ran = plain_setup(case, steps, lr), dl, iter(dl), block, 0, True
         self.host, self.mine, self.last = [], [], None
     def after_step(self, trainer=None):
         now = time.perf_counter()
@@ -114,8 +120,7 @@ class _PlainBeside(Callback):
     def _step(self):
         try: xb, yb = next(self.it)
         except StopIteration: self.it = iter(self.dl); xb, yb = next(self.it)
-        loss = F.cross_entropy(self.model(xb), yb)
-        self.opt.zero_grad(set_to_none=True); loss.backward(); self.opt.step(); self.sched.step()
+        plain_step(*self.loop, xb, yb)
     def times(self): return statistics.median(self.host), statistics.median(self.mine)
 
 def interleaved(case, dl, steps, host='trainer', block=8):
