@@ -26,7 +26,8 @@ then resets the kernel's RSS high-water mark
 (/proc/self/clear_refs) and runs the same two training steps the planner traces. Measured peak = peak RSS - RSS before the
 steps + bytes of the tensors already alive then (weights, buffers, batch), which the planner counts too.
 """
-import argparse, json, os, subprocess, sys, time
+import argparse, itertools, json, os, subprocess, sys, time
+from unittest import mock
 from pathlib import Path
 import torch
 from torch import nn
@@ -191,17 +192,9 @@ def measured(name, bs, full_warmup=False, holes=None)->int:
                          env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)}, capture_output=True, text=True, check=True)
     return int(out.stdout.split()[-1])
 
-import contextlib
-
-@contextlib.contextmanager
 def _as_measured():
     "Plan for the processes that `measured` runs: glibc's mmap threshold is theirs (the planner reads it from the environment)."
-    old = os.environ.get('MALLOC_MMAP_THRESHOLD_')
-    os.environ['MALLOC_MMAP_THRESHOLD_'] = ENV['MALLOC_MMAP_THRESHOLD_']
-    try: yield
-    finally:
-        if old is None: del os.environ['MALLOC_MMAP_THRESHOLD_']
-        else: os.environ['MALLOC_MMAP_THRESHOLD_'] = old
+    return mock.patch.dict(os.environ, MALLOC_MMAP_THRESHOLD_=ENV['MALLOC_MMAP_THRESHOLD_'])
 
 def predicted(name, bs, device_or_gpu='cpu', **kw)->int:
     "The planner's peak; on the 'cpu' target it includes the CPU kernel workspace, with device_or_gpu=None it is tensors only."
@@ -441,7 +434,7 @@ def heap_report(name, bs):
     out = subprocess.run([sys.executable, __file__, '--replay-child', '-'], input=json.dumps(sizes), env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
                          capture_output=True, text=True, check=True)  # on stdin: too long for a command line
     grown = json.loads(out.stdout.split('\n')[-2])[0]
-    tensors = max(__import__('itertools').accumulate(s * r.nbytes for s, r in tr.events if r.category != 'autograd graph'))
+    tensors = max(itertools.accumulate(s * r.nbytes for s, r in tr.events if r.category != 'autograd graph'))
     graph = sum(r.nbytes for r in tr.allocs if r.category == 'autograd graph' and r.step == tr.step and r.born <= tr.peak_at and (r.died or 0) > tr.peak_at)
     nodes = sum(r.nbytes for r in trace_step(model, batch, optimizer='adamw', kernels='cpu', measured={GRAPH_KEY: (1, 0, 0)}, steps=1).tracker.allocs
                 if r.category == 'autograd graph')
