@@ -193,8 +193,8 @@ def measured(name, bs, full_warmup=False, holes=None)->int:
     return int(out.stdout.split()[-1])
 
 def _as_measured():
-    "Plan for the processes that `measured` runs: glibc's mmap threshold is theirs (the planner reads it from the environment)."
-    return mock.patch.dict(os.environ, MALLOC_MMAP_THRESHOLD_=ENV['MALLOC_MMAP_THRESHOLD_'])
+    "Plan for the processes that `measured` runs: glibc's settings are theirs (the planner's model of glibc reads them from the environment)."
+    return mock.patch.dict(os.environ, {k: v for k, v in ENV.items() if k.startswith('MALLOC_')})
 
 def predicted(name, bs, device_or_gpu='cpu', **kw)->int:
     "The planner's peak; on the 'cpu' target it includes the CPU kernel workspace, with device_or_gpu=None it is tensors only."
@@ -407,42 +407,67 @@ def _libc():
     libc.free.argtypes, libc.memset.argtypes = [ctypes.c_void_p], [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
     return libc
 
-def replay_child(sizes:list)->list:
-    "Run in a fresh process: replay (+bytes | -index of the allocation) through glibc as c10 allocates (64-byte aligned, written); the peak growth."
+def replay_child(calls:list)->list:
+    """Run in a fresh process: replay [bytes, align] (an allocation: posix_memalign when align > 16, else malloc; written) or [-1 - index]
+    (a free) through glibc; the resident high-water mark's growth."""
     import ctypes
     libc, ptrs = _libc(), {}
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.malloc_trim(0)  # the free heap the import left would take allocations without growing the resident set
     base = _rss()
     with open('/proc/self/clear_refs', 'w') as f: f.write('5')
-    for i, n in enumerate(sizes):
-        if n >= 0:
-            p = ctypes.c_void_p(); libc.posix_memalign(ctypes.byref(p), 64, max(n, 1)); libc.memset(p, 1, max(n, 1)); ptrs[i] = p.value
-        else: libc.free(ptrs.pop(-n - 1))
+    for i, (n, *align) in enumerate(calls):
+        if n < 0: libc.free(ptrs.pop(-n - 1)); continue
+        if align[0] > 16: p = ctypes.c_void_p(); libc.posix_memalign(ctypes.byref(p), align[0], max(n, 1)); p = p.value
+        else: p = libc.malloc(max(n, 1))
+        libc.memset(p, 1, max(n, 1)); ptrs[i] = p
     return [_hwm() - base]
 
+def _calls(tr, with_graph=True)->list:
+    "The trace's allocations as `GlibcHeap` replays them (tensors posix_memalign(64), the graph's objects a node's size each), for replay_child."
+    index, calls, node = {}, [], tr.graph[0] if tr.graph else 1024
+    for sign, rec in tr.events:
+        if rec.category == 'kernel scratch' or (rec.category == 'autograd graph' and not with_graph) or not rec.nbytes: continue
+        if sign < 0:
+            for j in index.pop(id(rec), ()): calls.append([-j - 1])
+            continue
+        k = max(1, round(rec.nbytes / node)) if rec.category == 'autograd graph' else 1
+        index[id(rec)] = list(range(len(calls), len(calls) + k))
+        calls.extend([[rec.nbytes // k, 16]] * k if rec.category == 'autograd graph' else [[rec.nbytes, 64]])
+    return calls
+
+def _model_peak(calls)->int:
+    "The same calls through the planner's model of glibc, with the bench's settings."
+    from netlite_nb.budget import GlibcHeap
+    h, keys, best = GlibcHeap(int(ENV['MALLOC_MMAP_THRESHOLD_']), int(ENV['MALLOC_TRIM_THRESHOLD_'])), {}, 0
+    for i, (n, *align) in enumerate(calls):
+        if n < 0: h.free(keys.pop(-n - 1))
+        else: keys[i] = h.malloc(n, align[0]); best = max(best, h.rss())
+    return best
+
+def _replayed(calls)->int:
+    out = subprocess.run([sys.executable, __file__, '--replay-child', '-'], input=json.dumps(calls), env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
+                         capture_output=True, text=True, check=True)  # on stdin: too long for a command line
+    return json.loads(out.stdout.split('\n')[-2])[0]
+
 def heap_report(name, bs):
-    """Where a recurrent step's memory beyond its tensors sits: glibc's holes between the traced tensors (the trace's own
-    allocations replayed through glibc), the autograd graph (what the plan holds for it), and what the warm-up's freed heap hid."""
+    """Where a step's memory beyond its tensors sits: the trace's allocations replayed through glibc and through the planner's model of it
+    (tensors alone, then with the autograd graph's objects among them), the graph itself, and what the warm-up's freed heap hides."""
     from netlite_nb.budget import GRAPH_KEY, trace_step
     model, batch = make(name, bs)
     tr = trace_step(model, batch, optimizer='adamw', kernels='cpu').tracker
-    index, sizes = {}, []
-    for sign, rec in tr.events:
-        if rec.category == 'autograd graph': continue
-        if sign > 0: index[id(rec)] = len(sizes); sizes.append(rec.nbytes)
-        else: sizes.append(-index.pop(id(rec)) - 1)
-    out = subprocess.run([sys.executable, __file__, '--replay-child', '-'], input=json.dumps(sizes), env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
-                         capture_output=True, text=True, check=True)  # on stdin: too long for a command line
-    grown = json.loads(out.stdout.split('\n')[-2])[0]
-    tensors = max(itertools.accumulate(s * r.nbytes for s, r in tr.events if r.category != 'autograd graph'))
+    mi = lambda n: f"{n/2**20:.2f} MiB"
+    tensors = max(itertools.accumulate(s * r.nbytes for s, r in tr.events if r.category not in ('autograd graph', 'kernel scratch')))
+    live = max(itertools.accumulate(s * r.nbytes for s, r in tr.events if r.category != 'kernel scratch'))
+    alone, both = _calls(tr, with_graph=False), _calls(tr)
+    print(f"{name} at batch {bs}: the trace's tensors peak at {mi(tensors)}; replayed through glibc (the bench's settings) they raise the "
+          f"resident set by {mi(_replayed(alone))}, the planner's model of glibc says {mi(_model_peak(alone))}")
+    print(f"  with the autograd graph's objects among them: {mi(live)} alive at the peak; glibc {mi(_replayed(both))}, the model {mi(_model_peak(both))}")
     graph = sum(r.nbytes for r in tr.allocs if r.category == 'autograd graph' and r.step == tr.step and r.born <= tr.peak_at and (r.died or 0) > tr.peak_at)
     nodes = sum(r.nbytes for r in trace_step(model, batch, optimizer='adamw', kernels='cpu', measured={GRAPH_KEY: (1, 0, 0)}, steps=1).tracker.allocs
                 if r.category == 'autograd graph')
     holes, trimmed = measured(name, bs, holes=True), measured(name, bs, holes=False)
-    mi = lambda n: f"{n/2**20:.2f} MiB"
-    print(f"{name} at batch {bs}: the trace's tensors peak at {mi(tensors)}; replayed through glibc (the bench's settings) they raise the "
-          f"resident set by {mi(grown)}: holes between tensors add {mi(grown - tensors)}")
-    print(f"  {nodes} autograd nodes; the plan holds {mi(graph)} of graph at its peak. Measured with the warm-up's freed heap left in place "
+    print(f"  {nodes} autograd nodes; the plan holds {mi(graph)} of graph at the tensors' peak. Measured with the warm-up's freed heap left in place "
           f"{mi(holes)}, handed back first (malloc_trim, the bench's protocol) {mi(trimmed)}: the holes hid {mi(trimmed - holes)}")
 
 def phases_child(name, bs)->list:

@@ -5,6 +5,7 @@
 # %% ../nbs/01_budget.ipynb #c003
 from __future__ import annotations
 import ast, contextlib, copy, functools, html, inspect, json, logging, math, os, platform, subprocess, sys, weakref
+from collections import deque
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -23,9 +24,9 @@ __all__ = ['AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'CUDA_CONTEXT_BYTE
            'is_traced', 'register_optimizer', 'make_optimizer', 'Trace', 'trace_step', 'CachingAllocatorSim',
            'cublas_workspace_bytes', 'cublaslt_workspace_bytes', 'Target', 'resolve_target', 'cpu_workspace_bytes',
            'cpu_conv_scratch', 'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch',
-           'calibrate_kernels', 'MemoryPlan', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes',
-           'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'max_batch_size', 'Change', 'register_lever',
-           'fit_to_budget', 'find_batch_size', 'budget_widget']
+           'calibrate_kernels', 'MemoryPlan', 'GlibcHeap', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels',
+           'cudnn_lstm_bytes', 'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'max_batch_size', 'Change',
+           'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -986,7 +987,7 @@ def _device_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, li
         ws = cpu_workspace_bytes(tr.kernels, measured=tr.measured)  # allocated on the first full-size step and kept: there at the peak
         isa, cap = _mkl_isa(), torch.backends.cpu.get_cpu_capability()
         g = _MKL_BLOCKING[isa]
-        tr.peak, tr.peak_at, rounding = _page_rounding(tr)  # the breakdown by category is read where rounding puts the peak
+        tr.peak, tr.peak_at, rounding = _glibc_replay(tr)  # the breakdown by category is read where glibc's peak is
         raw = tr.peak
         return raw + ws + rounding, raw + ws + rounding, {'CPU kernel workspace': ws, 'allocator rounding': rounding}, [_glibc_note()] * _on_glibc() + [
             f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, {g['kc']}) x (N + up to {g['m_block']}) "
@@ -1003,30 +1004,220 @@ def _device_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, li
 
 # %% ../nbs/01_budget.ipynb #pr1
 _GLIBC_DEFAULT_MMAP_THRESHOLD = 128 * 1024
+_MINSIZE, _TCACHE_MAX, _TCACHE_COUNT, _FAST_MAX, _LARGE = 32, 1040, 7, 128, 1024  # glibc's limits on 64-bit (malloc/malloc.c)
 
-def _glibc_mapped(n:int, threshold:int, page:int)->int:
-    "Bytes glibc maps for a 64-byte aligned `n`-byte block (posix_memalign), `n` itself when the block comes from the heap instead."
-    chunk = (n + 8 + 15) // 16 * 16 + 64 + 32  # header, 16-byte granule, then the room memalign asks for to align it
-    return n if chunk < threshold else -(-(chunk + 8) // page) * page
+def _chunk(n:int)->int: return max(_MINSIZE, (n + 8 + 15) // 16 * 16)  # the chunk glibc carves for an n-byte request: header, 16-byte granule
 
+def _bin_index(s:int)->int:
+    "glibc's bin for a free chunk of `s` bytes: one per size below 1 KiB, then ranges that widen (largebin_index_64)."
+    if s < _LARGE: return s >> 4
+    for shift, most, base in ((6, 48, 48), (9, 20, 91), (12, 10, 110), (15, 4, 119), (18, 2, 124)):
+        if s >> shift <= most: return base + (s >> shift)
+    return 126
+
+class GlibcHeap:
+    "A model of glibc's malloc (the main arena, 64-bit): where each block goes, the holes it leaves, and the bytes that stay resident."
+    def __init__(self, mmap_threshold:int=_GLIBC_DEFAULT_MMAP_THRESHOLD, # a block whose chunk is this big or more gets pages of its own
+                 trim_threshold:int=128 * 1024, # free space at the heap's end beyond which glibc gives pages back
+                 top_pad:int=128 * 1024, # what glibc asks the kernel for beyond a request, and keeps when it trims
+                 page:int=4096):
+        self.threshold, self.trim, self.pad, self.page = mmap_threshold, trim_threshold, top_pad, page
+        self.size, self.end = {}, {}     # every chunk in the heap: start -> size, end -> start
+        self.binned, self.bins = {}, {}  # free chunks: start -> bin (0 is the unsorted bin); bin -> deque (new on the left, taken from the right)
+        self.tcache, self.fast = {}, {}  # chunk size -> starts, last in first out; to the heap these chunks are still in use
+        self.nfast, self.last_remainder = 0, None
+        self.top = self.brk = self.resident = 0  # start of the top chunk, end of the heap, end of its pages touched and not given back
+        self.mapped, self.maps = 0, {}           # bytes of mapped blocks; key (negative) -> bytes
+
+    def rss(self)->int: return self.mapped + self.resident  # the bytes of the process these blocks keep resident
+    def _new(self, a:int, s:int): self.size[a] = s; self.end[a + s] = a
+    def _drop(self, a:int)->int:
+        s = self.size.pop(a); del self.end[a + s]
+        return s
+
+# %% ../nbs/01_budget.ipynb #pr1b
+@patch
+def _unlink(self:GlibcHeap, a:int):
+    "Take free chunk `a` out of its bin."
+    self.bins[self.binned.pop(a)].remove(a)
+    if self.last_remainder == a: self.last_remainder = None
+
+@patch
+def _to_unsorted(self:GlibcHeap, a:int): self.binned[a] = 0; self.bins.setdefault(0, deque()).appendleft(a)
+
+# %% ../nbs/01_budget.ipynb #pr1c
+@patch
+def _to_bin(self:GlibcHeap, a:int):
+    "Sort free chunk `a` into its bin: a small bin in order of arrival, a large one by size, largest first (an equal size after the first of it)."
+    s = self.size[a]
+    i = _bin_index(s)
+    b = self.bins.setdefault(i, deque()); self.binned[a] = i
+    if s < _LARGE: b.appendleft(a); return
+    k = 0
+    while k < len(b) and self.size[b[k]] > s: k += 1
+    if k < len(b) and self.size[b[k]] == s: k += 1
+    b.insert(k, a)
+
+# %% ../nbs/01_budget.ipynb #pr1d
+@patch
+def _split(self:GlibcHeap, a:int, nb:int)->int|None:
+    "Cut `nb` bytes off the front of chunk `a` (out of its bin); the rest, if a chunk's worth, goes to the unsorted bin. The rest's start, or None."
+    s = self.size[a]
+    if s - nb < _MINSIZE: return None
+    self._drop(a); self._new(a, nb); self._new(a + nb, s - nb); self._to_unsorted(a + nb)
+    return a + nb
+
+# %% ../nbs/01_budget.ipynb #pr1e
+@patch
+def _release(self:GlibcHeap, a:int)->int:
+    "Merge chunk `a` with its free neighbours, into the top chunk or the unsorted bin; the merged size."
+    s = self.size[a]
+    p = self.end.get(a)
+    if p is not None and p in self.binned: self._unlink(p); self._drop(a); s += self._drop(p); a = p; self._new(a, s)
+    if a + s == self.top: self._drop(a); self.top = a; return s
+    if a + s in self.binned: n = a + s; self._unlink(n); self._drop(a); s += self._drop(n); self._new(a, s)
+    self._to_unsorted(a)
+    return s
+
+@patch
+def _consolidate(self:GlibcHeap):
+    "malloc_consolidate: every fastbin chunk merged with its neighbours and binned."
+    fast, self.fast, self.nfast = self.fast, {}, 0
+    for s in sorted(fast):
+        for a in reversed(fast[s]): self._release(a)
+
+# %% ../nbs/01_budget.ipynb #pr1f
+@patch
+def free(self:GlibcHeap, a:int):
+    "free(): a mapped block's pages go back; a chunk goes to the tcache, a fastbin, or is merged, and a big merge trims the heap's end."
+    if a < 0: self.mapped -= self.maps.pop(a); return
+    s = self.size[a]
+    tc = self.tcache.setdefault(s, []) if s <= _TCACHE_MAX else None
+    if tc is not None and len(tc) < _TCACHE_COUNT: tc.append(a); return
+    if s <= _FAST_MAX: self.fast.setdefault(s, []).append(a); self.nfast += 1; return
+    if self._release(a) >= 65536:  # FASTBIN_CONSOLIDATION_THRESHOLD
+        if self.nfast: self._consolidate()
+        if self.brk - self.top >= self.trim:  # systrim: whole pages past the top chunk's first `top_pad` bytes go back to the kernel
+            extra = (self.brk - self.top - self.pad - _MINSIZE - 1) // self.page * self.page
+            if extra > 0: self.brk -= extra; self.resident = min(self.resident, self.brk)
+
+# %% ../nbs/01_budget.ipynb #pr1g
+@patch
+def _from_top(self:GlibcHeap, nb:int)->int:
+    "Carve `nb` bytes off the top chunk, growing the heap (sbrk) by the request and `top_pad`, in whole pages, when it is too small."
+    if self.brk - self.top < nb + _MINSIZE: self.brk = -(-(self.top + nb + self.pad + _MINSIZE) // self.page) * self.page
+    a = self.top; self.top += nb; self.resident = max(self.resident, self.top); self._new(a, nb)
+    return a
+
+@patch
+def _mmap(self:GlibcHeap, nb:int)->int:
+    "A block of whole pages of its own (header included); its key is negative."
+    key = -1 - len(self.maps)
+    while key in self.maps: key -= 1
+    self.maps[key] = m = -(-(nb + 8) // self.page) * self.page
+    self.mapped += m
+    return key
+
+# %% ../nbs/01_budget.ipynb #pr1h
+@patch
+def _from_bins(self:GlibcHeap, nb:int)->int|None:
+    "The bins' part of _int_malloc: sort the unsorted bin (splitting the last remainder, taking an exact fit), then best fit. None: nothing fits."
+    cached, u = False, self.bins.get(0)
+    while u:
+        a = u[-1]; s = self.size[a]
+        if nb < _LARGE and len(u) == 1 and a == self.last_remainder and s > nb + _MINSIZE:
+            u.pop(); del self.binned[a]; self.last_remainder = self._split(a, nb); return a
+        u.pop(); del self.binned[a]
+        if a == self.last_remainder: self.last_remainder = None
+        if s == nb:
+            tc = self.tcache.setdefault(nb, []) if nb <= _TCACHE_MAX else None
+            if tc is not None and len(tc) < _TCACHE_COUNT: tc.append(a); cached = True; continue  # exact fits fill the tcache first
+            return a
+        self._to_bin(a)
+    if cached: return self.tcache[nb].pop()
+    if nb >= _LARGE and (b := self.bins.get(_bin_index(nb))) and self.size[b[0]] >= nb:  # best fit in its own large bin
+        k = len(b) - 1
+        while self.size[b[k]] < nb: k -= 1
+        j = k
+        while j > 0 and self.size[b[j - 1]] == self.size[b[k]]: j -= 1
+        if j < k: k = j + 1  # of several the same size glibc takes the second, leaving the first linked
+        a = b[k]; del b[k]; del self.binned[a]
+        self._split(a, nb); return a
+    for j in range(_bin_index(nb) + 1, 127):  # the smallest chunk of the next bin that has one
+        if b := self.bins.get(j):
+            a = b.pop(); del self.binned[a]
+            r = self._split(a, nb)
+            if nb < _LARGE and r is not None: self.last_remainder = r
+            return a
+    return None
+
+# %% ../nbs/01_budget.ipynb #pr1i
+@patch
+def _int_malloc(self:GlibcHeap, nb:int)->int:
+    "_int_malloc: an exact fastbin or small-bin chunk, the bins, then the top chunk; a big request the top cannot serve is mapped."
+    if nb <= _FAST_MAX and self.fast.get(nb): self.nfast -= 1; return self.fast[nb].pop()
+    if nb < _LARGE and (b := self.bins.get(nb >> 4)):
+        a = b.pop(); del self.binned[a]
+        tc = self.tcache.setdefault(nb, [])
+        while b and len(tc) < _TCACHE_COUNT: c = b.pop(); del self.binned[c]; tc.append(c)  # the rest of the bin fills the tcache
+        return a
+    if nb >= _LARGE and self.nfast: self._consolidate()
+    while True:
+        a = self._from_bins(nb)
+        if a is not None: return a
+        if self.brk - self.top >= nb + _MINSIZE: return self._from_top(nb)
+        if nb < _LARGE and self.nfast: self._consolidate(); continue
+        return self._mmap(nb) if nb >= self.threshold else self._from_top(nb)
+
+# %% ../nbs/01_budget.ipynb #pr1j
+@patch
+def malloc(self:GlibcHeap, n:int, # bytes asked for
+           align:int=16, # 16: malloc; more: posix_memalign, as PyTorch asks for a tensor's data (64)
+          )->int:
+    "Allocate `n` bytes; the block's key for `free` (its chunk's start in the heap, negative for a mapped block)."
+    nb = _chunk(n)
+    if align <= 16:
+        tc = self.tcache.get(nb)
+        return tc.pop() if tc else self._int_malloc(nb)
+    a = self._int_malloc(nb + align + _MINSIZE)  # _int_memalign: room to align, then the slack before and after is freed
+    if a < 0: return a
+    if lead := -(a + 16) % align:  # the user's block starts 16 bytes into its chunk
+        if lead < _MINSIZE: lead += align
+        s = self._drop(a); self._new(a, lead); self._new(a + lead, s - lead); self.free(a); a += lead
+    if (s := self.size[a]) > nb + _MINSIZE: self._drop(a); self._new(a, nb); self._new(a + nb, s - nb); self.free(a + nb)
+    return a
+
+# %% ../nbs/01_budget.ipynb #pr6
 def _on_glibc()->bool: return platform.system() == 'Linux' and platform.libc_ver()[0] == 'glibc'
 
-def _page_rounding(tr:AllocationTracker)->tuple[int, int, int]:
-    "(bytes live, event index, bytes glibc's page rounding adds) at the step's peak with the rounding: it may move the peak."
+def _glibc_settings()->dict:
+    "`GlibcHeap`'s settings as this process's environment gives them to glibc (its defaults otherwise)."
+    env = lambda k: int(os.environ.get(k, _GLIBC_DEFAULT_MMAP_THRESHOLD))  # 128 KiB: the default of all three
+    return dict(mmap_threshold=env('MALLOC_MMAP_THRESHOLD_'), trim_threshold=env('MALLOC_TRIM_THRESHOLD_'), top_pad=env('MALLOC_TOP_PAD_'),
+                page=os.sysconf('SC_PAGE_SIZE'))
+
+def _glibc_replay(tr:AllocationTracker)->tuple[int, int, int]:
+    "(bytes live, event index, bytes glibc adds: mapped blocks' pages, the heap's holes) where the trace, replayed through `GlibcHeap`, peaks."
     if not _on_glibc(): return tr.peak, tr.peak_at, 0
-    threshold = int(os.environ.get('MALLOC_MMAP_THRESHOLD_', _GLIBC_DEFAULT_MMAP_THRESHOLD))
-    page, extra, best, at = os.sysconf('SC_PAGE_SIZE'), 0, -1, -1
-    live = 0
+    h, blocks, live, scratch, best, at, at_live = GlibcHeap(**_glibc_settings()), {}, 0, 0, -1, -1, 0
+    node = tr.graph[0] if tr.graph else 1024
     for i, (sign, rec) in enumerate(tr.events):
-        if rec.category not in ('autograd graph', 'kernel scratch'): extra += sign * (_glibc_mapped(rec.nbytes, threshold, page) - rec.nbytes)
         live += sign * rec.nbytes
-        if sign > 0 and live + extra > best: best, at, peak_extra, peak_live = live + extra, i, extra, live
-    return (peak_live, at, peak_extra) if at >= 0 else (tr.peak, tr.peak_at, 0)
+        if rec.category == 'kernel scratch': scratch += sign * rec.nbytes  # oneDNN's own buffers: their bytes, as modelled
+        elif sign < 0:
+            for a in blocks.pop(id(rec), ()): h.free(a)
+        elif rec.category == 'autograd graph':  # many small objects: one a node's size
+            k = max(1, round(rec.nbytes / node))
+            blocks[id(rec)] = [h.malloc(rec.nbytes // k) for _ in range(k)]
+        elif rec.nbytes: blocks[id(rec)] = [h.malloc(rec.nbytes, 64)]  # c10's CPU allocator: posix_memalign(64)
+        if sign > 0 and h.rss() + scratch > best: best, at, at_live = h.rss() + scratch, i, live
+    return (at_live, at, best - at_live) if at >= 0 else (tr.peak, tr.peak_at, 0)
 
 def _glibc_note()->str:
     th = os.environ.get('MALLOC_MMAP_THRESHOLD_')
-    return (f"allocator rounding: glibc maps each block of {fmt_bytes(int(th)) if th else '128 KiB (its default, which it raises as big blocks are freed)'} "
-            "or more with pages of its own, header and alignment included; the autograd graph's objects are on the heap")
+    return (f"allocator rounding: glibc's malloc modelled (`GlibcHeap`): blocks of {fmt_bytes(int(th)) if th else '128 KiB (its default, which it raises as big blocks are freed)'} "
+            "or more get pages of their own, header and alignment included; smaller tensors and the autograd graph's objects share the heap, "
+            "with the holes freed blocks leave there")
 
 # %% ../nbs/01_budget.ipynb #mp11b
 def _cuda_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
