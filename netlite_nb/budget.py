@@ -1179,7 +1179,7 @@ def malloc(self:GlibcHeap, n:int, # bytes asked for
     if align <= 16:
         tc = self.tcache.get(nb)
         return tc.pop() if tc else self._int_malloc(nb)
-    a = self._int_malloc(nb + align + _MINSIZE)  # _int_memalign: room to align, then the slack before and after is freed
+    a = self._int_malloc(_chunk(nb + align + _MINSIZE))  # _int_memalign asks _int_malloc for room to align; the slack before and after is freed
     if a < 0: return a
     if lead := -(a + 16) % align:  # the user's block starts 16 bytes into its chunk
         if lead < _MINSIZE: lead += align
