@@ -10,8 +10,8 @@
     python bench/budget_accuracy.py --budgets --families --gib 0.5 1   # max_batch_size on every family, checked by measurement
     python bench/budget_accuracy.py --gemm          # the CPU kernel workspace a tensor trace cannot see, next to the planner's model
     python bench/budget_accuracy.py --repeat mlp 4200 3   # how well one measurement repeats
-    python bench/budget_accuracy.py --heap gru 32   # glibc's holes between the traced tensors, the autograd graph, what warm-up holes hide
-    python bench/budget_accuracy.py --phases gru 32 # each phase's measured high-water mark next to the plan's live bytes
+    python bench/budget_accuracy.py --heap gru 32   # the trace's allocations through glibc and through the planner's GlibcHeap; what warm-up holes hide
+    python bench/budget_accuracy.py --phases gru 32 # each phase's measured high-water mark next to the plan's live bytes and their GlibcHeap replay
     (--threads 2 measures with two threads instead of one; --full-warmup warms up at the full batch, so what the kernels keep
      is already in the baseline and the measured steps hold tensors only; --warmup-holes leaves the warm-up's freed heap in place,
      the protocol before the autograd graph was planned)
@@ -208,6 +208,7 @@ def accuracy_table(full_warmup=False, models=MODELS, calibrate=False):
     import tempfile
     from netlite_nb import budget
     if calibrate:  # an empty cache of our own: what a first calibrated plan costs on this machine
+        torch.set_num_threads(int(ENV['OMP_NUM_THREADS']))  # calibration measures at the asking process's thread count: the measured ones'
         os.environ['XDG_CACHE_HOME'] = tempfile.mkdtemp()
         budget._calibrated.cache_clear()
         calibrate_all(models)
