@@ -499,23 +499,17 @@ def phases_child(name, bs)->list:
 def phases_report(name, bs):
     """Where in the step a case's measurement and its plan part: each phase's measured high-water mark next to the plan's live bytes
     in that phase and to what they keep resident replayed through the planner's model of glibc (`GlibcHeap`)."""
-    from netlite_nb.budget import GlibcHeap, _glibc_settings, plan_memory, trace_step
+    from netlite_nb.budget import _glibc_resident, plan_memory, trace_step
     model, batch = make(name, bs)
+    tr = trace_step(model, batch, optimizer='adamw', kernels='cpu').tracker
+    best, heap = {}, {}
     with _as_measured():
         p = plan_memory(model, batch, optimizer='adamw', device_or_gpu='cpu')
-        h = GlibcHeap(**_glibc_settings())
-    tr = trace_step(model, batch, optimizer='adamw', kernels='cpu').tracker
+        for i, live, resident in _glibc_resident(tr):
+            sign, rec = tr.events[i]
+            if sign > 0: ph = (rec.step, 'forward' if rec.phase == 'loss' else rec.phase)
+            best[ph], heap[ph] = max(best.get(ph, 0), live), max(heap.get(ph, 0), resident)
     kept = p.breakdown['CPU kernel workspace']
-    alive, ph, best, heap, blocks, node, scratch = 0, None, {}, {}, {}, tr.graph[0], 0
-    for sign, rec in tr.events:  # the replay of `_glibc_replay`, its peak per phase
-        alive += sign * rec.nbytes
-        if sign > 0: ph = (rec.step, 'forward' if rec.phase == 'loss' else rec.phase)
-        if rec.category == 'kernel scratch': scratch += sign * rec.nbytes
-        elif sign < 0: [h.free(a) for a in blocks.pop(id(rec), ())]
-        elif rec.category == 'autograd graph': k = max(1, round(rec.nbytes / node)); blocks[id(rec)] = [h.malloc(rec.nbytes // k) for _ in range(k)]
-        elif rec.nbytes: blocks[id(rec)] = [h.malloc(rec.nbytes, 64)]
-        best[ph] = max(best.get(ph, 0), alive)
-        heap[ph] = max(heap.get(ph, 0), h.rss() + scratch)
     got = run_child('--phases-child', [name, bs])
     print(f"{name} at batch {bs}: plan {p.peak/2**20:.2f} MiB. Per phase, measured high-water mark | the plan's live bytes (tensors, graph, kernel workspace) "
           "| the same replayed through the model of glibc:")

@@ -1196,10 +1196,9 @@ def _glibc_settings()->dict:
     return dict(mmap_threshold=env('MALLOC_MMAP_THRESHOLD_'), trim_threshold=env('MALLOC_TRIM_THRESHOLD_'), top_pad=env('MALLOC_TOP_PAD_'),
                 page=os.sysconf('SC_PAGE_SIZE'))
 
-def _glibc_replay(tr:AllocationTracker)->tuple[int, int, int]:
-    "(bytes live, event index, bytes glibc adds: mapped blocks' pages, the heap's holes) where the trace, replayed through `GlibcHeap`, peaks."
-    if not _on_glibc(): return tr.peak, tr.peak_at, 0
-    h, blocks, live, scratch, best, at, at_live = GlibcHeap(**_glibc_settings()), {}, 0, 0, -1, -1, 0
+def _glibc_resident(tr:AllocationTracker):
+    "The trace replayed through `GlibcHeap` with this process's settings: (event index, bytes live, bytes resident) after each event."
+    h, blocks, live, scratch = GlibcHeap(**_glibc_settings()), {}, 0, 0
     node = tr.graph[0] if tr.graph else 1024
     for i, (sign, rec) in enumerate(tr.events):
         live += sign * rec.nbytes
@@ -1210,7 +1209,14 @@ def _glibc_replay(tr:AllocationTracker)->tuple[int, int, int]:
             k = max(1, round(rec.nbytes / node))
             blocks[id(rec)] = [h.malloc(rec.nbytes // k) for _ in range(k)]
         elif rec.nbytes: blocks[id(rec)] = [h.malloc(rec.nbytes, 64)]  # c10's CPU allocator: posix_memalign(64)
-        if sign > 0 and h.rss() + scratch > best: best, at, at_live = h.rss() + scratch, i, live
+        yield i, live, h.rss() + scratch
+
+def _glibc_replay(tr:AllocationTracker)->tuple[int, int, int]:
+    "(bytes live, event index, bytes glibc adds: mapped blocks' pages, the heap's holes) where the trace, replayed through `GlibcHeap`, peaks."
+    if not _on_glibc(): return tr.peak, tr.peak_at, 0
+    best, at, at_live = -1, -1, 0
+    for i, live, resident in _glibc_resident(tr):
+        if tr.events[i][0] > 0 and resident > best: best, at, at_live = resident, i, live
     return (at_live, at, best - at_live) if at >= 0 else (tr.peak, tr.peak_at, 0)
 
 def _glibc_note()->str:
