@@ -1038,9 +1038,8 @@ class GlibcHeap:
 # %% ../nbs/01_budget.ipynb #pr1b
 @patch
 def _unlink(self:GlibcHeap, a:int):
-    "Take free chunk `a` out of its bin."
+    "Take free chunk `a` out of its bin (`last_remainder` stays: glibc compares it with chunks' addresses, whatever is there now)."
     self.bins[self.binned.pop(a)].remove(a)
-    if self.last_remainder == a: self.last_remainder = None
 
 @patch
 def _to_unsorted(self:GlibcHeap, a:int): self.binned[a] = 0; self.bins.setdefault(0, deque()).appendleft(a)
@@ -1070,11 +1069,11 @@ def _split(self:GlibcHeap, a:int, nb:int)->int|None:
 # %% ../nbs/01_budget.ipynb #pr1e
 @patch
 def _release(self:GlibcHeap, a:int)->int:
-    "Merge chunk `a` with its free neighbours, into the top chunk or the unsorted bin; the merged size."
+    "Merge chunk `a` with its free neighbours, into the top chunk (the size returned is then the top's) or the unsorted bin; the merged size."
     s = self.size[a]
     p = self.end.get(a)
     if p is not None and p in self.binned: self._unlink(p); self._drop(a); s += self._drop(p); a = p; self._new(a, s)
-    if a + s == self.top: self._drop(a); self.top = a; return s
+    if a + s == self.top: self._drop(a); self.top = a; return self.brk - a  # glibc tests the whole top chunk against the consolidation threshold
     if a + s in self.binned: n = a + s; self._unlink(n); self._drop(a); s += self._drop(n); self._new(a, s)
     self._to_unsorted(a)
     return s
@@ -1128,7 +1127,6 @@ def _from_bins(self:GlibcHeap, nb:int)->int|None:
         if nb < _LARGE and len(u) == 1 and a == self.last_remainder and s > nb + _MINSIZE:
             u.pop(); del self.binned[a]; self.last_remainder = self._split(a, nb); return a
         u.pop(); del self.binned[a]
-        if a == self.last_remainder: self.last_remainder = None
         if s == nb:
             tc = self.tcache.setdefault(nb, []) if nb <= _TCACHE_MAX else None
             if tc is not None and len(tc) < _TCACHE_COUNT: tc.append(a); cached = True; continue  # exact fits fill the tcache first
@@ -1155,7 +1153,11 @@ def _from_bins(self:GlibcHeap, nb:int)->int|None:
 @patch
 def _int_malloc(self:GlibcHeap, nb:int)->int:
     "_int_malloc: an exact fastbin or small-bin chunk, the bins, then the top chunk; a big request the top cannot serve is mapped."
-    if nb <= _FAST_MAX and self.fast.get(nb): self.nfast -= 1; return self.fast[nb].pop()
+    if nb <= _FAST_MAX and (f := self.fast.get(nb)):
+        a = f.pop(); self.nfast -= 1
+        tc = self.tcache.setdefault(nb, [])
+        while f and len(tc) < _TCACHE_COUNT: tc.append(f.pop()); self.nfast -= 1  # the rest of the fastbin fills the tcache
+        return a
     if nb < _LARGE and (b := self.bins.get(nb >> 4)):
         a = b.pop(); del self.binned[a]
         tc = self.tcache.setdefault(nb, [])
@@ -1192,7 +1194,9 @@ def _on_glibc()->bool: return platform.system() == 'Linux' and platform.libc_ver
 
 def _glibc_settings()->dict:
     "`GlibcHeap`'s settings as this process's environment gives them to glibc (its defaults otherwise)."
-    env = lambda k: int(os.environ.get(k, _GLIBC_DEFAULT_MMAP_THRESHOLD))  # 128 KiB: the default of all three
+    def env(k):  # 128 KiB: the default of all three; glibc reads decimal numbers only
+        v = os.environ.get(k, '')
+        return int(v) if v.isdigit() else _GLIBC_DEFAULT_MMAP_THRESHOLD
     return dict(mmap_threshold=env('MALLOC_MMAP_THRESHOLD_'), trim_threshold=env('MALLOC_TRIM_THRESHOLD_'), top_pad=env('MALLOC_TOP_PAD_'),
                 page=os.sysconf('SC_PAGE_SIZE'))
 
