@@ -348,6 +348,19 @@ def test_glibc_heap_places_a_recurrent_backward_as_glibc_does():
     assert grad > node1 and saved <= smaller < node1, (saved, node1, grad, smaller)   # the model
 
 
+def test_glibc_heap_trims_when_a_free_reaches_the_top():
+    """glibc's free() adds the whole top chunk to a chunk it merges into it, and a merge of 64 KiB or more trims the heap's end back to
+    top + top_pad (systrim), even when the freed chunk itself is small."""
+    from netlite_nb.budget import GlibcHeap
+    h = GlibcHeap(65536, trim_threshold=128 * 1024)
+    h.malloc(24)
+    blocks = [h.malloc(40000) for _ in range(4)]
+    grown = h.brk
+    for a in blocks[::-1]: h.free(a)   # each a 40 000-byte chunk, each merged into the top
+    assert h.brk < grown and h.brk - h.top <= 128 * 1024 + 2 * 4096, (grown, h.brk, h.top)
+    assert h.resident <= h.brk           # the pages given back are no longer resident
+
+
 def test_glibc_replay_of_a_trace(monkeypatch):
     "The trace replayed through the model: never less than the live bytes at its peak, pages for the mapped blocks; nothing off glibc."
     from netlite_nb import budget
