@@ -425,16 +425,16 @@ def replay_child(calls:list)->list:
     return [_hwm() - base]
 
 def _calls(tr, with_graph=True)->list:
-    "The trace's allocations as `GlibcHeap` replays them (tensors posix_memalign(64), the graph's objects a node's size each), for replay_child."
+    "The trace's allocations as the planner replays them (`_heap_blocks`), for replay_child and `_model_peak`: [bytes, align] or [-1 - index]."
+    from netlite_nb.budget import _heap_blocks
     index, calls, node = {}, [], tr.graph[0] if tr.graph else 1024
     for sign, rec in tr.events:
-        if rec.category == 'kernel scratch' or (rec.category == 'autograd graph' and not with_graph) or not rec.nbytes: continue
-        if sign < 0:
-            for j in index.pop(id(rec), ()): calls.append([-j - 1])
-            continue
-        k = max(1, round(rec.nbytes / node)) if rec.category == 'autograd graph' else 1
-        index[id(rec)] = list(range(len(calls), len(calls) + k))
-        calls.extend([[rec.nbytes // k, 16]] * k if rec.category == 'autograd graph' else [[rec.nbytes, 64]])
+        if rec.category == 'autograd graph' and not with_graph: continue
+        if sign < 0: calls.extend([-j - 1] for j in index.pop(id(rec), ()))
+        else:
+            blocks = _heap_blocks(rec, node)
+            index[id(rec)] = range(len(calls), len(calls) + len(blocks))
+            calls.extend([n, align] for n, align in blocks)
     return calls
 
 def _model_peak(calls)->int:

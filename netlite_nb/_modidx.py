@@ -103,6 +103,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._graph_census': ('budget.html#_graph_census', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._graph_chain': ('budget.html#_graph_chain', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._graph_link': ('budget.html#_graph_link', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._heap_blocks': ('budget.html#_heap_blocks', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._heap_in_use': ('budget.html#_heap_in_use', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._hwm_growth': ('budget.html#_hwm_growth', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._in_child': ('budget.html#_in_child', 'netlite_nb/budget.py'),

@@ -1111,8 +1111,7 @@ def _from_top(self:GlibcHeap, nb:int)->int:
 @patch
 def _mmap(self:GlibcHeap, nb:int)->int:
     "A block of whole pages of its own (header included); its key is negative."
-    key = -1 - len(self.maps)
-    while key in self.maps: key -= 1
+    key = min(self.maps, default=0) - 1
     self.maps[key] = m = -(-(nb + 8) // self.page) * self.page
     self.mapped += m
     return key
@@ -1200,19 +1199,24 @@ def _glibc_settings()->dict:
     return dict(mmap_threshold=env('MALLOC_MMAP_THRESHOLD_'), trim_threshold=env('MALLOC_TRIM_THRESHOLD_'), top_pad=env('MALLOC_TOP_PAD_'),
                 page=os.sysconf('SC_PAGE_SIZE'))
 
+def _heap_blocks(rec:Allocation, node:int)->list[tuple[int, int]]:
+    "The blocks (bytes, alignment) a traced record asks the C library for: none for kernel scratch (oneDNN's own buffers, counted as bytes)."
+    if rec.category == 'kernel scratch' or not rec.nbytes: return []
+    if rec.category == 'autograd graph':  # many small objects: one a node's size
+        k = max(1, round(rec.nbytes / node))
+        return [(rec.nbytes // k, 16)] * k
+    return [(rec.nbytes, 64)]  # c10's CPU allocator: posix_memalign(64)
+
 def _glibc_resident(tr:AllocationTracker):
     "The trace replayed through `GlibcHeap` with this process's settings: (event index, bytes live, bytes resident) after each event."
     h, blocks, live, scratch = GlibcHeap(**_glibc_settings()), {}, 0, 0
     node = tr.graph[0] if tr.graph else 1024
     for i, (sign, rec) in enumerate(tr.events):
         live += sign * rec.nbytes
-        if rec.category == 'kernel scratch': scratch += sign * rec.nbytes  # oneDNN's own buffers: their bytes, as modelled
-        elif sign < 0:
+        if rec.category == 'kernel scratch': scratch += sign * rec.nbytes
+        if sign > 0: blocks[id(rec)] = [h.malloc(n, align) for n, align in _heap_blocks(rec, node)]
+        else:
             for a in blocks.pop(id(rec), ()): h.free(a)
-        elif rec.category == 'autograd graph':  # many small objects: one a node's size
-            k = max(1, round(rec.nbytes / node))
-            blocks[id(rec)] = [h.malloc(rec.nbytes // k) for _ in range(k)]
-        elif rec.nbytes: blocks[id(rec)] = [h.malloc(rec.nbytes, 64)]  # c10's CPU allocator: posix_memalign(64)
         yield i, live, h.rss() + scratch
 
 def _glibc_replay(tr:AllocationTracker)->tuple[int, int, int]:
