@@ -11,7 +11,9 @@
     python bench/budget_accuracy.py --gemm          # the CPU kernel workspace a tensor trace cannot see, next to the planner's model
     python bench/budget_accuracy.py --repeat mlp 4200 3   # how well one measurement repeats
     python bench/budget_accuracy.py --heap gru 32   # the trace's allocations through glibc and through the planner's GlibcHeap; what warm-up holes hide
+    python bench/budget_accuracy.py --histories gru 32 12  # a few small blocks left in the heap before the steps: the measurement and the plan's replay, per history
     python bench/budget_accuracy.py --phases gru 32 # each phase's measured high-water mark next to the plan's live bytes and their GlibcHeap replay
+    python bench/budget_accuracy.py --families --glibc-defaults   # measured and planned with glibc's own settings, as a user's process runs
     (--threads 2 measures with two threads instead of one; --full-warmup warms up at the full batch, so what the kernels keep
      is already in the baseline and the measured steps hold tensors only; --warmup-holes leaves the warm-up's freed heap in place,
      the protocol before the autograd graph was planned)
@@ -164,9 +166,10 @@ def _steps(model, opt, x, y, n=2):
 
 from netlite_nb.budget import _free_blas_buffers  # hands MKL's cached matmul buffers back (mkl_free_buffers)
 
-def measure(name, bs, full_warmup=False, holes=False)->int:
+def measure(name, bs, full_warmup=False, holes=False, history=0)->int:
     """Run in a fresh process: the measured peak bytes of two AdamW training steps (full_warmup: what kernels keep is already there;
-    holes: the warm-up's freed heap is left in place, where the measured steps' small objects reuse it instead of growing the heap)."""
+    holes: the warm-up's freed heap is left in place, where the measured steps' small objects reuse it instead of growing the heap;
+    history: the planner's `_heap_history(seed)`, a few dozen small blocks left alive in the heap just before the steps)."""
     import ctypes, gc
     torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', '1')))
     model, (x, y) = make(name, bs)
@@ -180,15 +183,20 @@ def measure(name, bs, full_warmup=False, holes=False)->int:
     gc.collect()
     if not full_warmup: _free_blas_buffers()  # the warm-up's small GEMMs left buffers; a real run's first step is full-size
     if not holes: ctypes.CDLL(None).malloc_trim(0)  # a real first step finds no freed heap of an earlier step to put its graph in
+    if history:
+        from netlite_nb.budget import _heap_history
+        libc = ctypes.CDLL(None); libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        kept = _heap_history(libc.malloc, history)
     alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
     base = _rss()
     with open('/proc/self/clear_refs', 'w') as f: f.write('5')  # reset the RSS high-water mark
     _steps(model, opt, x, y, 2)
     return _hwm() - base + alive
 
-def measured(name, bs, full_warmup=False, holes=None)->int:
+def measured(name, bs, full_warmup=False, holes=None, history=0)->int:
     holes = HOLES if holes is None else holes
-    out = subprocess.run([sys.executable, __file__, '--measure', name, str(bs), *(['full'] if full_warmup else []), *(['holes'] if holes else [])],
+    out = subprocess.run([sys.executable, __file__, '--measure', name, str(bs), *(['full'] if full_warmup else []), *(['holes'] if holes else []),
+                          *([f'history={history}'] if history else [])],
                          env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)}, capture_output=True, text=True, check=True)
     return int(out.stdout.split()[-1])
 
@@ -439,8 +447,8 @@ def _calls(tr, with_graph=True)->list:
 
 def _model_peak(calls)->int:
     "The same calls through the planner's model of glibc, with the bench's settings."
-    from netlite_nb.budget import GlibcHeap
-    h, keys, best = GlibcHeap(int(ENV['MALLOC_MMAP_THRESHOLD_']), int(ENV['MALLOC_TRIM_THRESHOLD_'])), {}, 0
+    from netlite_nb.budget import GlibcHeap, _glibc_settings
+    with _as_measured(): h, keys, best = GlibcHeap(**_glibc_settings()), {}, 0
     for i, (n, *align) in enumerate(calls):
         if n < 0: h.free(keys.pop(-n - 1))
         else: keys[i] = h.malloc(n, align[0]); best = max(best, h.rss())
@@ -499,13 +507,14 @@ def phases_child(name, bs)->list:
 def phases_report(name, bs):
     """Where in the step a case's measurement and its plan part: each phase's measured high-water mark next to the plan's live bytes
     in that phase and to what they keep resident replayed through the planner's model of glibc (`GlibcHeap`)."""
-    from netlite_nb.budget import _glibc_resident, plan_memory, trace_step
+    from netlite_nb.budget import _HEAP_HISTORIES, _glibc_peak, _glibc_resident, plan_memory, trace_step
     model, batch = make(name, bs)
     tr = trace_step(model, batch, optimizer='adamw', kernels='cpu').tracker
     best, heap = {}, {}
     with _as_measured():
         p = plan_memory(model, batch, optimizer='adamw', device_or_gpu='cpu')
-        for i, live, resident in _glibc_resident(tr):
+        worst = max(range(_HEAP_HISTORIES), key=lambda s: _glibc_peak(tr, s)[0])  # the heap the plan replays from
+        for i, live, resident in _glibc_resident(tr, worst):
             sign, rec = tr.events[i]
             if sign > 0: ph = (rec.step, 'forward' if rec.phase == 'loss' else rec.phase)
             best[ph], heap[ph] = max(best.get(ph, 0), live), max(heap.get(ph, 0), resident)
@@ -515,6 +524,23 @@ def phases_report(name, bs):
           "| the same replayed through the model of glibc:")
     for i, (step, phase) in enumerate((s_, f) for s_ in range(2) for f in ('forward', 'backward', 'optimizer')):
         print(f"  step {step + 1} {phase:<9} {got[i]/2**20:8.2f} | {(best.get((step, phase), 0) + kept)/2**20:8.2f} | {(heap.get((step, phase), 0) + kept)/2**20:8.2f} MiB")
+
+def histories_report(name, bs, n):
+    """How much a few small blocks in the heap before a step move its peak: measured with each of the planner's `_heap_history(seed)`
+    left alive before the steps, next to the plan's replay from the same history; the plan keeps the highest of its first ones."""
+    from netlite_nb.budget import _HEAP_HISTORIES, _glibc_peak, plan_memory, trace_step
+    model, batch = make(name, bs)
+    with _as_measured():
+        p = plan_memory(model, batch, optimizer='adamw', device_or_gpu='cpu')
+        tr = trace_step(model, batch, optimizer='adamw', kernels='cpu').tracker
+        kept = p.breakdown['CPU kernel workspace']
+        rows = [(measured(name, bs, history=s), _glibc_peak(tr, s)[0] + kept) for s in range(n)]
+    mi = lambda v: f"{v/2**20:.2f}"
+    print(f"{name} at batch {bs}: plan {mi(p.peak)} MiB, the highest of the replays from histories 0-{_HEAP_HISTORIES - 1}")
+    print("  history   measured   replayed (MiB)")
+    for s, (m, r) in enumerate(rows): print(f"  {s:>7} {mi(m):>10} {mi(r):>10}")
+    ms = [m for m, _ in rows]
+    print(f"  measured {mi(min(ms))}-{mi(max(ms))}; the plan is {100 * (p.peak - max(ms)) / max(ms):+.1f}% from the highest, {100 * (p.peak - min(ms)) / min(ms):+.1f}% from the lowest")
 
 def repeat(name, bs, n):
     "Measure one case n times, to see how well a measurement repeats."
@@ -538,15 +564,22 @@ if __name__ == '__main__':
     ap.add_argument('--replay-child', help=argparse.SUPPRESS)
     ap.add_argument('--phases', nargs=2, metavar=('MODEL', 'BATCH'), help="each phase's measured high-water mark next to the plan's")
     ap.add_argument('--phases-child', help=argparse.SUPPRESS)
+    ap.add_argument('--histories', nargs=3, metavar=('MODEL', 'BATCH', 'N'), help="measure one case from N heap histories (a few small blocks before the steps), next to the plan's replays")
     ap.add_argument('--repeat', nargs=3, metavar=('MODEL', 'BATCH', 'N'), help='measure one case N times')
     ap.add_argument('--warmup-holes', action='store_true', help="leave the warm-up's freed heap in place (the protocol before the autograd graph was planned)")
     ap.add_argument('--threads', type=int, default=1, help='threads of the measuring processes (the planner models one)')
+    ap.add_argument('--glibc-defaults', action='store_true', help="measure and plan with no MALLOC_* settings: glibc raises its mmap threshold as mapped blocks are freed, "
+                    "so tensors up to 32 MiB come from the heap and its holes stay resident (the measurement then depends on the process's history)")
     ap.add_argument('--full-warmup', action='store_true', help='accuracy table with the warm-up step at the full batch, so kernels have allocated what they keep before the measured steps')
     a = ap.parse_args()
     ENV['OMP_NUM_THREADS'] = str(a.threads)
     torch.set_num_threads(a.threads)  # plan for the thread count the measured processes run with: it changes PyTorch's kernel choice
     HOLES = a.warmup_holes
-    if a.measure: print(measure(a.measure[0], int(a.measure[1]), 'full' in a.measure[2:], 'holes' in a.measure[2:]))
+    if a.glibc_defaults:  # neither the measured processes nor the plans get a MALLOC_* setting
+        for k in [k for k in ENV if k.startswith('MALLOC_')]: del ENV[k]
+        for k in [k for k in os.environ if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES']: del os.environ[k]
+    if a.measure: print(measure(a.measure[0], int(a.measure[1]), 'full' in a.measure[2:], 'holes' in a.measure[2:],
+                                int(next((m[8:] for m in a.measure[2:] if m.startswith('history=')), 0))))
     elif a.kernels_child: print(json.dumps(kernels_child(*json.loads(a.kernels_child))))
     elif a.lstm_child: print(json.dumps(lstm_child(json.loads(a.lstm_child))))
     elif a.replay_child: print(json.dumps(replay_child(json.load(sys.stdin))))
@@ -559,5 +592,6 @@ if __name__ == '__main__':
     elif a.budgets: budgets_table(a.models or list(MODELS), a.gib)
     elif a.real_budgets: budgets_table(a.models or ['cnn', 'transformer'], [2, 4, 8])
     elif a.gemm: gemm_report()
+    elif a.histories: histories_report(a.histories[0], int(a.histories[1]), int(a.histories[2]))
     elif a.repeat: repeat(a.repeat[0], int(a.repeat[1]), int(a.repeat[2]))
     else: accuracy_table(a.full_warmup)

@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_budget.ipynb #c003
 from __future__ import annotations
-import ast, contextlib, copy, functools, html, inspect, json, logging, math, os, platform, subprocess, sys, weakref
+import ast, contextlib, copy, functools, html, inspect, json, logging, math, os, platform, random, subprocess, sys, weakref
 from collections import deque
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -1003,7 +1003,7 @@ def _device_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, li
     return raw, raw, {}, notes
 
 # %% ../nbs/01_budget.ipynb #pr1
-_GLIBC_DEFAULT_MMAP_THRESHOLD = 128 * 1024
+_GLIBC_DEFAULT_MMAP_THRESHOLD, _GLIBC_MMAP_THRESHOLD_MAX = 128 * 1024, 32 * 2**20  # its default, and the most it raises it to (64-bit)
 _MINSIZE, _TCACHE_MAX, _TCACHE_COUNT, _FAST_MAX, _LARGE = 32, 1040, 7, 128, 1024  # glibc's limits on 64-bit (malloc/malloc.c)
 
 def _chunk(n:int)->int: return max(_MINSIZE, (n + 8 + 15) // 16 * 16)  # the chunk glibc carves for an n-byte request: header, 16-byte granule
@@ -1017,17 +1017,21 @@ def _bin_index(s:int)->int:
 
 class GlibcHeap:
     "A model of glibc's malloc (the main arena, 64-bit): where each block goes, the holes it leaves, and the bytes that stay resident."
-    def __init__(self, mmap_threshold:int=_GLIBC_DEFAULT_MMAP_THRESHOLD, # a block whose chunk is this big or more gets pages of its own
-                 trim_threshold:int=128 * 1024, # free space at the heap's end beyond which glibc gives pages back
-                 top_pad:int=128 * 1024, # what glibc asks the kernel for beyond a request, and keeps when it trims
+    def __init__(self, mmap_threshold:int|None=None, # a block whose chunk is this big or more gets pages of its own; None: 128 KiB
+                 trim_threshold:int|None=None, # free space at the heap's end beyond which glibc gives pages back; None: 128 KiB
+                 top_pad:int|None=None, # what glibc asks the kernel for beyond a request, and keeps when it trims; None: 128 KiB
+                 mmap_max:int|None=None, # the most blocks mapped at once (M_MMAP_MAX); None: 65536
                  page:int=4096):
-        self.threshold, self.trim, self.pad, self.page = mmap_threshold, trim_threshold, top_pad, page
+        settings = (mmap_threshold, trim_threshold, top_pad)
+        self.threshold, self.trim, self.pad = (_GLIBC_DEFAULT_MMAP_THRESHOLD if v is None else v for v in settings)
+        self.mmap_max, self.page = 65536 if mmap_max is None else mmap_max, page
+        self.dynamic = all(v is None for v in (*settings, mmap_max))  # glibc moves its thresholds until one of them is set
         self.size, self.end = {}, {}     # every chunk in the heap: start -> size, end -> start
         self.binned, self.bins = {}, {}  # free chunks: start -> bin (0 is the unsorted bin); bin -> deque (new on the left, taken from the right)
         self.tcache, self.fast = {}, {}  # chunk size -> starts, last in first out; to the heap these chunks are still in use
         self.nfast, self.last_remainder = 0, None
         self.top = self.brk = self.resident = 0  # start of the top chunk, end of the heap, end of its pages touched and not given back
-        self.mapped, self.maps = 0, {}           # bytes of mapped blocks; key (negative) -> bytes
+        self.mapped, self.maps = 0, {}           # bytes of mapped blocks; key (negative) -> (bytes, its chunk's size)
 
     def rss(self)->int: return self.mapped + self.resident  # the bytes of the process these blocks keep resident
     def _new(self, a:int, s:int): self.size[a] = s; self.end[a + s] = a
@@ -1089,7 +1093,7 @@ def _consolidate(self:GlibcHeap):
 @patch
 def free(self:GlibcHeap, a:int):
     "free(): a mapped block's pages go back; a chunk goes to the tcache, a fastbin, or is merged, and a big merge trims the heap's end."
-    if a < 0: self.mapped -= self.maps.pop(a); return
+    if a < 0: self._munmap(a); return
     s = self.size[a]
     tc = self.tcache.setdefault(s, []) if s <= _TCACHE_MAX else None
     if tc is not None and len(tc) < _TCACHE_COUNT: tc.append(a); return
@@ -1112,9 +1116,15 @@ def _from_top(self:GlibcHeap, nb:int)->int:
 def _mmap(self:GlibcHeap, nb:int)->int:
     "A block of whole pages of its own (header included); its key is negative."
     key = min(self.maps, default=0) - 1
-    self.maps[key] = m = -(-(nb + 8) // self.page) * self.page
-    self.mapped += m
+    m = -(-(nb + 8) // self.page) * self.page
+    self.maps[key] = (m, m); self.mapped += m
     return key
+
+@patch
+def _munmap(self:GlibcHeap, a:int):
+    "free() of a mapped block: its pages go back, and glibc (none of its thresholds set) raises both to the block's chunk, up to 32 MiB."
+    m, c = self.maps.pop(a); self.mapped -= m
+    if self.dynamic and self.threshold < c <= _GLIBC_MMAP_THRESHOLD_MAX: self.threshold, self.trim = c, 2 * c
 
 # %% ../nbs/01_budget.ipynb #pr1h
 @patch
@@ -1168,7 +1178,7 @@ def _int_malloc(self:GlibcHeap, nb:int)->int:
         if a is not None: return a
         if self.brk - self.top >= nb + _MINSIZE: return self._from_top(nb)
         if nb < _LARGE and self.nfast: self._consolidate(); continue
-        return self._mmap(nb) if nb >= self.threshold else self._from_top(nb)
+        return self._mmap(nb) if nb >= self.threshold and len(self.maps) < self.mmap_max else self._from_top(nb)
 
 # %% ../nbs/01_budget.ipynb #pr1j
 @patch
@@ -1181,7 +1191,10 @@ def malloc(self:GlibcHeap, n:int, # bytes asked for
         tc = self.tcache.get(nb)
         return tc.pop() if tc else self._int_malloc(nb)
     a = self._int_malloc(_chunk(nb + align + _MINSIZE))  # _int_memalign asks _int_malloc for room to align; the slack before and after is freed
-    if a < 0: return a
+    if a < 0:  # mapped: the aligned chunk starts `lead` bytes into its pages, the freed front stays with them
+        lead = -16 % align
+        m, _ = self.maps[a]; self.maps[a] = (m, m - lead - align * (lead < _MINSIZE))
+        return a
     if lead := -(a + 16) % align:  # the user's block starts 16 bytes into its chunk
         if lead < _MINSIZE: lead += align
         s = self._drop(a); self._new(a, lead); self._new(a + lead, s - lead); self.free(a); a += lead
@@ -1192,46 +1205,60 @@ def malloc(self:GlibcHeap, n:int, # bytes asked for
 def _on_glibc()->bool: return platform.system() == 'Linux' and platform.libc_ver()[0] == 'glibc'
 
 def _glibc_settings()->dict:
-    "`GlibcHeap`'s settings as this process's environment gives them to glibc (its defaults otherwise)."
-    def env(k):  # 128 KiB: the default of all three; glibc reads decimal numbers only
-        v = os.environ.get(k, '')
-        return int(v) if v.isdigit() else _GLIBC_DEFAULT_MMAP_THRESHOLD
-    return dict(mmap_threshold=env('MALLOC_MMAP_THRESHOLD_'), trim_threshold=env('MALLOC_TRIM_THRESHOLD_'), top_pad=env('MALLOC_TOP_PAD_'),
-                page=os.sysconf('SC_PAGE_SIZE'))
+    "`GlibcHeap`'s settings as this process's environment gives them to glibc: MALLOC_*_ or GLIBC_TUNABLES; None for what is not set."
+    tunables = dict(t.partition('=')[::2] for t in os.environ.get('GLIBC_TUNABLES', '').split(':') if t.startswith('glibc.malloc.'))
+    def env(k):  # MALLOC_MMAP_THRESHOLD_ and the like are the tunables' older names; decimal numbers only
+        v = tunables.get(f'glibc.malloc.{k}', os.environ.get(f"MALLOC_{k.upper()}_", ''))
+        return int(v) if v.isdigit() else None
+    return dict(**{k: env(k) for k in ('mmap_threshold', 'trim_threshold', 'top_pad', 'mmap_max')}, page=os.sysconf('SC_PAGE_SIZE'))
 
 def _heap_blocks(rec:Allocation, node:int)->list[tuple[int, int]]:
-    "The blocks (bytes, alignment) a traced record asks the C library for: none for kernel scratch (oneDNN's own buffers, counted as bytes)."
-    if rec.category == 'kernel scratch' or not rec.nbytes: return []
+    "The blocks (bytes, alignment) a traced record asks the C library for."
+    if not rec.nbytes: return []
     if rec.category == 'autograd graph':  # many small objects: one a node's size
         k = max(1, round(rec.nbytes / node))
         return [(rec.nbytes // k, 16)] * k
-    return [(rec.nbytes, 64)]  # c10's CPU allocator: posix_memalign(64)
+    return [(rec.nbytes, 64)]  # c10's CPU allocator, and oneDNN's for its scratch: posix_memalign(64)
 
-def _glibc_resident(tr:AllocationTracker):
-    "The trace replayed through `GlibcHeap` with this process's settings: (event index, bytes live, bytes resident) after each event."
-    h, blocks, live, scratch = GlibcHeap(**_glibc_settings()), {}, 0, 0
-    node = tr.graph[0] if tr.graph else 1024
+_HEAP_HISTORIES = 8  # the plan replays a step from this many heaps: an empty one, and ones a few small objects went into first
+
+def _heap_history(malloc:Callable, seed:int):
+    "Leave a few dozen small blocks (16-600 bytes) alive, as a process allocates between two steps: `malloc(bytes)` for each; seed 0: none."
+    r = random.Random(seed)
+    return [malloc(r.randrange(16, 600)) for _ in range(r.randrange(40) if seed else 0)]
+
+def _glibc_resident(tr:AllocationTracker, history:int=0):
+    "The trace replayed through `GlibcHeap` (this process's settings, `_heap_history(history)` first): (event index, bytes live, bytes it adds)."
+    h, blocks, live = GlibcHeap(**_glibc_settings()), {}, 0
+    _heap_history(h.malloc, history)
+    base, node = h.rss(), tr.graph[0] if tr.graph else 1024
     for i, (sign, rec) in enumerate(tr.events):
         live += sign * rec.nbytes
-        if rec.category == 'kernel scratch': scratch += sign * rec.nbytes
         if sign > 0: blocks[id(rec)] = [h.malloc(n, align) for n, align in _heap_blocks(rec, node)]
         else:
             for a in blocks.pop(id(rec), ()): h.free(a)
-        yield i, live, h.rss() + scratch
+        yield i, live, h.rss() - base
+
+def _glibc_peak(tr:AllocationTracker, history:int=0)->tuple[int, int, int]:
+    "(bytes resident, event index, bytes live) where the trace, replayed from `_heap_history(history)`, peaks; resident -1: no allocation."
+    return max(((r, i, l) for i, l, r in _glibc_resident(tr, history) if tr.events[i][0] > 0), key=lambda p: p[0], default=(-1, -1, 0))
 
 def _glibc_replay(tr:AllocationTracker)->tuple[int, int, int]:
-    "(bytes live, event index, bytes glibc adds: mapped blocks' pages, the heap's holes) where the trace, replayed through `GlibcHeap`, peaks."
+    "(bytes live, event index, bytes glibc adds: mapped blocks' pages, the heap's holes) where the trace peaks, replayed from the heap that holds most."
     if not _on_glibc(): return tr.peak, tr.peak_at, 0
-    best, at, at_live = -1, -1, 0
-    for i, live, resident in _glibc_resident(tr):
-        if tr.events[i][0] > 0 and resident > best: best, at, at_live = resident, i, live
+    best, at, at_live = max((_glibc_peak(tr, s) for s in range(_HEAP_HISTORIES)), key=lambda p: p[0])
     return (at_live, at, best - at_live) if at >= 0 else (tr.peak, tr.peak_at, 0)
 
 def _glibc_note()->str:
-    th = os.environ.get('MALLOC_MMAP_THRESHOLD_')
-    return (f"allocator rounding: glibc's malloc modelled (`GlibcHeap`): blocks of {fmt_bytes(int(th)) if th else '128 KiB (its default, which it raises as big blocks are freed)'} "
-            "or more get pages of their own, header and alignment included; smaller tensors and the autograd graph's objects share the heap, "
-            "with the holes freed blocks leave there")
+    h = GlibcHeap(**_glibc_settings())
+    th = (f"{fmt_bytes(h.threshold)} at first; no MALLOC_* setting fixes it, so glibc raises it to each bigger mapped block freed, "
+          "up to 32 MiB, and keeps up to twice that free at the heap's end" if h.dynamic else fmt_bytes(h.threshold))
+    return (f"allocator rounding: glibc's malloc modelled (`GlibcHeap`): blocks at or above its mmap threshold ({th}) "
+            "get pages of their own, header and alignment included; smaller tensors and the autograd graph's objects share the heap, "
+            f"with the holes freed blocks leave there, replayed from {_HEAP_HISTORIES} heaps a few small blocks went into first (the highest kept)"
+            + ("; with glibc's moving threshold the heap holds what earlier steps freed, so what the process did before the step moves "
+               "the resident set by more than the plan can know (MALLOC_MMAP_THRESHOLD_=65536 makes it follow the plan, at the cost of "
+               "fresh pages for every block of 64 KiB or more)" if h.dynamic else ''))
 
 # %% ../nbs/01_budget.ipynb #mp11b
 def _cuda_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
