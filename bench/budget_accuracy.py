@@ -169,7 +169,7 @@ from netlite_nb.budget import _free_blas_buffers  # hands MKL's cached matmul bu
 def measure(name, bs, full_warmup=False, holes=False, history=0)->int:
     """Run in a fresh process: the measured peak bytes of two AdamW training steps (full_warmup: what kernels keep is already there;
     holes: the warm-up's freed heap is left in place, where the measured steps' small objects reuse it instead of growing the heap;
-    history: the planner's `_heap_history(seed)`, a few dozen small blocks left alive in the heap just before the steps)."""
+    history: the planner's `_heap_history(seed)`, up to 40 small blocks left alive in the heap just before the steps)."""
     import ctypes, gc
     torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', '1')))
     model, (x, y) = make(name, bs)

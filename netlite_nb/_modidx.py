@@ -101,6 +101,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._glibc_replay': ('budget.html#_glibc_replay', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._glibc_resident': ('budget.html#_glibc_resident', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._glibc_settings': ('budget.html#_glibc_settings', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._glibc_strtoul': ('budget.html#_glibc_strtoul', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._gpu_choices': ('budget.html#_gpu_choices', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._graph_census': ('budget.html#_graph_census', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._graph_chain': ('budget.html#_graph_chain', 'netlite_nb/budget.py'),

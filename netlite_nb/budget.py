@@ -1124,7 +1124,8 @@ def _mmap(self:GlibcHeap, nb:int)->int:
 def _munmap(self:GlibcHeap, a:int):
     "free() of a mapped block: its pages go back, and glibc (none of its thresholds set) raises both to the block's chunk, up to 32 MiB."
     m, c = self.maps.pop(a); self.mapped -= m
-    if self.dynamic and self.threshold < c <= _GLIBC_MMAP_THRESHOLD_MAX: self.threshold, self.trim = c, 2 * c
+    if self.dynamic and self.threshold < c + 2 <= _GLIBC_MMAP_THRESHOLD_MAX:  # glibc compares the size field, its IS_MMAPPED bit (2) set
+        self.threshold, self.trim = c, 2 * c
 
 # %% ../nbs/01_budget.ipynb #pr1h
 @patch
@@ -1204,13 +1205,34 @@ def malloc(self:GlibcHeap, n:int, # bytes asked for
 # %% ../nbs/01_budget.ipynb #pr6
 def _on_glibc()->bool: return platform.system() == 'Linux' and platform.libc_ver()[0] == 'glibc'
 
+def _glibc_strtoul(v:str)->int:
+    "A setting's value as glibc reads it (_dl_strtoul): blanks, a sign, then hex after 0x, octal after 0, digits up to the first other character; 0 if none."
+    v = v.lstrip(' \t')
+    neg = v[:1] == '-'
+    if v[:1] in ('-', '+') and v: v = v[1:]
+    if not v or v[0] not in '0123456789': return 0
+    base, v = (16, v[2:]) if v[:2] in ('0x', '0X') else (8, v) if v[0] == '0' else (10, v)
+    n, digits = 0, '0123456789abcdef'[:base]
+    for ch in v.lower():
+        if ch not in digits: break
+        n = n * base + digits.index(ch)
+        if n >= 2**64: return 2**64 - 1
+    return -n % 2**64 if neg else n
+
+_GLIBC_SETTINGS = {'mmap_threshold': (0, 2**64 - 1), 'trim_threshold': (0, 2**64 - 1), 'top_pad': (0, 2**64 - 1), 'mmap_max': (0, 2**31 - 1)}  # the bounds a value must keep
+
 def _glibc_settings()->dict:
-    "`GlibcHeap`'s settings as this process's environment gives them to glibc: MALLOC_*_ or GLIBC_TUNABLES; None for what is not set."
+    "`GlibcHeap`'s settings as this process's environment gives them to glibc: GLIBC_TUNABLES, else MALLOC_*_; None for what is not set."
     tunables = dict(t.partition('=')[::2] for t in os.environ.get('GLIBC_TUNABLES', '').split(':') if t.startswith('glibc.malloc.'))
-    def env(k):  # MALLOC_MMAP_THRESHOLD_ and the like are the tunables' older names; decimal numbers only
-        v = tunables.get(f'glibc.malloc.{k}', os.environ.get(f"MALLOC_{k.upper()}_", ''))
-        return int(v) if v.isdigit() else None
-    return dict(**{k: env(k) for k in ('mmap_threshold', 'trim_threshold', 'top_pad', 'mmap_max')}, page=os.sysconf('SC_PAGE_SIZE'))
+    def setting(k):  # a value out of its tunable's bounds is ignored; mmap_max is a signed 32-bit number
+        lo, hi = _GLIBC_SETTINGS[k]
+        for v in (tunables.get(f'glibc.malloc.{k}'), os.environ.get(f"MALLOC_{k.upper()}_")):
+            if v is None: continue
+            n = _glibc_strtoul(v)
+            if hi < 2**32 and n >= 2**63: n -= 2**64
+            if lo <= n <= hi: return n
+        return None
+    return dict(**{k: setting(k) for k in _GLIBC_SETTINGS}, page=os.sysconf('SC_PAGE_SIZE'))
 
 def _heap_blocks(rec:Allocation, node:int)->list[tuple[int, int]]:
     "The blocks (bytes, alignment) a traced record asks the C library for."
@@ -1220,10 +1242,10 @@ def _heap_blocks(rec:Allocation, node:int)->list[tuple[int, int]]:
         return [(rec.nbytes // k, 16)] * k
     return [(rec.nbytes, 64)]  # c10's CPU allocator, and oneDNN's for its scratch: posix_memalign(64)
 
-_HEAP_HISTORIES = 8  # the plan replays a step from this many heaps: an empty one, and ones a few small objects went into first
+_HEAP_HISTORIES = 8  # the plan replays a step from this many heaps: an empty one, and ones up to 40 small blocks went into first
 
 def _heap_history(malloc:Callable, seed:int):
-    "Leave a few dozen small blocks (16-600 bytes) alive, as a process allocates between two steps: `malloc(bytes)` for each; seed 0: none."
+    "Leave up to 40 small blocks (16-600 bytes) alive, as a process allocates between two steps: `malloc(bytes)` for each; seed 0: none."
     r = random.Random(seed)
     return [malloc(r.randrange(16, 600)) for _ in range(r.randrange(40) if seed else 0)]
 

@@ -1,5 +1,5 @@
 "Chapter 01 checks: the tracer against hand arithmetic and a real process, categories, phases, precision, bad input, the solvers, the CLI."
-import gc, json, os, subprocess, sys, weakref
+import ctypes, gc, json, os, subprocess, sys, weakref
 from collections import Counter
 from pathlib import Path
 import pytest, torch
@@ -72,6 +72,7 @@ def test_categories_sum_to_total_and_phases_are_recorded():
 
 def test_cpu_plan_adds_the_kernel_workspace_as_its_own_line(monkeypatch):
     monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '131072')   # glibc's threshold, fixed: it does not rise as blocks are freed
+    monkeypatch.delenv('GLIBC_TUNABLES', raising=False)
     m, batch = mlp(), resize_batch(MNIST, 1024)
     cpu = plan_memory(m, batch, device_or_gpu='cpu', budget=2**30)
     tensors, gpu = plan_memory(m, batch), plan_memory(m, batch, device_or_gpu='gtx 1050 ti')
@@ -200,6 +201,7 @@ def test_cpu_kernel_scratch_is_placed_at_its_op():
 def test_calibration_measures_caches_and_can_be_cleared(tmp_path, monkeypatch):
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
     monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '65536')  # a fixed threshold: with glibc's moving one a few bytes move the heap's layout
+    monkeypatch.delenv('GLIBC_TUNABLES', raising=False)
     _calibrated.cache_clear()
     m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 32 * 32, 10))
     batch = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
@@ -339,7 +341,8 @@ print(json.dumps([x - node0 for x in (saved, node1, grad, smaller)]))
 def test_glibc_heap_places_a_recurrent_backward_as_glibc_does():
     """The rule behind the heap's holes, on this machine's glibc and in the model: a freed tensor between two live objects does not take
     a tensor of its own size (posix_memalign asks for 96 bytes more, rounded up), and takes one 128 bytes smaller."""
-    from netlite_nb.budget import GlibcHeap
+    from netlite_nb.budget import GlibcHeap, _on_glibc
+    if not _on_glibc() or not hasattr(ctypes.CDLL(None), 'mallinfo2'): pytest.skip('glibc 2.33 or later only (mallinfo2)')
     r = subprocess.run([sys.executable, '-c', _PLACEMENT_CHILD], capture_output=True, text=True, env={**os.environ, **_MALLOC_ENV}, check=True)
     saved, node1, grad, smaller = json.loads(r.stdout)
     assert grad > node1 and saved <= smaller < node1, (saved, node1, grad, smaller)   # real glibc
@@ -364,32 +367,50 @@ def test_glibc_heap_trims_when_a_free_reaches_the_top():
 
 
 _DYNAMIC_CHILD = r"""
-import ctypes, json
+import ctypes, json, sys
 libc = ctypes.CDLL(None)
 libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
 class MI(ctypes.Structure): _fields_ = [(f, ctypes.c_size_t) for f in 'arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost'.split()]
 libc.mallinfo2.restype = MI
-def mapped(n):  # is an n-byte block given pages of its own? (it stays allocated)
-    h = libc.mallinfo2().hblks; libc.malloc(n); return libc.mallinfo2().hblks > h
-big = libc.malloc(31 << 20)
-libc.free(big)
-print(json.dumps(mapped(24 << 20)))
+blocks, mapped = [], []
+for op, n, align in json.loads(sys.argv[1]):  # ['m', bytes, alignment]: allocate (is it mapped?); ['f', index, 0]: free
+    if op == 'f': libc.free(blocks[n]); continue
+    h = libc.mallinfo2().hblks
+    if align > 16: p = ctypes.c_void_p(); libc.posix_memalign(ctypes.byref(p), align, n); p = p.value
+    else: p = libc.malloc(n)
+    blocks.append(p); mapped.append(libc.mallinfo2().hblks > h)
+print(json.dumps(mapped))
 """
+_MiB = 2**20
+_FREED_31 = [['m', 31 * _MiB, 16], ['f', 0, 0], ['m', 24 * _MiB, 16]]
+_ALIGNED = 20 * _MiB + 4096 - 48   # the chunk of a mapped posix_memalign(64, 20 MiB): its pages less the 48 bytes before the aligned start
 
-@pytest.mark.parametrize('env', [{}, {'MALLOC_TOP_PAD_': '131072'}, {'GLIBC_TUNABLES': 'glibc.malloc.mmap_max=65536'}])
-def test_glibc_heap_raises_its_threshold_as_glibc_does(env, monkeypatch):
-    """With none of its settings given, glibc raises the mmap threshold to a freed mapped block's size (up to 32 MiB), so a 24 MiB block
-    after a freed 31 MiB one comes from the heap; any MALLOC_*_ setting or malloc tunable fixes the threshold. Real glibc, then the model."""
+@pytest.mark.parametrize('env, ops, expect', [
+    ({}, _FREED_31, [True, False]),                                      # the threshold rose to the freed block: the heap
+    ({}, [['m', 32 * _MiB - 108, 16], ['f', 0, 0], ['m', 24 * _MiB, 16]], [True, True]),   # a chunk of exactly 32 MiB raises nothing
+    ({}, [['m', 20 * _MiB, 64], ['f', 0, 0], ['m', _ALIGNED - 24, 16], ['m', _ALIGNED - 8, 16]], [True, False, True]),  # to the aligned chunk
+    ({'MALLOC_TOP_PAD_': '131072'}, _FREED_31, [True, True]),            # any setting fixes the threshold ...
+    ({'MALLOC_TOP_PAD_': ''}, _FREED_31, [True, True]),                  # ... even an empty one (read as 0)
+    ({'MALLOC_MMAP_THRESHOLD_': '0x20000'}, _FREED_31, [True, True]),    # hex, as glibc reads it
+    ({'GLIBC_TUNABLES': 'glibc.malloc.mmap_max=65536'}, _FREED_31, [True, True]),
+    ({'MALLOC_MMAP_MAX_': '4294967296'}, _FREED_31, [True, False]),      # out of the tunable's bounds: ignored
+])
+def test_glibc_heap_raises_its_threshold_as_glibc_does(env, ops, expect, monkeypatch):
+    """With none of its settings given, glibc raises the mmap threshold to a freed mapped block's chunk (below 32 MiB), so a smaller block
+    after it comes from the heap; any accepted MALLOC_*_ setting or malloc tunable fixes the threshold. Real glibc, then the model."""
     from netlite_nb import budget
-    if not budget._on_glibc(): pytest.skip('glibc only')
+    if not budget._on_glibc() or not hasattr(ctypes.CDLL(None), 'mallinfo2'): pytest.skip('glibc 2.33 or later only (mallinfo2)')
     clean = {k: v for k, v in os.environ.items() if not k.startswith('MALLOC_') and k != 'GLIBC_TUNABLES'}
-    r = subprocess.run([sys.executable, '-c', _DYNAMIC_CHILD], capture_output=True, text=True, env={**clean, **env}, check=True)
+    r = subprocess.run([sys.executable, '-c', _DYNAMIC_CHILD, json.dumps(ops)], capture_output=True, text=True, env={**clean, **env}, check=True)
+    assert json.loads(r.stdout) == expect   # real glibc
     for k in [k for k in os.environ if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES']: monkeypatch.delenv(k)
     for k, v in env.items(): monkeypatch.setenv(k, v)
-    h = budget.GlibcHeap(**budget._glibc_settings())
-    h.free(h.malloc(31 << 20, 64))
-    assert json.loads(r.stdout) == (h.malloc(24 << 20, 64) < 0) == bool(env)   # mapped only where a setting fixes the threshold
-    assert h.rss() >= 24 << 20 if not env else h.resident == 0
+    h, blocks, mapped = budget.GlibcHeap(**budget._glibc_settings()), [], []
+    for op, n, align in ops:
+        if op == 'f': h.free(blocks[n]); continue
+        blocks.append(h.malloc(n, align)); mapped.append(blocks[-1] < 0)
+    assert mapped == expect   # the model
 
 
 def test_glibc_replay_of_a_trace(monkeypatch):
@@ -413,6 +434,7 @@ def test_plan_keeps_the_heap_history_that_holds_most(monkeypatch):
     small blocks went into the heap first; the plan replays it from `_HEAP_HISTORIES` such heaps, each the same every time, and keeps the highest."""
     from netlite_nb import budget
     monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '65536'); monkeypatch.setenv('MALLOC_TRIM_THRESHOLD_', '0')
+    monkeypatch.delenv('GLIBC_TUNABLES', raising=False)
     monkeypatch.setattr(budget, '_on_glibc', lambda: True)
     class GRUNet(nn.Module):
         def __init__(self): super().__init__(); self.rnn, self.head = nn.GRU(64, 128, num_layers=2, batch_first=True), nn.Linear(128, 10)
@@ -420,7 +442,7 @@ def test_plan_keeps_the_heap_history_that_holds_most(monkeypatch):
     tr = trace_step(GRUNet(), (torch.empty(32, 64, 64, device='meta'), torch.empty(32, dtype=torch.long, device='meta')), kernels='cpu').tracker
     peaks = [budget._glibc_peak(tr, s)[0] for s in range(budget._HEAP_HISTORIES)]
     live, at, extra = budget._glibc_replay(tr)
-    assert live + extra == max(peaks) > min(peaks) >= tr.peak, peaks
+    assert live + extra == max(peaks) > min(peaks) + 2**20 and min(peaks) >= tr.peak, peaks   # two layouts, more than a MiB apart
     sizes = lambda s: budget._heap_history(lambda n: n, s)
     assert sizes(0) == [] and sizes(3) == sizes(3) and all(16 <= n < 600 for n in sizes(3))
 
