@@ -186,7 +186,7 @@ def measure(name, bs, full_warmup=False, holes=False, history=0)->int:
     if history:
         from netlite_nb.budget import _heap_history
         libc = ctypes.CDLL(None); libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-        kept = _heap_history(libc.malloc, history)
+        _heap_history(libc.malloc, history)  # never freed: they stay in the heap through the steps
     alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
     base = _rss()
     with open('/proc/self/clear_refs', 'w') as f: f.write('5')  # reset the RSS high-water mark
@@ -569,7 +569,7 @@ if __name__ == '__main__':
     ap.add_argument('--warmup-holes', action='store_true', help="leave the warm-up's freed heap in place (the protocol before the autograd graph was planned)")
     ap.add_argument('--threads', type=int, default=1, help='threads of the measuring processes (the planner models one)')
     ap.add_argument('--glibc-defaults', action='store_true', help="measure and plan with no MALLOC_* settings: glibc raises its mmap threshold as mapped blocks are freed, "
-                    "so tensors up to 32 MiB come from the heap and its holes stay resident (the measurement then depends on the process's history)")
+                    "so tensors below 32 MiB come from the heap and its holes stay resident (the measurement then depends on the process's history)")
     ap.add_argument('--full-warmup', action='store_true', help='accuracy table with the warm-up step at the full batch, so kernels have allocated what they keep before the measured steps')
     a = ap.parse_args()
     ENV['OMP_NUM_THREADS'] = str(a.threads)

@@ -113,6 +113,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._in_child': ('budget.html#_in_child', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._keeps_state': ('budget.html#_keeps_state', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._kernel': ('budget.html#_kernel', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._lead': ('budget.html#_lead', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._live_at': ('budget.html#_live_at', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._lstm_workspace': ('budget.html#_lstm_workspace', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._major': ('budget.html#_major', 'netlite_nb/budget.py'),

@@ -1008,6 +1008,10 @@ _MINSIZE, _TCACHE_MAX, _TCACHE_COUNT, _FAST_MAX, _LARGE = 32, 1040, 7, 128, 1024
 
 def _chunk(n:int)->int: return max(_MINSIZE, (n + 8 + 15) // 16 * 16)  # the chunk glibc carves for an n-byte request: header, 16-byte granule
 
+def _lead(a:int, align:int)->int:  # _int_memalign: from chunk `a` to the chunk whose block is aligned; a front piece is a whole chunk or none
+    lead = -(a + 16) % align
+    return lead + align if 0 < lead < _MINSIZE else lead
+
 def _bin_index(s:int)->int:
     "glibc's bin for a free chunk of `s` bytes: one per size below 1 KiB, then ranges that widen (largebin_index_64)."
     if s < _LARGE: return s >> 4
@@ -1122,7 +1126,7 @@ def _mmap(self:GlibcHeap, nb:int)->int:
 
 @patch
 def _munmap(self:GlibcHeap, a:int):
-    "free() of a mapped block: its pages go back, and glibc (none of its thresholds set) raises both to the block's chunk, up to 32 MiB."
+    "free() of a mapped block: its pages go back, and glibc (none of its thresholds set) raises both to the block's chunk, below 32 MiB."
     m, c = self.maps.pop(a); self.mapped -= m
     if self.dynamic and self.threshold < c + 2 <= _GLIBC_MMAP_THRESHOLD_MAX:  # glibc compares the size field, its IS_MMAPPED bit (2) set
         self.threshold, self.trim = c, 2 * c
@@ -1192,12 +1196,10 @@ def malloc(self:GlibcHeap, n:int, # bytes asked for
         tc = self.tcache.get(nb)
         return tc.pop() if tc else self._int_malloc(nb)
     a = self._int_malloc(_chunk(nb + align + _MINSIZE))  # _int_memalign asks _int_malloc for room to align; the slack before and after is freed
-    if a < 0:  # mapped: the aligned chunk starts `lead` bytes into its pages, the freed front stays with them
-        lead = -16 % align
-        m, _ = self.maps[a]; self.maps[a] = (m, m - lead - align * (lead < _MINSIZE))
+    if a < 0:  # mapped: its pages start aligned, the aligned chunk `_lead` bytes into them, and the front stays with the pages
+        m, _ = self.maps[a]; self.maps[a] = (m, m - _lead(0, align))
         return a
-    if lead := -(a + 16) % align:  # the user's block starts 16 bytes into its chunk
-        if lead < _MINSIZE: lead += align
+    if lead := _lead(a, align):  # the user's block starts 16 bytes into its chunk
         s = self._drop(a); self._new(a, lead); self._new(a + lead, s - lead); self.free(a); a += lead
     if (s := self.size[a]) > nb + _MINSIZE: self._drop(a); self._new(a, nb); self._new(a + nb, s - nb); self.free(a + nb)
     return a
@@ -1209,7 +1211,7 @@ def _glibc_strtoul(v:str)->int:
     "A setting's value as glibc reads it (_dl_strtoul): blanks, a sign, then hex after 0x, octal after 0, digits up to the first other character; 0 if none."
     v = v.lstrip(' \t')
     neg = v[:1] == '-'
-    if v[:1] in ('-', '+') and v: v = v[1:]
+    if v[:1] in ('-', '+'): v = v[1:]
     if not v or v[0] not in '0123456789': return 0
     base, v = (16, v[2:]) if v[:2] in ('0x', '0X') else (8, v) if v[0] == '0' else (10, v)
     n, digits = 0, '0123456789abcdef'[:base]
@@ -1274,7 +1276,7 @@ def _glibc_replay(tr:AllocationTracker)->tuple[int, int, int]:
 def _glibc_note()->str:
     h = GlibcHeap(**_glibc_settings())
     th = (f"{fmt_bytes(h.threshold)} at first; no MALLOC_* setting fixes it, so glibc raises it to each bigger mapped block freed, "
-          "up to 32 MiB, and keeps up to twice that free at the heap's end" if h.dynamic else fmt_bytes(h.threshold))
+          "below 32 MiB, and keeps up to twice that free at the heap's end" if h.dynamic else fmt_bytes(h.threshold))
     return (f"allocator rounding: glibc's malloc modelled (`GlibcHeap`): blocks at or above its mmap threshold ({th}) "
             "get pages of their own, header and alignment included; smaller tensors and the autograd graph's objects share the heap, "
             f"with the holes freed blocks leave there, replayed from {_HEAP_HISTORIES} heaps a few small blocks went into first (the highest kept)"
