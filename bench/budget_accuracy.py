@@ -13,7 +13,10 @@
     python bench/budget_accuracy.py --heap gru 32   # the trace's allocations through glibc and through the planner's GlibcHeap; what warm-up holes hide
     python bench/budget_accuracy.py --histories gru 32 12  # a few small blocks left in the heap before the steps: the measurement and the plan's replay, per history
     python bench/budget_accuracy.py --phases gru 32 # each phase's measured high-water mark next to the plan's live bytes and their GlibcHeap replay
+    python bench/budget_accuracy.py --malloc-trace gru 32   # the same, with every C library call of the real steps replayed through GlibcHeap (needs cc)
     python bench/budget_accuracy.py --families --glibc-defaults   # measured and planned with glibc's own settings, as a user's process runs
+    python bench/budget_accuracy.py --families --glibc heap       # ... with the threshold fixed at glibc's 32 MiB limit and no trimming
+    python bench/budget_accuracy.py --speed mobilenet_v2 16 3      # one step's time under each of those glibc settings, paired fresh processes
     (--threads 2 measures with two threads instead of one; --full-warmup warms up at the full batch, so what the kernels keep
      is already in the baseline and the measured steps hold tensors only; --warmup-holes leaves the warm-up's freed heap in place,
      the protocol before the autograd graph was planned)
@@ -38,6 +41,9 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's netlite_nb, not whichever one is installed
 ENV = dict(MALLOC_MMAP_THRESHOLD_='65536', MALLOC_ARENA_MAX='1', MALLOC_TRIM_THRESHOLD_='0', OMP_NUM_THREADS='1')
+GLIBC = {  # glibc settings a process can run with: the bench's; glibc's own (a user's process); the threshold fixed at glibc's 32 MiB limit, never trimmed
+    'bench': {k: v for k, v in ENV.items() if k.startswith('MALLOC_')}, 'defaults': {},
+    'heap': dict(MALLOC_MMAP_THRESHOLD_=str(32 * 2**20), MALLOC_TRIM_THRESHOLD_=str(2**40), MALLOC_ARENA_MAX='1')}
 HOLES = False  # --warmup-holes: measure as before the autograd graph was planned (the warm-up's freed heap left in place)
 
 def mlp(): return nn.Sequential(nn.Flatten(), nn.Linear(784, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 10))
@@ -504,9 +510,8 @@ def phases_child(name, bs)->list:
         phase(lambda: (opt.step(), opt.zero_grad(set_to_none=True)))
     return out
 
-def phases_report(name, bs):
-    """Where in the step a case's measurement and its plan part: each phase's measured high-water mark next to the plan's live bytes
-    in that phase and to what they keep resident replayed through the planner's model of glibc (`GlibcHeap`)."""
+def _plan_phases(name, bs):
+    "The plan of one case, and per (step, phase) its live bytes and their replay through `GlibcHeap` from the heap the plan replays from."
     from netlite_nb.budget import _HEAP_HISTORIES, _glibc_peak, _glibc_resident, plan_memory, trace_step
     model, batch = make(name, bs)
     tr = trace_step(model, batch, optimizer='adamw', kernels='cpu').tracker
@@ -519,11 +524,100 @@ def phases_report(name, bs):
             if sign > 0: ph = (rec.step, 'forward' if rec.phase == 'loss' else rec.phase)
             best[ph], heap[ph] = max(best.get(ph, 0), live), max(heap.get(ph, 0), resident)
     kept = p.breakdown['CPU kernel workspace']
+    return p, {k: v + kept for k, v in best.items()}, {k: v + kept for k, v in heap.items()}
+
+_PHASES = [(s, f) for s in range(2) for f in ('forward', 'backward', 'optimizer')]
+
+def phases_report(name, bs):
+    """Where in the step a case's measurement and its plan part: each phase's measured high-water mark next to the plan's live bytes
+    in that phase and to what they keep resident replayed through the planner's model of glibc (`GlibcHeap`)."""
+    p, best, heap = _plan_phases(name, bs)
     got = run_child('--phases-child', [name, bs])
     print(f"{name} at batch {bs}: plan {p.peak/2**20:.2f} MiB. Per phase, measured high-water mark | the plan's live bytes (tensors, graph, kernel workspace) "
           "| the same replayed through the model of glibc:")
-    for i, (step, phase) in enumerate((s_, f) for s_ in range(2) for f in ('forward', 'backward', 'optimizer')):
-        print(f"  step {step + 1} {phase:<9} {got[i]/2**20:8.2f} | {(best.get((step, phase), 0) + kept)/2**20:8.2f} | {(heap.get((step, phase), 0) + kept)/2**20:8.2f} MiB")
+    for i, (step, phase) in enumerate(_PHASES):
+        print(f"  step {step + 1} {phase:<9} {got[i]/2**20:8.2f} | {best.get((step, phase), 0)/2**20:8.2f} | {heap.get((step, phase), 0)/2**20:8.2f} MiB")
+
+def _tracer()->Path:
+    "bench/malloc_trace.c built into a shared library (once per source), for LD_PRELOAD."
+    import hashlib, shutil, tempfile
+    src = Path(__file__).with_name('malloc_trace.c')
+    cc = shutil.which('cc') or shutil.which('gcc')
+    if cc is None: sys.exit("--malloc-trace builds bench/malloc_trace.c and needs a C compiler (cc or gcc) on the PATH: none was found.")
+    so = Path(tempfile.gettempdir()) / f"netlite_malloc_trace_{hashlib.sha1(src.read_bytes()).hexdigest()[:12]}.so"
+    if not so.exists(): subprocess.run([cc, '-O2', '-shared', '-fPIC', '-o', str(so), str(src)], check=True)
+    return so
+
+def malloc_trace_child(name, bs, out):
+    "Run in a fresh process under the tracer (the bench's protocol, as `phases_child`): every C library call of the two steps, to `out`."
+    import ctypes, gc
+    lib = ctypes.CDLL(None); lib.mt_n.restype = ctypes.c_uint64
+    lib.mt_open.argtypes = [ctypes.c_char_p]
+    torch.set_num_threads(1)
+    model, (x, y) = make(name, bs)
+    warm = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _steps(model, warm, x[:2], y[:2], 1)
+    del warm
+    for p in model.parameters(): p.grad = None
+    torch.manual_seed(1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gc.collect(); _free_blas_buffers(); lib.malloc_trim(0)
+    alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
+    if lib.mt_open(str(out).encode()) < 0: sys.exit(f"the tracer could not open {out}")
+    base, marks = _rss(), []
+    lib.mt_on()
+    def phase(f):  # each phase: its first and last call, and its high-water mark
+        with open('/proc/self/clear_refs', 'w') as fh: fh.write('5')
+        marks.append(int(lib.mt_n())); r = f(); marks.append(int(lib.mt_n()))
+        marks.append(_hwm() - base + alive); return r
+    for _ in range(2):
+        o = phase(lambda: model(x))
+        loss = F.cross_entropy(o, y)
+        phase(loss.backward)
+        del o, loss
+        phase(lambda: (opt.step(), opt.zero_grad(set_to_none=True)))
+    lib.mt_close()
+    Path(f"{out}.json").write_text(json.dumps(dict(marks=marks, alive=alive)))
+    return 0
+
+def _replay_calls(calls, marks)->list:
+    "The traced C library calls replayed through `GlibcHeap` from an empty heap: each phase's high-water mark of what they keep resident."
+    from netlite_nb.budget import GlibcHeap, _glibc_settings
+    with _as_measured(): h = GlibcHeap(**_glibc_settings())
+    keys, out, ph, best = {}, [], 0, 0
+    base = h.rss()
+    for i, (op, n, ptr, old) in enumerate(calls):
+        if i == marks[3 * ph]: best = h.rss() - base  # the phase's mark starts where it is now, as clear_refs does
+        kind = op & 0xff
+        if kind in (2, 4) and (k := keys.pop(ptr if kind == 2 else old, None)) is not None: h.free(k)  # blocks from before the trace are unknown
+        if kind != 2:
+            keys[ptr] = h.malloc(n, op >> 8 if kind == 5 else 16)
+            best = max(best, h.rss() - base)
+        if i + 1 == marks[3 * ph + 1]:
+            out.append(best); ph += 1
+            if ph == len(marks) // 3: break
+    return out
+
+def malloc_trace_report(name, bs):
+    """Every C library call of the two measured steps, traced (bench/malloc_trace.c, LD_PRELOAD) and replayed through `GlibcHeap`:
+    next to each phase's measurement and the plan's replay of its own trace, it separates what the model of glibc gets wrong (the real
+    calls replayed) from what the tensor trace lacks (the plan's calls)."""
+    import tempfile
+    from array import array
+    so, out = _tracer(), Path(tempfile.mkdtemp()) / 'calls.bin'
+    subprocess.run([sys.executable, __file__, '--malloc-trace-child', name, str(bs), str(out)], env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT),
+                   'LD_PRELOAD': str(so)}, check=True)
+    meta = json.loads(Path(f"{out}.json").read_text())
+    words = array('Q', out.read_bytes())
+    calls = [words[i:i + 4] for i in range(0, len(words), 4)]
+    real = [r + meta['alive'] for r in _replay_calls(calls, meta['marks'])]
+    p, best, heap = _plan_phases(name, bs)
+    small = sum(1 for op, n, _, _ in calls if op & 0xff != 2 and op & 0xff != 5 and n <= 1024)
+    print(f"{name} at batch {bs}: plan {p.peak/2**20:.2f} MiB, measured {measured(name, bs)/2**20:.2f} MiB without the tracer; "
+          f"the two traced steps made {len(calls)} C library calls ({small} allocations of 1 KiB or less).")
+    print("Per phase (MiB): measured high-water mark | the real calls replayed through GlibcHeap from an empty heap | the plan's own replay:")
+    for i, (step, phase) in enumerate(_PHASES):
+        print(f"  step {step + 1} {phase:<9} {meta['marks'][3 * i + 2]/2**20:8.2f} | {real[i]/2**20:8.2f} | {heap.get((step, phase), 0)/2**20:8.2f}")
 
 def histories_report(name, bs, n):
     """How much a few small blocks in the heap before a step move its peak: measured with each of the planner's `_heap_history(seed)`
@@ -541,6 +635,36 @@ def histories_report(name, bs, n):
     for s, (m, r) in enumerate(rows): print(f"  {s:>7} {mi(m):>10} {mi(r):>10}")
     ms = [m for m, _ in rows]
     print(f"  measured {mi(min(ms))}-{mi(max(ms))}; the plan is {100 * (p.peak - max(ms)) / max(ms):+.1f}% from the highest, {100 * (p.peak - min(ms)) / min(ms):+.1f}% from the lowest")
+
+def step_time(name, bs, n=5)->float:
+    "Run in a fresh process: the median seconds of `n` training steps at the full batch, after two that warm up."
+    torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', '1')))
+    model, (x, y) = make(name, bs)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _steps(model, opt, x, y, 2)
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter(); _steps(model, opt, x, y, 1); ts.append(time.perf_counter() - t)
+    return sorted(ts)[n // 2]
+
+def _glibc_env(setting:str)->dict:
+    "This process's environment with glibc's malloc settings replaced by `GLIBC[setting]`."
+    env = {k: v for k, v in os.environ.items() if not k.startswith('MALLOC_') and k != 'GLIBC_TUNABLES'}
+    return {**env, **GLIBC[setting], 'OMP_NUM_THREADS': ENV['OMP_NUM_THREADS'], 'PYTHONPATH': str(ROOT)}
+
+def speed_report(name, bs, n):
+    """One step's time under each glibc setting of `GLIBC`: `n` rounds, each running every setting once in a fresh process, one after
+    another (so load on the machine hits them alike); medians, and the median of each round's ratio to glibc's own settings."""
+    secs = {k: [] for k in GLIBC}
+    for _ in range(n):
+        for k in GLIBC:
+            out = subprocess.run([sys.executable, __file__, '--step-time', name, str(bs)], env=_glibc_env(k), capture_output=True, text=True, check=True)
+            secs[k].append(float(out.stdout.split()[-1]))
+    med = lambda v: sorted(v)[len(v) // 2]
+    print(f"{name} at batch {bs}, one training step (median of {n} paired rounds, each the median of 5 steps in a fresh process):")
+    for k, v in secs.items():
+        ratio = med([a / b for a, b in zip(v, secs['defaults'])])
+        print(f"  {k:<9} {med(v):7.3f} s   x{ratio:.2f} glibc's own   {' '.join(f'{t:.3f}' for t in v)}   {GLIBC[k] or '(no MALLOC_* setting)'}")
 
 def repeat(name, bs, n):
     "Measure one case n times, to see how well a measurement repeats."
@@ -564,20 +688,27 @@ if __name__ == '__main__':
     ap.add_argument('--replay-child', help=argparse.SUPPRESS)
     ap.add_argument('--phases', nargs=2, metavar=('MODEL', 'BATCH'), help="each phase's measured high-water mark next to the plan's")
     ap.add_argument('--phases-child', help=argparse.SUPPRESS)
+    ap.add_argument('--malloc-trace', nargs=2, metavar=('MODEL', 'BATCH'), help="--phases, with every C library call of the real steps traced and replayed through GlibcHeap (needs cc)")
+    ap.add_argument('--malloc-trace-child', nargs=3, help=argparse.SUPPRESS)
     ap.add_argument('--histories', nargs=3, metavar=('MODEL', 'BATCH', 'N'), help="measure one case from N heap histories (a few small blocks before the steps), next to the plan's replays")
     ap.add_argument('--repeat', nargs=3, metavar=('MODEL', 'BATCH', 'N'), help='measure one case N times')
     ap.add_argument('--warmup-holes', action='store_true', help="leave the warm-up's freed heap in place (the protocol before the autograd graph was planned)")
     ap.add_argument('--threads', type=int, default=1, help='threads of the measuring processes (the planner models one)')
     ap.add_argument('--glibc-defaults', action='store_true', help="measure and plan with no MALLOC_* settings: glibc raises its mmap threshold as mapped blocks are freed, "
                     "so tensors below 32 MiB come from the heap and its holes stay resident (the measurement then depends on the process's history)")
+    ap.add_argument('--glibc', choices=list(GLIBC), default='bench', help="the glibc settings the measured processes and the plans get (see GLIBC)")
+    ap.add_argument('--speed', nargs=3, metavar=('MODEL', 'BATCH', 'N'), help="one step's time under each glibc setting of GLIBC, N paired rounds of fresh processes")
+    ap.add_argument('--step-time', nargs=2, help=argparse.SUPPRESS)
     ap.add_argument('--full-warmup', action='store_true', help='accuracy table with the warm-up step at the full batch, so kernels have allocated what they keep before the measured steps')
     a = ap.parse_args()
     ENV['OMP_NUM_THREADS'] = str(a.threads)
     torch.set_num_threads(a.threads)  # plan for the thread count the measured processes run with: it changes PyTorch's kernel choice
     HOLES = a.warmup_holes
-    if a.glibc_defaults:  # neither the measured processes nor the plans get a MALLOC_* setting
+    if a.glibc_defaults: a.glibc = 'defaults'  # neither the measured processes nor the plans get a MALLOC_* setting
+    if a.glibc != 'bench':  # the measured processes and the plans (`_as_measured`) get these settings and no others
         for k in [k for k in ENV if k.startswith('MALLOC_')]: del ENV[k]
         for k in [k for k in os.environ if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES']: del os.environ[k]
+        ENV.update(GLIBC[a.glibc])
     if a.measure: print(measure(a.measure[0], int(a.measure[1]), 'full' in a.measure[2:], 'holes' in a.measure[2:],
                                 int(next((m[8:] for m in a.measure[2:] if m.startswith('history=')), 0))))
     elif a.kernels_child: print(json.dumps(kernels_child(*json.loads(a.kernels_child))))
@@ -585,6 +716,8 @@ if __name__ == '__main__':
     elif a.replay_child: print(json.dumps(replay_child(json.load(sys.stdin))))
     elif a.heap: heap_report(a.heap[0], int(a.heap[1]))
     elif a.phases: phases_report(a.phases[0], int(a.phases[1]))
+    elif a.malloc_trace: malloc_trace_report(a.malloc_trace[0], int(a.malloc_trace[1]))
+    elif a.malloc_trace_child: malloc_trace_child(a.malloc_trace_child[0], int(a.malloc_trace_child[1]), a.malloc_trace_child[2])
     elif a.phases_child: print(json.dumps(phases_child(*json.loads(a.phases_child))))
     elif a.kernels: kernels_report()
     elif a.budgets and a.families: budgets_table(a.models or list(FAMILIES), a.gib, next_up=False)  # the margin leaves room for b+1
@@ -593,5 +726,7 @@ if __name__ == '__main__':
     elif a.real_budgets: budgets_table(a.models or ['cnn', 'transformer'], [2, 4, 8])
     elif a.gemm: gemm_report()
     elif a.histories: histories_report(a.histories[0], int(a.histories[1]), int(a.histories[2]))
+    elif a.speed: speed_report(a.speed[0], int(a.speed[1]), int(a.speed[2]))
+    elif a.step_time: print(step_time(a.step_time[0], int(a.step_time[1])))
     elif a.repeat: repeat(a.repeat[0], int(a.repeat[1]), int(a.repeat[2]))
     else: accuracy_table(a.full_warmup)
