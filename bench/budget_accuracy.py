@@ -485,9 +485,11 @@ def heap_report(name, bs):
     print(f"  {nodes} autograd nodes; the plan holds {mi(graph)} of graph at the tensors' peak. Measured with the warm-up's freed heap left in place "
           f"{mi(holes)}, handed back first (malloc_trim, the bench's protocol) {mi(trimmed)}: the holes hid {mi(trimmed - holes)}")
 
-def phases_child(name, bs)->list:
-    "Run in a fresh process (the bench's protocol): the high-water mark of each phase of each of the two measured steps, cleared before each."
+def phases_child(name, bs, out=None)->list:
+    """Run in a fresh process (the bench's protocol): the high-water mark of each phase of each of the two measured steps, cleared before each.
+    With `out`, under bench/malloc_trace.c (LD_PRELOAD): every C library call of the steps goes to `out`, each phase's first and last to `out`.json."""
     import ctypes, gc
+    lib = ctypes.CDLL(None)
     torch.set_num_threads(1)
     model, (x, y) = make(name, bs)
     warm = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -496,19 +498,26 @@ def phases_child(name, bs)->list:
     for p in model.parameters(): p.grad = None
     torch.manual_seed(1)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    gc.collect(); _free_blas_buffers(); ctypes.CDLL(None).malloc_trim(0)
+    gc.collect(); _free_blas_buffers(); lib.malloc_trim(0)
     alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
-    base, out = _rss(), []
+    if out:  # the tracer's buffer is touched before the baseline
+        lib.mt_n.restype, lib.mt_open.argtypes = ctypes.c_uint64, [ctypes.c_char_p]
+        if lib.mt_open(str(out).encode()) < 0: sys.exit(f"the tracer could not open {out}")
+        lib.mt_on()
+    calls = (lambda: int(lib.mt_n())) if out else (lambda: 0)
+    base, hwm, marks = _rss(), [], []
     def phase(f):
         with open('/proc/self/clear_refs', 'w') as fh: fh.write('5')
-        r = f(); out.append(_hwm() - base + alive); return r
+        first = calls(); r = f(); marks.append((first, calls()))
+        hwm.append(_hwm() - base + alive); return r
     for _ in range(2):
         o = phase(lambda: model(x))
         loss = F.cross_entropy(o, y)
         phase(loss.backward)
         del o, loss
         phase(lambda: (opt.step(), opt.zero_grad(set_to_none=True)))
-    return out
+    if out: lib.mt_close(); Path(f"{out}.json").write_text(json.dumps(dict(marks=marks, hwm=hwm, alive=alive)))
+    return hwm
 
 def _plan_phases(name, bs):
     "The plan of one case, and per (step, phase) its live bytes and their replay through `GlibcHeap` from the heap the plan replays from."
@@ -548,38 +557,6 @@ def _tracer()->Path:
     if not so.exists(): subprocess.run([cc, '-O2', '-shared', '-fPIC', '-o', str(so), str(src)], check=True)
     return so
 
-def malloc_trace_child(name, bs, out):
-    "Run in a fresh process under the tracer (the bench's protocol, as `phases_child`): every C library call of the two steps, to `out`."
-    import ctypes, gc
-    lib = ctypes.CDLL(None); lib.mt_n.restype = ctypes.c_uint64
-    lib.mt_open.argtypes = [ctypes.c_char_p]
-    torch.set_num_threads(1)
-    model, (x, y) = make(name, bs)
-    warm = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    _steps(model, warm, x[:2], y[:2], 1)
-    del warm
-    for p in model.parameters(): p.grad = None
-    torch.manual_seed(1)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    gc.collect(); _free_blas_buffers(); lib.malloc_trim(0)
-    alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
-    if lib.mt_open(str(out).encode()) < 0: sys.exit(f"the tracer could not open {out}")
-    base, marks = _rss(), []
-    lib.mt_on()
-    def phase(f):  # each phase: its first and last call, and its high-water mark
-        with open('/proc/self/clear_refs', 'w') as fh: fh.write('5')
-        marks.append(int(lib.mt_n())); r = f(); marks.append(int(lib.mt_n()))
-        marks.append(_hwm() - base + alive); return r
-    for _ in range(2):
-        o = phase(lambda: model(x))
-        loss = F.cross_entropy(o, y)
-        phase(loss.backward)
-        del o, loss
-        phase(lambda: (opt.step(), opt.zero_grad(set_to_none=True)))
-    lib.mt_close()
-    Path(f"{out}.json").write_text(json.dumps(dict(marks=marks, alive=alive)))
-    return 0
-
 def _replay_calls(calls, marks)->list:
     "The traced C library calls replayed through `GlibcHeap` from an empty heap: each phase's high-water mark of what they keep resident."
     from netlite_nb.budget import GlibcHeap, _glibc_settings
@@ -587,15 +564,15 @@ def _replay_calls(calls, marks)->list:
     keys, out, ph, best = {}, [], 0, 0
     base = h.rss()
     for i, (op, n, ptr, old) in enumerate(calls):
-        if i == marks[3 * ph]: best = h.rss() - base  # the phase's mark starts where it is now, as clear_refs does
+        if i == marks[ph][0]: best = h.rss() - base  # the phase's mark starts where it is now, as clear_refs does
         kind = op & 0xff
         if kind in (2, 4) and (k := keys.pop(ptr if kind == 2 else old, None)) is not None: h.free(k)  # blocks from before the trace are unknown
         if kind != 2:
             keys[ptr] = h.malloc(n, op >> 8 if kind == 5 else 16)
             best = max(best, h.rss() - base)
-        if i + 1 == marks[3 * ph + 1]:
+        if i + 1 == marks[ph][1]:
             out.append(best); ph += 1
-            if ph == len(marks) // 3: break
+            if ph == len(marks): break
     return out
 
 def malloc_trace_report(name, bs):
@@ -605,7 +582,7 @@ def malloc_trace_report(name, bs):
     import tempfile
     from array import array
     so, out = _tracer(), Path(tempfile.mkdtemp()) / 'calls.bin'
-    subprocess.run([sys.executable, __file__, '--malloc-trace-child', name, str(bs), str(out)], env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT),
+    subprocess.run([sys.executable, __file__, '--phases-child', json.dumps([name, bs, str(out)])], stdout=subprocess.DEVNULL, env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT),
                    'LD_PRELOAD': str(so)}, check=True)
     meta = json.loads(Path(f"{out}.json").read_text())
     words = array('Q', out.read_bytes())
@@ -617,7 +594,7 @@ def malloc_trace_report(name, bs):
           f"the two traced steps made {len(calls)} C library calls ({small} allocations of 1 KiB or less).")
     print("Per phase (MiB): measured high-water mark | the real calls replayed through GlibcHeap from an empty heap | the plan's own replay:")
     for i, (step, phase) in enumerate(_PHASES):
-        print(f"  step {step + 1} {phase:<9} {meta['marks'][3 * i + 2]/2**20:8.2f} | {real[i]/2**20:8.2f} | {heap.get((step, phase), 0)/2**20:8.2f}")
+        print(f"  step {step + 1} {phase:<9} {meta['hwm'][i]/2**20:8.2f} | {real[i]/2**20:8.2f} | {heap.get((step, phase), 0)/2**20:8.2f}")
 
 def histories_report(name, bs, n):
     """How much a few small blocks in the heap before a step move its peak: measured with each of the planner's `_heap_history(seed)`
@@ -689,7 +666,6 @@ if __name__ == '__main__':
     ap.add_argument('--phases', nargs=2, metavar=('MODEL', 'BATCH'), help="each phase's measured high-water mark next to the plan's")
     ap.add_argument('--phases-child', help=argparse.SUPPRESS)
     ap.add_argument('--malloc-trace', nargs=2, metavar=('MODEL', 'BATCH'), help="--phases, with every C library call of the real steps traced and replayed through GlibcHeap (needs cc)")
-    ap.add_argument('--malloc-trace-child', nargs=3, help=argparse.SUPPRESS)
     ap.add_argument('--histories', nargs=3, metavar=('MODEL', 'BATCH', 'N'), help="measure one case from N heap histories (a few small blocks before the steps), next to the plan's replays")
     ap.add_argument('--repeat', nargs=3, metavar=('MODEL', 'BATCH', 'N'), help='measure one case N times')
     ap.add_argument('--warmup-holes', action='store_true', help="leave the warm-up's freed heap in place (the protocol before the autograd graph was planned)")
@@ -717,7 +693,6 @@ if __name__ == '__main__':
     elif a.heap: heap_report(a.heap[0], int(a.heap[1]))
     elif a.phases: phases_report(a.phases[0], int(a.phases[1]))
     elif a.malloc_trace: malloc_trace_report(a.malloc_trace[0], int(a.malloc_trace[1]))
-    elif a.malloc_trace_child: malloc_trace_child(a.malloc_trace_child[0], int(a.malloc_trace_child[1]), a.malloc_trace_child[2])
     elif a.phases_child: print(json.dumps(phases_child(*json.loads(a.phases_child))))
     elif a.kernels: kernels_report()
     elif a.budgets and a.families: budgets_table(a.models or list(FAMILIES), a.gib, next_up=False)  # the margin leaves room for b+1
