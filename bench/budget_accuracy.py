@@ -451,12 +451,12 @@ def replay_child(calls:list)->list:
 def _calls(tr, with_graph=True)->list:
     "The trace's allocations as the planner replays them (`_heap_blocks`), for replay_child and `_model_peak`: [bytes, align] or [-1 - index]."
     from netlite_nb.budget import _heap_blocks
-    index, calls, node = {}, [], tr.graph[0] if tr.graph else 1024
+    index, calls = {}, []
     for sign, rec in tr.events:
         if rec.category == 'autograd graph' and not with_graph: continue
         if sign < 0: calls.extend([-j - 1] for j in index.pop(id(rec), ()))
         else:
-            blocks = _heap_blocks(rec, node)
+            blocks = _heap_blocks(rec, tr.graph)
             index[id(rec)] = range(len(calls), len(calls) + len(blocks))
             calls.extend([n, align] for n, align in blocks)
     return calls
@@ -531,14 +531,14 @@ def phases_child(name, bs, out=None)->list:
 
 def _plan_phases(name, bs):
     "The plan of one case, and per (step, phase) its live bytes and their replay through `GlibcHeap` from the heap the plan replays from."
-    from netlite_nb.budget import _HEAP_HISTORIES, _glibc_peak, _glibc_resident, plan_memory, trace_step
+    from netlite_nb.budget import _glibc_peak, _glibc_resident, _replays, plan_memory, trace_step
     model, batch = make(name, bs)
     tr = trace_step(model, batch, optimizer='adamw', kernels='cpu').tracker
     best, heap = {}, {}
     with _as_measured():
         p = plan_memory(model, batch, optimizer='adamw', device_or_gpu='cpu')
-        worst = max(range(_HEAP_HISTORIES), key=lambda s: _glibc_peak(tr, s)[0])  # the heap the plan replays from
-        for i, live, resident in _glibc_resident(tr, worst):
+        worst = max(_replays(), key=lambda r: _glibc_peak(tr, *r)[0])  # the replay the plan keeps
+        for i, live, resident in _glibc_resident(tr, *worst):
             sign, rec = tr.events[i]
             if sign > 0: ph = (rec.step, 'forward' if rec.phase == 'loss' else rec.phase)
             best[ph], heap[ph] = max(best.get(ph, 0), live), max(heap.get(ph, 0), resident)
@@ -615,7 +615,7 @@ def histories_report(name, bs, n):
         p = plan_memory(model, batch, optimizer='adamw', device_or_gpu='cpu')
         tr = trace_step(model, batch, optimizer='adamw', kernels='cpu').tracker
         kept = p.breakdown['CPU kernel workspace']
-        rows = [(measured(name, bs, history=s), _glibc_peak(tr, s)[0] + kept) for s in range(n)]
+        rows = [(measured(name, bs, history=s), max(_glibc_peak(tr, s, cut)[0] for cut in (False, True)) + kept) for s in range(n)]
     mi = lambda v: f"{v/2**20:.2f}"
     print(f"{name} at batch {bs}: plan {mi(p.peak)} MiB, the highest of the replays from histories 0-{_HEAP_HISTORIES - 1}")
     print("  history   measured   replayed (MiB)")

@@ -131,6 +131,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._optimizer_name': ('budget.html#_optimizer_name', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._optimizer_phase': ('budget.html#_optimizer_phase', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._precision_lever': ('budget.html#_precision_lever', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._replays': ('budget.html#_replays', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._round_size': ('budget.html#_round_size', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._run_conv': ('budget.html#_run_conv', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._saved_by_module': ('budget.html#_saved_by_module', 'netlite_nb/budget.py'),

@@ -1236,12 +1236,20 @@ def _glibc_settings()->dict:
         return None
     return dict(**{k: setting(k) for k in _GLIBC_SETTINGS}, page=os.sysconf('SC_PAGE_SIZE'))
 
-def _heap_blocks(rec:Allocation, node:int)->list[tuple[int, int]]:
+_TENSOR_OBJECTS = (176, 24)  # what malloc gives a tensor's own objects after its data (`bench/budget_accuracy.py --malloc-trace`, torch 2.14)
+
+def _heap_blocks(rec:Allocation, graph:tuple|None, # the trace's `AUTOGRAD_GRAPH_BYTES`
+                 cut:bool=False, # the graph's bytes cut as its objects come (a node, then a 16-byte block; a saved tensor's objects), not in node-size blocks
+                )->list[tuple[int, int]]:
     "The blocks (bytes, alignment) a traced record asks the C library for."
     if not rec.nbytes: return []
-    if rec.category == 'autograd graph':  # many small objects: one a node's size
+    if rec.category == 'autograd graph':  # many small objects
+        node, saved = (graph or (1024, 0))[:2]
+        if cut and rec.nbytes == saved:  # a saved tensor's share: the objects of the tensor it keeps, then the rest
+            rest = rec.nbytes - sum(_TENSOR_OBJECTS)
+            return [(n, 16) for n in _TENSOR_OBJECTS] + ([(rest, 16)] if rest > 0 else [])
         k = max(1, round(rec.nbytes / node))
-        return [(rec.nbytes // k, 16)] * k
+        return [(max(16, rec.nbytes // k - 16), 16), (16, 16)] * k if cut else [(rec.nbytes // k, 16)] * k
     return [(rec.nbytes, 64)]  # c10's CPU allocator, and oneDNN's for its scratch: posix_memalign(64)
 
 _HEAP_HISTORIES = 8  # the plan replays a step from this many heaps: an empty one, and ones up to 40 small blocks went into first
@@ -1251,26 +1259,30 @@ def _heap_history(malloc:Callable, seed:int):
     r = random.Random(seed)
     return [malloc(r.randrange(16, 600)) for _ in range(r.randrange(40) if seed else 0)]
 
-def _glibc_resident(tr:AllocationTracker, history:int=0):
-    "The trace replayed through `GlibcHeap` (this process's settings, `_heap_history(history)` first): (event index, bytes live, bytes it adds)."
+def _glibc_resident(tr:AllocationTracker, history:int=0, cut:bool=False):
+    "The trace replayed through `GlibcHeap` (this process's settings, `_heap_history(history)` first, `_heap_blocks(cut)`): (event index, bytes live, bytes it adds)."
     h, blocks, live = GlibcHeap(**_glibc_settings()), {}, 0
     _heap_history(h.malloc, history)
-    base, node = h.rss(), tr.graph[0] if tr.graph else 1024
+    base = h.rss()
     for i, (sign, rec) in enumerate(tr.events):
         live += sign * rec.nbytes
-        if sign > 0: blocks[id(rec)] = [h.malloc(n, align) for n, align in _heap_blocks(rec, node)]
+        if sign > 0: blocks[id(rec)] = [h.malloc(n, align) for n, align in _heap_blocks(rec, tr.graph, cut)]
         else:
             for a in blocks.pop(id(rec), ()): h.free(a)
         yield i, live, h.rss() - base
 
-def _glibc_peak(tr:AllocationTracker, history:int=0)->tuple[int, int, int]:
+def _glibc_peak(tr:AllocationTracker, history:int=0, cut:bool=False)->tuple[int, int, int]:
     "(bytes resident, event index, bytes live) where the trace, replayed from `_heap_history(history)`, peaks; resident -1: no allocation."
-    return max(((r, i, l) for i, l, r in _glibc_resident(tr, history) if tr.events[i][0] > 0), key=lambda p: p[0], default=(-1, -1, 0))
+    return max(((r, i, l) for i, l, r in _glibc_resident(tr, history, cut) if tr.events[i][0] > 0), key=lambda p: p[0], default=(-1, -1, 0))
+
+def _replays()->list[tuple[int, bool]]:
+    "The (history, cut) of every replay the plan makes: each heap history, with the graph's bytes cut each way."
+    return [(s, cut) for s in range(_HEAP_HISTORIES) for cut in (False, True)]
 
 def _glibc_replay(tr:AllocationTracker)->tuple[int, int, int]:
     "(bytes live, event index, bytes glibc adds: mapped blocks' pages, the heap's holes) where the trace peaks, replayed from the heap that holds most."
     if not _on_glibc(): return tr.peak, tr.peak_at, 0
-    best, at, at_live = max((_glibc_peak(tr, s) for s in range(_HEAP_HISTORIES)), key=lambda p: p[0])
+    best, at, at_live = max((_glibc_peak(tr, s, cut) for s, cut in _replays()), key=lambda p: p[0])
     return (at_live, at, best - at_live) if at >= 0 else (tr.peak, tr.peak_at, 0)
 
 def _glibc_note()->str:
@@ -1279,7 +1291,8 @@ def _glibc_note()->str:
           "below 32 MiB, and keeps up to twice that free at the heap's end" if h.dynamic else fmt_bytes(h.threshold))
     return (f"allocator rounding: glibc's malloc modelled (`GlibcHeap`): blocks at or above its mmap threshold ({th}) "
             "get pages of their own, header and alignment included; smaller tensors and the autograd graph's objects share the heap, "
-            f"with the holes freed blocks leave there, replayed from {_HEAP_HISTORIES} heaps a few small blocks went into first (the highest kept)"
+            f"with the holes freed blocks leave there, replayed from {_HEAP_HISTORIES} heaps a few small blocks went into first, the graph's "
+            "objects cut two ways (the highest kept)"
             + ("; with glibc's moving threshold the heap holds what earlier steps freed, so what the process did before the step moves "
                "the resident set by more than the plan can know (MALLOC_MMAP_THRESHOLD_=65536 makes it follow the plan, at the cost of "
                "fresh pages for every block of 64 KiB or more)" if h.dynamic else ''))

@@ -431,7 +431,8 @@ def test_glibc_replay_of_a_trace(monkeypatch):
 
 def test_plan_keeps_the_heap_history_that_holds_most(monkeypatch):
     """A step that lives in the heap (a GRU at batch 32: 16-48 KiB tensors among the graph's objects) lands in different layouts when a few
-    small blocks went into the heap first; the plan replays it from `_HEAP_HISTORIES` such heaps, each the same every time, and keeps the highest."""
+    small blocks went into the heap first; the plan replays it from `_HEAP_HISTORIES` such heaps, each the same every time, with the graph's bytes
+    cut two ways, and keeps the highest."""
     from netlite_nb import budget
     monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '65536'); monkeypatch.setenv('MALLOC_TRIM_THRESHOLD_', '0')
     monkeypatch.delenv('GLIBC_TUNABLES', raising=False)
@@ -440,7 +441,7 @@ def test_plan_keeps_the_heap_history_that_holds_most(monkeypatch):
         def __init__(self): super().__init__(); self.rnn, self.head = nn.GRU(64, 128, num_layers=2, batch_first=True), nn.Linear(128, 10)
         def forward(self, x): return self.head(self.rnn(x)[0][:, -1])
     tr = trace_step(GRUNet(), (torch.empty(32, 64, 64, device='meta'), torch.empty(32, dtype=torch.long, device='meta')), kernels='cpu').tracker
-    peaks = [budget._glibc_peak(tr, s)[0] for s in range(budget._HEAP_HISTORIES)]
+    peaks = [budget._glibc_peak(tr, s, cut)[0] for s, cut in budget._replays()]
     live, at, extra = budget._glibc_replay(tr)
     assert live + extra == max(peaks) > min(peaks) + 2**20 and min(peaks) >= tr.peak, peaks   # two layouts, more than a MiB apart
     sizes = lambda s: budget._heap_history(lambda n: n, s)
