@@ -526,7 +526,8 @@ def phases_child(name, bs, out=None)->list:
         phase(loss.backward)
         del o, loss
         phase(lambda: (opt.step(), opt.zero_grad(set_to_none=True)))
-    if out: lib.mt_close(); Path(f"{out}.json").write_text(json.dumps(dict(marks=marks, hwm=hwm, alive=alive)))
+    if out and lib.mt_close(): sys.exit(f"the tracer could not write all its calls to {out}")
+    if out: Path(f"{out}.json").write_text(json.dumps(dict(marks=marks, hwm=hwm, alive=alive)))
     return hwm
 
 def _plan_phases(name, bs):
@@ -570,38 +571,36 @@ def _tracer()->Path:
 def _replay_calls(calls, marks)->list:
     "The traced C library calls replayed through `GlibcHeap` from an empty heap: each phase's high-water mark of what they keep resident."
     from netlite_nb.budget import GlibcHeap, _glibc_settings
+    if marks[-1][1] > len(calls): sys.exit(f"the tracer's file holds {len(calls)} calls, but the phases end at call {marks[-1][1]}")
     with _as_measured(): h = GlibcHeap(**_glibc_settings())
-    keys, out, ph, best = {}, [], 0, 0
-    base = h.rss()
-    for i, (op, n, ptr, old) in enumerate(calls):
-        if i == marks[ph][0]: best = h.rss() - base  # the phase's mark starts where it is now, as clear_refs does
+    keys, base = {}, h.rss()
+    after = []  # what is resident after each call
+    for op, n, ptr, old in calls[:marks[-1][1]]:
         kind = op & 0xff
         if kind in (2, 4) and (k := keys.pop(ptr if kind == 2 else old, None)) is not None: h.free(k)  # blocks from before the trace are unknown
-        if kind != 2:
-            keys[ptr] = h.malloc(n, op >> 8 if kind == 5 else 16)
-            best = max(best, h.rss() - base)
-        if i + 1 == marks[ph][1]:
-            out.append(best); ph += 1
-            if ph == len(marks): break
-    return out
+        if kind != 2 and ptr: keys[ptr] = h.malloc(n, op >> 8 if kind == 5 else 16)  # a null pointer: nothing was allocated (realloc(p, 0))
+        after.append(h.rss() - base)
+    # a phase's mark starts where the heap is before its first call, as clear_refs does, and rises with each of its calls
+    return [max([after[first - 1] if first else 0, *after[first:last]]) for first, last in marks]
 
 def malloc_trace_report(name, bs):
     """Every C library call of the two measured steps, traced (bench/malloc_trace.c, LD_PRELOAD) and replayed through `GlibcHeap`:
     next to each phase's measurement and the plan's replay of its own trace, it separates what the model of glibc gets wrong (the real
     calls replayed) from what the tensor trace lacks (the plan's calls)."""
-    import tempfile
+    import shutil, tempfile
     from array import array
     so, out = _tracer(), Path(tempfile.mkdtemp()) / 'calls.bin'
     subprocess.run([sys.executable, __file__, '--phases-child', json.dumps([name, bs, str(out)])], stdout=subprocess.DEVNULL, env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT),
                    'LD_PRELOAD': str(so)}, check=True)
     meta = json.loads(Path(f"{out}.json").read_text())
     words = array('Q', out.read_bytes())
+    shutil.rmtree(out.parent)
     calls = [words[i:i + 4] for i in range(0, len(words), 4)]
     real = [r + meta['alive'] for r in _replay_calls(calls, meta['marks'])]
     p, best, heap = _plan_phases(name, bs)
-    small = sum(1 for op, n, _, _ in calls if op & 0xff != 2 and op & 0xff != 5 and n <= 1024)
+    small = sum(1 for op, n, _, _ in calls if op & 0xff != 2 and n <= 1024)
     print(f"{name} at batch {bs}: plan {p.peak/2**20:.2f} MiB, measured {measured(name, bs)/2**20:.2f} MiB without the tracer; "
-          f"the two traced steps made {len(calls)} C library calls ({small} allocations of 1 KiB or less).")
+          f"from the first step's start to the second's end the process made {len(calls)} C library calls ({small} allocations of 1 KiB or less).")
     print("Per phase (MiB): measured high-water mark | the real calls replayed through GlibcHeap from an empty heap | the plan's own replay:")
     for i, (step, phase) in enumerate(_PHASES):
         print(f"  step {step + 1} {phase:<9} {meta['hwm'][i]/2**20:8.2f} | {real[i]/2**20:8.2f} | {heap.get((step, phase), 0)/2**20:8.2f}")
@@ -707,6 +706,7 @@ if __name__ == '__main__':
     elif a.phases_child: print(json.dumps(phases_child(*json.loads(a.phases_child))))
     elif a.kernels: kernels_report()
     elif a.budgets and a.families: budgets_table(a.models or list(FAMILIES), a.gib, next_up=False)  # the margin leaves room for b+1
+    elif a.budgets and a.variants: budgets_table(a.models or list(VARIANTS), a.gib, next_up=False)
     elif a.variants: accuracy_table(a.full_warmup, {k: v for k, v in VARIANTS.items() if not a.models or k in a.models}, a.calibrate)
     elif a.families: accuracy_table(a.full_warmup, {k: v for k, v in FAMILIES.items() if not a.models or k in a.models}, a.calibrate)
     elif a.budgets: budgets_table(a.models or list(MODELS), a.gib)

@@ -1243,13 +1243,14 @@ def _heap_blocks(rec:Allocation, graph:tuple|None, # the trace's `AUTOGRAD_GRAPH
                 )->list[tuple[int, int]]:
     "The blocks (bytes, alignment) a traced record asks the C library for."
     if not rec.nbytes: return []
-    if rec.category == 'autograd graph':  # many small objects
+    if rec.category == 'autograd graph':  # many small objects; cut or not, the blocks add up to the record's bytes (less its rounding to k blocks)
         node, saved = (graph or (1024, 0))[:2]
-        if cut and rec.nbytes == saved:  # a saved tensor's share: the objects of the tensor it keeps, then the rest
-            rest = rec.nbytes - sum(_TENSOR_OBJECTS)
-            return [(n, 16) for n in _TENSOR_OBJECTS] + ([(rest, 16)] if rest > 0 else [])
-        k = max(1, round(rec.nbytes / node))
-        return [(max(16, rec.nbytes // k - 16), 16), (16, 16)] * k if cut else [(rec.nbytes // k, 16)] * k
+        objects = sum(_TENSOR_OBJECTS)
+        if cut and rec.nbytes == saved > objects:  # a saved tensor's share (`_saved_for_backward`): the objects of the tensor it keeps, then the rest
+            return [(n, 16) for n in _TENSOR_OBJECTS] + [(rec.nbytes - objects, 16)]
+        k = max(1, round(rec.nbytes / max(node, 16)))
+        n = rec.nbytes // k
+        return [(n - 16, 16), (16, 16)] * k if cut and n > 32 else [(n, 16)] * k
     return [(rec.nbytes, 64)]  # c10's CPU allocator, and oneDNN's for its scratch: posix_memalign(64)
 
 _HEAP_HISTORIES = 8  # the plan replays a step from this many heaps: an empty one, and ones up to 40 small blocks went into first

@@ -429,6 +429,24 @@ def test_glibc_replay_of_a_trace(monkeypatch):
     assert budget._glibc_replay(tr) == (tr.peak, tr.peak_at, 0)
 
 
+def test_heap_blocks_cut_two_ways_hold_the_same_bytes():
+    """The graph's bytes cut as its objects come hold what node-size blocks hold, for the default graph bytes and for odd calibrated ones;
+    a saved tensor's share starts with a tensor's objects only where it is bigger than them."""
+    from types import SimpleNamespace
+    from netlite_nb import budget
+    for graph in [budget.AUTOGRAD_GRAPH_BYTES, (603, 355, 50), (100, 150, 48), (20, 10, 5), (0, 0, 0)]:
+        node, saved, value = graph
+        for nbytes in {saved, node, 7 * node + 3 * value, 1821 * node + 900 * value, 1}:
+            rec = SimpleNamespace(nbytes=nbytes, category='autograd graph')
+            whole, cut = budget._heap_blocks(rec, graph), budget._heap_blocks(rec, graph, cut=True)
+            assert sum(n for n, _ in cut) == sum(n for n, _ in whole) <= nbytes and all(n > 0 for n, _ in cut), (graph, nbytes, cut)
+            assert nbytes - sum(n for n, _ in whole) <= max(len(whole) - 1, 0)   # k node-size blocks lose less than k bytes to rounding
+        share = budget._heap_blocks(SimpleNamespace(nbytes=saved, category='autograd graph'), graph, cut=True)
+        assert ([n for n, _ in share[:2]] == list(budget._TENSOR_OBJECTS)) == (saved > sum(budget._TENSOR_OBJECTS)), (graph, share)
+    tensor = SimpleNamespace(nbytes=4096, category='activations')
+    assert budget._heap_blocks(tensor, None, cut=True) == budget._heap_blocks(tensor, None) == [(4096, 64)]
+
+
 def test_plan_keeps_the_heap_history_that_holds_most(monkeypatch):
     """A step that lives in the heap (a GRU at batch 32: 16-48 KiB tensors among the graph's objects) lands in different layouts when a few
     small blocks went into the heap first; the plan replays it from `_HEAP_HISTORIES` such heaps, each the same every time, with the graph's bytes
