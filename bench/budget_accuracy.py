@@ -461,14 +461,19 @@ def _calls(tr, with_graph=True)->list:
             calls.extend([n, align] for n, align in blocks)
     return calls
 
-def _model_peak(calls)->int:
-    "The same calls through the planner's model of glibc, with the bench's settings."
+def _residency(calls)->list[int]:
+    "Calls ([bytes, align] or [-1 - index], as `_calls` writes them) through the planner's model of glibc, with the bench's settings: the bytes resident after each."
     from netlite_nb.budget import GlibcHeap, _glibc_settings
-    with _as_measured(): h, keys, best = GlibcHeap(**_glibc_settings()), {}, 0
+    with _as_measured(): h, keys, out = GlibcHeap(**_glibc_settings()), {}, []
     for i, (n, *align) in enumerate(calls):
         if n < 0: h.free(keys.pop(-n - 1))
-        else: keys[i] = h.malloc(n, align[0]); best = max(best, h.rss())
-    return best
+        else: keys[i] = h.malloc(n, align[0])
+        out.append(h.rss())
+    return out
+
+def _model_peak(calls)->int:
+    "The same calls through the planner's model of glibc, with the bench's settings: the most they keep resident."
+    return max(_residency(calls), default=0)
 
 def _replayed(calls)->int:
     out = subprocess.run([sys.executable, __file__, '--replay-child', '-'], input=json.dumps(calls), env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
@@ -570,18 +575,17 @@ def _tracer()->Path:
 
 def _replay_calls(calls, marks)->list:
     "The traced C library calls replayed through `GlibcHeap` from an empty heap: each phase's high-water mark of what they keep resident."
-    from netlite_nb.budget import GlibcHeap, _glibc_settings
     if marks[-1][1] > len(calls): sys.exit(f"the tracer's file holds {len(calls)} calls, but the phases end at call {marks[-1][1]}")
-    with _as_measured(): h = GlibcHeap(**_glibc_settings())
-    keys, base = {}, h.rss()
-    after = []  # what is resident after each call
+    index, plan, at = {}, [], []  # pointer -> its allocation in `plan`; the traced calls as `_calls` writes them; where each traced call starts there
     for op, n, ptr, old in calls[:marks[-1][1]]:
+        at.append(len(plan))
         kind = op & 0xff
-        if kind in (2, 4) and (k := keys.pop(ptr if kind == 2 else old, None)) is not None: h.free(k)  # blocks from before the trace are unknown
-        if kind != 2 and ptr: keys[ptr] = h.malloc(n, op >> 8 if kind == 5 else 16)  # a null pointer: nothing was allocated (realloc(p, 0))
-        after.append(h.rss() - base)
+        if kind in (2, 4) and (j := index.pop(ptr if kind == 2 else old, None)) is not None: plan.append([-j - 1])  # blocks from before the trace are unknown
+        if kind != 2 and ptr: index[ptr] = len(plan); plan.append([n, op >> 8 if kind == 5 else 16])  # a null pointer: nothing was allocated
+    after = _residency(plan)
+    at.append(len(plan))
     # a phase's mark starts where the heap is before its first call, as clear_refs does, and rises with each of its calls
-    return [max([after[first - 1] if first else 0, *after[first:last]]) for first, last in marks]
+    return [max([after[at[first] - 1] if at[first] else 0, *after[at[first]:at[last]]]) for first, last in marks]
 
 def malloc_trace_report(name, bs):
     """Every C library call of the two measured steps, traced (bench/malloc_trace.c, LD_PRELOAD) and replayed through `GlibcHeap`:
