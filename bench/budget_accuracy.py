@@ -17,6 +17,7 @@
     python bench/budget_accuracy.py --malloc-trace gru 32   # the same, with every C library call of the real steps replayed through GlibcHeap (needs cc)
     python bench/budget_accuracy.py --families --glibc-defaults   # measured and planned with glibc's own settings, as a user's process runs
     python bench/budget_accuracy.py --families --glibc heap       # ... with the threshold fixed at glibc's 32 MiB limit and no trimming
+    python bench/budget_accuracy.py --families --glibc fixed-late # ... with glibc's own at start, a messy heap, then fix_glibc_thresholds() in the process
     python bench/budget_accuracy.py --speed mobilenet_v2 16 3      # one step's time under each of those glibc settings, paired fresh processes
     (--threads 2 measures with two threads instead of one; --full-warmup warms up at the full batch, so what the kernels keep
      is already in the baseline and the measured steps hold tensors only; --warmup-holes leaves the warm-up's freed heap in place,
@@ -44,7 +45,8 @@ sys.path.insert(0, str(ROOT))  # this checkout's netlite_nb, not whichever one i
 ENV = dict(MALLOC_MMAP_THRESHOLD_='65536', MALLOC_ARENA_MAX='1', MALLOC_TRIM_THRESHOLD_='0', OMP_NUM_THREADS='1')
 GLIBC = {  # glibc settings a process can run with: the bench's; glibc's own (a user's process); the threshold fixed at glibc's 32 MiB limit, never trimmed
     'bench': {k: v for k, v in ENV.items() if k.startswith('MALLOC_')}, 'defaults': {},
-    'heap': dict(MALLOC_MMAP_THRESHOLD_=str(32 * 2**20), MALLOC_TRIM_THRESHOLD_=str(2**40), MALLOC_ARENA_MAX='1')}
+    'heap': dict(MALLOC_MMAP_THRESHOLD_=str(32 * 2**20), MALLOC_TRIM_THRESHOLD_=str(2**40), MALLOC_ARENA_MAX='1'),
+    'fixed-late': dict(BENCH_FIX_LATE='1')}  # glibc's own at start, a messy heap made under them (`_messy_heap`), then `fix_glibc_thresholds()`
 HOLES = False  # --warmup-holes: measure as before the autograd graph was planned (the warm-up's freed heap left in place)
 
 def mlp(): return nn.Sequential(nn.Flatten(), nn.Linear(784, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 10))
@@ -181,12 +183,32 @@ def _steps(model, opt, x, y, n=2):
 
 from netlite_nb.budget import _free_blas_buffers  # hands MKL's cached matmul buffers back (mkl_free_buffers)
 
+_KEPT = []  # small objects a notebook keeps between its big tensors (losses, metrics, results): they pin the holes in place
+
+def _messy_heap(seed=0, n=300):
+    """Under glibc's moving threshold: tensors of 16 KiB to 8 MiB made and freed in a shuffled order, a small one kept after each,
+    as a notebook leaves its heap."""
+    import random
+    r, alive = random.Random(seed), []
+    for _ in range(n):
+        alive.append(torch.ones(int(2 ** r.uniform(12, 21))))  # 4 bytes a float: 16 KiB to 8 MiB, pages touched
+        _KEPT.append(torch.ones(4))
+        if len(alive) > 20: alive.pop(r.randrange(len(alive)))
+    del alive
+
+def _fix_late():
+    "In a `--glibc fixed-late` child: a notebook's process, its heap made under glibc's own settings, then the thresholds fixed in it."
+    if not os.environ.get('BENCH_FIX_LATE'): return
+    from netlite_nb.budget import fix_glibc_thresholds
+    _messy_heap(); fix_glibc_thresholds()
+
 def measure(name, bs, full_warmup=False, holes=False, history=0)->int:
     """Run in a fresh process: the measured peak bytes of two AdamW training steps (full_warmup: what kernels keep is already there;
     holes: the warm-up's freed heap is left in place, where the measured steps' small objects reuse it instead of growing the heap;
     history: the planner's `_heap_history(seed)`, up to 40 small blocks left alive in the heap just before the steps)."""
     import ctypes, gc
     torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', '1')))
+    _fix_late()
     model, (x, y) = make(name, bs)
     warm = torch.optim.AdamW(model.parameters(), lr=1e-3)
     w = slice(None) if full_warmup else slice(2)
@@ -629,6 +651,7 @@ def histories_report(name, bs, n):
 def step_time(name, bs, n=5)->float:
     "Run in a fresh process: the median seconds of `n` training steps at the full batch, after two that warm up."
     torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', '1')))
+    _fix_late()
     model, (x, y) = make(name, bs)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     _steps(model, opt, x, y, 2)
@@ -699,6 +722,9 @@ if __name__ == '__main__':
         for k in [k for k in ENV if k.startswith('MALLOC_')]: del ENV[k]
         for k in [k for k in os.environ if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES']: del os.environ[k]
         ENV.update(GLIBC[a.glibc])
+    if a.glibc == 'fixed-late' and not a.measure:  # the plans are made in a process that fixed its thresholds too
+        from netlite_nb.budget import fix_glibc_thresholds
+        fix_glibc_thresholds()
     if a.measure: print(measure(a.measure[0], int(a.measure[1]), 'full' in a.measure[2:], 'holes' in a.measure[2:],
                                 int(next((m[8:] for m in a.measure[2:] if m.startswith('history=')), 0))))
     elif a.kernels_child: print(json.dumps(kernels_child(*json.loads(a.kernels_child))))

@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_budget.ipynb #c003
 from __future__ import annotations
-import ast, contextlib, copy, functools, html, inspect, json, logging, math, os, platform, random, subprocess, sys, weakref
+import ast, contextlib, copy, ctypes, functools, gc, html, inspect, json, logging, math, os, platform, random, subprocess, sys, warnings, weakref
 from collections import deque
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -24,9 +24,10 @@ __all__ = ['AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'CUDA_CONTEXT_BYTE
            'is_traced', 'register_optimizer', 'make_optimizer', 'Trace', 'trace_step', 'CachingAllocatorSim',
            'cublas_workspace_bytes', 'cublaslt_workspace_bytes', 'Target', 'resolve_target', 'cpu_workspace_bytes',
            'cpu_conv_scratch', 'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch',
-           'calibrate_kernels', 'MemoryPlan', 'GlibcHeap', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels',
-           'cudnn_lstm_bytes', 'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'max_batch_size', 'Change',
-           'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
+           'calibrate_kernels', 'MemoryPlan', 'GlibcHeap', 'fix_glibc_thresholds', 'cudnn_conv_workspace',
+           'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes', 'plan_memory', 'plot_plans', 'BudgetTooSmallError',
+           'MovingThresholdWarning', 'max_batch_size', 'Change', 'register_lever', 'fit_to_budget', 'find_batch_size',
+           'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -1223,10 +1224,13 @@ def _glibc_strtoul(v:str)->int:
 
 _GLIBC_SETTINGS = {'mmap_threshold': (0, 2**64 - 1), 'trim_threshold': (0, 2**64 - 1), 'top_pad': (0, 2**64 - 1), 'mmap_max': (0, 2**31 - 1)}  # the bounds a value must keep
 
+_MALLOPT = {}  # what `fix_glibc_thresholds` set in this process (mallopt): later than the environment, so it wins
+
 def _glibc_settings()->dict:
-    "`GlibcHeap`'s settings as this process's environment gives them to glibc: GLIBC_TUNABLES, else MALLOC_*_; None for what is not set."
+    "`GlibcHeap`'s settings as this process gives them to glibc: `fix_glibc_thresholds`, else GLIBC_TUNABLES, else MALLOC_*_; None for what is not set."
     tunables = dict(t.partition('=')[::2] for t in os.environ.get('GLIBC_TUNABLES', '').split(':') if t.startswith('glibc.malloc.'))
     def setting(k):  # a value out of its tunable's bounds is ignored; mmap_max is a signed 32-bit number
+        if k in _MALLOPT: return _MALLOPT[k]
         lo, hi = _GLIBC_SETTINGS[k]
         for v in (tunables.get(f'glibc.malloc.{k}'), os.environ.get(f"MALLOC_{k.upper()}_")):
             if v is None: continue
@@ -1295,8 +1299,46 @@ def _glibc_note()->str:
             f"with the holes freed blocks leave there, replayed from {_HEAP_HISTORIES} heaps a few small blocks went into first, the graph's "
             "objects cut two ways (the highest kept)"
             + ("; with glibc's moving threshold the heap holds what earlier steps freed, so what the process did before the step moves "
-               "the resident set by more than the plan can know (MALLOC_MMAP_THRESHOLD_=65536 makes it follow the plan, at the cost of "
-               "fresh pages for every block of 64 KiB or more)" if h.dynamic else ''))
+               "the resident set by more than the plan can know (`fix_glibc_thresholds()` in this process, or MALLOC_MMAP_THRESHOLD_=65536 "
+               "before it starts, makes it follow the plan, at the cost of fresh pages for every block of 64 KiB or more)" if h.dynamic else ''))
+
+# %% ../nbs/01_budget.ipynb #pr6e
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
+_PLUGS = []  # the blocks `_plug_heap` keeps: never freed, so no tensor goes where they are
+
+def _libc():
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+    return libc
+
+def _plug_heap(threshold:int)->int:
+    "Take every free heap chunk of `threshold` bytes or more with a block kept for good, biggest first; the bytes taken."
+    libc, size, taken = _libc(), _GLIBC_MMAP_THRESHOLD_MAX, 0
+    while True:
+        p = libc.malloc(size)
+        if not p: raise MemoryError(f"malloc({size}) failed while filling the heap's free chunks")
+        if not ctypes.c_size_t.from_address(p - 8).value & 2: _PLUGS.append(p); taken += size; continue  # from the heap: keep it
+        libc.free(p)  # IS_MMAPPED: no free chunk this big is left
+        if size == threshold: return taken
+        size = max(size // 2, threshold)
+
+def fix_glibc_thresholds(mmap_threshold:int=65536, # blocks this big or bigger get pages of their own, handed back when freed (glibc's limit: 32 MiB)
+                         trim_threshold:int=0, # free bytes at the heap's end beyond which glibc hands pages back at once
+                        )->dict:
+    "Fix glibc's malloc thresholds in this running process, as `MALLOC_MMAP_THRESHOLD_`/`MALLOC_TRIM_THRESHOLD_` do at start; the heap's free chunks handed back and filled. Returns the settings `plan_memory` now uses."
+    if not _on_glibc(): raise RuntimeError(f"fix_glibc_thresholds sets glibc's malloc, and this process runs on {platform.system()} "
+                                           f"{platform.libc_ver()[0] or 'without glibc'}: its allocator keeps its own settings, and the plan models none")
+    for name, v, lo, hi in (('mmap_threshold', mmap_threshold, 4096, _GLIBC_MMAP_THRESHOLD_MAX), ('trim_threshold', trim_threshold, 0, 2**31 - 1)):
+        if not (isinstance(v, int) and lo <= v <= hi): raise ValueError(f"{name}={v!r}: glibc takes a whole number of bytes from {lo} to {hi}")
+    if _glibc_settings()['mmap_max'] == 0: raise ValueError("MALLOC_MMAP_MAX_=0 (or glibc.malloc.mmap_max=0) tells glibc to map nothing, so no "
+                                                            "threshold can give a block pages of its own: unset it and start Python again")
+    libc = _libc()
+    for opt, v in ((_M_MMAP_THRESHOLD, mmap_threshold), (_M_TRIM_THRESHOLD, trim_threshold)):
+        if libc.mallopt(opt, v) != 1: raise OSError(f"glibc's mallopt({opt}, {v}) refused the setting")
+    _MALLOPT.update(mmap_threshold=mmap_threshold, trim_threshold=trim_threshold)
+    gc.collect(); libc.malloc_trim(0)  # free pages back first: a plug then holds address space, not memory
+    _plug_heap(mmap_threshold)
+    return _glibc_settings()
 
 # %% ../nbs/01_budget.ipynb #mp11b
 def _cuda_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
@@ -1558,6 +1600,16 @@ def _search(plan:Callable, # plan(b) -> MemoryPlan (cached: the search asks for 
 # %% ../nbs/01_budget.ipynb #mg1
 PLAN_MARGIN = {('cpu', False): 0.05, ('cpu', True): 0.02}  # (target kind, calibrated) -> share of the budget `max_batch_size` keeps free
 
+class MovingThresholdWarning(UserWarning):
+    "A CPU plan for a process whose glibc still moves its mmap threshold: the resident set depends on what ran before the step."
+
+def _warn_moving_threshold(target):
+    if target.kind == 'cpu' and _on_glibc() and GlibcHeap(**_glibc_settings()).dynamic:
+        warnings.warn("this process's glibc raises its mmap threshold as blocks are freed (no MALLOC_* setting fixes it), so a step's "
+                      "resident set depends on what the process did before it and can land tens of per cent either side of the plan "
+                      "(`python bench/budget_accuracy.py --families --glibc defaults`). Call `fix_glibc_thresholds()` first, or start "
+                      "Python with MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0, for a plan that holds", MovingThresholdWarning, stacklevel=3)
+
 # %% ../nbs/01_budget.ipynb #mb5
 def max_batch_size(model:nn.Module, # the model to plan for
                    sample, # a batch (x, y) or x of any size: only its shapes after the first dimension and dtypes are used
@@ -1576,6 +1628,7 @@ def max_batch_size(model:nn.Module, # the model to plan for
     if budget is None: raise ValueError("max_batch_size needs a budget: pass budget= (bytes) or a device_or_gpu with known memory.")
     margin = PLAN_MARGIN.get((target.kind, bool(kw.get('calibrate'))), 0.0) if margin is None else margin
     budget = int(budget * (1 - margin))
+    _warn_moving_threshold(target)
     @functools.cache
     def plan(b):
         if micro_of is None: return plan_memory(model, resize_batch(sample, b), device_or_gpu=target, budget=budget, **kw)

@@ -728,3 +728,53 @@ def test_cuda_bench_logic_runs_without_a_gpu(capsys):
     assert sum(l.startswith('encdec') for l in capsys.readouterr().out.splitlines()) == len(C.conv_specs('encdec', 8)) == 4
     if not torch.cuda.is_available():
         assert C.main(['--models', 'lstm']) == 0 and 'No CUDA device' in capsys.readouterr().out
+
+
+_FIX_LATE_CHILD = r"""
+import ctypes, json, random, torch
+from netlite_nb import budget
+def rss(): return int(open('/proc/self/statm').read().split()[1]) * 4096
+def kept(n):  # resident bytes an n-float tensor leaves behind once freed
+    r = rss(); t = torch.ones(n); del t; return rss() - r
+r, alive, pins = random.Random(1), [], []
+for _ in range(200):  # glibc's own settings: big tensors on the heap as its threshold rises, small ones kept between them
+    alive.append(torch.ones(int(2 ** r.uniform(12, 21)))); pins.append(torch.ones(4))
+    if len(alive) > 10: alive.pop(r.randrange(len(alive)))
+del alive
+ctypes.CDLL(None).malloc_trim(0)
+before = [kept(2**k) for k in range(15, 21)]        # 128 KiB to 4 MiB
+libc = ctypes.CDLL(None); libc.mallopt(-3, 65536); libc.mallopt(-1, 0); libc.malloc_trim(0)
+set_only = [kept(2**k) for k in range(15, 21)]      # the thresholds set, the heap's free chunks left as they were
+settings = budget.fix_glibc_thresholds()
+after = [kept(2**k) for k in range(15, 21)]
+libc = budget._libc(); p = libc.malloc(65536); mapped = bool(ctypes.c_size_t.from_address(p - 8).value & 2); libc.free(p)
+print(json.dumps(dict(before=before, set_only=set_only, after=after, mapped=mapped, plugs=len(budget._PLUGS), settings=settings)))
+"""
+
+@pytest.mark.skipif(not sys.platform.startswith('linux') or os.confstr('CS_GNU_LIBC_VERSION') is None, reason='glibc only')
+def test_fix_glibc_thresholds_late_makes_big_blocks_go_back():
+    """In a process whose heap was made under glibc's moving threshold, setting the thresholds is not enough: a big tensor still lands in
+    a free chunk. `fix_glibc_thresholds` (mallopt, malloc_trim and the free chunks filled) leaves none: every tensor of 128 KiB or more
+    gives its pages back when freed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith('MALLOC_') and k != 'GLIBC_TUNABLES'}
+    r = subprocess.run([sys.executable, '-c', _FIX_LATE_CHILD], capture_output=True, text=True, env=env, check=True)
+    out = json.loads(r.stdout)
+    assert sum(out['before']) >= 2**20, out                      # before: freed tensors stay resident (heap, raised threshold)
+    assert sum(out['set_only']) >= 2**17, out                    # the thresholds alone: big tensors still fill the old free chunks
+    assert all(k < 4096 * 2 for k in out['after']), out           # after: mapped, handed back when freed (a page's noise at most)
+    assert out['mapped'] and out['plugs'] > 0, out                # no free chunk of 64 KiB is left; the messy heap had some to fill
+    assert (out['settings']['mmap_threshold'], out['settings']['trim_threshold']) == (65536, 0)
+
+
+def test_max_batch_size_warns_where_glibc_moves_its_threshold(monkeypatch):
+    from netlite_nb.budget import MovingThresholdWarning, _on_glibc
+    for k in [k for k in os.environ if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES']: monkeypatch.delenv(k)
+    if _on_glibc():
+        with pytest.warns(MovingThresholdWarning, match='fix_glibc_thresholds'):
+            max_batch_size(mlp(), MNIST, budget=2**28, device_or_gpu='cpu', max_batch=64)
+    monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '65536')
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', MovingThresholdWarning)
+        max_batch_size(mlp(), MNIST, budget=2**28, device_or_gpu='cpu', max_batch=64)   # a fixed threshold: nothing to warn of
+        max_batch_size(mlp(), MNIST, budget=2**28, max_batch=64)                        # tensors only: no model of glibc
