@@ -18,6 +18,7 @@
     python bench/budget_accuracy.py --families --glibc-defaults   # measured and planned with glibc's own settings, as a user's process runs
     python bench/budget_accuracy.py --families --glibc heap       # ... with the threshold fixed at glibc's 32 MiB limit and no trimming
     python bench/budget_accuracy.py --families --glibc fixed-late # ... with glibc's own at start, a messy heap, then fix_glibc_thresholds() in the process
+    python bench/budget_accuracy.py --families --glibc set-late   # ... the same without filling the heap's free chunks: why fix_glibc_thresholds fills them
     python bench/budget_accuracy.py --speed mobilenet_v2 16 3      # one step's time under each of those glibc settings, paired fresh processes
     (--threads 2 measures with two threads instead of one; --full-warmup warms up at the full batch, so what the kernels keep
      is already in the baseline and the measured steps hold tensors only; --warmup-holes leaves the warm-up's freed heap in place,
@@ -46,7 +47,8 @@ ENV = dict(MALLOC_MMAP_THRESHOLD_='65536', MALLOC_ARENA_MAX='1', MALLOC_TRIM_THR
 GLIBC = {  # glibc settings a process can run with: the bench's; glibc's own (a user's process); the threshold fixed at glibc's 32 MiB limit, never trimmed
     'bench': {k: v for k, v in ENV.items() if k.startswith('MALLOC_')}, 'defaults': {},
     'heap': dict(MALLOC_MMAP_THRESHOLD_=str(32 * 2**20), MALLOC_TRIM_THRESHOLD_=str(2**40), MALLOC_ARENA_MAX='1'),
-    'fixed-late': dict(BENCH_FIX_LATE='1')}  # glibc's own at start, a messy heap made under them (`_messy_heap`), then `fix_glibc_thresholds()`
+    'fixed-late': dict(BENCH_FIX_LATE='1'),  # glibc's own at start, a messy heap made under them (`_messy_heap`), then `fix_glibc_thresholds()`
+    'set-late': dict(BENCH_FIX_LATE='thresholds')}  # ... then only the thresholds set (mallopt) and the free heap handed back: the heap's free chunks stay
 HOLES = False  # --warmup-holes: measure as before the autograd graph was planned (the warm-up's freed heap left in place)
 
 def mlp(): return nn.Sequential(nn.Flatten(), nn.Linear(784, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 10))
@@ -198,9 +200,12 @@ def _messy_heap(seed=0, n=300):
 
 def _fix_late():
     "In a `--glibc fixed-late` child: a notebook's process, its heap made under glibc's own settings, then the thresholds fixed in it."
-    if not os.environ.get('BENCH_FIX_LATE'): return
-    from netlite_nb.budget import fix_glibc_thresholds
-    _messy_heap(); fix_glibc_thresholds()
+    how = os.environ.get('BENCH_FIX_LATE')
+    if not how: return
+    from netlite_nb import budget
+    _messy_heap()
+    if how == 'thresholds': budget._plug_heap = lambda threshold: 0  # what fix_glibc_thresholds does, less filling the free chunks
+    budget.fix_glibc_thresholds()
 
 def measure(name, bs, full_warmup=False, holes=False, history=0)->int:
     """Run in a fresh process: the measured peak bytes of two AdamW training steps (full_warmup: what kernels keep is already there;
@@ -677,7 +682,7 @@ def speed_report(name, bs, n):
     print(f"{name} at batch {bs}, one training step (median of {n} paired rounds, each the median of 5 steps in a fresh process):")
     for k, v in secs.items():
         ratio = med([a / b for a, b in zip(v, secs['defaults'])])
-        print(f"  {k:<9} {med(v):7.3f} s   x{ratio:.2f} glibc's own   {' '.join(f'{t:.3f}' for t in v)}   {GLIBC[k] or '(no MALLOC_* setting)'}")
+        print(f"  {k:<{max(map(len, GLIBC))}} {med(v):7.3f} s   x{ratio:.2f} glibc's own   {' '.join(f'{t:.3f}' for t in v)}   {GLIBC[k] or '(no MALLOC_* setting)'}")
 
 def repeat(name, bs, n):
     "Measure one case n times, to see how well a measurement repeats."
@@ -722,7 +727,7 @@ if __name__ == '__main__':
         for k in [k for k in ENV if k.startswith('MALLOC_')]: del ENV[k]
         for k in [k for k in os.environ if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES']: del os.environ[k]
         ENV.update(GLIBC[a.glibc])
-    if a.glibc == 'fixed-late' and not a.measure:  # the plans are made in a process that fixed its thresholds too
+    if a.glibc in ('fixed-late', 'set-late') and not a.measure:  # the plans are made in a process that fixed its thresholds too
         from netlite_nb.budget import fix_glibc_thresholds
         fix_glibc_thresholds()
     if a.measure: print(measure(a.measure[0], int(a.measure[1]), 'full' in a.measure[2:], 'holes' in a.measure[2:],

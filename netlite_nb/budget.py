@@ -1304,7 +1304,7 @@ def _glibc_note()->str:
 
 # %% ../nbs/01_budget.ipynb #pr6e
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
-_PLUGS = []  # the blocks `_plug_heap` keeps: never freed, so no tensor goes where they are
+_PLUGS = []  # (address, bytes) of the blocks `_plug_heap` keeps: never freed, so no tensor goes where they are
 
 def _libc():
     libc = ctypes.CDLL(None)
@@ -1317,7 +1317,7 @@ def _plug_heap(threshold:int)->int:
     while True:
         p = libc.malloc(size)
         if not p: raise MemoryError(f"malloc({size}) failed while filling the heap's free chunks")
-        if not ctypes.c_size_t.from_address(p - 8).value & 2: _PLUGS.append(p); taken += size; continue  # from the heap: keep it
+        if not ctypes.c_size_t.from_address(p - 8).value & 2: _PLUGS.append((p, size)); taken += size; continue  # from the heap: keep it
         libc.free(p)  # IS_MMAPPED: no free chunk this big is left
         if size == threshold: return taken
         size = max(size // 2, threshold)
