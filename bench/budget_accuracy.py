@@ -185,25 +185,14 @@ def _steps(model, opt, x, y, n=2):
 
 from netlite_nb.budget import _free_blas_buffers  # hands MKL's cached matmul buffers back (mkl_free_buffers)
 
-_KEPT = []  # small objects a notebook keeps between its big tensors (losses, metrics, results): they pin the holes in place
-
-def _messy_heap(seed=0, n=300):
-    """Under glibc's moving threshold: tensors of 16 KiB to 8 MiB made and freed in a shuffled order, a small one kept after each,
-    as a notebook leaves its heap."""
-    import random
-    r, alive = random.Random(seed), []
-    for _ in range(n):
-        alive.append(torch.ones(int(2 ** r.uniform(12, 21))))  # 4 bytes a float: 16 KiB to 8 MiB, pages touched
-        _KEPT.append(torch.ones(4))
-        if len(alive) > 20: alive.pop(r.randrange(len(alive)))
-    del alive
+_KEPT = []  # the small tensors `_messy_heap` keeps: they pin its holes in place, as a notebook's losses and results do
 
 def _fix_late():
     "In a `--glibc fixed-late` child: a notebook's process, its heap made under glibc's own settings, then the thresholds fixed in it."
     how = os.environ.get('BENCH_FIX_LATE')
     if not how: return
     from netlite_nb import budget
-    _messy_heap()
+    _KEPT.extend(budget._messy_heap())
     if how == 'thresholds': budget._plug_heap = lambda threshold: 0  # what fix_glibc_thresholds does, less filling the free chunks
     budget.fix_glibc_thresholds()
 
@@ -719,6 +708,9 @@ if __name__ == '__main__':
     ap.add_argument('--step-time', nargs=2, help=argparse.SUPPRESS)
     ap.add_argument('--full-warmup', action='store_true', help='accuracy table with the warm-up step at the full batch, so kernels have allocated what they keep before the measured steps')
     a = ap.parse_args()
+    import warnings
+    from netlite_nb.budget import MovingThresholdWarning
+    warnings.simplefilter('ignore', MovingThresholdWarning)  # the bench plans for the processes it starts (`_as_measured`), not for itself
     ENV['OMP_NUM_THREADS'] = str(a.threads)
     torch.set_num_threads(a.threads)  # plan for the thread count the measured processes run with: it changes PyTorch's kernel choice
     HOLES = a.warmup_holes

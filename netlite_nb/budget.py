@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_budget.ipynb #c003
 from __future__ import annotations
-import ast, contextlib, copy, ctypes, functools, gc, html, inspect, json, logging, math, os, platform, random, subprocess, sys, warnings, weakref
+import ast, contextlib, copy, ctypes, functools, gc, html, inspect, json, logging, math, os, platform, random, subprocess, sys, threading, warnings, weakref
 from collections import deque
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -1206,7 +1206,14 @@ def malloc(self:GlibcHeap, n:int, # bytes asked for
     return a
 
 # %% ../nbs/01_budget.ipynb #pr6
-def _on_glibc()->bool: return platform.system() == 'Linux' and platform.libc_ver()[0] == 'glibc'
+def _on_glibc()->bool:
+    "Linux with glibc, its malloc the one in use (no jemalloc or tcmalloc preloaded): what `GlibcHeap` models."
+    return platform.system() == 'Linux' and platform.libc_ver()[0] == 'glibc' and _glibc_malloc()
+
+@functools.cache
+def _glibc_malloc()->bool:
+    try: return ctypes.cast(ctypes.CDLL(None).malloc, ctypes.c_void_p).value == ctypes.cast(ctypes.CDLL('libc.so.6').malloc, ctypes.c_void_p).value
+    except (OSError, AttributeError): return False
 
 def _glibc_strtoul(v:str)->int:
     "A setting's value as glibc reads it (_dl_strtoul): blanks, a sign, then hex after 0x, octal after 0, digits up to the first other character; 0 if none."
@@ -1309,36 +1316,59 @@ _PLUGS = []  # (address, bytes) of the blocks `_plug_heap` keeps: never freed, s
 def _libc():
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+    libc.sbrk.restype, libc.sbrk.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t]
     return libc
 
+# %% ../nbs/01_budget.ipynb #pr6e2
 def _plug_heap(threshold:int)->int:
     "Take every free heap chunk of `threshold` bytes or more with a block kept for good, biggest first; the bytes taken."
     libc, size, taken = _libc(), _GLIBC_MMAP_THRESHOLD_MAX, 0
+    end = libc.sbrk(0)  # the heap's end: a block from a free chunk leaves it where it is
     while True:
         p = libc.malloc(size)
         if not p: raise MemoryError(f"malloc({size}) failed while filling the heap's free chunks")
-        if not ctypes.c_size_t.from_address(p - 8).value & 2: _PLUGS.append((p, size)); taken += size; continue  # from the heap: keep it
-        libc.free(p)  # IS_MMAPPED: no free chunk this big is left
-        if size == threshold: return taken
-        size = max(size // 2, threshold)
+        if ctypes.c_size_t.from_address(p - ctypes.sizeof(ctypes.c_size_t)).value & 2:  # IS_MMAPPED: no free chunk this big is left
+            libc.free(p)
+            if size == threshold: return taken
+            size = max(size // 2, threshold)
+        elif libc.sbrk(0) != end:  # glibc grew the heap instead of mapping: it maps no more blocks
+            libc.free(p)
+            raise RuntimeError(f"glibc put a {fmt_bytes(size)} block at the heap's end instead of mapping it: this process may map no more "
+                               "blocks (a MALLOC_MMAP_MAX_/mallopt(M_MMAP_MAX) limit, or the kernel's vm.max_map_count), so a fixed "
+                               "threshold cannot give tensors pages of their own; start Python with MALLOC_MMAP_THRESHOLD_=65536 instead")
+        else: _PLUGS.append((p, size)); taken += size
 
+# %% ../nbs/01_budget.ipynb #pr6e3
 def fix_glibc_thresholds(mmap_threshold:int=65536, # blocks this big or bigger get pages of their own, handed back when freed (glibc's limit: 32 MiB)
                          trim_threshold:int=0, # free bytes at the heap's end beyond which glibc hands pages back at once
                         )->dict:
     "Fix glibc's malloc thresholds in this running process, as `MALLOC_MMAP_THRESHOLD_`/`MALLOC_TRIM_THRESHOLD_` do at start; the heap's free chunks handed back and filled. Returns the settings `plan_memory` now uses."
     if not _on_glibc(): raise RuntimeError(f"fix_glibc_thresholds sets glibc's malloc, and this process runs on {platform.system()} "
-                                           f"{platform.libc_ver()[0] or 'without glibc'}: its allocator keeps its own settings, and the plan models none")
+                                           f"{platform.libc_ver()[0] or 'without glibc'}" + (" with another malloc preloaded" if platform.libc_ver()[0] == 'glibc' else '')
+                                           + ": that allocator keeps its own settings, and the plan models none")
     for name, v, lo, hi in (('mmap_threshold', mmap_threshold, 4096, _GLIBC_MMAP_THRESHOLD_MAX), ('trim_threshold', trim_threshold, 0, 2**31 - 1)):
         if not (isinstance(v, int) and lo <= v <= hi): raise ValueError(f"{name}={v!r}: glibc takes a whole number of bytes from {lo} to {hi}")
     if _glibc_settings()['mmap_max'] == 0: raise ValueError("MALLOC_MMAP_MAX_=0 (or glibc.malloc.mmap_max=0) tells glibc to map nothing, so no "
                                                             "threshold can give a block pages of its own: unset it and start Python again")
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("call fix_glibc_thresholds from the main thread: glibc gives each thread's blocks an arena of its own, and only "
+                           "the calling thread's free chunks can be filled, while a notebook's cells and the training loop run on the main one")
     libc = _libc()
     for opt, v in ((_M_MMAP_THRESHOLD, mmap_threshold), (_M_TRIM_THRESHOLD, trim_threshold)):
         if libc.mallopt(opt, v) != 1: raise OSError(f"glibc's mallopt({opt}, {v}) refused the setting")
-    _MALLOPT.update(mmap_threshold=mmap_threshold, trim_threshold=trim_threshold)
-    gc.collect(); libc.malloc_trim(0)  # free pages back first: a plug then holds address space, not memory
+    _MALLOPT.update(mmap_threshold=mmap_threshold, trim_threshold=trim_threshold)  # glibc has them now, whatever follows
+    gc.collect(); libc.malloc_trim(0)  # free pages back first: a block that fills a chunk then holds address space, not memory
     _plug_heap(mmap_threshold)
     return _glibc_settings()
+
+# %% ../nbs/01_budget.ipynb #pr6f2
+def _messy_heap(seed:int=0, n:int=300)->list:
+    "`n` tensors of 16 KiB to 8 MiB made and freed in a shuffled order, a small one kept after each; returns those: keep them alive."
+    r, alive, kept = random.Random(seed), [], []
+    for _ in range(n):
+        alive.append(torch.ones(int(2 ** r.uniform(12, 21)))); kept.append(torch.ones(4))  # 4 bytes a float; pages touched
+        if len(alive) > 20: alive.pop(r.randrange(len(alive)))
+    return kept
 
 # %% ../nbs/01_budget.ipynb #mp11b
 def _cuda_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
@@ -1603,12 +1633,25 @@ PLAN_MARGIN = {('cpu', False): 0.05, ('cpu', True): 0.02}  # (target kind, calib
 class MovingThresholdWarning(UserWarning):
     "A CPU plan for a process whose glibc still moves its mmap threshold: the resident set depends on what ran before the step."
 
+def _started_with()->dict|None:
+    "The MALLOC_* and GLIBC_TUNABLES this process started with, which is what glibc read (os.environ may have changed since); None off Linux."
+    try: raw = Path('/proc/self/environ').read_bytes()
+    except OSError: return None
+    env = (e.decode(errors='replace').partition('=') for e in raw.split(b'\0') if e)
+    return {k: v for k, _, v in env if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES'}
+
 def _warn_moving_threshold(target):
-    if target.kind == 'cpu' and _on_glibc() and GlibcHeap(**_glibc_settings()).dynamic:
-        warnings.warn("this process's glibc raises its mmap threshold as blocks are freed (no MALLOC_* setting fixes it), so a step's "
-                      "resident set depends on what the process did before it and can land tens of per cent either side of the plan "
-                      "(`python bench/budget_accuracy.py --families --glibc defaults`). Call `fix_glibc_thresholds()` first, or start "
-                      "Python with MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0, for a plan that holds", MovingThresholdWarning, stacklevel=3)
+    "Warn where a CPU plan's model of glibc is not this process's glibc: its thresholds still move, or the environment changed after start."
+    if target.kind != 'cpu' or not _on_glibc(): return
+    now, start = {k: v for k, v in os.environ.items() if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES'}, _started_with()
+    late = start is not None and now != start and not _MALLOPT
+    if GlibcHeap(**_glibc_settings()).dynamic or late:
+        warnings.warn(("MALLOC_*/GLIBC_TUNABLES were changed after this process started (glibc read them at start), so the plan models "
+                       "settings this process does not have" if late else "this process's glibc raises its mmap threshold as blocks are "
+                       "freed (no MALLOC_* setting fixes it)") + ": a step's resident set then depends on what the process did before it "
+                      "and can land tens of per cent either side of the plan (`python bench/budget_accuracy.py --families --glibc defaults`). "
+                      "Call `fix_glibc_thresholds()` first, or start Python with MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=0, "
+                      "for a plan that holds", MovingThresholdWarning, stacklevel=3)
 
 # %% ../nbs/01_budget.ipynb #mb5
 def max_batch_size(model:nn.Module, # the model to plan for

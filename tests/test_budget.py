@@ -731,16 +731,12 @@ def test_cuda_bench_logic_runs_without_a_gpu(capsys):
 
 
 _FIX_LATE_CHILD = r"""
-import ctypes, json, random, torch
+import ctypes, json, os, torch
 from netlite_nb import budget
-def rss(): return int(open('/proc/self/statm').read().split()[1]) * 4096
+def rss(): return int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
 def kept(n):  # resident bytes an n-float tensor leaves behind once freed
     r = rss(); t = torch.ones(n); del t; return rss() - r
-r, alive, pins = random.Random(1), [], []
-for _ in range(200):  # glibc's own settings: big tensors on the heap as its threshold rises, small ones kept between them
-    alive.append(torch.ones(int(2 ** r.uniform(12, 21)))); pins.append(torch.ones(4))
-    if len(alive) > 10: alive.pop(r.randrange(len(alive)))
-del alive
+pins = budget._messy_heap(seed=1, n=200)  # glibc's own settings: big tensors on the heap as its threshold rises, small ones kept between
 ctypes.CDLL(None).malloc_trim(0)
 before = [kept(2**k) for k in range(15, 21)]        # 128 KiB to 4 MiB
 libc = ctypes.CDLL(None); libc.mallopt(-3, 65536); libc.mallopt(-1, 0); libc.malloc_trim(0)
@@ -751,30 +747,62 @@ libc = budget._libc(); p = libc.malloc(65536); mapped = bool(ctypes.c_size_t.fro
 print(json.dumps(dict(before=before, set_only=set_only, after=after, mapped=mapped, plugs=len(budget._PLUGS), settings=settings)))
 """
 
-@pytest.mark.skipif(not sys.platform.startswith('linux') or os.confstr('CS_GNU_LIBC_VERSION') is None, reason='glibc only')
+_NO_MAPPING_CHILD = r"""
+import ctypes, resource
+from netlite_nb import budget
+pins = budget._messy_heap(seed=2, n=100)
+resource.setrlimit(resource.RLIMIT_AS, (8 * 2**30, 8 * 2**30))  # were the fill to grow the heap without end, it would stop here
+ctypes.CDLL(None).mallopt(-4, 0)  # M_MMAP_MAX 0, as a library might set it: glibc maps nothing more
+try: budget.fix_glibc_thresholds()
+except RuntimeError as e: print('refused:', e)
+"""
+
+def _glibc_child(src, **kw):
+    env = {k: v for k, v in os.environ.items() if not k.startswith('MALLOC_') and k not in ('GLIBC_TUNABLES', 'LD_PRELOAD')}
+    r = subprocess.run([sys.executable, '-c', src], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout
+
+def _glibc_malloc():
+    from netlite_nb.budget import _on_glibc
+    return _on_glibc()
+
+@pytest.mark.skipif(not _glibc_malloc(), reason="glibc's malloc only")
 def test_fix_glibc_thresholds_late_makes_big_blocks_go_back():
     """In a process whose heap was made under glibc's moving threshold, setting the thresholds is not enough: a big tensor still lands in
     a free chunk. `fix_glibc_thresholds` (mallopt, malloc_trim and the free chunks filled) leaves none: every tensor of 128 KiB or more
     gives its pages back when freed."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith('MALLOC_') and k != 'GLIBC_TUNABLES'}
-    r = subprocess.run([sys.executable, '-c', _FIX_LATE_CHILD], capture_output=True, text=True, env=env, check=True)
-    out = json.loads(r.stdout)
+    out = json.loads(_glibc_child(_FIX_LATE_CHILD))
+    page = os.sysconf('SC_PAGE_SIZE')
     assert sum(out['before']) >= 2**20, out                      # before: freed tensors stay resident (heap, raised threshold)
     assert sum(out['set_only']) >= 2**17, out                    # the thresholds alone: big tensors still fill the old free chunks
-    assert all(k < 4096 * 2 for k in out['after']), out           # after: mapped, handed back when freed (a page's noise at most)
+    assert all(k < 2 * page for k in out['after']), out           # after: mapped, handed back when freed (a page's noise at most)
     assert out['mapped'] and out['plugs'] > 0, out                # no free chunk of 64 KiB is left; the messy heap had some to fill
     assert (out['settings']['mmap_threshold'], out['settings']['trim_threshold']) == (65536, 0)
 
 
+@pytest.mark.skipif(not _glibc_malloc(), reason="glibc's malloc only")
+def test_fix_glibc_thresholds_stops_where_glibc_maps_nothing():
+    "With mapping switched off behind its back, the fill would take the whole address space: it stops at the first block that grows the heap."
+    out = _glibc_child(_NO_MAPPING_CHILD)
+    assert out.startswith('refused:') and 'may map no more' in out, out
+
+
 def test_max_batch_size_warns_where_glibc_moves_its_threshold(monkeypatch):
-    from netlite_nb.budget import MovingThresholdWarning, _on_glibc
+    from netlite_nb import budget
+    from netlite_nb.budget import MovingThresholdWarning
+    import warnings
     for k in [k for k in os.environ if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES']: monkeypatch.delenv(k)
-    if _on_glibc():
+    monkeypatch.setattr(budget, '_started_with', lambda: {k: v for k, v in os.environ.items() if k.startswith('MALLOC_')})
+    if budget._on_glibc() and not budget._MALLOPT:
         with pytest.warns(MovingThresholdWarning, match='fix_glibc_thresholds'):
             max_batch_size(mlp(), MNIST, budget=2**28, device_or_gpu='cpu', max_batch=64)
-    monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '65536')
-    import warnings
+    monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '65536')   # and, by the patch above, so it started
     with warnings.catch_warnings():
         warnings.simplefilter('error', MovingThresholdWarning)
         max_batch_size(mlp(), MNIST, budget=2**28, device_or_gpu='cpu', max_batch=64)   # a fixed threshold: nothing to warn of
         max_batch_size(mlp(), MNIST, budget=2**28, max_batch=64)                        # tensors only: no model of glibc
+    if budget._on_glibc() and not budget._MALLOPT:
+        monkeypatch.setattr(budget, '_started_with', lambda: {})                        # set after start: glibc never read it
+        with pytest.warns(MovingThresholdWarning, match='changed after this process started'):
+            max_batch_size(mlp(), MNIST, budget=2**28, device_or_gpu='cpu', max_batch=64)
