@@ -1671,13 +1671,14 @@ def max_batch_size(model:nn.Module, # the model to plan for
     if budget is None: raise ValueError("max_batch_size needs a budget: pass budget= (bytes) or a device_or_gpu with known memory.")
     margin = PLAN_MARGIN.get((target.kind, bool(kw.get('calibrate'))), 0.0) if margin is None else margin
     budget = int(budget * (1 - margin))
-    _warn_moving_threshold(target)
     @functools.cache
     def plan(b):
         if micro_of is None: return plan_memory(model, resize_batch(sample, b), device_or_gpu=target, budget=budget, **kw)
         return plan_memory(model, resize_batch(sample, micro_of), micro_batch=b, device_or_gpu=target, budget=budget, **kw)
     if not plan(1).fits: raise BudgetTooSmallError(_too_small(model, sample, budget, target, plan(1), kw))
-    return _search(plan, budget, max_batch)
+    b = _search(plan, budget, max_batch)
+    if b < max_batch: _warn_moving_threshold(target)  # the budget decided the batch, so how far off the plan can be matters
+    return b
 
 def _too_small(model, sample, budget, target, p1, kw)->str:
     msg = (f"Even a batch of 1 needs {fmt_bytes(p1.total)} on {target.name}, more than the budget of {fmt_bytes(budget)} "

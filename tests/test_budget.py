@@ -796,13 +796,16 @@ def test_max_batch_size_warns_where_glibc_moves_its_threshold(monkeypatch):
     monkeypatch.setattr(budget, '_started_with', lambda: {k: v for k, v in os.environ.items() if k.startswith('MALLOC_')})
     if budget._on_glibc() and not budget._MALLOPT:
         with pytest.warns(MovingThresholdWarning, match='fix_glibc_thresholds'):
-            max_batch_size(mlp(), MNIST, budget=2**28, device_or_gpu='cpu', max_batch=64)
+            assert max_batch_size(mlp(), MNIST, budget=2**27, device_or_gpu='cpu') < 2**16   # the budget decides the batch
+        with warnings.catch_warnings():
+            warnings.simplefilter('error', MovingThresholdWarning)
+            assert max_batch_size(mlp(), MNIST, budget=2**27, device_or_gpu='cpu', max_batch=8) == 8   # the cap decides: no warning
     monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '65536')   # and, by the patch above, so it started
     with warnings.catch_warnings():
         warnings.simplefilter('error', MovingThresholdWarning)
-        max_batch_size(mlp(), MNIST, budget=2**28, device_or_gpu='cpu', max_batch=64)   # a fixed threshold: nothing to warn of
-        max_batch_size(mlp(), MNIST, budget=2**28, max_batch=64)                        # tensors only: no model of glibc
+        max_batch_size(mlp(), MNIST, budget=2**27, device_or_gpu='cpu')   # a fixed threshold: nothing to warn of
+        max_batch_size(mlp(), MNIST, budget=2**27)                        # tensors only: no model of glibc
     if budget._on_glibc() and not budget._MALLOPT:
         monkeypatch.setattr(budget, '_started_with', lambda: {})                        # set after start: glibc never read it
         with pytest.warns(MovingThresholdWarning, match='changed after this process started'):
-            max_batch_size(mlp(), MNIST, budget=2**28, device_or_gpu='cpu', max_batch=64)
+            max_batch_size(mlp(), MNIST, budget=2**27, device_or_gpu='cpu')
