@@ -157,7 +157,8 @@ VARIANTS = {'gru_1layer': (RNN('gru', layers=1), (64, 64), (32,)), 'gru_3layer':
             'gru_48steps': (RNN('gru'), (48, 64), (32,)), 'gru_d96': (RNN('gru', d=96), (64, 64), (32,)), 'gru_d160': (RNN('gru', d=160), (64, 64), (32,)),
             'rnn_tanh': (RNN('rnn'), (64, 64), (32,)), 'lstm_1layer': (RNN('lstm', layers=1), (64, 64), (32,)), 'lstm_32steps': (RNN('lstm'), (32, 64), (32,)),
             'lstm_d96': (RNN('lstm', d=96), (64, 64), (32,)), 'bigru_d64_in32': (RNN('gru', d=64, bidirectional=True, inputs=32), (64, 32), (32,)),
-            'gru_b24': (RNN('gru'), (64, 64), (24,)), 'resnet18_96px': (_tv('resnet18'), (3, 96, 96), (8,)), 'mobilenet_v2_32px': (_tv('mobilenet_v2'), (3, 32, 32), (32,))}
+            'gru_b24': (RNN('gru'), (64, 64), (24,)), 'resnet18_96px': (_tv('resnet18'), (3, 96, 96), (8,)), 'mobilenet_v2_32px': (_tv('mobilenet_v2'), (3, 32, 32), (32,)),
+            'resnet18_32px': (_tv('resnet18'), (3, 32, 32), (32,))}  # CIFAR-size images: its last stage runs at 1x1, where the weights outweigh the activations
 ALL = {**MODELS, **FAMILIES, **VARIANTS}
 
 def make(name, bs, seed=0):
@@ -394,7 +395,7 @@ def kernels_report():
     print(f"{'batch x in x size -> out, kernel, stride, groups':<52}{'measured':>18}{'model':>18}")
     convs = [(32, 64, 64, 32, 3, 1, 1), (32, 32, 64, 64, 3, 1, 1), (32, 96, 64, 32, 3, 1, 1), (32, 12, 64, 24, 3, 1, 1),
              (32, 64, 64, 128, 3, 2, 1), (32, 64, 64, 64, 3, 2, 64), (32, 3, 64, 64, 7, 2, 1), (16, 64, 32, 128, 1, 1, 1),
-             (8, 64, 32, 64, 3, 1, 1), (8, 128, 16, 32, 1, 1, 1)]
+             (8, 64, 32, 64, 3, 1, 1), (8, 128, 16, 32, 1, 1, 1), (16, 512, 2, 512, 3, 1, 1)]  # the last: ResNet-18's deepest, at 64x64
     specs, model = [], []
     for B, C, S, O, k, st, g in convs:
         x, w = torch.empty(B, C, S, S, device='meta'), torch.empty(O, C // g, k, k, device='meta')

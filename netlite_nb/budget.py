@@ -648,9 +648,11 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
     be = _conv_backend(tuple(x.shape), tuple(w.shape), tuple(stride), tuple(padding), tuple(dilation), transposed, groups, x.dtype, torch.get_num_threads())
     if be == 'Mkldnn':
         src, dst = _blocked(x.shape, n), _blocked(y.shape, n)
-        if fwd: return max(src, dst)
-        # a first layer's few channels are read in place, unless its input needs a gradient
-        return dst + (src if args[10][0] or x.shape[1] >= _CPU_BLOCK else 0)
+        wts = n * w.numel() if groups > 1 else _blocked(w.shape, n) * math.ceil(w.shape[0] / _CPU_BLOCK) * _CPU_BLOCK // w.shape[0]  # both channel dims padded
+        if fwd: return max(src, dst) + wts  # the weights are reordered as well, alongside the larger activation copy
+        # a first layer's few channels are read in place, unless its input needs a gradient; backward's two passes
+        # (the input's gradient, with the weights reordered; the weights', with the activations) hold their scratch in turn
+        return max(dst + (src if args[10][0] or x.shape[1] >= _CPU_BLOCK else 0), wts)
     if be == 'Slow2d' and not (all(k == 1 for k in w.shape[2:]) and all(s == 1 for s in stride) and not any(padding)):
         cols = n * x.shape[0] * w.shape[1] * math.prod(w.shape[2:]) * math.prod(y.shape[2:])  # im2col of the whole batch
         return cols if fwd else cols * (1 + bool(args[10][0]))  # backward: columns for the weight's gradient, and the input's
