@@ -3,7 +3,7 @@
     python bench/budget_accuracy.py                 # accuracy table: 3 models x 3 batch sizes
     python bench/budget_accuracy.py --families      # the same on 14 model families the package does not ship, 2 batch sizes each
                                                     # (--models lstm mha to run a part; --calibrate adds the calibrated plan)
-    python bench/budget_accuracy.py --variants      # the same on 13 variants of the families (one thing changed each), one batch size each
+    python bench/budget_accuracy.py --variants      # the same on 14 variants of the families (one thing changed each), one batch size each
     python bench/budget_accuracy.py --budgets       # max_batch_size at 0.5/1/2 GiB budgets, checked by measurement
                                                     # (--models cnn transformer --gib 0.5 1 to run a part)
     python bench/budget_accuracy.py --real-budgets  # the same at the unscaled 2/4/8 GiB, for the CNN and the transformer
