@@ -81,6 +81,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._batch_size': ('budget.html#_batch_size', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._bin_index': ('budget.html#_bin_index', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._blocked': ('budget.html#_blocked', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._blocked_weights': ('budget.html#_blocked_weights', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._breakdown': ('budget.html#_breakdown', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._budget_figure': ('budget.html#_budget_figure', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._calibrated': ('budget.html#_calibrated', 'netlite_nb/budget.py'),

@@ -629,6 +629,13 @@ def _blocked(shape, itemsize:int)->int:
     "Bytes of a tensor of `shape` in oneDNN's blocked layout: channels (dimension 1) padded to a whole block."
     return itemsize * shape[0] * math.ceil(shape[1] / _CPU_BLOCK) * _CPU_BLOCK * math.prod(shape[2:])
 
+def _blocked_weights(shape, groups:int, itemsize:int)->int:
+    "Bytes of convolution weights (out, in/groups, k...) in oneDNN's blocked layout: each group's channels padded to whole blocks."
+    pad = lambda c: math.ceil(c / _CPU_BLOCK) * _CPU_BLOCK
+    o, i = shape[0] // groups, shape[1]
+    if i == 1: return itemsize * math.prod(shape)  # depthwise: blocked by groups, nothing padded
+    return itemsize * groups * pad(o) * (i if i < _CPU_BLOCK else pad(i)) * math.prod(shape[2:])  # a first layer's few inputs as they are
+
 @functools.cache
 def _conv_backend(x_shape, w_shape, stride, padding, dilation, transposed, groups, dtype, threads)->str:
     "The kernel PyTorch's CPU dispatch picks for this convolution ('Mkldnn', 'Slow2d', ...), asked on data-less CPU tensors."
@@ -647,12 +654,11 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
     groups, n = args[8] if fwd else args[9], x.element_size()
     be = _conv_backend(tuple(x.shape), tuple(w.shape), tuple(stride), tuple(padding), tuple(dilation), transposed, groups, x.dtype, torch.get_num_threads())
     if be == 'Mkldnn':
-        src, dst = _blocked(x.shape, n), _blocked(y.shape, n)
-        wts = n * w.numel() if groups > 1 else _blocked(w.shape, n) * math.ceil(w.shape[0] / _CPU_BLOCK) * _CPU_BLOCK // w.shape[0]  # both channel dims padded
+        src, dst, wts = _blocked(x.shape, n), _blocked(y.shape, n), _blocked_weights(w.shape, groups, n)
         if fwd: return max(src, dst) + wts  # the weights are reordered as well, alongside the larger activation copy
         # a first layer's few channels are read in place, unless its input needs a gradient; backward's two passes
         # (the input's gradient, with the weights reordered; the weights', with the activations) hold their scratch in turn
-        return max(dst + (src if args[10][0] or x.shape[1] >= _CPU_BLOCK else 0), wts)
+        return max(dst + (src if args[10][0] or x.shape[1] >= _CPU_BLOCK else 0), wts if args[10][0] else 0)
     if be == 'Slow2d' and not (all(k == 1 for k in w.shape[2:]) and all(s == 1 for s in stride) and not any(padding)):
         cols = n * x.shape[0] * w.shape[1] * math.prod(w.shape[2:]) * math.prod(y.shape[2:])  # im2col of the whole batch
         return cols if fwd else cols * (1 + bool(args[10][0]))  # backward: columns for the weight's gradient, and the input's
