@@ -216,9 +216,8 @@ def measure(name, bs, full_warmup=False, holes=False, history=0)->int:
     if not full_warmup: _free_blas_buffers()  # the warm-up's small GEMMs left buffers; a real run's first step is full-size
     if not holes: ctypes.CDLL(None).malloc_trim(0)  # a real first step finds no freed heap of an earlier step to put its graph in
     if history:
-        from netlite_nb.budget import _heap_history
-        libc = ctypes.CDLL(None); libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-        _heap_history(libc.malloc, history)  # never freed: they stay in the heap through the steps
+        from netlite_nb.budget import _heap_history, _libc
+        _heap_history(_libc().malloc, history)  # never freed: they stay in the heap through the steps
     alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
     base = _rss()
     with open('/proc/self/clear_refs', 'w') as f: f.write('5')  # reset the RSS high-water mark

@@ -122,6 +122,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._live_at': ('budget.html#_live_at', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._lstm_workspace': ('budget.html#_lstm_workspace', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._major': ('budget.html#_major', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._malloc_vars': ('budget.html#_malloc_vars', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._measure_convs': ('budget.html#_measure_convs', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._measure_graph': ('budget.html#_measure_graph', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._measure_kernels': ('budget.html#_measure_kernels', 'netlite_nb/budget.py'),

@@ -767,7 +767,6 @@ def _measure_convs(specs:list, batches:tuple)->list:
 @functools.cache
 def _mkl_lib():
     "libtorch's bundled MKL, for its memory-manager calls (None without one, e.g. on ARM)."
-    import ctypes
     try: lib = ctypes.CDLL(str(Path(torch.__file__).parent / 'lib' / 'libtorch_cpu.so'))
     except OSError: return None
     return lib if hasattr(lib, 'mkl_serv_free_buffers') else None
@@ -809,7 +808,6 @@ def _graph_chain(kind:str, n:int, p:dict):
 # %% ../nbs/01_budget.ipynb #ag5
 def _heap_in_use()->int|None:
     "Bytes glibc's malloc has handed out and not got back (mallinfo2); None without glibc 2.33+."
-    import ctypes
     libc = ctypes.CDLL(None)
     if not hasattr(libc, 'mallinfo2'): return None
     class MallInfo2(ctypes.Structure):
@@ -820,7 +818,6 @@ def _heap_in_use()->int|None:
 
 def _graph_link(kind:str, n:int)->list[int]:
     "The census of a chain of `n` ops of `kind`, and the heap it takes beyond its saved tensors' data (after a warm-up, freed heap handed back)."
-    import ctypes, gc
     r = lambda *s: torch.randn(*s, requires_grad=True)
     p = dict(x=r(16, 16), w=r(16, 16), b=r(16), img=r(2, 4, 8, 8), k=r(4, 4, 3, 3), bn=(r(4), r(4)),
              gru=(r(48, 16), r(48, 16), r(48), r(48)), lstm=(r(64, 16), r(64, 16), r(64), r(64)))
@@ -1641,18 +1638,21 @@ PLAN_MARGIN = {('cpu', False): 0.05, ('cpu', True): 0.02}  # (target kind, calib
 class MovingThresholdWarning(UserWarning):
     "A CPU plan for a process whose glibc still moves its mmap threshold: the resident set depends on what ran before the step."
 
+def _malloc_vars(env)->dict:
+    "The variables of `env` ((name, value) pairs) that set glibc's malloc: MALLOC_* and GLIBC_TUNABLES."
+    return {k: v for k, v in env if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES'}
+
 def _started_with()->dict|None:
     "The MALLOC_* and GLIBC_TUNABLES this process started with, which is what glibc read (os.environ may have changed since); None off Linux."
     try: raw = Path('/proc/self/environ').read_bytes()
     except OSError: return None
-    env = (e.decode(errors='replace').partition('=') for e in raw.split(b'\0') if e)
-    return {k: v for k, _, v in env if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES'}
+    return _malloc_vars(e.decode(errors='replace').partition('=')[::2] for e in raw.split(b'\0') if e)
 
 def _warn_moving_threshold(target):
     "Warn where a CPU plan's model of glibc is not this process's glibc: its thresholds still move, or the environment changed after start."
     if target.kind != 'cpu' or not _on_glibc(): return
-    now, start = {k: v for k, v in os.environ.items() if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES'}, _started_with()
-    late = start is not None and now != start and not _MALLOPT
+    start = _started_with()
+    late = start is not None and _malloc_vars(os.environ.items()) != start and not _MALLOPT
     if GlibcHeap(**_glibc_settings()).dynamic or late:
         warnings.warn(("MALLOC_*/GLIBC_TUNABLES were changed after this process started (glibc read them at start), so the plan models "
                        "settings this process does not have" if late else "this process's glibc raises its mmap threshold as blocks are "

@@ -4,7 +4,7 @@ from collections import Counter
 from pathlib import Path
 import pytest, torch
 from torch import nn
-from netlite_nb.budget import (AUTOGRAD_GRAPH_BYTES, GRAPH_KEY, _MALLOC_ENV, AllocationTracker, BudgetTooSmallError, _saved_for_backward, CUDA_CONTEXT_BYTES, _MKL_BLOCKING, LEVERS, PLAN_MARGIN, ShapeMismatchError,
+from netlite_nb.budget import (AUTOGRAD_GRAPH_BYTES, GRAPH_KEY, _MALLOC_ENV, _on_glibc, AllocationTracker, BudgetTooSmallError, _saved_for_backward, CUDA_CONTEXT_BYTES, _MKL_BLOCKING, LEVERS, PLAN_MARGIN, ShapeMismatchError,
                                _calibrated, _lstm_workspace, _mkl_isa, _mkl_panel, _mm_key, calibration_file, clear_calibration, cpu_workspace_bytes,
                                find_batch_size, fit_to_budget, max_batch_size, plan_memory, register_lever, resize_batch, trace_step)
 from netlite_nb.probe import UnknownGPUError, lookup_gpu
@@ -743,7 +743,7 @@ libc = ctypes.CDLL(None); libc.mallopt(-3, 65536); libc.mallopt(-1, 0); libc.mal
 set_only = [kept(2**k) for k in range(15, 21)]      # the thresholds set, the heap's free chunks left as they were
 settings = budget.fix_glibc_thresholds()
 after = [kept(2**k) for k in range(15, 21)]
-libc = budget._libc(); p = libc.malloc(65536); mapped = bool(ctypes.c_size_t.from_address(p - 8).value & 2); libc.free(p)
+libc = budget._libc(); p = libc.malloc(65536); mapped = bool(ctypes.c_size_t.from_address(p - ctypes.sizeof(ctypes.c_size_t)).value & 2); libc.free(p)
 print(json.dumps(dict(before=before, set_only=set_only, after=after, mapped=mapped, plugs=len(budget._PLUGS), settings=settings)))
 """
 
@@ -757,17 +757,13 @@ try: budget.fix_glibc_thresholds()
 except RuntimeError as e: print('refused:', e)
 """
 
-def _glibc_child(src, **kw):
+def _glibc_child(src):
     env = {k: v for k, v in os.environ.items() if not k.startswith('MALLOC_') and k not in ('GLIBC_TUNABLES', 'LD_PRELOAD')}
     r = subprocess.run([sys.executable, '-c', src], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
 
-def _glibc_malloc():
-    from netlite_nb.budget import _on_glibc
-    return _on_glibc()
-
-@pytest.mark.skipif(not _glibc_malloc(), reason="glibc's malloc only")
+@pytest.mark.skipif(not _on_glibc(), reason="glibc's malloc only")
 def test_fix_glibc_thresholds_late_makes_big_blocks_go_back():
     """In a process whose heap was made under glibc's moving threshold, setting the thresholds is not enough: a big tensor still lands in
     a free chunk. `fix_glibc_thresholds` (mallopt, malloc_trim and the free chunks filled) leaves none: every tensor of 128 KiB or more
@@ -781,7 +777,7 @@ def test_fix_glibc_thresholds_late_makes_big_blocks_go_back():
     assert (out['settings']['mmap_threshold'], out['settings']['trim_threshold']) == (65536, 0)
 
 
-@pytest.mark.skipif(not _glibc_malloc(), reason="glibc's malloc only")
+@pytest.mark.skipif(not _on_glibc(), reason="glibc's malloc only")
 def test_fix_glibc_thresholds_stops_where_glibc_maps_nothing():
     "With mapping switched off behind its back, the fill would take the whole address space: it stops at the first block that grows the heap."
     out = _glibc_child(_NO_MAPPING_CHILD)
