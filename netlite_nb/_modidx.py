@@ -155,6 +155,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._started_with': ('budget.html#_started_with', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._step_notes': ('budget.html#_step_notes', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._strategy_defaults': ('budget.html#_strategy_defaults', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._strided_kernel': ('budget.html#_strided_kernel', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._then': ('budget.html#_then', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._too_small': ('budget.html#_too_small', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._trace': ('budget.html#_trace', 'netlite_nb/budget.py'),

@@ -645,6 +645,10 @@ def _conv_backend(x_shape, w_shape, stride, padding, dilation, transposed, group
     return str(be).split('.')[-1]
 
 # %% ../nbs/01_budget.ipynb #kp2
+def _strided_kernel(c_in:int, c_out:int, groups:int, stride)->bool:
+    "Does oneDNN's backward pass for the input's gradient take its strided kernel (`brgconv_strided`)? Strides above one, groups of more than a block."
+    return any(s > 1 for s in stride) and (groups == 1 or min(c_in, c_out) > _CPU_BLOCK)
+
 def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
                      args, out)->int:
     "Bytes a CPU convolution allocates and frees inside itself, beyond its outputs."
@@ -658,7 +662,10 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
         if fwd: return max(src, dst) + wts  # the weights are reordered as well, alongside the larger activation copy
         # a first layer's few channels are read in place, unless its input needs a gradient; backward's two passes
         # (the input's gradient, with the weights reordered; the weights', with the activations) hold their scratch in turn
-        return max(dst + (src if args[10][0] or x.shape[1] >= _CPU_BLOCK else 0), wts if args[10][0] else 0)
+        held = max(dst + (src if args[10][0] or x.shape[1] >= _CPU_BLOCK else 0), wts if args[10][0] else 0)
+        if args[10][0] and _strided_kernel(x.shape[1] // groups, w.shape[0] // groups, groups, stride):
+            held = max(held, 2 * n * x.numel(), src)  # the input's gradient twice over, in the strided kernel's own layout
+        return held
     if be == 'Slow2d' and not (all(k == 1 for k in w.shape[2:]) and all(s == 1 for s in stride) and not any(padding)):
         cols = n * x.shape[0] * w.shape[1] * math.prod(w.shape[2:]) * math.prod(y.shape[2:])  # im2col of the whole batch
         return cols if fwd else cols * (1 + bool(args[10][0]))  # backward: columns for the weight's gradient, and the input's
