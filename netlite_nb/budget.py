@@ -880,8 +880,9 @@ def calibrate_kernels(specs:list, # convolution and matmul specs a trace collect
     convs = {k: s for k, s in todo.items() if k not in table and s[0] != 'matmul'}
     mms = {k: s for k, s in todo.items() if k not in table and s[0] == 'matmul'}
     if not convs and not mms and GRAPH_KEY in table: return table
-    # specs of several plans (a bench, a batch search) share the one process: each convolution at a quarter and a half of its batch
-    batches = [[max(1, s[-1] // 4), max(2, s[-1] // 2)] for s in convs.values()]
+    # specs of several plans (a bench, a batch search) share the one process: each convolution at half and all of its batch, where
+    # the plan needs it (oneDNN picks other kernels for small batches, so a line through two small ones can miss the batch by 2x)
+    batches = [[max(1, s[-1] // 2), max(2, s[-1])] for s in convs.values()]
     conv_bytes, mm_bytes, graph = _in_child('_measure_kernels', list(convs.values()), batches, list(mms.values()), GRAPH_KEY not in table)
     if GRAPH_KEY not in table: table[GRAPH_KEY] = graph or list(AUTOGRAD_GRAPH_BYTES)  # the default where glibc cannot say
     for key, (b1, b2), (m1, m2) in zip(convs, batches, conv_bytes):

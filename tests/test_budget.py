@@ -237,7 +237,7 @@ def test_calibration_of_several_plans_shares_one_child(tmp_path, monkeypatch):
     table = B.calibrate_kernels(specs)
     assert len(calls) == 1   # one child for every plan
     fn, conv_batches, batches = calls[0]
-    assert batches == [[max(1, b // 4), max(2, b // 2)] for b in conv_batches] and set(conv_batches) == {8, 32}   # the cnn's shapes at batch 8, where they first came
+    assert batches == [[max(1, b // 2), max(2, b)] for b in conv_batches] and set(conv_batches) == {8, 32}   # the cnn's shapes at batch 8, where they first came
     convs = [v for k, v in table.items() if not k.startswith('["matmul"') and k != GRAPH_KEY]
     assert convs and all(abs(c - 1000) < 1e-6 and abs(per - 10) < 1e-6 for c, per in convs)   # the line through the two batches
     assert calibration_file().exists()
