@@ -92,6 +92,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._combined': ('budget.html#_combined', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._conv_backend': ('budget.html#_conv_backend', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._conv_key': ('budget.html#_conv_key', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._covers': ('budget.html#_covers', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._cpu_dispatch_differs': ('budget.html#_cpu_dispatch_differs', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._cuda_terms': ('budget.html#_cuda_terms', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._device_terms': ('budget.html#_device_terms', 'netlite_nb/budget.py'),

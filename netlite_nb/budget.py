@@ -684,8 +684,14 @@ def _lstm_workspace(T:int, B:int, H:int, I:int)->tuple[int, int, int]:
     u = 4 * B * T * H  # one fp32 value per unit and step
     # oneDNN reserves ~15 values per unit and step, but pages become resident only when written: forward writes the gates
     # and the hidden state of every step, computing the gates in scratch first; backward writes the gates' gradients into the
-    # workspace and into scratch, the states' gradients, and the input's gradient in its own layout
-    return u * (_LSTM_GATES + 1) + 4 * B * H, u * _LSTM_GATES, u * (2 * _LSTM_GATES + 1) + 4 * B * T * I
+    # workspace and into scratch, the states' gradients, and the input's gradient in its own layout; forward also reorders the
+    # weights (input and recurrent, fp32), as a convolution does
+    wts = 4 * _LSTM_GATES * H * (I + H)
+    return u * (_LSTM_GATES + 1) + 4 * B * H, u * _LSTM_GATES + wts, u * (2 * _LSTM_GATES + 1) + 4 * B * T * I
+
+def _covers(entry:list|None, b:int)->bool:
+    "Does a convolution's calibration `entry` [constant, per sample, smallest and largest batch measured] serve batch `b`?"
+    return entry is not None and len(entry) == 4 and entry[2] / 2 <= b <= 2 * entry[3]
 
 def cpu_kernel_path(func, args, out,
                     measured:dict|None=None, # kernels measured on this machine (`calibrate_kernels`); None: the model
@@ -704,7 +710,7 @@ def cpu_kernel_path(func, args, out,
         if key not in measured: missing.append(spec)
     if func in _CONVS and measured is not None:
         key, spec = _conv_key(func, args)
-        if key in measured: return out, max(0, int(measured[key][0] + measured[key][1] * spec[-1]))
+        if _covers(measured.get(key), spec[-1]): return out, max(0, int(measured[key][0] + measured[key][1] * spec[-1]))
         if missing is not None: missing.append(spec)
     if func in _CONVS: return out, cpu_conv_scratch(func, args, out)
     return out, 0
@@ -876,18 +882,21 @@ def calibrate_kernels(specs:list, # convolution and matmul specs a trace collect
                      )->dict:
     "Measure each kernel in `specs` that the cache lacks, in one fresh process on this CPU; returns the updated cache."
     table, todo = dict(_calibrated()), {}
-    for s in specs: todo.setdefault(json.dumps(s) if s[0] == 'matmul' else json.dumps(s[:-1]), s)  # a shape at the first batch it came with
-    convs = {k: s for k, s in todo.items() if k not in table and s[0] != 'matmul'}
+    for s in specs:  # a matmul's batch is in its key; a convolution at the largest batch it came with
+        k = json.dumps(s) if s[0] == 'matmul' else json.dumps(s[:-1])
+        if k not in todo or s[-1] > todo[k][-1]: todo[k] = s
+    convs = {k: s for k, s in todo.items() if s[0] != 'matmul' and not _covers(table.get(k), s[-1])}
     mms = {k: s for k, s in todo.items() if k not in table and s[0] == 'matmul'}
     if not convs and not mms and GRAPH_KEY in table: return table
-    # specs of several plans (a bench, a batch search) share the one process: each convolution at half and all of its batch, where
-    # the plan needs it (oneDNN picks other kernels for small batches, so a line through two small ones can miss the batch by 2x)
+    # specs of several plans (a bench, a batch search) share the one process. Each convolution at half and all of the batch the
+    # plan needs, and only used within a factor of two of that (oneDNN picks other kernels for small batches, so a line through
+    # two small ones can miss a large batch by 2x): a batch search measures again as its batches grow
     batches = [[max(1, s[-1] // 2), max(2, s[-1])] for s in convs.values()]
     conv_bytes, mm_bytes, graph = _in_child('_measure_kernels', list(convs.values()), batches, list(mms.values()), GRAPH_KEY not in table)
     if GRAPH_KEY not in table: table[GRAPH_KEY] = graph or list(AUTOGRAD_GRAPH_BYTES)  # the default where glibc cannot say
     for key, (b1, b2), (m1, m2) in zip(convs, batches, conv_bytes):
         per = (m2 - m1) / (b2 - b1)
-        table[key] = [m1 - per * b1, per]  # bytes = constant + per sample x batch
+        table[key] = [m1 - per * b1, per, b1, b2]  # bytes = constant + per sample x batch, measured from b1 to b2
     table.update((key, [n, 0]) for key, n in zip(mms, mm_bytes))  # kept buffers: the batch is in the key's M
     f = calibration_file()
     f.parent.mkdir(parents=True, exist_ok=True)

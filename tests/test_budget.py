@@ -237,9 +237,14 @@ def test_calibration_of_several_plans_shares_one_child(tmp_path, monkeypatch):
     table = B.calibrate_kernels(specs)
     assert len(calls) == 1   # one child for every plan
     fn, conv_batches, batches = calls[0]
-    assert batches == [[max(1, b // 2), max(2, b)] for b in conv_batches] and set(conv_batches) == {8, 32}   # the cnn's shapes at batch 8, where they first came
+    assert batches == [[b // 2, b] for b in conv_batches] and set(conv_batches) == {32}   # the cnn's shapes at 32, the largest they came with
     convs = [v for k, v in table.items() if not k.startswith('["matmul"') and k != GRAPH_KEY]
-    assert convs and all(abs(c - 1000) < 1e-6 and abs(per - 10) < 1e-6 for c, per in convs)   # the line through the two batches
+    assert convs and all(abs(c - 1000) < 1e-6 and abs(per - 10) < 1e-6 and (lo, hi) == (16, 32) for c, per, lo, hi in convs)   # the line through the two batches
+    calls.clear()
+    assert B.calibrate_kernels(specs) == table and not calls   # every shape served: nothing measured again
+    wide = [[*s[:-1], 128] if s[0] != 'matmul' else s for s in specs]   # a batch search that went 4x further than measured
+    B.calibrate_kernels(wide)
+    assert len(calls) == 1 and {b for b in calls[0][1]} == {128} and all(v[2:] == [64, 128] for k, v in _calibrated().items() if not k.startswith('["matmul"') and k != GRAPH_KEY)
     assert calibration_file().exists()
     _calibrated.cache_clear()
 
