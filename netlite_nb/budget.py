@@ -617,12 +617,11 @@ def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls
             if new and _keeps_state(k): total += g['state']
             continue
         key = _mm_key(k)[0] if measured else None
+        if key in (measured or {}):  # what it was measured to keep, state included; with more threads a product the model
+            panel = measured[key][0]  # does not pack may pack, in buffers the next products reuse
+            if panel > held: total, held = total + panel, panel
+            continue
         panel = _mkl_panel(*k[2:5], isa) if k[5] == 'torch.float32' else 0
-        if key in (measured or {}):
-            if panel == 0:  # a product the model does not pack: what it was measured to keep is its state
-                total += measured[key][0] if new else 0
-                continue
-            panel = measured[key][0]
         if panel > held: total, held = total + panel, panel  # a bigger product gets new buffers; the smaller ones stay cached
         elif panel == 0 and new: total += g['mm_state']
     return total
