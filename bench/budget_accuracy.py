@@ -13,6 +13,7 @@
     python bench/budget_accuracy.py --repeat mlp 4200 3   # how well one measurement repeats
     python bench/budget_accuracy.py --heap gru 32   # the trace's allocations through glibc and through the planner's GlibcHeap; what warm-up holes hide
     python bench/budget_accuracy.py --histories gru 32 12  # a few small blocks left in the heap before the steps: the measurement and the plan's replay, per history
+    python bench/budget_accuracy.py --calibration-lines mobilenet_v2_32px 32   # each convolution at the full batch next to calibration's lines
     python bench/budget_accuracy.py --phases gru 32 # each phase's measured high-water mark next to the plan's live bytes and their GlibcHeap replay
     python bench/budget_accuracy.py --malloc-trace gru 32   # the same, with every C library call of the real steps replayed through GlibcHeap (needs cc)
     python bench/budget_accuracy.py --families --glibc-defaults   # measured and planned with glibc's own settings, as a user's process runs
@@ -265,6 +266,30 @@ def accuracy_table(full_warmup=False, models=MODELS, calibrate=False):
                 line += f"  {c/2**20:>9.1f}Mi{100*cerrs[-1]:>+7.1f}%"
             print(line, flush=True)
     print(f"max |error| {100*max(abs(e) for e in errs):.1f}%" + (f"; calibrated {100*max(abs(e) for e in cerrs):.1f}%" if calibrate else ''))
+
+def calibration_lines(name, bs):
+    """Each convolution of one case, measured and read off the lines calibration draws: at the batch, the line through a quarter and a
+    half of it (what calibration did before) next to the measurement; at twice the batch, the furthest a measurement now serves,
+    the line through half and all of it (what it does) next to the measurement. Rows where either line is 256 KiB off."""
+    from netlite_nb.budget import measure_conv_scratch, trace_step
+    model, batch = make(name, bs)
+    specs = []
+    trace_step(model, batch, optimizer='adamw', kernels='cpu', measured={}, missing=specs, steps=1)
+    convs = list({json.dumps(s): s for s in specs if s[0] != 'matmul'}.values())
+    q, h = max(1, bs // 4), max(2, bs // 2)
+    got = measure_conv_scratch(convs, (q, h, bs, 2 * bs))
+    at = lambda x, b1, m1, b2, m2: m2 + (m2 - m1) / (b2 - b1) * (x - b2)
+    mi = lambda n: f"{n/2**20:7.2f}"
+    print(f"{name}: convolution scratch in MiB. At batch {bs}: measured | line through {q} and {h}.   At {2 * bs}: measured | line through {h} and {bs}")
+    ratios = {'old': [], 'new': []}
+    for s, (m1, m2, m3, m4) in zip(convs, got):
+        old, new = at(bs, q, m1, h, m2), at(2 * bs, h, m2, bs, m3)
+        if m3 > 2**18: ratios['old'].append(old / m3)
+        if m4 > 2**18: ratios['new'].append(new / m4)
+        if max(abs(m3 - old), abs(m4 - new)) > 2**18:
+            print(f"  {json.dumps(s[:7])[:76]:<78}{mi(m3)} |{mi(old)}      {mi(m4)} |{mi(new)}")
+    print(f"  {len(convs)} convolutions; line / measurement where the measurement is above 256 KiB: "
+          f"before {min(ratios['old']):.2f}-{max(ratios['old']):.2f}, now {min(ratios['new']):.2f}-{max(ratios['new']):.2f}")
 
 def calibrate_all(models):
     """Measure every kernel shape the calibrated plans of `models` need, in one child process (one torch import, not one a plan):
@@ -698,6 +723,7 @@ if __name__ == '__main__':
     ap.add_argument('--gemm', action='store_true', help='measure the CPU kernel workspace the planner models, next to the model')
     ap.add_argument('--heap', nargs=2, metavar=('MODEL', 'BATCH'), help="what glibc's heap and the autograd graph add to one case")
     ap.add_argument('--replay-child', help=argparse.SUPPRESS)
+    ap.add_argument('--calibration-lines', nargs=2, metavar=('MODEL', 'BATCH'), help='each convolution at the full batch next to the lines calibration draws (now and before)')
     ap.add_argument('--phases', nargs=2, metavar=('MODEL', 'BATCH'), help="each phase's measured high-water mark next to the plan's")
     ap.add_argument('--phases-child', help=argparse.SUPPRESS)
     ap.add_argument('--malloc-trace', nargs=2, metavar=('MODEL', 'BATCH'), help="--phases, with every C library call of the real steps traced and replayed through GlibcHeap (needs cc)")
@@ -732,6 +758,7 @@ if __name__ == '__main__':
     elif a.lstm_child: print(json.dumps(lstm_child(json.loads(a.lstm_child))))
     elif a.replay_child: print(json.dumps(replay_child(json.load(sys.stdin))))
     elif a.heap: heap_report(a.heap[0], int(a.heap[1]))
+    elif a.calibration_lines: calibration_lines(a.calibration_lines[0], int(a.calibration_lines[1]))
     elif a.phases: phases_report(a.phases[0], int(a.phases[1]))
     elif a.malloc_trace: malloc_trace_report(a.malloc_trace[0], int(a.malloc_trace[1]))
     elif a.phases_child: print(json.dumps(phases_child(*json.loads(a.phases_child))))
