@@ -688,9 +688,10 @@ def _lstm_workspace(T:int, B:int, H:int, I:int)->tuple[int, int, int]:
     wts = 4 * _LSTM_GATES * H * (I + H)
     return u * (_LSTM_GATES + 1) + 4 * B * H, u * _LSTM_GATES + wts, u * (2 * _LSTM_GATES + 1) + 4 * B * T * I
 
-def _covers(entry:list|None, b:int)->bool:
-    "Does a convolution's calibration `entry` [constant, per sample, smallest and largest batch measured] serve batch `b`?"
-    return entry is not None and len(entry) == 4 and entry[2] / 2 <= b <= 2 * entry[3]
+def _segment(entry:list|None, b:int)->list|None:
+    "The line of a convolution's calibration `entry` that serves batch `b`: one [constant, per sample, b1, b2] measured from b1 to b2, used from b1/2 to 2*b2."
+    ok = [g for g in entry or [] if isinstance(g, list) and len(g) == 4 and g[2] / 2 <= b <= 2 * g[3]]  # (an old cache's [constant, per sample] serves none)
+    return min(ok, key=lambda g: abs(math.log(b / g[3])), default=None)
 
 def cpu_kernel_path(func, args, out,
                     measured:dict|None=None, # kernels measured on this machine (`calibrate_kernels`); None: the model
@@ -709,7 +710,7 @@ def cpu_kernel_path(func, args, out,
         if key not in measured: missing.append(spec)
     if func in _CONVS and measured is not None:
         key, spec = _conv_key(func, args)
-        if _covers(measured.get(key), spec[-1]): return out, max(0, int(measured[key][0] + measured[key][1] * spec[-1]))
+        if (g := _segment(measured.get(key), spec[-1])) is not None: return out, max(0, int(g[0] + g[1] * spec[-1]))
         if missing is not None: missing.append(spec)
     if func in _CONVS: return out, cpu_conv_scratch(func, args, out)
     return out, 0
@@ -880,22 +881,24 @@ def measure_conv_scratch(specs:list, # convolution specs (`_conv_key`)
 def calibrate_kernels(specs:list, # convolution and matmul specs a trace collected (`trace_step(..., missing=[])`)
                      )->dict:
     "Measure each kernel in `specs` that the cache lacks, in one fresh process on this CPU; returns the updated cache."
-    table, todo = dict(_calibrated()), {}
-    for s in specs:  # a matmul's batch is in its key; a convolution at the largest batch it came with
-        k = json.dumps(s) if s[0] == 'matmul' else json.dumps(s[:-1])
-        if k not in todo or s[-1] > todo[k][-1]: todo[k] = s
-    convs = {k: s for k, s in todo.items() if s[0] != 'matmul' and not _covers(table.get(k), s[-1])}
-    mms = {k: s for k, s in todo.items() if k not in table and s[0] == 'matmul'}
+    table, todo, convs = dict(_calibrated()), {}, []
+    for s in specs: todo.setdefault(json.dumps(s) if s[0] == 'matmul' else json.dumps(s[:-1]), []).append(s)
+    for k, ss in todo.items():  # each convolution at the largest batch no line serves, which then serves down to a quarter of it
+        if ss[0][0] == 'matmul': continue
+        for s in sorted(ss, key=lambda s: -s[-1]):
+            if _segment(table.get(k), s[-1]) is None and not any(c[0] == k and c[1][-1] / 4 <= s[-1] for c in convs): convs.append((k, s))
+    mms = {k: ss[0] for k, ss in todo.items() if k not in table and ss[0][0] == 'matmul'}
     if not convs and not mms and GRAPH_KEY in table: return table
     # specs of several plans (a bench, a batch search) share the one process. Each convolution at half and all of the batch the
     # plan needs, and only used within a factor of two of that (oneDNN picks other kernels for small batches, so a line through
-    # two small ones can miss a large batch by 2x): a batch search measures again as its batches grow
-    batches = [[max(1, s[-1] // 2), max(2, s[-1])] for s in convs.values()]
-    conv_bytes, mm_bytes, graph = _in_child('_measure_kernels', list(convs.values()), batches, list(mms.values()), GRAPH_KEY not in table)
+    # two small ones can miss a large batch by 2x): a batch search measures again as its batches grow, and keeps every line
+    batches = [[max(1, s[-1] // 2), max(2, s[-1])] for _, s in convs]
+    conv_bytes, mm_bytes, graph = _in_child('_measure_kernels', [s for _, s in convs], batches, list(mms.values()), GRAPH_KEY not in table)
     if GRAPH_KEY not in table: table[GRAPH_KEY] = graph or list(AUTOGRAD_GRAPH_BYTES)  # the default where glibc cannot say
-    for key, (b1, b2), (m1, m2) in zip(convs, batches, conv_bytes):
+    for (key, _), (b1, b2), (m1, m2) in zip(convs, batches, conv_bytes):
         per = (m2 - m1) / (b2 - b1)
-        table[key] = [m1 - per * b1, per, b1, b2]  # bytes = constant + per sample x batch, measured from b1 to b2
+        old = [g for g in table.get(key, []) if isinstance(g, list) and len(g) == 4]  # the lines it had (an old cache's entry goes)
+        table[key] = old + [[m1 - per * b1, per, b1, b2]]  # bytes = constant + per sample x batch, measured from b1 to b2
     table.update((key, [n, 0]) for key, n in zip(mms, mm_bytes))  # kept buffers: the batch is in the key's M
     f = calibration_file()
     f.parent.mkdir(parents=True, exist_ok=True)

@@ -150,7 +150,7 @@ def _plan_args(p):
     p.add_argument('--checkpointing', action='store_true', help='checkpoint activations of about sqrt(n) block segments')
     p.add_argument('--suggest', action='store_true', help='also print the largest batch that fits and changes that would make it fit')
     p.add_argument('--json', action='store_true', help='print the plan (and suggestions) as JSON')
-    p.add_argument('--calibrate', action='store_true', help="measure the CPU kernels' scratch on this machine first (once per shape, cached)")
+    p.add_argument('--calibrate', action='store_true', help="measure the CPU kernels' scratch on this machine first (once per shape and range of batches, cached)")
 _plan.add_arguments = _plan_args
 
 # %% ../nbs/11_cli.ipynb #35cc18e5

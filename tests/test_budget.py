@@ -235,7 +235,7 @@ def test_calibration_measures_caches_and_can_be_cleared(tmp_path, monkeypatch):
 
 
 def test_calibration_of_several_plans_shares_one_child(tmp_path, monkeypatch):
-    "Shapes from plans at different batch sizes: one child process measures them all, each convolution at its own first batch."
+    "Shapes from plans at different batch sizes: one child process measures them all, each convolution at the largest batch no line serves."
     import netlite_nb.budget as B
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
     _calibrated.cache_clear()
@@ -252,12 +252,19 @@ def test_calibration_of_several_plans_shares_one_child(tmp_path, monkeypatch):
     fn, conv_batches, batches = calls[0]
     assert batches == [[b // 2, b] for b in conv_batches] and set(conv_batches) == {32}   # the cnn's shapes at 32, the largest they came with
     convs = [v for k, v in table.items() if not k.startswith('["matmul"') and k != GRAPH_KEY]
-    assert convs and all(abs(c - 1000) < 1e-6 and abs(per - 10) < 1e-6 and (lo, hi) == (16, 32) for c, per, lo, hi in convs)   # the line through the two batches
+    assert convs and all(abs(c - 1000) < 1e-6 and abs(per - 10) < 1e-6 and (lo, hi) == (16, 32) for [(c, per, lo, hi)] in convs)   # one line through the two batches
     calls.clear()
     assert B.calibrate_kernels(specs) == table and not calls   # every shape served: nothing measured again
     wide = [[*s[:-1], 128] if s[0] != 'matmul' else s for s in specs]   # a batch search that went 4x further than measured
     B.calibrate_kernels(wide)
-    assert len(calls) == 1 and {b for b in calls[0][1]} == {128} and all(v[2:] == [64, 128] for k, v in _calibrated().items() if not k.startswith('["matmul"') and k != GRAPH_KEY)
+    assert len(calls) == 1 and set(calls[0][1]) == {128}
+    lines = [v for k, v in _calibrated().items() if not k.startswith('["matmul"') and k != GRAPH_KEY]
+    assert all([g[2:] for g in v] == [[16, 32], [64, 128]] for v in lines)   # a second line, the first one kept
+    calls.clear()
+    B.calibrate_kernels(specs + wide)
+    assert not calls   # both served: no plan measures the other's shapes again
+    assert B._segment(lines[0], 8)[3] == 32 and B._segment(lines[0], 200)[3] == 128 and B._segment(lines[0], 300) is None
+    assert B._segment([1000, 10], 8) is None   # an old cache's entry serves nothing: measured again
     assert calibration_file().exists()
     _calibrated.cache_clear()
 
