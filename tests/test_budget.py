@@ -211,6 +211,27 @@ def test_calibrated_matmuls_keep_what_was_measured_and_reuse_buffers():
     assert cpu_workspace_bytes([skinny, skinny, big], 'AVX512') == _MKL_BLOCKING['AVX512']['mm_state'] + cpu_workspace_bytes([big], 'AVX512')   # the model: a constant per shape
 
 
+@pytest.mark.skipif(not sys.platform.startswith('linux') or __import__('platform').machine() not in ('x86_64', 'AMD64'), reason="oneDNN's x86 kernels; Linux's high-water mark")
+def test_conv_scratch_model_holds_against_a_real_run():
+    "The convolution scratch model next to the same convolutions measured in a fresh process: never much below (a plan must not be low), not far above."
+    import netlite_nb.budget as B
+    A, cases = torch.ops.aten, [(8, 64, 32, 64, 3, 1, 1), (8, 64, 32, 128, 3, 2, 1), (8, 64, 32, 128, 1, 2, 1),   # plain, strided (brgconv_strided), downsampling 1x1
+                                (8, 64, 32, 64, 3, 2, 64), (8, 128, 16, 128, 3, 2, 4), (8, 256, 4, 256, 3, 1, 1)]  # depthwise, grouped, weights-dominated
+    specs, model = [], []
+    for b, c, s, o, k, st, g in cases:
+        x, w = torch.empty(b, c, s, s, device='meta'), torch.empty(o, c // g, k, k, device='meta')
+        fa = (x, w, None, [st, st], [k // 2] * 2, [1, 1], False, [0, 0], g)
+        y = A.convolution(*fa)
+        ba = (y, x, w, [o], [st, st], [k // 2] * 2, [1, 1], False, [0, 0], g, [True, True, False])
+        if B._conv_backend(tuple(x.shape), tuple(w.shape), (st, st), (k // 2,) * 2, (1, 1), False, g, torch.float32, torch.get_num_threads()) != 'Mkldnn': continue
+        for f, a, out in ((A.convolution.default, fa, y), (A.convolution_backward.default, ba, None)):
+            specs.append(B._conv_key(f, a)[1]); model.append(B.cpu_conv_scratch(f, a, out))
+    assert len(specs) >= 8
+    got = [r[0] for r in B.measure_conv_scratch(specs, (8,))]
+    for spec, m, g in zip(specs, model, got):
+        assert m >= 0.9 * g - 2**18 and m <= 1.6 * g + 2**20, (spec, m / 2**20, g / 2**20)   # 256 KiB / 1 MiB: the kernels' own small buffers
+
+
 def test_calibration_measures_caches_and_can_be_cleared(tmp_path, monkeypatch):
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
     monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '65536')  # a fixed threshold: with glibc's moving one a few bytes move the heap's layout
