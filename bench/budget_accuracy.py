@@ -426,7 +426,6 @@ def lstm_child(specs:list)->list:
         grads = x.grad.nbytes + sum(p.grad.nbytes for p in m.parameters())
         out.append([kept, grown - kept - y.nbytes - h.nbytes - c.nbytes, grown_b - grads])
         del y, h, c, x, g, m
-        ws.clear()
     return out
 
 def kernels_report():

@@ -617,13 +617,10 @@ def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls
             if new and _keeps_state(k): total += g['state']
             continue
         key = _mm_key(k)[0] if measured else None
-        if key in (measured or {}):  # what it was measured to keep, state included; with more threads a product the model
-            panel = measured[key][0]  # does not pack may pack, in buffers the next products reuse
-            if panel > held: total, held = total + panel, panel
-            continue
-        panel = _mkl_panel(*k[2:5], isa) if k[5] == 'torch.float32' else 0
+        known = key in (measured or {})  # measured: what it keeps, state included (with more threads, small products pack too)
+        panel = measured[key][0] if known else _mkl_panel(*k[2:5], isa) if k[5] == 'torch.float32' else 0
         if panel > held: total, held = total + panel, panel  # a bigger product gets new buffers; the smaller ones stay cached
-        elif panel == 0 and new: total += g['mm_state']
+        elif panel == 0 and new and not known: total += g['mm_state']
     return total
 
 # %% ../nbs/01_budget.ipynb #kp1
@@ -688,10 +685,13 @@ def _lstm_workspace(T:int, B:int, H:int, I:int)->tuple[int, int, int]:
     wts = 4 * _LSTM_GATES * H * (I + H)
     return u * (_LSTM_GATES + 1) + 4 * B * H, u * _LSTM_GATES + wts, u * (2 * _LSTM_GATES + 1) + 4 * B * T * I
 
+def _lines(entry:list|None)->list:
+    "A convolution's calibration `entry`: its lines [constant, per sample, b1, b2], each measured from batch b1 to b2 (an old cache's [constant, per sample] has none)."
+    return [g for g in entry or [] if isinstance(g, list) and len(g) == 4]
+
 def _segment(entry:list|None, b:int)->list|None:
-    "The line of a convolution's calibration `entry` that serves batch `b`: one [constant, per sample, b1, b2] measured from b1 to b2, used from b1/2 to 2*b2."
-    ok = [g for g in entry or [] if isinstance(g, list) and len(g) == 4 and g[2] / 2 <= b <= 2 * g[3]]  # (an old cache's [constant, per sample] serves none)
-    return min(ok, key=lambda g: abs(math.log(b / g[3])), default=None)
+    "The line of a convolution's calibration `entry` that serves batch `b`: one measured from b1 to b2 serves b1/2 to 2*b2."
+    return min((g for g in _lines(entry) if g[2] / 2 <= b <= 2 * g[3]), key=lambda g: abs(math.log(b / g[3])), default=None)
 
 def cpu_kernel_path(func, args, out,
                     measured:dict|None=None, # kernels measured on this machine (`calibrate_kernels`); None: the model
@@ -883,10 +883,10 @@ def calibrate_kernels(specs:list, # convolution and matmul specs a trace collect
     "Measure each kernel in `specs` that the cache lacks, in one fresh process on this CPU; returns the updated cache."
     table, todo, convs = dict(_calibrated()), {}, []
     for s in specs: todo.setdefault(json.dumps(s) if s[0] == 'matmul' else json.dumps(s[:-1]), []).append(s)
-    for k, ss in todo.items():  # each convolution at the largest batch no line serves, which then serves down to a quarter of it
+    for k, ss in todo.items():  # each convolution at the largest batch no line serves, whose line then serves down to a quarter of it
         if ss[0][0] == 'matmul': continue
         for s in sorted(ss, key=lambda s: -s[-1]):
-            if _segment(table.get(k), s[-1]) is None and not any(c[0] == k and c[1][-1] / 4 <= s[-1] for c in convs): convs.append((k, s))
+            if _segment(table.get(k), s[-1]) is None and not (convs and convs[-1][0] == k and convs[-1][1][-1] / 4 <= s[-1]): convs.append((k, s))
     mms = {k: ss[0] for k, ss in todo.items() if k not in table and ss[0][0] == 'matmul'}
     if not convs and not mms and GRAPH_KEY in table: return table
     # specs of several plans (a bench, a batch search) share the one process. Each convolution at half and all of the batch the
@@ -897,8 +897,7 @@ def calibrate_kernels(specs:list, # convolution and matmul specs a trace collect
     if GRAPH_KEY not in table: table[GRAPH_KEY] = graph or list(AUTOGRAD_GRAPH_BYTES)  # the default where glibc cannot say
     for (key, _), (b1, b2), (m1, m2) in zip(convs, batches, conv_bytes):
         per = (m2 - m1) / (b2 - b1)
-        old = [g for g in table.get(key, []) if isinstance(g, list) and len(g) == 4]  # the lines it had (an old cache's entry goes)
-        table[key] = old + [[m1 - per * b1, per, b1, b2]]  # bytes = constant + per sample x batch, measured from b1 to b2
+        table[key] = _lines(table.get(key)) + [[m1 - per * b1, per, b1, b2]]  # bytes = constant + per sample x batch, measured from b1 to b2
     table.update((key, [n, 0]) for key, n in zip(mms, mm_bytes))  # kept buffers: the batch is in the key's M
     f = calibration_file()
     f.parent.mkdir(parents=True, exist_ok=True)
