@@ -92,6 +92,26 @@ class EncDec(nn.Module):
         s = self.d1(x)
         return self.out(self.u1(torch.cat([self.up(self.d2(self.pool(s))), s], 1))).mean((2, 3))
 
+class TConvDec(nn.Module):
+    "A small U-Net that learns its resampling: strided convolutions down, transposed convolutions (ConvTranspose2d) back up, skips added."
+    def __init__(self, c=32):
+        super().__init__()
+        blk = lambda i, o, s=1: nn.Sequential(nn.Conv2d(i, o, 3, stride=s, padding=1), nn.BatchNorm2d(o), nn.ReLU())
+        self.d1, self.d2, self.d3 = blk(3, c), blk(c, 2 * c, 2), blk(2 * c, 4 * c, 2)
+        self.u2, self.u1 = nn.ConvTranspose2d(4 * c, 2 * c, 2, stride=2), nn.ConvTranspose2d(2 * c, c, 4, stride=2, padding=1)
+        self.out = nn.Conv2d(c, 10, 1)
+    def forward(self, x):
+        s1 = self.d1(x); s2 = self.d2(s1)
+        return self.out(F.relu(self.u1(F.relu(self.u2(self.d3(s2)) + s2)) + s1)).mean((2, 3))
+
+class TConvGen(nn.Module):
+    "A generator's shape: a small map upsampled 8x by transposed convolutions (DCGAN-style, BatchNorm and ReLU), scored per pixel."
+    def __init__(self, c=128):
+        super().__init__()
+        up = lambda i, o: nn.Sequential(nn.ConvTranspose2d(i, o, 4, stride=2, padding=1), nn.BatchNorm2d(o), nn.ReLU())
+        self.body = nn.Sequential(nn.Conv2d(3, c, 3, padding=1), up(c, c // 2), up(c // 2, c // 4), up(c // 4, c // 8), nn.ConvTranspose2d(c // 8, 10, 3, padding=1))
+    def forward(self, x): return self.body(x).mean((2, 3))
+
 class RNNClassifier(nn.Module):
     def __init__(self, kind='lstm', d=128, layers=2, bidirectional=False, inputs=64):
         super().__init__()
@@ -160,7 +180,8 @@ VARIANTS = {'gru_1layer': (RNN('gru', layers=1), (64, 64), (32,)), 'gru_3layer':
             'rnn_tanh': (RNN('rnn'), (64, 64), (32,)), 'lstm_1layer': (RNN('lstm', layers=1), (64, 64), (32,)), 'lstm_32steps': (RNN('lstm'), (32, 64), (32,)),
             'lstm_d96': (RNN('lstm', d=96), (64, 64), (32,)), 'bigru_d64_in32': (RNN('gru', d=64, bidirectional=True, inputs=32), (64, 32), (32,)),
             'gru_b24': (RNN('gru'), (64, 64), (24,)), 'resnet18_96px': (_tv('resnet18'), (3, 96, 96), (8,)), 'mobilenet_v2_32px': (_tv('mobilenet_v2'), (3, 32, 32), (32,)),
-            'resnet18_32px': (_tv('resnet18'), (3, 32, 32), (32,))}  # CIFAR-size images: its last stage runs at 1x1, where the weights outweigh the activations
+            'resnet18_32px': (_tv('resnet18'), (3, 32, 32), (32,)), 'tconv_unet': (TConvDec, (3, 64, 64), (8, 32)),
+            'tconv_gen': (TConvGen, (3, 16, 16), (16, 64))}  # CIFAR-size images: its last stage runs at 1x1, where the weights outweigh the activations
 class Encoder(nn.Module):
     "nn.TransformerEncoder (pre-norm, GELU) over 64 tokens of 128 features, mean-pooled: attention as PyTorch's own layer runs it."
     def __init__(self, d=128):
@@ -452,6 +473,25 @@ def kernels_report():
         got.update(zip(mine, (r[0] for r in measure_conv_scratch([specs[i] for i in mine], (B,)))))
     for i, (B, C, S, O, k, st, g) in enumerate(convs):
         print(f"{f'{B} x {C} x {S}x{S} -> {O}, {k}x{k}, /{st}, g{g}':<52}{mi(got[2*i])} |{mi(got[2*i+1])}  {mi(model[2*i])} |{mi(model[2*i+1])}", flush=True)
+    print("1b. Transposed convolutions (oneDNN, a plain convolution's passes from output to input): scratch MiB, forward | backward")
+    ups = [(32, 128, 16, 64, 2, 2, 0, 0, 1), (32, 64, 32, 32, 4, 2, 1, 0, 1), (32, 64, 32, 32, 3, 2, 1, 1, 1), (32, 64, 32, 64, 3, 1, 1, 0, 1),
+           (32, 64, 32, 64, 4, 2, 1, 0, 4), (32, 64, 32, 64, 4, 2, 1, 0, 64), (32, 32, 64, 3, 4, 2, 1, 0, 1),  # groups of 16; depthwise; to RGB
+           (32, 24, 31, 4, 3, 2, 0, 0, 1), (32, 24, 31, 12, 3, 2, 0, 0, 1), (64, 100, 1, 256, 4, 1, 0, 0, 1),  # few channels; a generator's first layer
+           (16, 16, 128, 10, 3, 1, 1, 0, 1), (16, 16, 128, 12, 3, 1, 1, 0, 1), (16, 16, 128, 3, 3, 1, 1, 0, 1), (32, 48, 33, 24, 3, 1, 1, 0, 1)]  # unstrided, to few channels
+    specs, model = [], []
+    for B, C, S, O, k, st, p, op, g in ups:
+        x, w = torch.empty(B, C, S, S, device='meta'), torch.empty(C, O // g, k, k, device='meta')
+        fa = (x, w, None, [st, st], [p, p], [1, 1], True, [op, op], g)
+        y = torch.ops.aten.convolution(*fa)
+        ba = (y, x, w, [O], [st, st], [p, p], [1, 1], True, [op, op], g, [S > 1, True, False])
+        for f, a, o in ((torch.ops.aten.convolution.default, fa, y), (torch.ops.aten.convolution_backward.default, ba, None)):
+            specs.append(_conv_key(f, a)[1]); model.append(cpu_conv_scratch(f, a, o))
+    got = {}
+    for B in {sp[-1] for sp in specs}:
+        mine = [i for i, sp in enumerate(specs) if sp[-1] == B]
+        got.update(zip(mine, (r[0] for r in measure_conv_scratch([specs[i] for i in mine], (B,)))))
+    for i, (B, C, S, O, k, st, p, op, g) in enumerate(ups):
+        print(f"{f'{B} x {C} x {S}x{S} -> {O}, {k}x{k}, x{st}, g{g}':<52}{mi(got[2*i])} |{mi(got[2*i+1])}  {mi(model[2*i])} |{mi(model[2*i+1])}", flush=True)
     print("2. LSTM layers (oneDNN): MiB of workspace resident after forward, forward scratch, backward scratch")
     shapes = [[64, 32, 64, 128], [128, 32, 64, 128], [64, 32, 64, 256], [64, 32, 256, 128], [100, 64, 32, 100], [64, 128, 64, 128]]
     res = run_child('--lstm-child', shapes)

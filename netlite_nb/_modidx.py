@@ -162,6 +162,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._too_small': ('budget.html#_too_small', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._trace': ('budget.html#_trace', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._transform_name': ('budget.html#_transform_name', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._transposed_scratch': ('budget.html#_transposed_scratch', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._try_batch': ('budget.html#_try_batch', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._warn_moving_threshold': ( 'budget.html#_warn_moving_threshold',
                                                                                  'netlite_nb/budget.py'),

@@ -599,7 +599,7 @@ def _keeps_state(k:tuple)->bool:
     fwd = k[0] == 'convolution.default'
     x, w = (k[1], k[2]) if fwd else (k[2], k[3])
     stride, padding, dilation, transposed, _, groups = (ast.literal_eval(a) for a in (k[4:10] if fwd else k[5:11]))
-    return _conv_backend(x, w, tuple(stride), tuple(padding), tuple(dilation), transposed, groups, torch.float32, torch.get_num_threads()) == 'Mkldnn'
+    return _conv_backend(x, w, tuple(stride), tuple(padding), tuple(dilation), transposed, groups, torch.float32, torch.get_num_threads()) in ('Mkldnn', 'MkldnnTranspose')
 
 # %% ../nbs/01_budget.ipynb #c073b
 def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls and convolutions in the order they ran
@@ -643,6 +643,7 @@ def _conv_backend(x_shape, w_shape, stride, padding, dilation, transposed, group
     with _disable_current_modes(), FakeTensorMode():
         x, w = torch.empty(x_shape, dtype=dtype), torch.empty(w_shape, dtype=dtype)
         be = torch._C._select_conv_backend(x, w, None, list(stride), list(padding), list(dilation), transposed, [0] * len(stride), groups, None)
+    if int(be) == int(torch._C._ConvBackend.Mkldnn) + 1: return 'MkldnnTranspose'  # the next one in ATen's list, left unnamed by its binding
     return str(be).split('.')[-1]
 
 # %% ../nbs/01_budget.ipynb #kp2
@@ -658,6 +659,7 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
     stride, padding, dilation, transposed = args[3:7] if fwd else args[4:8]
     groups, n = args[8] if fwd else args[9], x.element_size()
     be = _conv_backend(tuple(x.shape), tuple(w.shape), tuple(stride), tuple(padding), tuple(dilation), transposed, groups, x.dtype, torch.get_num_threads())
+    if be == 'MkldnnTranspose': return _transposed_scratch(fwd, x, w, y, groups, stride)
     if be == 'Mkldnn':
         src, dst, wts = _blocked(x.shape, n), _blocked(y.shape, n), _blocked_weights(w.shape, groups, n)
         if fwd: return max(src, dst) + wts  # the weights are reordered as well, alongside the larger activation copy
@@ -671,6 +673,17 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
         cols = n * x.shape[0] * w.shape[1] * math.prod(w.shape[2:]) * math.prod(y.shape[2:])  # im2col of the whole batch
         return cols if fwd else cols * (1 + bool(args[10][0]))  # backward: columns for the weight's gradient, and the input's
     return 0
+
+# %% ../nbs/01_budget.ipynb #8c36fd61
+def _transposed_scratch(fwd:bool, x, w, y, # the input (N, Ci, ...), weights (Ci, Co/groups, ...) and output or its gradient (N, Co, ...)
+                        groups:int, stride)->int:
+    "Bytes oneDNN's transposed convolution allocates and frees inside itself: a plain convolution's passes, from `y` to `x`."
+    n, co = x.element_size(), y.shape[1]
+    xb, yb, wts = _blocked(x.shape, n), _blocked(y.shape, n), _blocked_weights(w.shape, groups, n)
+    if not fwd: return max((yb if co > 3 else 0) + xb, wts)  # the weights' gradient pass reads both (an image's few channels in place)
+    if any(s > 1 for s in stride) and (groups == 1 or min(x.shape[1], co) // groups >= _CPU_BLOCK):
+        return max(xb, wts, 2 * n * y.numel())  # the strided kernel: two buffers of the output's size
+    return max(xb + yb - n * y.numel(), yb, wts)  # the output written blocked, then copied out once the input's copy is freed
 
 # %% ../nbs/01_budget.ipynb #kp6
 _LSTM_GATES = 4  # input, forget, cell and output gate: oneDNN keeps each one's value per step for backward (fp32 accumulators)
@@ -742,8 +755,9 @@ def _conv_key(func, args)->tuple[str, list]:
     x, w = (args[0], args[1]) if fwd else (args[1], args[2])
     stride, padding, dilation, transposed = args[3:7] if fwd else args[4:8]
     groups = args[8] if fwd else args[9]
+    up = list(args[7] if fwd else args[8]) if transposed else False  # a transposed convolution: its output padding
     spec = ['forward' if fwd else 'backward', list(x.shape[1:]), list(w.shape), list(stride), list(padding), list(dilation), groups,
-            str(x.dtype).split('.')[-1], bool(fwd or args[10][0]), bool(transposed), x.shape[0]]
+            str(x.dtype).split('.')[-1], bool(fwd or args[10][0]), up, x.shape[0]]
     return json.dumps(spec[:-1]), spec
 
 def _mm_key(k:tuple)->tuple[str, list]:
@@ -768,7 +782,7 @@ def _run_conv(spec:list, b:int)->int:
     conv = getattr(F, f"conv{'_transpose' if transposed else ''}{len(ws) - 2}d")
     dt = getattr(torch, dtype)
     x, w = torch.randn(b, *xs, dtype=dt, requires_grad=xgrad), torch.randn(*ws, dtype=dt, requires_grad=True)
-    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, **({'output_padding': transposed} if transposed else {}))
     if kind == 'forward':
         grown, y = _hwm_growth(lambda: conv(x, w, **kw))
         return grown - y.nbytes

@@ -213,7 +213,7 @@ def test_calibrated_matmuls_keep_what_was_measured_and_reuse_buffers():
 
 @pytest.mark.skipif(not sys.platform.startswith('linux') or __import__('platform').machine() not in ('x86_64', 'AMD64'), reason="oneDNN's x86 kernels; Linux's high-water mark")
 def test_conv_scratch_model_holds_against_a_real_run():
-    "The convolution scratch model next to the same convolutions measured in a fresh process: never much below (a plan must not be low), not far above."
+    "The convolution scratch model, plain and transposed, next to the same convolutions measured in a fresh process: never much below (a plan must not be low), not far above."
     import netlite_nb.budget as B
     A, cases = torch.ops.aten, [(8, 64, 32, 64, 3, 1, 1), (8, 64, 32, 128, 3, 2, 1), (8, 64, 32, 128, 1, 2, 1),   # plain, strided (brgconv_strided), downsampling 1x1
                                 (8, 64, 32, 64, 3, 2, 64), (8, 128, 16, 128, 3, 2, 4), (8, 256, 4, 256, 3, 1, 1)]  # depthwise, grouped, weights-dominated
@@ -226,7 +226,15 @@ def test_conv_scratch_model_holds_against_a_real_run():
         if B._conv_backend(tuple(x.shape), tuple(w.shape), (st, st), (k // 2,) * 2, (1, 1), False, g, torch.float32, torch.get_num_threads()) != 'Mkldnn': continue
         for f, a, out in ((A.convolution.default, fa, y), (A.convolution_backward.default, ba, None)):
             specs.append(B._conv_key(f, a)[1]); model.append(B.cpu_conv_scratch(f, a, out))
-    assert len(specs) >= 8
+    for b, c, s, o, k, st, op, g in [(8, 64, 16, 32, 4, 2, 0, 1), (8, 32, 16, 16, 3, 2, 1, 1), (8, 64, 16, 64, 4, 2, 0, 64), (8, 32, 32, 3, 4, 2, 0, 1)]:
+        x, w = torch.empty(b, c, s, s, device='meta'), torch.empty(c, o // g, k, k, device='meta')  # transposed: up, odd, depthwise, to RGB
+        fa = (x, w, None, [st, st], [1, 1], [1, 1], True, [op, op], g)
+        y = A.convolution(*fa)
+        ba = (y, x, w, [o], [st, st], [1, 1], [1, 1], True, [op, op], g, [True, True, False])
+        assert B._conv_backend(tuple(x.shape), tuple(w.shape), (st, st), (1, 1), (1, 1), True, g, torch.float32, torch.get_num_threads()) == 'MkldnnTranspose'
+        for f, a, out in ((A.convolution.default, fa, y), (A.convolution_backward.default, ba, None)):
+            specs.append(B._conv_key(f, a)[1]); model.append(B.cpu_conv_scratch(f, a, out))
+    assert len(specs) >= 16
     got = [r[0] for r in B.measure_conv_scratch(specs, (8,))]
     for spec, m, g in zip(specs, model, got):
         assert m >= 0.9 * g - 2**18 and m <= 1.6 * g + 2**20, (spec, m / 2**20, g / 2**20)   # 256 KiB / 1 MiB: the kernels' own small buffers
