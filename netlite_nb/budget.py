@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_budget.ipynb #c003
 from __future__ import annotations
-import ast, contextlib, copy, ctypes, functools, gc, html, inspect, json, logging, math, os, platform, random, subprocess, sys, threading, warnings, weakref
+import ast, contextlib, copy, ctypes, functools, gc, html, inspect, json, logging, math, os, platform, random, re, subprocess, sys, threading, warnings, weakref
 from collections import deque
 from pathlib import Path
 from dataclasses import dataclass, field
@@ -21,13 +21,13 @@ from .probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes, 
 # %% auto #0
 __all__ = ['AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'TENSOR_TERMS', 'COLORS', 'PLAN_MARGIN',
            'LEVERS', 'Allocation', 'AllocationTracker', 'ShapeMismatchError', 'resize_batch', 'default_loss',
-           'is_traced', 'register_optimizer', 'make_optimizer', 'Trace', 'trace_step', 'CachingAllocatorSim',
-           'cublas_workspace_bytes', 'cublaslt_workspace_bytes', 'Target', 'resolve_target', 'cpu_workspace_bytes',
-           'cpu_conv_scratch', 'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch',
-           'calibrate_kernels', 'MemoryPlan', 'GlibcHeap', 'fix_glibc_thresholds', 'cudnn_conv_workspace',
-           'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes', 'plan_memory', 'plot_plans', 'BudgetTooSmallError',
-           'MovingThresholdWarning', 'max_batch_size', 'Change', 'register_lever', 'fit_to_budget', 'find_batch_size',
-           'budget_widget']
+           'is_traced', 'register_optimizer', 'make_optimizer', 'UntraceableError', 'Trace', 'trace_step',
+           'CachingAllocatorSim', 'cublas_workspace_bytes', 'cublaslt_workspace_bytes', 'Target', 'resolve_target',
+           'cpu_workspace_bytes', 'cpu_conv_scratch', 'contiguous_copies', 'cpu_kernel_path', 'calibration_file',
+           'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels', 'MemoryPlan', 'GlibcHeap',
+           'fix_glibc_thresholds', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes',
+           'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size', 'Change',
+           'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -70,6 +70,7 @@ class AllocationTracker(TorchDispatchMode):
         self.kernels:list[tuple] = []   # every matmul and convolution, in order (`_kernel`)
         self.kernel_path:Callable|None = None  # kernel_path(func, args, out) -> (out, scratch bytes): a device's kernels (set by `trace_step`)
         self.decomposed = False  # saw an op that only a reference decomposition runs (attention's math path on 'meta')
+        self.bounded:list[str] = []  # ops whose output's size depends on the data, run at their largest (`_data_shaped`)
         self.measured:dict|None = None  # kernels measured on this machine (`calibrate_kernels`) that the trace used
         self.graph:tuple|None = None  # heap bytes per autograd node, saved tensor, saved value (`AUTOGRAD_GRAPH_BYTES`); None: not counted
         self.nodes:set = set()        # the autograd nodes counted so far in this micro-batch
@@ -105,13 +106,40 @@ def _free(self:AllocationTracker, key:int, rec:Allocation):
     self.events.append((-1, rec))
     self.current -= rec.nbytes
 
+# %% ../nbs/01_budget.ipynb #0b98b59c
+_A = torch.ops.aten
+_MASKED = {_A.index.Tensor, _A.index_put.default, _A.index_put_.default, _A._index_put_impl_.default}  # (x, indices, ...)
+_DATA_SHAPED = _MASKED | {_A.nonzero.default, _A.masked_select.default, _A._unique2.default, _A.unique_consecutive.default}
+
+def _is_mask(i)->bool: return isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) and i.dim() > 0
+
+def _all_true(indices:list)->list:
+    "The `indices` of `x[indices]` with each boolean mask replaced by the integer indices of a mask that is all True: the most it selects."
+    return [j for i in indices for j in ([torch.zeros(i.numel(), dtype=torch.long, device=i.device)] * i.dim() if _is_mask(i) else [i])]
+
+def _data_shaped(func, args:tuple, kwargs:dict):
+    "Run `func` (in `_DATA_SHAPED`) as if the data made its output as large as it can be; NotImplemented where the data does not decide it."
+    a = {**{s.name: v for s, v in zip(func._schema.arguments, args)}, **kwargs}
+    x = args[0]
+    empty = lambda *size, dtype=torch.long: torch.empty(size, dtype=dtype, device=x.device)
+    if func in _MASKED:
+        if not any(_is_mask(i) for i in a['indices']): return NotImplemented  # integer indices: the shapes decide
+        return func(x, _all_true(a['indices']), *args[2:], **kwargs)
+    if func is _A.nonzero.default: return empty(x.numel(), x.dim())
+    if func is _A.masked_select.default: return empty(math.prod(torch.broadcast_shapes(x.shape, a['mask'].shape)), dtype=x.dtype)
+    if a.get('dim') is not None: return NotImplemented  # unique rows or slices: not bounded here
+    n = x.numel()
+    return empty(n, dtype=x.dtype), empty(*x.shape) if a.get('return_inverse') else empty(0), empty(n) if a.get('return_counts') else empty(0)
+
 # %% ../nbs/01_budget.ipynb #at7
 @patch
 def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None):
     if func in _MATMULS or func in _CONVS: self.kernels.append(_kernel(func, args))
     if func is torch.ops.aten._safe_softmax.default: self.decomposed = True
     if self.graph is not None and self.phase in ('forward', 'loss'): self.count_nodes(args)  # the nodes of the ops before this one
-    out = func(*args, **(kwargs or {}))
+    out = _data_shaped(func, args, kwargs or {}) if func in _DATA_SHAPED else NotImplemented
+    if out is NotImplemented: out = func(*args, **(kwargs or {}))
+    else: self.bounded.append(func.__name__)
     scratch = 0
     if self.kernel_path is not None: out, scratch = self.kernel_path(func, args, out)
     new = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and self.record_of(t) is None]
@@ -389,6 +417,34 @@ def _shape_error(e:Exception, tr:AllocationTracker, m:nn.Module, x, y)->ShapeMis
                                   f"{_shapes(y)}. PyTorch said: {e}")
     return None
 
+# %% ../nbs/01_budget.ipynb #659e6f53
+class UntraceableError(ValueError):
+    "The model does something a trace without data cannot follow: it reads a tensor's value, or runs an op with no shape-only kernel."
+
+def _why_untraceable(e:Exception)->str|None:
+    "What in failure `e` a trace without data cannot do, in words; None when `e` is another failure."
+    for err in (e, e.__cause__):
+        if err is None: continue
+        msg, kind = str(err), type(err).__name__
+        op = getattr(err, 'func', None) or next(iter(re.findall(r'aten::\w+|torch\.\w+\(\)', msg)), 'an op')
+        if 'local_scalar_dense' in msg or 'item() cannot be called on meta' in msg:
+            return "it reads a tensor's value in Python (`.item()`, `int(t)`, `float(t)`, or `if t:` on a tensor)"
+        if kind in ('DynamicOutputShapeException', 'DataDependentOutputException') or 'data-independent' in msg:
+            return f"`{op}` makes an output whose size depends on the data"
+        if kind == 'UnsupportedOperatorException' or 'no fake impl or Meta kernel' in msg: return f"PyTorch has no shape-only kernel for `{op}`"
+    return None
+
+def _untraceable(e:Exception, tr:AllocationTracker, m:nn.Module)->UntraceableError|None:
+    "Failure `e` as an `UntraceableError` naming where it happened; None for other failures."
+    if (why := _why_untraceable(e)) is None: return None
+    name = tr.modules[-1] if tr.phase == 'forward' and tr.modules else None
+    where = (f"layer `{name or type(m).__name__}` ({type(m.get_submodule(name) if name else m).__name__})" if name is not None
+             else 'the loss' if tr.phase == 'loss' else f"the {tr.phase} phase")
+    return UntraceableError(
+        f"The planner cannot trace {where}: {why}. A plan runs the step on shapes alone, without data. Keep the step's shapes and "
+        "branches independent of the values (log values after the step, branch with `torch.where`, pad sequences instead of packing "
+        f"them), or size the batch by running real steps: `find_batch_size(model, batch, device)`. PyTorch said: {str(e).splitlines()[0][:300]}")
+
 # %% ../nbs/01_budget.ipynb #c016
 @dataclass
 class Trace:
@@ -422,12 +478,17 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
                     _optimizer_phase(opt, params, tr, scale)
                 tr.phase = 'end'
     except Exception as e:
-        err = _shape_error(e, tr, m, x, y)
+        err = _untraceable(e, tr, m) or _shape_error(e, tr, m, x, y)
         if err is None: raise
         raise err from e
     return tr
 
 # %% ../nbs/01_budget.ipynb #c016b
+def _made_on_cpu(e:Exception|None)->bool:
+    "Did `e` come from a 'meta' tensor meeting a CPU tensor the model made itself (`torch.zeros(n)` with no device, inside forward)?"
+    msg = str(e)
+    return 'device' in msg and 'meta' in msg and 'cpu' in msg
+
 def trace_step(model:nn.Module, # the model; it is copied, never run or changed
                batch, # (x, y) or x; any device, including 'meta'
                loss_fn:Callable|None=None, # loss_fn(output, y); default: `default_loss`
@@ -458,7 +519,11 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
             m = _fake_copy(model, fm)
             if transform is not None: m = transform(m)
             m.train()
-            tr = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, measured, missing)
+            try: tr = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, measured, missing)
+            except (ShapeMismatchError, UntraceableError) as e:
+                if cpu_path or not _made_on_cpu(e.__cause__): raise
+                cpu_path = True  # the model makes tensors of its own (torch.zeros with no device): trace on FakeTensors that claim to be CPU ones
+                continue
             if cpu_path or kernels is None or not tr.decomposed: break
             cpu_path = True  # attention ran its reference path on 'meta': trace again on the CPU's dispatch (fused, as CUDA's is)
     finally: log.setLevel(level)
@@ -685,6 +750,14 @@ def _transposed_scratch(fwd:bool, x, w, y, # the input (N, Ci, ...), weights (Ci
         return max(xb, wts, 2 * n * y.numel())  # the strided kernel: two buffers of the output's size
     return max(xb + yb - n * y.numel(), yb, wts)  # the output written blocked, then copied out once the input's copy is freed
 
+# %% ../nbs/01_budget.ipynb #46a1190b
+_COPIES_INPUTS = {_A.native_layer_norm.default: (0,), _A.native_layer_norm_backward.default: (0, 1), _A._softmax.default: (0,),
+                  _A._log_softmax.default: (0,), _A._softmax_backward_data.default: (0, 1), _A._log_softmax_backward_data.default: (0, 1)}
+
+def contiguous_copies(func, args)->int:
+    "Bytes of the contiguous copies kernel `func` makes of those of its inputs that are not contiguous (a transient while it runs)."
+    return sum(a.numel() * a.element_size() for i in _COPIES_INPUTS.get(func, ()) if not (a := args[i]).is_contiguous())
+
 # %% ../nbs/01_budget.ipynb #kp6
 _LSTM_GATES = 4  # input, forget, cell and output gate: oneDNN keeps each one's value per step for backward (fp32 accumulators)
 
@@ -726,7 +799,7 @@ def cpu_kernel_path(func, args, out,
         if (g := _segment(measured.get(key), spec[-1])) is not None: return out, max(0, int(g[0] + g[1] * spec[-1]))
         if missing is not None: missing.append(spec)
     if func in _CONVS: return out, cpu_conv_scratch(func, args, out)
-    return out, 0
+    return out, contiguous_copies(func, args)
 
 def _cpu_dispatch_differs(model:nn.Module)->bool:
     "Does `model` have layers whose CPU kernels the meta device does not run (recurrent layers)?"
@@ -1488,7 +1561,7 @@ class _CudaPath:
         if func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
             (T, B, _), H = args[0].shape, args[5].shape[-1]
             return out, cudnn_lstm_bytes(T, B, H, args[0].element_size())[1]
-        if func not in _CONVS: return out, 0
+        if func not in _CONVS: return out, contiguous_copies(func, args)
         fwd = func is torch.ops.aten.convolution.default
         x, w, y = (args[0], args[1], out) if fwd else (args[1], args[2], args[0])
         stride, padding, dilation, transposed = args[3:7] if fwd else args[4:8]
@@ -1548,6 +1621,13 @@ def _step_notes(precision:str, accum:int, micro:int)->list[str]:
     if precision == 'fp16': notes.append("GradScaler: a scale and a growth tracker (8 bytes); unscaling the gradients is in place")
     return notes
 
+def _bounded_note(tr:AllocationTracker)->list[str]:
+    "The plan's note on ops it ran at their largest because the data decides their size (`_data_shaped`)."
+    if not tr.bounded: return []
+    ops = ', '.join(f"{op} x{tr.bounded.count(op)}" for op in dict.fromkeys(tr.bounded))
+    return [f"an upper bound where the data decides a size: {ops} planned at their largest (every element of a mask True, every "
+            "value distinct); the step uses less when they select less"]
+
 # %% ../nbs/01_budget.ipynb #mp19
 def _transform_name(t:Callable|None)->str|None:
     "How a plan names a model transform: by its name, or a nameless partial by its arguments."
@@ -1602,7 +1682,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
                       total=reserved + terms.get('CUDA context', 0), breakdown={**_breakdown(tr), **terms},
                       peak_phase=rec.phase if rec else 'none', peak_module=rec.module if rec else '',
                       budget=budget if budget is not None else target.memory, by_module=_saved_by_module(tr), params=t.param_count,
-                      notes=_step_notes(precision, t.accum_steps, mb) + device_notes)
+                      notes=_step_notes(precision, t.accum_steps, mb) + _bounded_note(tr) + device_notes)
 
 # %% ../nbs/01_budget.ipynb #mp24
 def _calibration_note(target:Target)->str:
