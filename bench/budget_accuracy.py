@@ -455,7 +455,7 @@ def kernels_report():
     mi = lambda n: f"{n/2**20:7.2f}"
     print("1. Convolutions (oneDNN blocked copies; im2col for PyTorch's fallback): scratch MiB beyond the outputs, forward | backward")
     print(f"{'batch x in x size -> out, kernel, stride, groups':<52}{'measured':>18}{'model':>18}")
-    convs = [(32, 64, 64, 32, 3, 1, 1), (32, 32, 64, 64, 3, 1, 1), (32, 96, 64, 32, 3, 1, 1), (32, 12, 64, 24, 3, 1, 1),
+    convs = [(32, 64, 64, 32, 3, 1, 1), (32, 32, 64, 64, 3, 1, 1), (32, 96, 64, 32, 3, 1, 1), (32, 12, 64, 24, 3, 1, 1), (16, 3, 64, 32, 4, 4, 1),
              (32, 64, 64, 128, 3, 2, 1), (32, 64, 64, 64, 3, 2, 64), (32, 3, 64, 64, 7, 2, 1), (16, 64, 32, 128, 1, 1, 1),
              (8, 64, 32, 64, 3, 1, 1), (8, 128, 16, 32, 1, 1, 1), (16, 512, 2, 512, 3, 1, 1),  # ResNet-18's deepest, at 64x64
              (32, 64, 64, 128, 1, 2, 1), (32, 128, 32, 128, 3, 2, 4), (32, 128, 32, 128, 3, 2, 32)]  # strided: a downsampling 1x1; groups of 32 and of 4 channels
@@ -492,6 +492,24 @@ def kernels_report():
         got.update(zip(mine, (r[0] for r in measure_conv_scratch([specs[i] for i in mine], (B,)))))
     for i, (B, C, S, O, k, st, p, op, g) in enumerate(ups):
         print(f"{f'{B} x {C} x {S}x{S} -> {O}, {k}x{k}, x{st}, g{g}':<52}{mi(got[2*i])} |{mi(got[2*i+1])}  {mi(model[2*i])} |{mi(model[2*i+1])}", flush=True)
+    print("1c. Channels-last convolutions (NHWC: oneDNN copies no activations; a depthwise kernel wider than 3 pads its weights' gradient): scratch MiB, forward | backward")
+    cls = [(16, 64, 16, 64, 7, 1, 64), (32, 64, 32, 64, 7, 1, 64), (16, 128, 16, 128, 5, 1, 128), (16, 64, 16, 64, 3, 1, 64),
+           (16, 64, 32, 64, 3, 1, 1), (16, 64, 32, 128, 3, 2, 1), (16, 64, 32, 128, 1, 1, 1), (16, 32, 32, 64, 2, 2, 1)]
+    specs, model = [], []
+    for B, C, S, O, k, st, g in cls:
+        x, w = torch.empty(B, C, S, S, device='meta').contiguous(memory_format=torch.channels_last), torch.empty(O, C // g, k, k, device='meta')
+        pad = k // 2 if st == 1 else 0
+        fa = (x, w, None, [st, st], [pad, pad], [1, 1], False, [0, 0], g)
+        y = torch.ops.aten.convolution(*fa).contiguous(memory_format=torch.channels_last)
+        ba = (y, x, w, [O], [st, st], [pad, pad], [1, 1], False, [0, 0], g, [True, True, False])
+        for f, a, o in ((torch.ops.aten.convolution.default, fa, y), (torch.ops.aten.convolution_backward.default, ba, None)):
+            specs.append(_conv_key(f, a)[1]); model.append(cpu_conv_scratch(f, a, o))
+    got = {}
+    for B in {sp[-1] for sp in specs}:
+        mine = [i for i, sp in enumerate(specs) if sp[-1] == B]
+        got.update(zip(mine, (r[0] for r in measure_conv_scratch([specs[i] for i in mine], (B,)))))
+    for i, (B, C, S, O, k, st, g) in enumerate(cls):
+        print(f"{f'{B} x {C} x {S}x{S} -> {O}, {k}x{k}, /{st}, g{g}':<52}{mi(got[2*i])} |{mi(got[2*i+1])}  {mi(model[2*i])} |{mi(model[2*i+1])}", flush=True)
     print("2. LSTM layers (oneDNN): MiB of workspace resident after forward, forward scratch, backward scratch")
     shapes = [[64, 32, 64, 128], [128, 32, 64, 128], [64, 32, 64, 256], [64, 32, 256, 128], [100, 64, 32, 100], [64, 128, 64, 128]]
     res = run_child('--lstm-child', shapes)

@@ -248,10 +248,21 @@ def _expects(m:nn.Module)->str:
 
 # %% ../nbs/01_budget.ipynb #c014
 def _split_batch(batch)->tuple[Any, Any]:
+    "(x, y) of a batch: a pair, or inputs alone (a tensor, or a dict of them that the model takes as keywords, targets included)."
     if isinstance(batch, (tuple, list)) and len(batch) == 2: return batch[0], batch[1]
     return batch, None
 
-def _batch_size(batch)->int: return _split_batch(batch)[0].shape[0]
+def _first(x)->torch.Tensor:
+    "The first tensor of `x` (a tensor, or a tuple or dict of them): it sets the batch size."
+    ts = [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]
+    if not ts: raise ShapeMismatchError(f"The batch has no tensor in it: {type(x).__name__}. Give (x, y), x, or a dict of tensors.")
+    return ts[0]
+
+def _batch_size(batch)->int: return _first(_split_batch(batch)[0]).shape[0]
+
+def _call(m:nn.Module, x):
+    "Run `m` on inputs `x` as a training loop does: `m(**x)` for a dict, `m(*x)` for a tuple, `m(x)` for a tensor."
+    return m(**x) if isinstance(x, dict) else m(*x) if isinstance(x, (tuple, list)) else m(x)
 
 def resize_batch(batch, # (x, y), x, or any nest of tensors whose first dimension is the batch
                  n:int, # samples in the new batch
@@ -262,7 +273,11 @@ def resize_batch(batch, # (x, y), x, or any nest of tensors whose first dimensio
 
 # %% ../nbs/01_budget.ipynb #c014b
 def default_loss(out, y):
-    "Cross-entropy for integer targets, MSE for float targets, the mean output when there are none."
+    "Cross-entropy for integer targets, MSE for float targets, the mean output when there are none; a dict's 'loss' when the model made one."
+    if isinstance(out, dict):  # Hugging Face style: a loss when the batch had labels, else the logits
+        if out.get('loss') is not None: return out['loss']
+        out = out['logits'] if 'logits' in out else _first(out)
+    elif isinstance(out, (tuple, list)): out = _first(out)
     if y is None: return out.float().mean()
     return F.cross_entropy(out, y) if not y.is_floating_point() else F.mse_loss(out, y)
 
@@ -329,7 +344,8 @@ def _optimizer_name(optimizer)->str:
 def _check_batch(batch)->tuple[Any, Any]:
     "`x` and `y` of `batch`, once they agree on the batch size."
     x, y = _split_batch(batch)
-    if any(t.shape[0] != x.shape[0] for t in tree_flatten(y)[0] if isinstance(t, torch.Tensor)):
+    b = _batch_size(batch)
+    if any(t.shape[0] != b for t in tree_flatten(y)[0] if isinstance(t, torch.Tensor)):
         raise ShapeMismatchError(f"The batch does not hold together: x has shape {_shapes(x)} but y has shape {_shapes(y)}; "
                                  "their first dimension (the batch size) must match.")
     return x, y
@@ -374,7 +390,7 @@ def _micro_step(m:nn.Module, xb, yb, tr:AllocationTracker, loss_fn:Callable, pre
     tr.phase, tr.modules[:] = 'forward', []
     with _saved_for_backward(tr):
         with torch.autocast('cpu', dtype=LOW_PRECISION.get(precision, torch.float32), enabled=precision in LOW_PRECISION):
-            out = m(*xb) if isinstance(xb, (tuple, list)) else m(xb)
+            out = _call(m, xb)
             tr.phase, tr.inputs['(loss)'] = 'loss', _shapes(out)
             loss = loss_fn(out, yb)
             tr.phase = 'forward'
@@ -490,7 +506,7 @@ def _made_on_cpu(e:Exception|None)->bool:
     return 'device' in msg and 'meta' in msg and 'cpu' in msg
 
 def trace_step(model:nn.Module, # the model; it is copied, never run or changed
-               batch, # (x, y) or x; any device, including 'meta'
+               batch, # (x, y), x, or a dict of inputs the model takes as keywords; any device, including 'meta'
                loss_fn:Callable|None=None, # loss_fn(output, y); default: `default_loss`
                optimizer='adamw', # 'sgd', 'adamw', 'adamw8bit', an optimizer class, or a callable params -> optimizer
                precision:str='fp32', # 'fp32', 'fp16' (autocast + GradScaler) or 'bf16' (autocast)
@@ -508,8 +524,9 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
     # kernels differ from the reference ops, so mixed precision and those models run on FakeTensors that claim to be CPU tensors
     cpu_path = precision in LOW_PRECISION or (kernels is not None and _cpu_dispatch_differs(model))
     x, y = _check_batch(batch)
-    mb = min(micro_batch or x.shape[0], x.shape[0])
-    accum = math.ceil(x.shape[0] / mb)
+    b = _batch_size(batch)
+    mb = min(micro_batch or b, b)
+    accum = math.ceil(b / mb)
     log = logging.getLogger('torch._subclasses.fake_tensor')
     level = log.level
     log.setLevel(logging.CRITICAL)  # a shape error is ours to explain, not a traceback in the log
@@ -711,6 +728,28 @@ def _conv_backend(x_shape, w_shape, stride, padding, dilation, transposed, group
     if int(be) == int(torch._C._ConvBackend.Mkldnn) + 1: return 'MkldnnTranspose'  # the next one in ATen's list, left unnamed by its binding
     return str(be).split('.')[-1]
 
+# %% ../nbs/01_budget.ipynb #3d1b4d78
+def _channels_last(t:torch.Tensor)->bool:
+    "Is `t` laid out channels-last (NHWC or NDHWC) rather than contiguous? oneDNN and cuDNN then work on it as it is."
+    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
+    return fmt is not None and not t.is_contiguous() and t.is_contiguous(memory_format=fmt)
+
+def _as_laid_out(func, args, out):
+    "A convolution's outputs as the real kernel lays them out: channels-last when its input or weights are ('meta' writes them contiguous)."
+    fwd = func is torch.ops.aten.convolution.default
+    x, w = (args[0], args[1]) if fwd else (args[1], args[2])
+    if x.device.type != 'meta' or not (_channels_last(x) or _channels_last(w)): return out
+    fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+    cl = lambda t: t.contiguous(memory_format=fmt) if isinstance(t, torch.Tensor) and t.dim() == x.dim() else t
+    return cl(out) if fwd else tuple(cl(t) for t in out)
+
+def _channels_last_scratch(fwd:bool, w, groups:int, n:int)->int:
+    "Scratch of a oneDNN convolution on channels-last tensors: its weights reordered (backward: and their gradient back); a wide depthwise kernel's padded weight gradient."
+    wts = _blocked_weights(w.shape, groups, n)
+    if fwd: return wts
+    wide_depthwise = groups > 1 and w.shape[1] == 1 and max(w.shape[2:]) > 3
+    return max(2 * wts, groups * _CPU_BLOCK**2 * math.prod(w.shape[2:]) * n if wide_depthwise else 0)
+
 # %% ../nbs/01_budget.ipynb #kp2
 def _strided_kernel(c_in:int, c_out:int, groups:int, stride)->bool:
     "Does oneDNN's backward pass for the input's gradient take its strided kernel (`brgconv_strided`)? Strides above one, groups of more than a block."
@@ -725,12 +764,14 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
     groups, n = args[8] if fwd else args[9], x.element_size()
     be = _conv_backend(tuple(x.shape), tuple(w.shape), tuple(stride), tuple(padding), tuple(dilation), transposed, groups, x.dtype, torch.get_num_threads())
     if be == 'MkldnnTranspose': return _transposed_scratch(fwd, x, w, y, groups, stride)
+    if be == 'Mkldnn' and (_channels_last(x) or _channels_last(w)): return _channels_last_scratch(fwd, w, groups, n)
     if be == 'Mkldnn':
         src, dst, wts = _blocked(x.shape, n), _blocked(y.shape, n), _blocked_weights(w.shape, groups, n)
+        if x.shape[1] < _CPU_BLOCK and not (not fwd and args[10][0]): src = 0  # a first layer's few channels are read in place
         if fwd: return max(src, dst) + wts  # the weights are reordered as well, alongside the larger activation copy
-        # a first layer's few channels are read in place, unless its input needs a gradient; backward's two passes
-        # (the input's gradient, with the weights reordered; the weights', with the activations) hold their scratch in turn
-        held = max(dst + (src if args[10][0] or x.shape[1] >= _CPU_BLOCK else 0), wts if args[10][0] else 0)
+        # backward's two passes (the input's gradient, with the weights reordered; the weights', with the activations) hold their
+        # scratch in turn; an input of a few channels is copied only when it needs a gradient
+        held = max(dst + src, wts if args[10][0] else 0)
         if args[10][0] and _strided_kernel(x.shape[1] // groups, w.shape[0] // groups, groups, stride):
             held = max(held, 2 * n * x.numel(), src)  # the input's gradient twice over, in the strided kernel's own layout
         return held
@@ -798,7 +839,7 @@ def cpu_kernel_path(func, args, out,
         key, spec = _conv_key(func, args)
         if (g := _segment(measured.get(key), spec[-1])) is not None: return out, max(0, int(g[0] + g[1] * spec[-1]))
         if missing is not None: missing.append(spec)
-    if func in _CONVS: return out, cpu_conv_scratch(func, args, out)
+    if func in _CONVS: return (out := _as_laid_out(func, args, out)), cpu_conv_scratch(func, args, out)
     return out, contiguous_copies(func, args)
 
 def _cpu_dispatch_differs(model:nn.Module)->bool:
@@ -830,7 +871,7 @@ def _conv_key(func, args)->tuple[str, list]:
     groups = args[8] if fwd else args[9]
     up = list(args[7] if fwd else args[8]) if transposed else False  # a transposed convolution: its output padding
     spec = ['forward' if fwd else 'backward', list(x.shape[1:]), list(w.shape), list(stride), list(padding), list(dilation), groups,
-            str(x.dtype).split('.')[-1], bool(fwd or args[10][0]), up, x.shape[0]]
+            str(x.dtype).split('.')[-1] + (',channels_last' if _channels_last(x) or _channels_last(w) else ''), bool(fwd or args[10][0]), up, x.shape[0]]
     return json.dumps(spec[:-1]), spec
 
 def _mm_key(k:tuple)->tuple[str, list]:
@@ -853,8 +894,11 @@ def _run_conv(spec:list, b:int)->int:
     "Scratch bytes of one convolution `spec` at batch `b`: the high-water mark's rise beyond what the op returns."
     kind, xs, ws, stride, padding, dilation, groups, dtype, xgrad, transposed, _ = spec
     conv = getattr(F, f"conv{'_transpose' if transposed else ''}{len(ws) - 2}d")
+    dtype, _, layout = dtype.partition(',')  # 'float32' or 'float32,channels_last'
     dt = getattr(torch, dtype)
-    x, w = torch.randn(b, *xs, dtype=dt, requires_grad=xgrad), torch.randn(*ws, dtype=dt, requires_grad=True)
+    x, w = torch.randn(b, *xs, dtype=dt), torch.randn(*ws, dtype=dt, requires_grad=True)
+    if layout: x = x.contiguous(memory_format=torch.channels_last if len(xs) == 3 else torch.channels_last_3d)
+    x.requires_grad_(xgrad)
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, **({'output_padding': transposed} if transposed else {}))
     if kind == 'forward':
         grown, y = _hwm_growth(lambda: conv(x, w, **kw))
@@ -1562,6 +1606,7 @@ class _CudaPath:
             (T, B, _), H = args[0].shape, args[5].shape[-1]
             return out, cudnn_lstm_bytes(T, B, H, args[0].element_size())[1]
         if func not in _CONVS: return out, contiguous_copies(func, args)
+        out = _as_laid_out(func, args, out)
         fwd = func is torch.ops.aten.convolution.default
         x, w, y = (args[0], args[1], out) if fwd else (args[1], args[2], args[0])
         stride, padding, dilation, transposed = args[3:7] if fwd else args[4:8]
@@ -1650,7 +1695,7 @@ def _strategy_defaults(s, precision, optimizer, micro_batch, transform, device_o
 
 # %% ../nbs/01_budget.ipynb #mp23
 def plan_memory(model:nn.Module, # the model to plan for; never run, moved or changed
-                batch, # (x, y) or x, a real batch or one on the 'meta' device; its first dimension is the batch size
+                batch, # (x, y), x, or a dict the model takes as keywords (labels too), a real batch or one on the 'meta' device; its first dimension is the batch size
                 loss_fn:Callable|None=None, # loss_fn(output, y); default: cross-entropy / MSE / mean output
                 optimizer='adamw', # 'sgd', 'adamw', 'adamw8bit', an optimizer class or a callable params -> optimizer
                 precision:str='fp32', # 'fp32', 'fp16' or 'bf16' (autocast mixed precision, fp32 weights)
@@ -1933,12 +1978,12 @@ def _try_batch(model, sample, b, device, loss_fn=None, optimizer='adamw', precis
     ac = dict(device_type=device.type, dtype=LOW_PRECISION.get(precision, torch.float32), enabled=precision in LOW_PRECISION)
     m.train()
     for _ in range(steps):
-        with torch.autocast(**ac): loss = (loss_fn or default_loss)(m(x), y)
+        with torch.autocast(**ac): loss = (loss_fn or default_loss)(_call(m, x), y)
         scaler.scale(loss).backward()
         del loss
         if opt is not None: scaler.step(opt); scaler.update(); opt.zero_grad(set_to_none=True)
     m.eval()
-    with torch.no_grad(), torch.autocast(**ac): m(x)
+    with torch.no_grad(), torch.autocast(**ac): _call(m, x)
     if device.type == 'cuda': torch.cuda.synchronize(device)
 
 # %% ../nbs/01_budget.ipynb #fb21

@@ -234,7 +234,16 @@ def test_conv_scratch_model_holds_against_a_real_run():
         assert B._conv_backend(tuple(x.shape), tuple(w.shape), (st, st), (1, 1), (1, 1), True, g, torch.float32, torch.get_num_threads()) == 'MkldnnTranspose'
         for f, a, out in ((A.convolution.default, fa, y), (A.convolution_backward.default, ba, None)):
             specs.append(B._conv_key(f, a)[1]); model.append(B.cpu_conv_scratch(f, a, out))
-    assert len(specs) >= 16
+    cl = lambda t: t.contiguous(memory_format=torch.channels_last)
+    for b, c, s, o, k, g in [(8, 64, 16, 64, 7, 64), (8, 64, 16, 64, 3, 1), (8, 3, 32, 32, 4, 1)]:   # channels-last: wide depthwise, plain; an RGB stem
+        x, w = torch.empty(b, c, s, s, device='meta'), torch.empty(o, c // g, k, k, device='meta')
+        x, st = (cl(x), 1) if c > 3 else (x, 4)
+        fa = (x, w, None, [st, st], [k // 2 if st == 1 else 0] * 2, [1, 1], False, [0, 0], g)
+        y = B._as_laid_out(A.convolution.default, fa, A.convolution(*fa))
+        ba = (y, x, w, [o], fa[3], fa[4], [1, 1], False, [0, 0], g, [c > 3, True, False])
+        for f, a, out in ((A.convolution.default, fa, y), (A.convolution_backward.default, ba, None)):
+            specs.append(B._conv_key(f, a)[1]); model.append(B.cpu_conv_scratch(f, a, out))
+    assert len(specs) >= 22
     got = [r[0] for r in B.measure_conv_scratch(specs, (8,))]
     for spec, m, g in zip(specs, model, got):
         assert m >= 0.9 * g - 2**18 and m <= 1.6 * g + 2**20, (spec, m / 2**20, g / 2**20)   # 256 KiB / 1 MiB: the kernels' own small buffers
@@ -968,3 +977,45 @@ def test_contiguous_copies_hold_against_a_real_run():
              contiguous_copies(A._log_softmax.default, (xp, -1, False)),
              contiguous_copies(A.native_layer_norm.default, (xp.contiguous(), [64], w, w, 1e-5)), contiguous_copies(A._softmax.default, (xp.contiguous(), -1, False))]
     for m, g in zip(model, got): assert 0.9 * g - 2**18 <= m <= 1.1 * g + 2**18, (model, got)
+
+
+def test_channels_last_convolutions_keep_their_layout_in_the_trace(monkeypatch):
+    import netlite_nb.budget as B
+    class CL(nn.Module):  # ConvNeXt's way: a permuted view hands the next convolution channels-last memory
+        def __init__(self):
+            super().__init__()
+            self.a, self.pw, self.h = nn.Conv2d(3, 32, 3, padding=1), nn.Linear(32, 32), nn.Linear(32, 10)
+            self.dw, self.dw2 = nn.Conv2d(32, 32, 7, padding=3, groups=32), nn.Conv2d(32, 32, 7, padding=3, groups=32)
+        def mid(self, x): return self.pw(self.a(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)   # a Linear over channels: NHWC memory
+        def forward(self, x): return self.h(self.dw2(self.dw(self.mid(x))).mean((2, 3)))
+    batch = torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))
+    m = CL()
+    real = [B._channels_last(t) for t in (m.a(batch[0]), m.dw(m.mid(batch[0])), m.dw2(m.dw(m.mid(batch[0]))))]
+    assert real == [False, True, True]
+    outs, orig = [], B._as_laid_out
+    monkeypatch.setattr(B, '_as_laid_out', lambda func, args, out: (r := orig(func, args, out), outs.append((func, r)))[0])
+    scratch = lambda t: sum(r.nbytes for r in t.tracker.allocs if r.category == 'kernel scratch')
+    laid_out = scratch(trace_step(m, batch, kernels='cpu', steps=1))
+    assert [B._channels_last(r) for f, r in outs if f is torch.ops.aten.convolution.default] == real   # the trace writes them as the kernels do
+    monkeypatch.setattr(B, '_as_laid_out', lambda func, args, out: out)   # as 'meta' writes them: the second depthwise layer's blocked copies
+    assert scratch(trace_step(m, batch, kernels='cpu', steps=1)) != laid_out
+
+
+def test_dict_batches_and_outputs_are_planned():
+    import torch.nn.functional as F
+    class HF(nn.Module):  # a Hugging Face style model: keyword inputs, labels inside, a dict out with its own loss
+        def __init__(self): super().__init__(); self.e, self.l = nn.Embedding(100, 32), nn.Linear(32, 100)
+        def forward(self, input_ids, attention_mask=None, labels=None):
+            logits = self.l(self.e(input_ids) * attention_mask[..., None])
+            return {'logits': logits, 'loss': None if labels is None else F.cross_entropy(logits.transpose(1, 2), labels)}
+    ids = torch.randint(0, 100, (8, 12))
+    with_labels = {'input_ids': ids, 'attention_mask': torch.ones(8, 12), 'labels': ids}
+    p = plan_memory(HF(), with_labels, device_or_gpu='cpu')
+    assert p.batch_size == 8 and p.peak > p.breakdown['weights']
+    assert max_batch_size(HF(), with_labels, budget=64 * 2**20, device_or_gpu='cpu') > 8
+    assert trace_step(HF(), {'input_ids': ids, 'attention_mask': torch.ones(8, 12)}).tracker.peak > 0   # no labels: the logits' mean
+    class Two(nn.Module):
+        def __init__(self): super().__init__(); self.a, self.b = nn.Linear(3, 10), nn.Linear(5, 10)
+        def forward(self, u, v): return self.a(u) + self.b(v)
+    assert plan_memory(Two(), ((torch.randn(8, 3), torch.randn(8, 5)), torch.randint(0, 10, (8,)))).batch_size == 8
+    with pytest.raises(ShapeMismatchError, match='no tensor'): plan_memory(Two(), {'u': 3})
