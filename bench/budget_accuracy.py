@@ -437,10 +437,15 @@ def lstm_child(specs:list)->list:
     with Spy():  # load the kernels, and what a dispatch mode loads the first time it runs (about 150 MiB here: not the LSTM's)
         nn.LSTM(8, 8)(torch.randn(3, 2, 8, requires_grad=True))[0].sum().backward()
     out = []
-    for T, B, I, H in specs:
+    for T, B, I, H, *rev in specs:
         ws.clear()
         m, x = nn.LSTM(I, H), torch.randn(T, B, I, requires_grad=True)
-        with Spy(): grown, (y, (h, c)) = _hwm_growth(lambda: m(x))
+        if rev:  # the layer as a bidirectional LSTM runs its second direction: oneDNN's op itself, backwards in time
+            w = [p for p in m.parameters()]
+            run = lambda: torch.ops.aten.mkldnn_rnn_layer(x, *w, torch.zeros(B, H), torch.zeros(B, H), True, [], 2, H, 1, True, True, False, True)[:3]
+        else: run = lambda: m(x)
+        with Spy(): grown, ran = _hwm_growth(run)
+        y, (h, c) = (ran[0], ran[1:]) if rev else ran
         kept = resident(ws[0])
         g = torch.randn_like(y)
         grown_b, _ = _hwm_growth(lambda: y.backward(g))
@@ -511,11 +516,12 @@ def kernels_report():
     for i, (B, C, S, O, k, st, g) in enumerate(cls):
         print(f"{f'{B} x {C} x {S}x{S} -> {O}, {k}x{k}, /{st}, g{g}':<52}{mi(got[2*i])} |{mi(got[2*i+1])}  {mi(model[2*i])} |{mi(model[2*i+1])}", flush=True)
     print("2. LSTM layers (oneDNN): MiB of workspace resident after forward, forward scratch, backward scratch")
-    shapes = [[64, 32, 64, 128], [128, 32, 64, 128], [64, 32, 64, 256], [64, 32, 256, 128], [100, 64, 32, 100], [64, 128, 64, 128]]
+    shapes = [[64, 32, 64, 128], [128, 32, 64, 128], [64, 32, 64, 256], [64, 32, 256, 128], [100, 64, 32, 100], [64, 128, 64, 128],
+              [64, 32, 512, 128], [64, 32, 64, 128, 'reverse'], [64, 32, 256, 128, 'reverse']]  # wider inputs; a bidirectional layer's second direction
     res = run_child('--lstm-child', shapes)
     for sh, r in zip(shapes, res):
-        m = _lstm_workspace(*sh[:2], sh[3], sh[2])
-        print(f"  steps {sh[0]}, batch {sh[1]}, {sh[2]} -> {sh[3]}: measured " + ' '.join(mi(v) for v in r) + "   model " + ' '.join(mi(v) for v in m), flush=True)
+        m = _lstm_workspace(*sh[:2], sh[3], sh[2], reverse=len(sh) > 4)
+        print(f"  steps {sh[0]}, batch {sh[1]}, {sh[2]} -> {sh[3]}{', reversed' if len(sh) > 4 else ''}: measured " + ' '.join(mi(v) for v in r) + "   model " + ' '.join(mi(v) for v in m), flush=True)
 
 def run_child(flag, arg)->list:
     out = subprocess.run([sys.executable, __file__, flag, json.dumps(arg)], env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},

@@ -793,24 +793,30 @@ def _transposed_scratch(fwd:bool, x, w, y, # the input (N, Ci, ...), weights (Ci
 
 # %% ../nbs/01_budget.ipynb #46a1190b
 _COPIES_INPUTS = {_A.native_layer_norm.default: (0,), _A.native_layer_norm_backward.default: (0, 1), _A._softmax.default: (0,),
-                  _A._log_softmax.default: (0,), _A._softmax_backward_data.default: (0, 1), _A._log_softmax_backward_data.default: (0, 1)}
+                  _A._log_softmax.default: (0,), _A._softmax_backward_data.default: (0, 1), _A._log_softmax_backward_data.default: (0, 1),
+                  _A.mkldnn_rnn_layer_backward.default: (10,)}  # an LSTM layer's output gradient: a slice of the next layer's when bidirectional
 
 def contiguous_copies(func, args)->int:
     "Bytes of the contiguous copies kernel `func` makes of those of its inputs that are not contiguous (a transient while it runs)."
-    return sum(a.numel() * a.element_size() for i in _COPIES_INPUTS.get(func, ()) if not (a := args[i]).is_contiguous())
+    return sum(a.numel() * a.element_size() for i in _COPIES_INPUTS.get(func, ()) if (a := args[i]) is not None and not a.is_contiguous())
 
 # %% ../nbs/01_budget.ipynb #kp6
 _LSTM_GATES = 4  # input, forget, cell and output gate: oneDNN keeps each one's value per step for backward (fp32 accumulators)
 
-def _lstm_workspace(T:int, B:int, H:int, I:int)->tuple[int, int, int]:
+def _lstm_workspace(T:int, B:int, H:int, I:int, reverse:bool=False)->tuple[int, int, int]:
     "Resident bytes of oneDNN's LSTM for T steps of B samples, I inputs and H units: (workspace after forward, forward scratch, backward scratch)."
-    u = 4 * B * T * H  # one fp32 value per unit and step
-    # oneDNN reserves ~15 values per unit and step, but pages become resident only when written: forward writes the gates
-    # and the hidden state of every step, computing the gates in scratch first; backward writes the gates' gradients into the
-    # workspace and into scratch, the states' gradients, and the input's gradient in its own layout; forward also reorders the
-    # weights (input and recurrent, fp32), as a convolution does
-    wts = 4 * _LSTM_GATES * H * (I + H)
-    return u * (_LSTM_GATES + 1) + 4 * B * H, u * _LSTM_GATES + wts, u * (2 * _LSTM_GATES + 1) + 4 * B * T * I
+    u, row = 4 * B * T * H, 4 * B * T  # one fp32 value per unit and step; per step and sample
+    wts = 4 * _LSTM_GATES * H * (I + H)  # input and recurrent weights, fp32
+    # oneDNN reserves ~15 values per unit and step, but pages become resident only when written. Forward writes the gates
+    # and the hidden state of every step; it computes every step's input projection at once, in scratch, for batches under
+    # 128, one step's at a time from 128 on (`merge_gemm_layer` in its rnn_utils), and reorders the weights. Backward writes
+    # the gates' gradients into the workspace and into scratch and the input's gradient, and accumulates the weights'
+    # gradients in its own layout (twice the weights). Rows of states are as wide as the wider of input and state: a layer
+    # run backwards in time (a bidirectional LSTM's second direction) writes two more of them per step, and backward two
+    # more of the input's width beyond H. Each term is measured by `python bench/budget_accuracy.py --kernels`, part 2.
+    ws = u * (_LSTM_GATES + 1) + 4 * B * H + (2 * row * max(I, H) if reverse else 0)
+    fwd = (u if B < 128 else 4 * B * H) * _LSTM_GATES + wts
+    return ws, fwd, u * 2 * _LSTM_GATES + row * I + 2 * wts + 2 * row * max(0, I - H)
 
 def _lines(entry:list|None)->list:
     "A convolution's calibration `entry`: its lines [constant, per sample, b1, b2], each measured from batch b1 to b2 (an old cache's [constant, per sample] has none)."
@@ -827,19 +833,20 @@ def cpu_kernel_path(func, args, out,
     "For the tracker: a CPU op's outputs as the real kernel makes them (the LSTM workspace the reference leaves empty), and its scratch bytes."
     if func is torch.ops.aten.mkldnn_rnn_layer.default and out[3].numel() == 0 and args[15]:
         (T, B, I), H = args[0].shape, args[10]  # time-major input
-        ws, scratch, _ = _lstm_workspace(T, B, H, I)
+        ws, scratch, _ = _lstm_workspace(T, B, H, I, reverse=args[7])
         return (*out[:3], torch.empty(ws, dtype=torch.uint8, device=args[0].device)), scratch
     if func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
         (T, B, I), H = args[0].shape, args[5].shape[-1]
-        return out, _lstm_workspace(T, B, H, I)[2]
+        return out, _lstm_workspace(T, B, H, I)[2] + contiguous_copies(func, args)
     if func in _MATMULS and missing is not None and measured is not None:
         key, spec = _mm_key(_kernel(func, args))
         if key not in measured: missing.append(spec)
+    if func in _CONVS: out = _as_laid_out(func, args, out)
     if func in _CONVS and measured is not None:
         key, spec = _conv_key(func, args)
         if (g := _segment(measured.get(key), spec[-1])) is not None: return out, max(0, int(g[0] + g[1] * spec[-1]))
         if missing is not None: missing.append(spec)
-    if func in _CONVS: return (out := _as_laid_out(func, args, out)), cpu_conv_scratch(func, args, out)
+    if func in _CONVS: return out, cpu_conv_scratch(func, args, out)
     return out, contiguous_copies(func, args)
 
 def _cpu_dispatch_differs(model:nn.Module)->bool:
