@@ -228,7 +228,7 @@ def convnext():
 # before the fix): transposed convolutions (a generator -22 %), channels-last memory and LayerNorm's copies (ConvNeXt -7 %),
 # a bidirectional LSTM (-16 %), a state made with no device (the plan failed), and two it got right (ViT, dilated convolutions)
 BROUGHT = {'tconv_gen': (TConvGen, (3, 16, 16), (16, 64)), 'tconv_unet': (TConvDec, (3, 64, 64), (8, 32)), 'convnext': (convnext, (3, 64, 64), (16,)),
-           'lstm_bi': (RNN('lstm', bidirectional=True), (64, 64), (32,)), 'gru_cell_loop': (CellLoop, (32, 64), (32,)),
+           'lstm_bi': (RNN('lstm', bidirectional=True), (64, 64), (32,)), 'gru_cell_loop': (CellLoop, (32, 64), (32, 128)),
            'vit': (vit, (3, 32, 32), (32,)), 'aspp': (ASPP, (3, 64, 64), (8,))}
 ALL = {**MODELS, **FAMILIES, **VARIANTS, **UNSEEN, **BROUGHT}
 
@@ -488,6 +488,21 @@ def lstm_child(specs:list)->list:
         del y, h, c, x, g, m
     return out
 
+def _conv_rows(rows):
+    "Each (label, forward args, output, backward args) measured in fresh processes, one per batch size, printed next to the model."
+    from netlite_nb.budget import _conv_key, cpu_conv_scratch, measure_conv_scratch
+    mi = lambda n: f"{n/2**20:7.2f}"
+    specs, model = [], []
+    for _, fa, y, ba in rows:
+        for f, a, o in ((torch.ops.aten.convolution.default, fa, y), (torch.ops.aten.convolution_backward.default, ba, None)):
+            specs.append(_conv_key(f, a)[1]); model.append(cpu_conv_scratch(f, a, o))
+    got = {}
+    for B in {sp[-1] for sp in specs}:
+        mine = [i for i, sp in enumerate(specs) if sp[-1] == B]
+        got.update(zip(mine, (r[0] for r in measure_conv_scratch([specs[i] for i in mine], (B,)))))
+    for i, (label, *_) in enumerate(rows):
+        print(f"{label:<52}{mi(got[2*i])} |{mi(got[2*i+1])}  {mi(model[2*i])} |{mi(model[2*i+1])}", flush=True)
+
 def kernels_report():
     "Each kernel family's scratch measured in fresh processes, next to the planner's model; shapes the model was not read off included."
     from netlite_nb.budget import _conv_key, _lstm_workspace, cpu_conv_scratch, measure_conv_scratch
@@ -498,57 +513,36 @@ def kernels_report():
              (32, 64, 64, 128, 3, 2, 1), (32, 64, 64, 64, 3, 2, 64), (32, 3, 64, 64, 7, 2, 1), (16, 64, 32, 128, 1, 1, 1),
              (8, 64, 32, 64, 3, 1, 1), (8, 128, 16, 32, 1, 1, 1), (16, 512, 2, 512, 3, 1, 1),  # ResNet-18's deepest, at 64x64
              (32, 64, 64, 128, 1, 2, 1), (32, 128, 32, 128, 3, 2, 4), (32, 128, 32, 128, 3, 2, 32)]  # strided: a downsampling 1x1; groups of 32 and of 4 channels
-    specs, model = [], []
+    A, rows = torch.ops.aten, []
     for B, C, S, O, k, st, g in convs:
         x, w = torch.empty(B, C, S, S, device='meta'), torch.empty(O, C // g, k, k, device='meta')
         fa = (x, w, None, [st, st], [k // 2] * 2, [1, 1], False, [0, 0], g)
-        y = torch.ops.aten.convolution(*fa)
-        ba = (y, x, w, [O], [st, st], [k // 2] * 2, [1, 1], False, [0, 0], g, [C != 3, True, False])
-        for f, a, o in ((torch.ops.aten.convolution.default, fa, y), (torch.ops.aten.convolution_backward.default, ba, None)):
-            specs.append(_conv_key(f, a)[1]); model.append(cpu_conv_scratch(f, a, o))
-    got = {}
-    for B in {sp[-1] for sp in specs}:  # one fresh process per batch size
-        mine = [i for i, sp in enumerate(specs) if sp[-1] == B]
-        got.update(zip(mine, (r[0] for r in measure_conv_scratch([specs[i] for i in mine], (B,)))))
-    for i, (B, C, S, O, k, st, g) in enumerate(convs):
-        print(f"{f'{B} x {C} x {S}x{S} -> {O}, {k}x{k}, /{st}, g{g}':<52}{mi(got[2*i])} |{mi(got[2*i+1])}  {mi(model[2*i])} |{mi(model[2*i+1])}", flush=True)
+        y = A.convolution(*fa)
+        rows.append((f'{B} x {C} x {S}x{S} -> {O}, {k}x{k}, /{st}, g{g}', fa, y, (y, x, w, [O], [st, st], [k // 2] * 2, [1, 1], False, [0, 0], g, [C != 3, True, False])))
+    _conv_rows(rows)
     print("1b. Transposed convolutions (oneDNN, a plain convolution's passes from output to input): scratch MiB, forward | backward")
     ups = [(32, 128, 16, 64, 2, 2, 0, 0, 1), (32, 64, 32, 32, 4, 2, 1, 0, 1), (32, 64, 32, 32, 3, 2, 1, 1, 1), (32, 64, 32, 64, 3, 1, 1, 0, 1),
            (32, 64, 32, 64, 4, 2, 1, 0, 4), (32, 64, 32, 64, 4, 2, 1, 0, 64), (32, 32, 64, 3, 4, 2, 1, 0, 1),  # groups of 16; depthwise; to RGB
            (32, 24, 31, 4, 3, 2, 0, 0, 1), (32, 24, 31, 12, 3, 2, 0, 0, 1), (64, 100, 1, 256, 4, 1, 0, 0, 1),  # few channels; a generator's first layer
            (16, 16, 128, 10, 3, 1, 1, 0, 1), (16, 16, 128, 12, 3, 1, 1, 0, 1), (16, 16, 128, 3, 3, 1, 1, 0, 1), (32, 48, 33, 24, 3, 1, 1, 0, 1)]  # unstrided, to few channels
-    specs, model = [], []
+    rows = []
     for B, C, S, O, k, st, p, op, g in ups:
         x, w = torch.empty(B, C, S, S, device='meta'), torch.empty(C, O // g, k, k, device='meta')
         fa = (x, w, None, [st, st], [p, p], [1, 1], True, [op, op], g)
-        y = torch.ops.aten.convolution(*fa)
-        ba = (y, x, w, [O], [st, st], [p, p], [1, 1], True, [op, op], g, [S > 1, True, False])
-        for f, a, o in ((torch.ops.aten.convolution.default, fa, y), (torch.ops.aten.convolution_backward.default, ba, None)):
-            specs.append(_conv_key(f, a)[1]); model.append(cpu_conv_scratch(f, a, o))
-    got = {}
-    for B in {sp[-1] for sp in specs}:
-        mine = [i for i, sp in enumerate(specs) if sp[-1] == B]
-        got.update(zip(mine, (r[0] for r in measure_conv_scratch([specs[i] for i in mine], (B,)))))
-    for i, (B, C, S, O, k, st, p, op, g) in enumerate(ups):
-        print(f"{f'{B} x {C} x {S}x{S} -> {O}, {k}x{k}, x{st}, g{g}':<52}{mi(got[2*i])} |{mi(got[2*i+1])}  {mi(model[2*i])} |{mi(model[2*i+1])}", flush=True)
+        y = A.convolution(*fa)
+        rows.append((f'{B} x {C} x {S}x{S} -> {O}, {k}x{k}, x{st}, g{g}', fa, y, (y, x, w, [O], [st, st], [p, p], [1, 1], True, [op, op], g, [S > 1, True, False])))
+    _conv_rows(rows)
     print("1c. Channels-last convolutions (NHWC: oneDNN copies no activations; a depthwise kernel wider than 3 pads its weights' gradient): scratch MiB, forward | backward")
     cls = [(16, 64, 16, 64, 7, 1, 64), (32, 64, 32, 64, 7, 1, 64), (16, 128, 16, 128, 5, 1, 128), (16, 64, 16, 64, 3, 1, 64),
            (16, 64, 32, 64, 3, 1, 1), (16, 64, 32, 128, 3, 2, 1), (16, 64, 32, 128, 1, 1, 1), (16, 32, 32, 64, 2, 2, 1)]
-    specs, model = [], []
+    rows = []
     for B, C, S, O, k, st, g in cls:
         x, w = torch.empty(B, C, S, S, device='meta').contiguous(memory_format=torch.channels_last), torch.empty(O, C // g, k, k, device='meta')
         pad = k // 2 if st == 1 else 0
         fa = (x, w, None, [st, st], [pad, pad], [1, 1], False, [0, 0], g)
-        y = torch.ops.aten.convolution(*fa).contiguous(memory_format=torch.channels_last)
-        ba = (y, x, w, [O], [st, st], [pad, pad], [1, 1], False, [0, 0], g, [True, True, False])
-        for f, a, o in ((torch.ops.aten.convolution.default, fa, y), (torch.ops.aten.convolution_backward.default, ba, None)):
-            specs.append(_conv_key(f, a)[1]); model.append(cpu_conv_scratch(f, a, o))
-    got = {}
-    for B in {sp[-1] for sp in specs}:
-        mine = [i for i, sp in enumerate(specs) if sp[-1] == B]
-        got.update(zip(mine, (r[0] for r in measure_conv_scratch([specs[i] for i in mine], (B,)))))
-    for i, (B, C, S, O, k, st, g) in enumerate(cls):
-        print(f"{f'{B} x {C} x {S}x{S} -> {O}, {k}x{k}, /{st}, g{g}':<52}{mi(got[2*i])} |{mi(got[2*i+1])}  {mi(model[2*i])} |{mi(model[2*i+1])}", flush=True)
+        y = A.convolution(*fa).contiguous(memory_format=torch.channels_last)
+        rows.append((f'{B} x {C} x {S}x{S} -> {O}, {k}x{k}, /{st}, g{g}', fa, y, (y, x, w, [O], [st, st], [pad, pad], [1, 1], False, [0, 0], g, [True, True, False])))
+    _conv_rows(rows)
     print("2. LSTM layers (oneDNN): MiB of workspace resident after forward, forward scratch, backward scratch")
     shapes = [[64, 32, 64, 128], [128, 32, 64, 128], [64, 32, 64, 256], [64, 32, 256, 128], [100, 64, 32, 100], [64, 128, 64, 128],
               [64, 32, 512, 128], [64, 32, 64, 128, 'reverse'], [64, 32, 256, 128, 'reverse']]  # wider inputs; a bidirectional layer's second direction

@@ -278,9 +278,9 @@ def test_calibration_of_several_plans_shares_one_child(tmp_path, monkeypatch):
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
     _calibrated.cache_clear()
     calls = []
-    def fake_child(fn, convs, batches, mms, graph):  # scratch of 1000 bytes + 10 per sample; 7 bytes kept per matmul
+    def fake_child(fn, convs, batches, mms, graph, lstms):  # scratch of 1000 bytes + 10 per sample; 7 bytes kept per matmul
         calls.append((fn, [c[-1] for c in convs], batches))
-        return [[[1000 + 10 * b for b in bs] for bs in batches], [7] * len(mms), [600, 300, 40] if graph else None]
+        return [[[1000 + 10 * b for b in bs] for bs in batches], [7] * len(mms), [600, 300, 40] if graph else None, [[1, 2, 3]] * len(lstms)]
     monkeypatch.setattr(B, '_in_child', fake_child)
     specs = []
     for m, b in ((cnn(), 8), (cnn(), 32), (nn.Sequential(nn.Conv2d(1, 4, 5), nn.Flatten(), nn.Linear(2304, 10)), 32)):
@@ -1021,32 +1021,34 @@ def test_dict_batches_and_outputs_are_planned():
     with pytest.raises(ShapeMismatchError, match='no tensor'): plan_memory(Two(), {'u': 3})
 
 
-_LSTM_CHILD = r'''
-import ctypes, json, mmap, torch
-from netlite_nb.budget import _hwm_growth
-libc, page = ctypes.CDLL(None), mmap.PAGESIZE
-def resident(t):  # pages of the workspace that are in RAM (mincore): oneDNN writes only part of what it allocates
-    a = t.data_ptr(); start = a - a % page; n = (a + t.nbytes - start + page - 1) // page
-    vec = (ctypes.c_ubyte * n)(); libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(n * page), vec)
-    return sum(v & 1 for v in vec) * page
-torch.set_num_threads(1)
-def layer(T, B, I, H, reverse):
-    r = lambda *s: torch.randn(*s, requires_grad=True)
-    x, w = r(T, B, I), [r(4 * H, I), r(4 * H, H), r(4 * H), r(4 * H)]
-    grown, (y, hy, cy, ws) = _hwm_growth(lambda: torch.ops.aten.mkldnn_rnn_layer(x, *w, torch.zeros(B, H), torch.zeros(B, H), reverse, [], 2, H, 1, True, reverse, False, True))
-    kept = resident(ws)
-    gb, _ = _hwm_growth(lambda: y.backward(torch.randn_like(y)))
-    return [kept, grown - kept - y.nbytes - hy.nbytes - cy.nbytes, gb - sum(t.grad.nbytes for t in (x, *w))]
-layer(4, 2, 8, 8, False); layer(4, 2, 8, 8, True)
-print(json.dumps([layer(*s) for s in json.loads(__import__('sys').argv[1])]))
-'''
-
 @pytest.mark.skipif(not sys.platform.startswith('linux') or __import__('platform').machine() not in ('x86_64', 'AMD64'), reason="oneDNN's x86 LSTM; Linux's mincore")
 def test_lstm_workspace_model_holds_against_a_real_run():
     "oneDNN's LSTM layer measured in a fresh process next to `_lstm_workspace`: batch 32 and 128 (one step's projection at a time), a reversed direction, an input wider than the state, a wide state."
     shapes = [[64, 32, 64, 128, False], [64, 128, 64, 128, False], [64, 32, 64, 128, True], [64, 32, 256, 64, False], [32, 16, 64, 384, False]]
-    r = subprocess.run([sys.executable, '-c', _LSTM_CHILD, json.dumps(shapes)], env={**os.environ, **_MALLOC_ENV, 'OMP_NUM_THREADS': '1'},
-                       capture_output=True, text=True, check=True)
-    for (T, B, I, H, rev), got in zip(shapes, json.loads(r.stdout.strip().splitlines()[-1])):
+    from netlite_nb.budget import _in_child
+    torch.set_num_threads(1)
+    for (T, B, I, H, rev), got in zip(shapes, _in_child('_measure_lstms', [['lstm', *s] for s in shapes])):
         for m, g, what in zip(_lstm_workspace(T, B, H, I, reverse=rev), got, ('workspace', 'forward scratch', 'backward scratch')):
             assert 0.9 * g - 2**18 <= m <= 1.6 * g + 2**20, ((T, B, I, H, rev), what, m / 2**20, g / 2**20)
+
+
+def test_calibration_measures_lstm_layers(tmp_path, monkeypatch):
+    import netlite_nb.budget as B
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+    _calibrated.cache_clear()
+    m = nn.Sequential(nn.LSTM(16, 32, batch_first=True, bidirectional=True))
+    class Head(nn.Module):
+        def __init__(self): super().__init__(); self.rnn, self.out = nn.LSTM(16, 32, batch_first=True, bidirectional=True), nn.Linear(64, 10)
+        def forward(self, x): return self.out(self.rnn(x)[0][:, -1])
+    batch = torch.randn(8, 20, 16), torch.randint(0, 10, (8,))
+    p = plan_memory(Head(), batch, device_or_gpu='cpu', calibrate=True)
+    table = json.loads(calibration_file().read_text())
+    layers = {k: v for k, v in table.items() if k.startswith('["lstm"')}
+    assert set(layers) == {json.dumps(['lstm', 20, 8, 16, 32, r]) for r in (False, True)}, list(layers)   # both directions, as run
+    assert all(len(v) == 3 and v[0] > 0 for v in layers.values())
+    missing = []
+    t = trace_step(Head(), batch, kernels='cpu', measured=table, missing=missing)
+    assert not missing and p.peak > 0   # nothing left to measure
+    ws = [r.nbytes for r in t.tracker.allocs if r.nbytes in {v[0] for v in layers.values()}]
+    assert len(ws) >= 2   # the measured workspaces are what the trace holds for backward
+    clear_calibration()
