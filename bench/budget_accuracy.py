@@ -451,43 +451,6 @@ def gemm_report():
     bf = run_kernels([['mm_bf16', *big], ['mm_bf16', *small]])
     print(f"6. bf16 matmuls go through oneDNN (not modelled beyond kernel state): {mi(bf[0])} and {mi(bf[1])} MiB for the two shapes above")
 
-def lstm_child(specs:list)->list:
-    "Run in a fresh process: for each (steps, batch, inputs, units) LSTM layer, the resident MiB of its workspace after forward, the scratch of forward and of backward."
-    import ctypes, mmap
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from netlite_nb.budget import _hwm_growth
-    libc, page = ctypes.CDLL(None), mmap.PAGESIZE
-    def resident(t):  # pages of the tensor's memory that are in RAM (mincore)
-        a = t.data_ptr(); start = a - a % page; n = (a + t.nbytes - start + page - 1) // page
-        vec = (ctypes.c_ubyte * n)(); libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(n * page), vec)
-        return sum(v & 1 for v in vec) * page
-    torch.set_num_threads(1)
-    ws = []
-    class Spy(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            o = func(*args, **(kwargs or {}))
-            if func is torch.ops.aten.mkldnn_rnn_layer.default: ws.append(o[3])
-            return o
-    with Spy():  # load the kernels, and what a dispatch mode loads the first time it runs (about 150 MiB here: not the LSTM's)
-        nn.LSTM(8, 8)(torch.randn(3, 2, 8, requires_grad=True))[0].sum().backward()
-    out = []
-    for T, B, I, H, *rev in specs:
-        ws.clear()
-        m, x = nn.LSTM(I, H), torch.randn(T, B, I, requires_grad=True)
-        if rev:  # the layer as a bidirectional LSTM runs its second direction: oneDNN's op itself, backwards in time
-            w = [p for p in m.parameters()]
-            run = lambda: torch.ops.aten.mkldnn_rnn_layer(x, *w, torch.zeros(B, H), torch.zeros(B, H), True, [], 2, H, 1, True, True, False, True)[:3]
-        else: run = lambda: m(x)
-        with Spy(): grown, ran = _hwm_growth(run)
-        y, (h, c) = (ran[0], ran[1:]) if rev else ran
-        kept = resident(ws[0])
-        g = torch.randn_like(y)
-        grown_b, _ = _hwm_growth(lambda: y.backward(g))
-        grads = x.grad.nbytes + sum(p.grad.nbytes for p in m.parameters())
-        out.append([kept, grown - kept - y.nbytes - h.nbytes - c.nbytes, grown_b - grads])
-        del y, h, c, x, g, m
-    return out
-
 def _conv_rows(rows):
     "Each (label, forward args, output, backward args) measured in fresh processes, one per batch size, printed next to the model."
     from netlite_nb.budget import _conv_key, cpu_conv_scratch, measure_conv_scratch
@@ -505,7 +468,7 @@ def _conv_rows(rows):
 
 def kernels_report():
     "Each kernel family's scratch measured in fresh processes, next to the planner's model; shapes the model was not read off included."
-    from netlite_nb.budget import _conv_key, _lstm_workspace, cpu_conv_scratch, measure_conv_scratch
+    from netlite_nb.budget import _in_child, _lstm_workspace
     mi = lambda n: f"{n/2**20:7.2f}"
     print("1. Convolutions (oneDNN blocked copies; im2col for PyTorch's fallback): scratch MiB beyond the outputs, forward | backward")
     print(f"{'batch x in x size -> out, kernel, stride, groups':<52}{'measured':>18}{'model':>18}")
@@ -543,10 +506,10 @@ def kernels_report():
         y = A.convolution(*fa).contiguous(memory_format=torch.channels_last)
         rows.append((f'{B} x {C} x {S}x{S} -> {O}, {k}x{k}, /{st}, g{g}', fa, y, (y, x, w, [O], [st, st], [pad, pad], [1, 1], False, [0, 0], g, [True, True, False])))
     _conv_rows(rows)
-    print("2. LSTM layers (oneDNN): MiB of workspace resident after forward, forward scratch, backward scratch")
+    print("2. LSTM layers (oneDNN's op): MiB of workspace resident after forward (mincore), forward scratch, backward scratch")
     shapes = [[64, 32, 64, 128], [128, 32, 64, 128], [64, 32, 64, 256], [64, 32, 256, 128], [100, 64, 32, 100], [64, 128, 64, 128],
               [64, 32, 512, 128], [64, 32, 64, 128, 'reverse'], [64, 32, 256, 128, 'reverse']]  # wider inputs; a bidirectional layer's second direction
-    res = run_child('--lstm-child', shapes)
+    res = _in_child('_measure_lstms', [['lstm', T, B, I, H, bool(rev)] for T, B, I, H, *rev in shapes])
     for sh, r in zip(shapes, res):
         m = _lstm_workspace(*sh[:2], sh[3], sh[2], reverse=len(sh) > 4)
         print(f"  steps {sh[0]}, batch {sh[1]}, {sh[2]} -> {sh[3]}{', reversed' if len(sh) > 4 else ''}: measured " + ' '.join(mi(v) for v in r) + "   model " + ' '.join(mi(v) for v in m), flush=True)
@@ -827,7 +790,6 @@ if __name__ == '__main__':
     ap.add_argument('--models', nargs='+', help='models for --budgets (default: all three; cnn and transformer for --real-budgets)')
     ap.add_argument('--gib', nargs='+', type=float, default=[0.5, 1, 2], help='budgets in GiB for --budgets')
     ap.add_argument('--kernels', action='store_true', help='measure each kernel family\'s scratch (convolutions, LSTM) next to the model')
-    ap.add_argument('--lstm-child', help=argparse.SUPPRESS)
     ap.add_argument('--gemm', action='store_true', help='measure the CPU kernel workspace the planner models, next to the model')
     ap.add_argument('--heap', nargs=2, metavar=('MODEL', 'BATCH'), help="what glibc's heap and the autograd graph add to one case")
     ap.add_argument('--replay-child', help=argparse.SUPPRESS)
@@ -863,7 +825,6 @@ if __name__ == '__main__':
     if a.measure: print(measure(a.measure[0], int(a.measure[1]), 'full' in a.measure[2:], 'holes' in a.measure[2:],
                                 int(next((m[8:] for m in a.measure[2:] if m.startswith('history=')), 0))))
     elif a.kernels_child: print(json.dumps(kernels_child(*json.loads(a.kernels_child))))
-    elif a.lstm_child: print(json.dumps(lstm_child(json.loads(a.lstm_child))))
     elif a.replay_child: print(json.dumps(replay_child(json.load(sys.stdin))))
     elif a.heap: heap_report(a.heap[0], int(a.heap[1]))
     elif a.calibration_lines: calibration_lines(a.calibration_lines[0], int(a.calibration_lines[1]))

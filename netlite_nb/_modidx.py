@@ -132,7 +132,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._libc': ('budget.html#_libc', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._lines': ('budget.html#_lines', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._live_at': ('budget.html#_live_at', 'netlite_nb/budget.py'),
-                                   'netlite_nb.budget._lstm_measured': ('budget.html#_lstm_measured', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._lstm_workspace': ('budget.html#_lstm_workspace', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._made_on_cpu': ('budget.html#_made_on_cpu', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._major': ('budget.html#_major', 'netlite_nb/budget.py'),

@@ -818,13 +818,6 @@ def _lstm_workspace(T:int, B:int, H:int, I:int, reverse:bool=False)->tuple[int, 
     fwd = (u if B < 128 else 4 * B * H) * _LSTM_GATES + wts
     return ws, fwd, u * 2 * _LSTM_GATES + row * I + 2 * wts + 2 * row * max(0, I - H)
 
-def _lstm_measured(measured:dict|None, missing:list|None, T:int, B:int, I:int, H:int, reverse:bool)->list|None:
-    "An LSTM layer's [workspace, forward scratch, backward scratch] as calibration measured it; None (the spec noted in `missing`) if it did not."
-    if measured is None: return None
-    spec = ['lstm', T, B, I, H, bool(reverse)]
-    if (got := measured.get(json.dumps(spec))) is None and missing is not None: missing.append(spec)
-    return got
-
 def _lines(entry:list|None)->list:
     "A convolution's calibration `entry`: its lines [constant, per sample, b1, b2], each measured from batch b1 to b2 (an old cache's [constant, per sample] has none)."
     return [g for g in entry or [] if isinstance(g, list) and len(g) == 4]
@@ -840,12 +833,11 @@ def cpu_kernel_path(func, args, out,
     "For the tracker: a CPU op's outputs as the real kernel makes them (the LSTM workspace the reference leaves empty), and its scratch bytes."
     if func is torch.ops.aten.mkldnn_rnn_layer.default and out[3].numel() == 0 and args[15]:
         (T, B, I), H = args[0].shape, args[10]  # time-major input
-        ws, scratch, _ = _lstm_measured(measured, missing, T, B, I, H, args[7]) or _lstm_workspace(T, B, H, I, reverse=args[7])
+        ws, scratch, _ = _lstm_workspace(T, B, H, I, reverse=args[7])
         return (*out[:3], torch.empty(ws, dtype=torch.uint8, device=args[0].device)), scratch
     if func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
         (T, B, I), H = args[0].shape, args[15]
-        back = (_lstm_measured(measured, None, T, B, I, H, args[13]) or _lstm_workspace(T, B, H, I, reverse=args[13]))[2]
-        return out, back + contiguous_copies(func, args)  # measured with a contiguous output gradient
+        return out, _lstm_workspace(T, B, H, I, reverse=args[13])[2] + contiguous_copies(func, args)
     if func in _MATMULS and missing is not None and measured is not None:
         key, spec = _mm_key(_kernel(func, args))
         if key not in measured: missing.append(spec)
@@ -970,14 +962,14 @@ def _run_lstm(T:int, B:int, I:int, H:int, reverse:bool)->list[int]:
     return [kept, grown - kept - y.nbytes - hy.nbytes - cy.nbytes, back - sum(t.grad.nbytes for t in (x, *w))]
 
 def _measure_lstms(specs:list)->list:
-    "Run in a fresh process: each LSTM layer spec ['lstm', T, B, I, H, reverse] as `_run_lstm` measures it."
+    "Run in a fresh process: each LSTM layer spec ['lstm', T, B, I, H, reverse] as `_run_lstm` measures it (`--kernels`; calibration keeps the model, see below)."
     _run_lstm(4, 2, 8, 8, False); _run_lstm(4, 2, 8, 8, True)  # loads the code
     return [_run_lstm(*s[1:]) for s in specs]
 
-def _measure_kernels(convs:list, batches:list, mms:list, graph:bool=False, lstms:list=())->list:
-    "Run in a fresh process: each convolution at its own batch sizes (`batches[i]`, as `_measure_convs`), the matmuls, the graph's bytes, the LSTM layers."
+def _measure_kernels(convs:list, batches:list, mms:list, graph:bool=False)->list:
+    "Run in a fresh process: each convolution at its own batch sizes (`batches[i]`, as `_measure_convs`), the matmuls, the graph's bytes."
     return [[_measure_convs([c], b)[0] for c, b in zip(convs, batches)], _measure_matmuls(mms) if mms else [],
-            _measure_graph()['fit'] if graph else None, _measure_lstms(lstms) if lstms else []]
+            _measure_graph()['fit'] if graph else None]
 
 # %% ../nbs/01_budget.ipynb #ag4
 _GRAPH_OPS = {'add': lambda h, p: h + p['w'], 'view': lambda h, p: h.t(), 'mul': lambda h, p: h * p['w'], 'tanh': lambda h, p: h.tanh(),
@@ -1051,26 +1043,23 @@ def calibrate_kernels(specs:list, # convolution and matmul specs a trace collect
                      )->dict:
     "Measure each kernel in `specs` that the cache lacks, in one fresh process on this CPU; returns the updated cache."
     table, todo, convs = dict(_calibrated()), {}, []
-    for s in specs: todo.setdefault(json.dumps(s) if s[0] in ('matmul', 'lstm') else json.dumps(s[:-1]), []).append(s)
+    for s in specs: todo.setdefault(json.dumps(s) if s[0] == 'matmul' else json.dumps(s[:-1]), []).append(s)
     for k, ss in todo.items():  # each convolution at the largest batch no line serves, whose line then serves down to a quarter of it
-        if ss[0][0] in ('matmul', 'lstm'): continue
+        if ss[0][0] == 'matmul': continue
         for s in sorted(ss, key=lambda s: -s[-1]):
             if _segment(table.get(k), s[-1]) is None and not (convs and convs[-1][0] == k and convs[-1][1][-1] / 4 <= s[-1]): convs.append((k, s))
     mms = {k: ss[0] for k, ss in todo.items() if k not in table and ss[0][0] == 'matmul'}
-    lstms = {k: ss[0] for k, ss in todo.items() if k not in table and ss[0][0] == 'lstm'}  # each at its own batch: few, and cheap
-    if not convs and not mms and not lstms and GRAPH_KEY in table: return table
+    if not convs and not mms and GRAPH_KEY in table: return table
     # specs of several plans (a bench, a batch search) share the one process. Each convolution at half and all of the batch the
     # plan needs, and only used within a factor of two of that (oneDNN picks other kernels for small batches, so a line through
     # two small ones can miss a large batch by 2x): a batch search measures again as its batches grow, and keeps every line
     batches = [[max(1, s[-1] // 2), max(2, s[-1])] for _, s in convs]
-    conv_bytes, mm_bytes, graph, lstm_bytes = _in_child('_measure_kernels', [s for _, s in convs], batches, list(mms.values()),
-                                                        GRAPH_KEY not in table, list(lstms.values()))
+    conv_bytes, mm_bytes, graph = _in_child('_measure_kernels', [s for _, s in convs], batches, list(mms.values()), GRAPH_KEY not in table)
     if GRAPH_KEY not in table: table[GRAPH_KEY] = graph or list(AUTOGRAD_GRAPH_BYTES)  # the default where glibc cannot say
     for (key, _), (b1, b2), (m1, m2) in zip(convs, batches, conv_bytes):
         per = (m2 - m1) / (b2 - b1)
         table[key] = _lines(table.get(key)) + [[m1 - per * b1, per, b1, b2]]  # bytes = constant + per sample x batch, measured from b1 to b2
     table.update((key, [n, 0]) for key, n in zip(mms, mm_bytes))  # kept buffers: the batch is in the key's M
-    table.update(zip(lstms, lstm_bytes))  # [workspace, forward scratch, backward scratch]
     f = calibration_file()
     f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text(json.dumps(table))

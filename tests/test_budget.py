@@ -278,9 +278,9 @@ def test_calibration_of_several_plans_shares_one_child(tmp_path, monkeypatch):
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
     _calibrated.cache_clear()
     calls = []
-    def fake_child(fn, convs, batches, mms, graph, lstms):  # scratch of 1000 bytes + 10 per sample; 7 bytes kept per matmul
+    def fake_child(fn, convs, batches, mms, graph):  # scratch of 1000 bytes + 10 per sample; 7 bytes kept per matmul
         calls.append((fn, [c[-1] for c in convs], batches))
-        return [[[1000 + 10 * b for b in bs] for bs in batches], [7] * len(mms), [600, 300, 40] if graph else None, [[1, 2, 3]] * len(lstms)]
+        return [[[1000 + 10 * b for b in bs] for bs in batches], [7] * len(mms), [600, 300, 40] if graph else None]
     monkeypatch.setattr(B, '_in_child', fake_child)
     specs = []
     for m, b in ((cnn(), 8), (cnn(), 32), (nn.Sequential(nn.Conv2d(1, 4, 5), nn.Flatten(), nn.Linear(2304, 10)), 32)):
@@ -1032,23 +1032,15 @@ def test_lstm_workspace_model_holds_against_a_real_run():
             assert 0.9 * g - 2**18 <= m <= 1.6 * g + 2**20, ((T, B, I, H, rev), what, m / 2**20, g / 2**20)
 
 
-def test_calibration_measures_lstm_layers(tmp_path, monkeypatch):
-    import netlite_nb.budget as B
+def test_calibration_keeps_the_lstm_model(tmp_path, monkeypatch):
+    "Measured one layer at a time, LSTMs planned 4 % low (a bidirectional one, `--brought --calibrate`): calibration leaves them to the model."
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
     _calibrated.cache_clear()
-    m = nn.Sequential(nn.LSTM(16, 32, batch_first=True, bidirectional=True))
     class Head(nn.Module):
         def __init__(self): super().__init__(); self.rnn, self.out = nn.LSTM(16, 32, batch_first=True, bidirectional=True), nn.Linear(64, 10)
         def forward(self, x): return self.out(self.rnn(x)[0][:, -1])
     batch = torch.randn(8, 20, 16), torch.randint(0, 10, (8,))
     p = plan_memory(Head(), batch, device_or_gpu='cpu', calibrate=True)
-    table = json.loads(calibration_file().read_text())
-    layers = {k: v for k, v in table.items() if k.startswith('["lstm"')}
-    assert set(layers) == {json.dumps(['lstm', 20, 8, 16, 32, r]) for r in (False, True)}, list(layers)   # both directions, as run
-    assert all(len(v) == 3 and v[0] > 0 for v in layers.values())
-    missing = []
-    t = trace_step(Head(), batch, kernels='cpu', measured=table, missing=missing)
-    assert not missing and p.peak > 0   # nothing left to measure
-    ws = [r.nbytes for r in t.tracker.allocs if r.nbytes in {v[0] for v in layers.values()}]
-    assert len(ws) >= 2   # the measured workspaces are what the trace holds for backward
+    assert not [k for k in json.loads(calibration_file().read_text()) if k.startswith('["lstm"')]
+    assert p.breakdown['kernel scratch'] == plan_memory(Head(), batch, device_or_gpu='cpu').breakdown['kernel scratch']
     clear_calibration()
