@@ -957,8 +957,8 @@ def _run_lstm(T:int, B:int, I:int, H:int, reverse:bool)->list[int]:
     x, w = r(T, B, I), [r(4 * H, I), r(4 * H, H), r(4 * H), r(4 * H)]
     lstm = lambda: torch.ops.aten.mkldnn_rnn_layer(x, *w, torch.zeros(B, H), torch.zeros(B, H), reverse, [], 2, H, 1, True, reverse, False, True)
     grown, (y, hy, cy, ws) = _hwm_growth(lstm)
-    kept = _resident_bytes(ws)
-    back, _ = _hwm_growth(lambda: y.backward(torch.randn_like(y)))
+    kept, g = _resident_bytes(ws), torch.randn_like(y)
+    back, _ = _hwm_growth(lambda: y.backward(g))
     return [kept, grown - kept - y.nbytes - hy.nbytes - cy.nbytes, back - sum(t.grad.nbytes for t in (x, *w))]
 
 def _measure_lstms(specs:list)->list:
