@@ -775,9 +775,11 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
         if args[10][0] and _strided_kernel(x.shape[1] // groups, w.shape[0] // groups, groups, stride):
             held = max(held, 2 * n * x.numel(), src)  # the input's gradient twice over, in the strided kernel's own layout
         return held
-    if be == 'Slow2d' and not (all(k == 1 for k in w.shape[2:]) and all(s == 1 for s in stride) and not any(padding)):
-        cols = n * x.shape[0] * w.shape[1] * math.prod(w.shape[2:]) * math.prod(y.shape[2:])  # im2col of the whole batch
-        return cols if fwd else cols * (1 + bool(args[10][0]))  # backward: columns for the weight's gradient, and the input's
+    if be == 'Slow2d':
+        one = n * w.shape[1] * math.prod(w.shape[2:]) * math.prod(y.shape[2:])  # one sample's columns (im2col)
+        if all(k == 1 for k in w.shape[2:]) and all(s == 1 for s in stride) and not any(padding):  # a 1x1 reads its input as columns
+            return 0 if fwd else one * bool(args[10][0])  # backward: the input's gradient, one sample's columns at a time
+        return one * x.shape[0] * (1 if fwd else 1 + bool(args[10][0]))  # im2col of the whole batch; backward: for both gradients
     return 0
 
 # %% ../nbs/01_budget.ipynb #8c36fd61
