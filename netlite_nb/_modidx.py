@@ -80,6 +80,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._accumulation': ('budget.html#_accumulation', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._adamw': ('budget.html#_adamw', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._all_true': ('budget.html#_all_true', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._as_dict': ('budget.html#_as_dict', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._as_laid_out': ('budget.html#_as_laid_out', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._batch_size': ('budget.html#_batch_size', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._bin_index': ('budget.html#_bin_index', 'netlite_nb/budget.py'),

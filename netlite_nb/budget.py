@@ -6,6 +6,7 @@
 from __future__ import annotations
 import ast, contextlib, copy, ctypes, functools, gc, html, inspect, json, logging, math, os, platform, random, re, subprocess, sys, threading, warnings, weakref
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -109,7 +110,8 @@ def _free(self:AllocationTracker, key:int, rec:Allocation):
 # %% ../nbs/01_budget.ipynb #0b98b59c
 _A = torch.ops.aten
 _MASKED = {_A.index.Tensor, _A.index_put.default, _A.index_put_.default, _A._index_put_impl_.default}  # (x, indices, ...)
-_DATA_SHAPED = _MASKED | {_A.nonzero.default, _A.masked_select.default, _A._unique2.default, _A.unique_consecutive.default}
+_SIZED = {_A.index.Tensor, _A.nonzero.default, _A.masked_select.default, _A._unique2.default, _A.unique_consecutive.default}  # outputs the data sizes
+_DATA_SHAPED = _MASKED | _SIZED
 
 def _is_mask(i)->bool: return isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) and i.dim() > 0
 
@@ -119,8 +121,9 @@ def _all_true(indices:list)->list:
 
 def _data_shaped(func, args:tuple, kwargs:dict):
     "Run `func` (in `_DATA_SHAPED`) as if the data made its output as large as it can be; NotImplemented where the data does not decide it."
-    a = {**{s.name: v for s, v in zip(func._schema.arguments, args)}, **kwargs}
     x = args[0]
+    if not (x.device.type == 'meta' or isinstance(x, FakeTensor)): return NotImplemented  # real data: the real op
+    a = {**{s.name: v for s, v in zip(func._schema.arguments, args)}, **kwargs}
     empty = lambda *size, dtype=torch.long: torch.empty(size, dtype=dtype, device=x.device)
     if func in _MASKED:
         if not any(_is_mask(i) for i in a['indices']): return NotImplemented  # integer indices: the shapes decide
@@ -139,7 +142,7 @@ def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None
     if self.graph is not None and self.phase in ('forward', 'loss'): self.count_nodes(args)  # the nodes of the ops before this one
     out = _data_shaped(func, args, kwargs or {}) if func in _DATA_SHAPED else NotImplemented
     if out is NotImplemented: out = func(*args, **(kwargs or {}))
-    else: self.bounded.append(func.__name__)
+    elif func in _SIZED: self.bounded.append(func.__name__)  # a write through a mask (x[mask] = v) sizes nothing
     scratch = 0
     if self.kernel_path is not None: out, scratch = self.kernel_path(func, args, out)
     new = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and self.record_of(t) is None]
@@ -247,8 +250,13 @@ def _expects(m:nn.Module)->str:
     return "parameters " + ', '.join(ps) if ps else "see its forward"
 
 # %% ../nbs/01_budget.ipynb #c014
+def _as_dict(batch):
+    "A mapping that is not a dict (a tokenizer's `BatchEncoding` is a `UserDict`) as a plain dict, which pytrees and `**` take."
+    return dict(batch) if isinstance(batch, Mapping) and not isinstance(batch, dict) else batch
+
 def _split_batch(batch)->tuple[Any, Any]:
     "(x, y) of a batch: a pair, or inputs alone (a tensor, or a dict of them that the model takes as keywords, targets included)."
+    batch = _as_dict(batch)
     if isinstance(batch, (tuple, list)) and len(batch) == 2: return batch[0], batch[1]
     return batch, None
 
@@ -262,14 +270,14 @@ def _batch_size(batch)->int: return _first(_split_batch(batch)[0]).shape[0]
 
 def _call(m:nn.Module, x):
     "Run `m` on inputs `x` as a training loop does: `m(**x)` for a dict, `m(*x)` for a tuple, `m(x)` for a tensor."
-    return m(**x) if isinstance(x, dict) else m(*x) if isinstance(x, (tuple, list)) else m(x)
+    return m(**x) if isinstance(x, Mapping) else m(*x) if isinstance(x, (tuple, list)) else m(x)
 
 def resize_batch(batch, # (x, y), x, or any nest of tensors whose first dimension is the batch
                  n:int, # samples in the new batch
                 )->Any:
     "A batch of `n` samples shaped like `batch`, on the 'meta' device: shapes and dtypes, no memory (all the planner needs)."
     r = lambda t: torch.empty((n, *t.shape[1:]), dtype=t.dtype, device='meta')
-    return tree_map_only(torch.Tensor, r, batch)
+    return tree_map_only(torch.Tensor, r, _as_dict(batch))
 
 # %% ../nbs/01_budget.ipynb #c014b
 def default_loss(out, y):
@@ -427,7 +435,9 @@ def _shape_error(e:Exception, tr:AllocationTracker, m:nn.Module, x, y)->ShapeMis
         mod = m.get_submodule(name) if name else m
         return ShapeMismatchError(
             f"The model does not accept this batch: layer `{name or type(m).__name__}` ({type(mod).__name__}) failed on input of shape "
-            f"{tr.inputs.get(name, '?')} but expects {_expects(mod)}. The batch's x has shape {_shapes(x)}. PyTorch said: {e}")
+            f"{tr.inputs.get(name, '?')} but expects {_expects(mod)}. The batch's x has shape {_shapes(x)}. PyTorch said: {e}" + (
+            f" (The trace ran {', '.join(dict.fromkeys(tr.bounded))} at their largest, every element of a mask True: if the model "
+            "relies on how many a mask keeps, that is the cause, and `find_batch_size` sizes the batch by real steps.)" if getattr(tr, 'bounded', None) else ''))
     if tr.phase == 'loss':
         return ShapeMismatchError(f"The loss failed on model output of shape {tr.inputs.get('(loss)', '?')} and targets of shape "
                                   f"{_shapes(y)}. PyTorch said: {e}")
