@@ -21,8 +21,8 @@ from .probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes, 
 
 # %% auto #0
 __all__ = ['AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'TENSOR_TERMS', 'COLORS', 'PLAN_MARGIN',
-           'LEVERS', 'Allocation', 'AllocationTracker', 'ShapeMismatchError', 'resize_batch', 'default_loss',
-           'is_traced', 'register_optimizer', 'make_optimizer', 'UntraceableError', 'Trace', 'trace_step',
+           'LEVERS', 'Allocation', 'AllocationTracker', 'is_traced', 'ShapeMismatchError', 'resize_batch',
+           'default_loss', 'register_optimizer', 'make_optimizer', 'UntraceableError', 'Trace', 'trace_step',
            'CachingAllocatorSim', 'cublas_workspace_bytes', 'cublaslt_workspace_bytes', 'Target', 'resolve_target',
            'cpu_workspace_bytes', 'cpu_conv_scratch', 'contiguous_copies', 'cpu_kernel_path', 'calibration_file',
            'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels', 'MemoryPlan', 'GlibcHeap',
@@ -107,6 +107,11 @@ def _free(self:AllocationTracker, key:int, rec:Allocation):
     self.events.append((-1, rec))
     self.current -= rec.nbytes
 
+# %% ../nbs/01_budget.ipynb #it1
+def is_traced(t:torch.Tensor)->bool:
+    "Is `t` one of the planner's data-less tensors: on 'meta', or a FakeTensor (mixed-precision traces)?"
+    return t.device.type == 'meta' or isinstance(t, FakeTensor)
+
 # %% ../nbs/01_budget.ipynb #0b98b59c
 _A = torch.ops.aten
 _MASKED = {_A.index.Tensor, _A.index_put.default, _A.index_put_.default, _A._index_put_impl_.default}  # (x, indices, ...)
@@ -122,7 +127,7 @@ def _all_true(indices:list)->list:
 def _data_shaped(func, args:tuple, kwargs:dict):
     "Run `func` (in `_DATA_SHAPED`) as if the data made its output as large as it can be; NotImplemented where the data does not decide it."
     x = args[0]
-    if not (x.device.type == 'meta' or isinstance(x, FakeTensor)): return NotImplemented  # real data: the real op
+    if not is_traced(x): return NotImplemented  # real data: the real op
     a = {**{s.name: v for s, v in zip(func._schema.arguments, args)}, **kwargs}
     empty = lambda *size, dtype=torch.long: torch.empty(size, dtype=dtype, device=x.device)
     if func in _MASKED:
@@ -288,11 +293,6 @@ def default_loss(out, y):
     elif isinstance(out, (tuple, list)): out = _first(out)
     if y is None: return out.float().mean()
     return F.cross_entropy(out, y) if not y.is_floating_point() else F.mse_loss(out, y)
-
-# %% ../nbs/01_budget.ipynb #it1
-def is_traced(t:torch.Tensor)->bool:
-    "Is `t` one of the planner's data-less tensors: on 'meta', or a FakeTensor (mixed-precision traces)?"
-    return t.device.type == 'meta' or isinstance(t, FakeTensor)
 
 # %% ../nbs/01_budget.ipynb #c014c
 def _fake_copy(model:nn.Module, fm:FakeTensorMode|None)->nn.Module:
@@ -853,13 +853,13 @@ def cpu_kernel_path(func, args, out,
     if func in _MATMULS and missing is not None and measured is not None:
         key, spec = _mm_key(_kernel(func, args))
         if key not in measured: missing.append(spec)
-    if func in _CONVS: out = _as_laid_out(func, args, out)
-    if func in _CONVS and measured is not None:
+    if func not in _CONVS: return out, contiguous_copies(func, args)
+    out = _as_laid_out(func, args, out)
+    if measured is not None:
         key, spec = _conv_key(func, args)
         if (g := _segment(measured.get(key), spec[-1])) is not None: return out, max(0, int(g[0] + g[1] * spec[-1]))
         if missing is not None: missing.append(spec)
-    if func in _CONVS: return out, cpu_conv_scratch(func, args, out)
-    return out, contiguous_copies(func, args)
+    return out, cpu_conv_scratch(func, args, out)
 
 def _cpu_dispatch_differs(model:nn.Module)->bool:
     "Does `model` have layers whose CPU kernels the meta device does not run (recurrent layers)?"

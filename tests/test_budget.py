@@ -234,10 +234,9 @@ def test_conv_scratch_model_holds_against_a_real_run():
         assert B._conv_backend(tuple(x.shape), tuple(w.shape), (st, st), (1, 1), (1, 1), True, g, torch.float32, torch.get_num_threads()) == 'MkldnnTranspose'
         for f, a, out in ((A.convolution.default, fa, y), (A.convolution_backward.default, ba, None)):
             specs.append(B._conv_key(f, a)[1]); model.append(B.cpu_conv_scratch(f, a, out))
-    cl = lambda t: t.contiguous(memory_format=torch.channels_last)
-    for b, c, s, o, k, g in [(8, 64, 16, 64, 7, 64), (8, 64, 16, 64, 3, 1), (8, 3, 32, 32, 4, 1), (4, 256, 32, 10, 1, 1)]:   # channels-last: wide depthwise, plain; an RGB stem; a 1x1 head (Slow2d)
-        x, w = torch.empty(b, c, s, s, device='meta'), torch.empty(o, c // g, k, k, device='meta')
-        x, st = (cl(x), 1) if 3 < c < 256 else (x, 4 if c == 3 else 1)
+    for b, c, s, o, k, st, g, fmt in [(8, 64, 16, 64, 7, 1, 64, torch.channels_last), (8, 64, 16, 64, 3, 1, 1, torch.channels_last),  # wide depthwise, plain
+                                      (8, 3, 32, 32, 4, 4, 1, torch.contiguous_format), (4, 256, 32, 10, 1, 1, 1, torch.contiguous_format)]:  # an RGB stem; a 1x1 head (Slow2d)
+        x, w = torch.empty(b, c, s, s, device='meta').contiguous(memory_format=fmt), torch.empty(o, c // g, k, k, device='meta')
         fa = (x, w, None, [st, st], [k // 2 if st == 1 else 0] * 2, [1, 1], False, [0, 0], g)
         y = B._as_laid_out(A.convolution.default, fa, A.convolution(*fa))
         ba = (y, x, w, [o], fa[3], fa[4], [1, 1], False, [0, 0], g, [c > 3, True, False])
@@ -901,8 +900,8 @@ def test_ops_the_data_sizes_are_planned_at_their_largest(how, rnn):
     t = trace_step(_Select(how, rnn), SEQ)
     assert t.tracker.bounded
     if how in ('mask', 'nonzero', 'where'):   # every row selected: the plan of selecting every row by number, and its gradient too
-        test_peak = trace_step(_Select('all', rnn), SEQ).tracker.peak
-        assert t.tracker.peak >= test_peak - 8 * 64 * 2   # nonzero's own index tensor aside, at least every row
+        every_row = trace_step(_Select('all', rnn), SEQ).tracker.peak
+        assert t.tracker.peak >= every_row - 8 * 64 * 2   # nonzero's own index tensor aside, at least every row
         assert 'index_put.default' not in t.tracker.bounded   # the gradient's scatter back: sized by the shapes
     assert 'upper bound' not in ' '.join(plan_memory(_Select('all', rnn), SEQ, device_or_gpu='cpu').notes)
 
@@ -946,7 +945,8 @@ def test_tensors_a_model_makes_without_a_device_are_traced():
     p = plan_memory(CellLoop(), SEQ, device_or_gpu='cpu')   # used to fail on 'meta': "Tensor on device meta is not on the expected device cpu"
     steps = 5 * 8 * 3 * 32 * 4   # at least the three gates' outputs of every step are kept for backward
     assert p.breakdown['activations'] + p.breakdown['temporaries'] >= steps
-    assert plan_memory(CellLoop(), SEQ, device_or_gpu='gtx 1050 ti').peak > p.breakdown['weights']
+    cuda = plan_memory(CellLoop(), SEQ, device_or_gpu='gtx 1050 ti')   # a card's plan traces on 'meta' too
+    assert cuda.breakdown['activations'] + cuda.breakdown['temporaries'] >= steps
 
 
 def test_contiguous_copies_are_planned():
