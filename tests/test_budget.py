@@ -235,7 +235,7 @@ def test_conv_scratch_model_holds_against_a_real_run():
         for f, a, out in ((A.convolution.default, fa, y), (A.convolution_backward.default, ba, None)):
             specs.append(B._conv_key(f, a)[1]); model.append(B.cpu_conv_scratch(f, a, out))
     for b, c, s, o, k, st, g, fmt in [(8, 64, 16, 64, 7, 1, 64, torch.channels_last), (8, 64, 16, 64, 3, 1, 1, torch.channels_last),  # wide depthwise, plain
-                                      (8, 3, 32, 32, 4, 4, 1, torch.contiguous_format), (4, 256, 32, 10, 1, 1, 1, torch.contiguous_format)]:  # an RGB stem; a 1x1 head (Slow2d)
+                                      (8, 3, 32, 32, 4, 4, 1, torch.contiguous_format), (8, 256, 32, 10, 1, 1, 1, torch.contiguous_format)]:  # an RGB stem; a 1x1 head (Slow2d with one thread, oneDNN with more)
         x, w = torch.empty(b, c, s, s, device='meta').contiguous(memory_format=fmt), torch.empty(o, c // g, k, k, device='meta')
         fa = (x, w, None, [st, st], [k // 2 if st == 1 else 0] * 2, [1, 1], False, [0, 0], g)
         y = B._as_laid_out(A.convolution.default, fa, A.convolution(*fa))
