@@ -36,7 +36,7 @@ then resets the kernel's RSS high-water mark
 (/proc/self/clear_refs) and runs the same two training steps the planner traces. Measured peak = peak RSS - RSS before the
 steps + bytes of the tensors already alive then (weights, buffers, batch), which the planner counts too.
 """
-import argparse, itertools, json, os, subprocess, sys, time
+import argparse, functools, itertools, json, os, subprocess, sys, time
 from unittest import mock
 from pathlib import Path
 import torch
@@ -349,10 +349,17 @@ def _hwm()->int:
         for line in f:
             if line.startswith('VmHWM'): return int(line.split()[1]) * 1024
 
+def _precision()->str: return os.environ.get('BENCH_PRECISION', 'fp32')  # --precision: the measured steps' and the plans'
+
+def _autocast():
+    "The measured steps' autocast: CPU bf16 mixed precision with --precision bf16, nothing otherwise."
+    return torch.autocast('cpu', dtype=torch.bfloat16, enabled=_precision() == 'bf16')
+
 def _steps(model, opt, x, y, n=2):
     for _ in range(n):
-        out = model(x)  # held through backward, as a loop that also computes accuracy does (and as the planner traces)
-        loss = F.cross_entropy(out, y)
+        with _autocast():
+            out = model(x)  # held through backward, as a loop that also computes accuracy does (and as the planner traces)
+            loss = F.cross_entropy(out, y)
         loss.backward()
         del out, loss
         opt.step()
@@ -413,7 +420,7 @@ def predicted(name, bs, device_or_gpu='cpu', **kw)->int:
     "The planner's peak; on the 'cpu' target it includes the CPU kernel workspace, with device_or_gpu=None it is tensors only."
     from netlite_nb.budget import plan_memory
     model, batch = make(name, bs)
-    with _as_measured(): return plan_memory(model, batch, optimizer='adamw', device_or_gpu=device_or_gpu, **kw).peak
+    with _as_measured(): return plan_memory(model, batch, optimizer='adamw', precision=_precision(), device_or_gpu=device_or_gpu, **kw).peak
 
 def accuracy_table(full_warmup=False, models=MODELS, calibrate=False):
     """Predicted vs measured peak for each model at its batch sizes; then the plan without the CPU kernel workspace (tensors only),
@@ -551,8 +558,15 @@ def gemm_report():
           f"(model {mi(cpu_workspace_bytes([mm(*s) for s in skinny]))}); all together {sum(got)/(nc+ns)/2**10:.0f} KiB per kernel")
     one, two = run_kernels([['mm', *big]], 1)[0], run_kernels([['mm', *big]], 2)[0]
     print(f"5. Threads (not modelled): the 1024x4096 @ 4096x4096 matmul adds {mi(one)} MiB with one thread, {mi(two)} with two")
-    bf = run_kernels([['mm_bf16', *big], ['mm_bf16', *small]])
-    print(f"6. bf16 matmuls go through oneDNN (not modelled beyond kernel state): {mi(bf[0])} and {mi(bf[1])} MiB for the two shapes above")
+    from netlite_nb.budget import _ONEDNN_MATMUL_STATE, _onednn_lowp
+    how = _onednn_lowp('torch.bfloat16')
+    if how is None: print("6. bf16 matmuls do not run on oneDNN here (MKL's rule above)"); return
+    specs = [['onednn_matmul', 1, M, K, N, 'bfloat16', lay] for M, K, N in [(2048, 256, 768), (2048, 1024, 256), (256, 2048, 1024), (16, 256, 10), (8192, 512, 512), (128, 4096, 1000)]
+             for lay in ('NT+', 'NN', 'TN')] + [['onednn_matmul', 64, 128, 64, 128, 'bfloat16', 'NN'], ['onednn_matmul', 64, 128, 128, 64, 'bfloat16', 'NT']]
+    got = _in_child('_measure_onednn', specs)
+    print(f"6. bf16 matmuls run on oneDNN ({how}): heap KiB each new primitive keeps (shape, layout; + a bias), model {_ONEDNN_MATMUL_STATE[how] // 1024}:")
+    print('  ' + '; '.join(f"{'x'.join(map(str, s[2:5]))}{'' if s[1] == 1 else f' (batch {s[1]})'} {s[6]}: {g // 1024}" for s, g in zip(specs, got)))
+    print(f"  median {sorted(got)[len(got) // 2] // 1024} KiB, {min(got) // 1024}-{max(got) // 1024}")
 
 def _conv_rows(rows):
     "Each (label, forward args, output, backward args) measured in fresh processes, one per batch size, printed next to the model."
@@ -617,6 +631,22 @@ def kernels_report():
     for sh, r in zip(shapes, res):
         m = _lstm_workspace(*sh[:2], sh[3], sh[2], reverse=len(sh) > 4)
         print(f"  steps {sh[0]}, batch {sh[1]}, {sh[2]} -> {sh[3]}{', reversed' if len(sh) > 4 else ''}: measured " + ' '.join(mi(v) for v in r) + "   model " + ' '.join(mi(v) for v in m), flush=True)
+    print("3. Temporaries of dtypes (inputs brought to the common dtype, a half-precision mean, dropout's mask) and fused attention's fp32 accumulators: scratch MiB")
+    from netlite_nb.budget import _op_arg, attention_scratch, promotion_copies
+    t = lambda *shape, dt='float32': ['tensor', list(shape), dt]
+    ops = [['add.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]], ['add_.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]],
+           ['mul.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bool')]], ['mul.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='int64')]],
+           ['add.Tensor', [t(32, 128, 512), t(512, dt='bfloat16')]], ['where.self', [t(32, 128, 512, dt='bool'), t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]],
+           ['lt.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]], ['mean.dim', [t(32, 128, 512, dt='bfloat16'), [-1]]],
+           ['mean.dim', [t(32, 128, 512), [-1]]], ['native_dropout.default', [t(32, 128, 512), 0.1, True]], ['native_dropout.default', [t(32, 128, 512, dt='bfloat16'), 0.1, True]]]
+    for B, H, T, D in [(16, 4, 128, 64), (64, 4, 128, 64), (16, 4, 512, 64), (16, 8, 128, 32), (8, 4, 1024, 64), (16, 4, 128, 128)]:
+        for dt in ('float32', 'bfloat16'):
+            ops += [['_scaled_dot_product_flash_attention_for_cpu.default', [t(B, H, T, D, dt=dt)] * 3 + [0.0, False]],
+                    ['_scaled_dot_product_flash_attention_for_cpu_backward.default', [t(B, H, T, D, dt=dt)] * 5 + [t(B, H, T), 0.0, False]]]
+    for (op, args), g in zip(ops, _in_child('_measure_ops', ops)):
+        f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [_op_arg(a, 'meta') for a in args]
+        label = op.split('.')[0].replace('_scaled_dot_product_flash_attention_for_cpu', 'flash attention') + ' ' + ', '.join(f"{'x'.join(map(str, a[1]))} {a[2]}" for a in args if isinstance(a, list) and a[:1] == ['tensor'])[:60]
+        print(f"  {label:<78} measured {mi(g)}   model {mi(promotion_copies(f, xs) + attention_scratch(f, xs))}", flush=True)
 
 def run_child(flag, arg)->list:
     out = subprocess.run([sys.executable, __file__, flag, json.dumps(arg)], env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
@@ -632,7 +662,7 @@ def budgets_table(models=tuple(MODELS), budgets=(0.5, 1, 2), next_up=True):
         for gb in budgets:
             t0, budget = time.time(), int(gb * 2**30)
             model, batch = make(name, 2)
-            with _as_measured(): b = max_batch_size(model, batch, budget=budget, device_or_gpu='cpu', optimizer='adamw')
+            with _as_measured(): b = max_batch_size(model, batch, budget=budget, device_or_gpu='cpu', optimizer='adamw', precision=_precision())
             p0, m0 = predicted(name, b), measured(name, b)
             ok = 'NO: over budget' if m0 > budget else f"NO: uses {100*m0/budget:.0f}% < 90%" if m0 < 0.9 * budget else 'yes'
             line = f"{name:<13}{gb:>6.1f}Gi{b:>8}{p0/2**20:>11.1f}Mi{m0/2**20:>10.1f}Mi{100*m0/budget:>6.0f}%"
@@ -744,8 +774,9 @@ def phases_child(name, bs, out=None)->list:
         first = calls(); r = f(); marks.append((first, calls()))
         hwm.append(_hwm() - base + alive); return r
     for _ in range(2):
-        o = phase(lambda: model(x))
-        loss = F.cross_entropy(o, y)
+        with _autocast():
+            o = phase(lambda: model(x))
+            loss = F.cross_entropy(o, y)
         phase(loss.backward)
         del o, loss
         phase(lambda: (opt.step(), opt.zero_grad(set_to_none=True)))
@@ -757,10 +788,10 @@ def _plan_phases(name, bs):
     "The plan of one case, and per (step, phase) its live bytes and their replay through `GlibcHeap` from the heap the plan replays from."
     from netlite_nb.budget import _glibc_peak, _glibc_resident, _replays, plan_memory, trace_step
     model, batch = make(name, bs)
-    tr = trace_step(model, batch, optimizer='adamw', kernels='cpu').tracker
+    tr = trace_step(model, batch, optimizer='adamw', precision=_precision(), kernels='cpu').tracker
     best, heap = {}, {}
     with _as_measured():
-        p = plan_memory(model, batch, optimizer='adamw', device_or_gpu='cpu')
+        p = plan_memory(model, batch, optimizer='adamw', precision=_precision(), device_or_gpu='cpu')
         worst = max(_replays(), key=lambda r: _glibc_peak(tr, *r)[0])  # the replay the plan keeps
         for i, live, resident in _glibc_resident(tr, *worst):
             sign, rec = tr.events[i]
@@ -905,6 +936,7 @@ if __name__ == '__main__':
     ap.add_argument('--histories', nargs=3, metavar=('MODEL', 'BATCH', 'N'), help="measure one case from N heap histories (a few small blocks before the steps), next to the plan's replays")
     ap.add_argument('--repeat', nargs=3, metavar=('MODEL', 'BATCH', 'N'), help='measure one case N times')
     ap.add_argument('--warmup-holes', action='store_true', help="leave the warm-up's freed heap in place (the protocol before the autograd graph was planned)")
+    ap.add_argument('--precision', choices=['fp32', 'bf16'], help="the measured steps run under CPU autocast to bf16, and the plans are made for it")
     ap.add_argument('--threads', type=int, default=1, help='threads of the measuring processes (the planner models one)')
     ap.add_argument('--glibc-defaults', action='store_true', help="measure and plan with no MALLOC_* settings: glibc raises its mmap threshold as mapped blocks are freed, "
                     "so tensors below 32 MiB come from the heap and its holes stay resident (the measurement then depends on the process's history)")
@@ -917,6 +949,7 @@ if __name__ == '__main__':
     from netlite_nb.budget import MovingThresholdWarning
     warnings.simplefilter('ignore', MovingThresholdWarning)  # the bench plans for the processes it starts (`_as_measured`), not for itself
     ENV['OMP_NUM_THREADS'] = str(a.threads)
+    if a.precision: ENV['BENCH_PRECISION'] = os.environ['BENCH_PRECISION'] = a.precision  # the measuring children inherit it
     torch.set_num_threads(a.threads)  # plan for the thread count the measured processes run with: it changes PyTorch's kernel choice
     HOLES = a.warmup_holes
     if a.glibc_defaults: a.glibc = 'defaults'  # neither the measured processes nor the plans get a MALLOC_* setting

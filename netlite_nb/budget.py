@@ -24,11 +24,11 @@ __all__ = ['AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'CUDA_CONTEXT_BYTE
            'LEVERS', 'Allocation', 'AllocationTracker', 'is_traced', 'ShapeMismatchError', 'resize_batch',
            'default_loss', 'register_optimizer', 'make_optimizer', 'UntraceableError', 'Trace', 'trace_step',
            'CachingAllocatorSim', 'cublas_workspace_bytes', 'cublaslt_workspace_bytes', 'Target', 'resolve_target',
-           'cpu_workspace_bytes', 'cpu_conv_scratch', 'contiguous_copies', 'cpu_kernel_path', 'calibration_file',
-           'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels', 'MemoryPlan', 'GlibcHeap',
-           'fix_glibc_thresholds', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes',
-           'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size', 'Change',
-           'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
+           'cpu_workspace_bytes', 'cpu_conv_scratch', 'contiguous_copies', 'promotion_copies', 'attention_scratch',
+           'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels',
+           'MemoryPlan', 'GlibcHeap', 'fix_glibc_thresholds', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels',
+           'cudnn_lstm_bytes', 'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning',
+           'max_batch_size', 'Change', 'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -49,10 +49,11 @@ _MATMULS = {torch.ops.aten.mm.default: 0, torch.ops.aten.addmm.default: 1, torch
 _CONVS = {torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default}
 
 def _kernel(func, args)->tuple:
-    "A matmul as ('matmul', batch, M, K, N, dtype), a convolution as (op, shapes and settings of its arguments): sizes only, no tensors."
+    "A matmul as ('matmul', batch, M, K, N, dtype, layout), a convolution as (op, shapes and settings of its arguments): sizes only, no tensors."
     if func in _MATMULS:
         a, b = args[_MATMULS[func]], args[_MATMULS[func] + 1]
-        return ('matmul', a.shape[0] if a.dim() == 3 else 1, a.shape[-2], a.shape[-1], b.shape[-1], str(a.dtype))
+        layout = ''.join('T' if t.stride(-1) != 1 and t.shape[-1] > 1 else 'N' for t in (a, b)) + '+' * bool(_MATMULS[func])  # transposed operands; a term added
+        return ('matmul', a.shape[0] if a.dim() == 3 else 1, a.shape[-2], a.shape[-1], b.shape[-1], str(a.dtype), layout)
     return (func.__name__, *(tuple(x.shape) if isinstance(x, torch.Tensor) else repr(x) for x in args))
 
 # %% ../nbs/01_budget.ipynb #at1
@@ -673,6 +674,9 @@ def resolve_target(device_or_gpu)->Target:
 _MKL_BLOCKING = {
     'AVX512': dict(kc=384, n_max=9984, m_block=648, whole_block=True, min_m=385, min_n=192, state=136*1024, mm_state=136*1024), # a Xeon
     'AVX2': dict(kc=192, n_max=6400, m_block=384, whole_block=False, min_m=4, min_n=64, state=122*1024, mm_state=0)}  # an AMD EPYC
+# oneDNN's bf16/fp16 matmul primitives: heap bytes kept per primitive (`--gemm` part 4, glibc's mallinfo2), with bf16/fp16
+# instructions (AVX512_BF16, AMX) and where oneDNN converts with plain AVX-512 (measured with ONEDNN_MAX_CPU_ISA=AVX512_CORE)
+_ONEDNN_MATMUL_STATE = {'native': 560 * 1024, 'emulated': 40 * 1024}
 
 def _mkl_isa(isa:str|None=None)->str:
     "The measured row of `_MKL_BLOCKING` for `isa` (default: this CPU's); an ISA not measured yet gets AVX-512's larger buffers."
@@ -684,6 +688,21 @@ def _mkl_panel(M:int, K:int, N:int, isa:str|None=None)->int:
     if M < g['min_m'] or N < g['min_n']: return 0
     kc = K if K <= g['kc'] else math.ceil(K / 2) if K <= 2 * g['kc'] else g['kc']
     return 4 * kc * (min(N, g['n_max']) + (g['m_block'] if g['whole_block'] else min(M, g['m_block'])))
+
+def _onednn_lowp(dtype:str)->str|None:
+    "How this CPU's PyTorch runs a matmul in `dtype`: on oneDNN with bf16/fp16 instructions ('native'), on oneDNN converting ('emulated'), or not on oneDNN (None)."
+    if dtype not in ('torch.bfloat16', 'torch.float16') or not torch.backends.mkldnn.enabled: return None
+    bf16 = dtype == 'torch.bfloat16'
+    if not (torch.ops.mkldnn._is_mkldnn_bf16_supported() if bf16 else torch.ops.mkldnn._is_mkldnn_fp16_supported()): return None
+    if not bf16 or platform.machine().lower() not in ('x86_64', 'amd64'): return 'native'  # fp16 needs the instructions; ARM: the larger
+    cap = (os.environ.get('ONEDNN_MAX_CPU_ISA') or os.environ.get('DNNL_MAX_CPU_ISA') or 'ALL').upper()  # oneDNN held below the CPU's ISA
+    has = getattr(torch.cpu, '_is_avx512_bf16_supported', lambda: False)() or getattr(torch.cpu, '_is_amx_tile_supported', lambda: False)()
+    return 'native' if has and (cap in ('ALL', 'DEFAULT') or 'BF16' in cap or 'AMX' in cap) else 'emulated'
+
+def _on_onednn(k:tuple)->str|None:
+    "Does matmul `k` (`_kernel`) run on oneDNN here ('native' or 'emulated', `_onednn_lowp`): low precision and more than 16**3 multiply-adds."
+    _, b, M, K, N, dt = k[:6]
+    return _onednn_lowp(dt) if b * M * K * N > 16**3 else None
 
 def _keeps_state(k:tuple)->bool:
     "Does kernel `k` (`_kernel`) keep per-shape state? Small matmuls and oneDNN's convolutions do; PyTorch's fallback convolution does not."
@@ -698,11 +717,16 @@ def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls
                         isa:str|None=None, # the CPU's ISA, 'AVX2' or 'AVX512'; default: this machine's
                         measured:dict|None=None, # matmul buffers measured on this machine, by key (`calibrate_kernels`); None: the model
                        )->int:
-    "Memory the CPU math libraries keep for a step's kernels: MKL's matmul packing buffers plus per-shape kernel state."
+    "Memory the CPU math libraries keep for a step's kernels: MKL's matmul packing buffers, oneDNN's low-precision matmul primitives, per-shape kernel state."
     g = _MKL_BLOCKING[_mkl_isa(isa)]
     total = held = 0
     seen = set()
     for k in kernels:
+        if k[0] == 'matmul' and (how := _on_onednn(k)):  # oneDNN keeps a primitive per shape, layout and added term
+            if k not in seen: total += (measured or {}).get(_mm_key(k)[0], [_ONEDNN_MATMUL_STATE[how]])[0]
+            seen.add(k)
+            continue
+        k = k[:6] if k[0] == 'matmul' else k  # MKL keeps the same whatever the operands' layout
         new = k not in seen
         seen.add(k)
         if k[0] != 'matmul':
@@ -812,6 +836,33 @@ def contiguous_copies(func, args)->int:
     "Bytes of the contiguous copies kernel `func` makes of those of its inputs that are not contiguous (a transient while it runs)."
     return sum(a.numel() * a.element_size() for i in _COPIES_INPUTS.get(func, ()) if (a := args[i]) is not None and not a.is_contiguous())
 
+# %% ../nbs/01_budget.ipynb #bc269991
+# elementwise ops that bring their inputs to one dtype through TensorIterator's promotion, and their in-place forms
+_PROMOTING = {n + u for n in ('add', 'sub', 'rsub', 'mul', 'div', 'where', 'eq', 'ne', 'lt', 'le', 'gt', 'ge', 'maximum', 'minimum', 'pow',
+                               'addcmul', 'addcdiv', 'lerp', 'atan2', 'fmod', 'remainder', 'hypot', 'copysign', 'xlogy') for u in ('', '_')}
+_MASK_ARG = {'where': 0}  # a condition read as bools, never promoted
+
+def promotion_copies(func, args)->int:
+    "Bytes of the temporaries a CPU kernel makes because of dtypes: inputs brought to the common dtype, a half-precision mean's fp32 copy, dropout's mask drawn in the input's dtype."
+    name = func.overloadpacket.__name__
+    if name == 'mean': return args[0].numel() * 4 if args[0].dtype in (torch.bfloat16, torch.float16) else 0
+    if name == 'native_dropout': return args[0].numel() * args[0].element_size() if len(args) < 3 or args[2] is not False else 0  # train=False: no mask
+    if name not in _PROMOTING: return 0
+    ts = [a for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i != _MASK_ARG.get(name)]
+    if len(ts) < 2 or all(t.dtype == ts[0].dtype for t in ts): return 0
+    common = torch.empty(1, dtype=next((t for t in ts if t.dim()), ts[0]).dtype, device='meta')
+    for t in ts: common = torch.empty(1, dtype=torch.result_type(common, t), device='meta')  # PyTorch's rule: 0-dim tensors count less
+    return sum(t.numel() * common.element_size() for t in ts if t.dtype != common.dtype and t.dim())
+
+# %% ../nbs/01_budget.ipynb #94f0a00e
+def attention_scratch(func, args)->int:
+    "Bytes the CPU's fused attention kernels hold while they run: an fp32 accumulator of the output (forward, in half precision) and one of the query's gradient in its dtype (backward)."
+    if func is _A._scaled_dot_product_flash_attention_for_cpu.default:
+        q, v = args[0], args[2]
+        return 4 * q.numel() // q.shape[-1] * v.shape[-1] if q.dtype in (torch.bfloat16, torch.float16) else 0
+    if func is _A._scaled_dot_product_flash_attention_for_cpu_backward.default: return args[1].numel() * args[1].element_size()
+    return 0
+
 # %% ../nbs/01_budget.ipynb #kp6
 _LSTM_GATES = 4  # input, forget, cell and output gate: oneDNN keeps each one's value per step for backward (fp32 accumulators)
 
@@ -853,7 +904,7 @@ def cpu_kernel_path(func, args, out,
     if func in _MATMULS and missing is not None and measured is not None:
         key, spec = _mm_key(_kernel(func, args))
         if key not in measured: missing.append(spec)
-    if func not in _CONVS: return out, contiguous_copies(func, args)
+    if func not in _CONVS: return out, contiguous_copies(func, args) + promotion_copies(func, args) + attention_scratch(func, args)
     out = _as_laid_out(func, args, out)
     if measured is not None:
         key, spec = _conv_key(func, args)
@@ -894,9 +945,10 @@ def _conv_key(func, args)->tuple[str, list]:
     return json.dumps(spec[:-1]), spec
 
 def _mm_key(k:tuple)->tuple[str, list]:
-    "A matmul's (`_kernel`) calibration key and spec, clipped where MKL's buffers stop growing on every CPU measured (M, K 1024; N 16384)."
-    _, b, M, K, N, dt = k
-    spec = ['matmul', min(b, 2), min(M, 1024), min(K, 1024), min(N, 16384), dt.split('.')[-1]]
+    "A matmul's (`_kernel`) calibration key and spec, clipped where MKL's buffers stop growing on every CPU measured (M, K 1024; N 16384); oneDNN's primitives as they are."
+    _, b, M, K, N, dt = k[:6]
+    if _on_onednn(k): spec = ['onednn_matmul', b, M, K, N, dt.split('.')[-1], k[6] if len(k) > 6 else 'NN']  # one primitive per exact shape and layout
+    else: spec = ['matmul', min(b, 2), min(M, 1024), min(K, 1024), min(N, 16384), dt.split('.')[-1]]
     return json.dumps(spec), spec
 
 def _hwm_growth(f:Callable)->tuple[int, Any]:
@@ -973,15 +1025,62 @@ def _run_lstm(T:int, B:int, I:int, H:int, reverse:bool)->list[int]:
     back, _ = _hwm_growth(lambda: y.backward(g))
     return [kept, grown - kept - y.nbytes - hy.nbytes - cy.nbytes, back - sum(t.grad.nbytes for t in (x, *w))]
 
+def _op_arg(a, device:str='cpu'):
+    "An argument of an op spec (`_run_op`): ['tensor', shape, dtype] becomes a random tensor on `device`, anything else stays."
+    if not (isinstance(a, list) and a and a[0] == 'tensor'): return a
+    if device == 'meta': return torch.empty(*a[1], dtype=getattr(torch, a[2]), device='meta')
+    dt = getattr(torch, a[2])
+    if dt == torch.bool: return torch.rand(*a[1]) > 0.5
+    return torch.randn(*a[1], dtype=dt) if dt.is_floating_point else torch.randint(0, 3, a[1], dtype=dt)
+
+def _run_op(op:str, args:list)->int:
+    "Scratch bytes of one aten op ('add.Tensor') on random tensors: the high-water mark's rise beyond its outputs."
+    f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [_op_arg(a) for a in args]
+    grown, r = _hwm_growth(lambda: f(*xs))
+    ins = {x.untyped_storage().data_ptr() for x in xs if isinstance(x, torch.Tensor)}  # an in-place op returns its input
+    return grown - sum(t.nbytes for t in tree_flatten(r)[0] if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in ins)
+
+def _measure_ops(specs:list)->list:
+    "Run in a fresh process: each [op, args] as `_run_op` measures it, after a first run of each (the code loaded, what kernels keep kept)."
+    for s in specs: _run_op(*s)
+    return [_run_op(*s) for s in specs]
+
 def _measure_lstms(specs:list)->list:
     "Run in a fresh process: each LSTM layer spec ['lstm', T, B, I, H, reverse] as `_run_lstm` measures it (`--kernels`; calibration keeps the model, see below)."
     _run_lstm(4, 2, 8, 8, False); _run_lstm(4, 2, 8, 8, True)  # loads the code
     return [_run_lstm(*s[1:]) for s in specs]
 
-def _measure_kernels(convs:list, batches:list, mms:list, graph:bool=False)->list:
-    "Run in a fresh process: each convolution at its own batch sizes (`batches[i]`, as `_measure_convs`), the matmuls, the graph's bytes."
+def _onednn_operands(spec:list)->tuple:
+    "The operands and output of a oneDNN matmul spec (`_mm_key`), laid out as the step had them: (a, b, bias or None, out)."
+    _, b, M, K, N, dtype, layout = spec
+    dt, lead = getattr(torch, dtype), [b] if b > 1 else []
+    a = torch.randn(*lead, K, M, dtype=dt).transpose(-1, -2) if layout[0] == 'T' else torch.randn(*lead, M, K, dtype=dt)
+    w = torch.randn(*lead, N, K, dtype=dt).transpose(-1, -2) if layout[1] == 'T' else torch.randn(*lead, K, N, dtype=dt)
+    return a, w, torch.randn(N, dtype=dt) if '+' in layout else None, torch.zeros(*lead, M, N, dtype=dt)
+
+def _measure_onednn(specs:list)->list:
+    "Run in a fresh process: the heap each oneDNN matmul primitive keeps (mallinfo2: what it allocated, resident or not; the resident growth without glibc 2.33)."
+    a = torch.randn(64, 64, dtype=torch.bfloat16)
+    with contextlib.suppress(RuntimeError): a @ a  # loads oneDNN's code and what it builds once per process: not per primitive
+    out = []
+    for s in specs:
+        x, w, bias, y = _onednn_operands(s)
+        before = _kept_bytes()
+        if bias is None: torch.matmul(x, w, out=y)
+        elif x.dim() == 2: torch.addmm(bias, x, w, out=y)
+        else: torch.baddbmm(bias, x, w, out=y)
+        out.append(max(0, _kept_bytes() - before))
+    return out
+
+def _kept_bytes()->int:
+    "Bytes glibc's malloc has handed out (`_heap_in_use`), or where glibc cannot say, the resident set."
+    if (h := _heap_in_use()) is not None: return h
+    with open('/proc/self/statm') as f: return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+
+def _measure_kernels(convs:list, batches:list, mms:list, graph:bool=False, dnn:list|None=None)->list:
+    "Run in a fresh process: each convolution at its own batch sizes (`batches[i]`, as `_measure_convs`), the matmuls, the graph's bytes, oneDNN's primitives."
     return [[_measure_convs([c], b)[0] for c, b in zip(convs, batches)], _measure_matmuls(mms) if mms else [],
-            _measure_graph()['fit'] if graph else None]
+            _measure_graph()['fit'] if graph else None, _measure_onednn(dnn) if dnn else []]
 
 # %% ../nbs/01_budget.ipynb #ag4
 _GRAPH_OPS = {'add': lambda h, p: h + p['w'], 'view': lambda h, p: h.t(), 'mul': lambda h, p: h * p['w'], 'tanh': lambda h, p: h.tanh(),
@@ -1055,23 +1154,25 @@ def calibrate_kernels(specs:list, # convolution and matmul specs a trace collect
                      )->dict:
     "Measure each kernel in `specs` that the cache lacks, in one fresh process on this CPU; returns the updated cache."
     table, todo, convs = dict(_calibrated()), {}, []
-    for s in specs: todo.setdefault(json.dumps(s) if s[0] == 'matmul' else json.dumps(s[:-1]), []).append(s)
+    for s in specs: todo.setdefault(json.dumps(s) if s[0] in ('matmul', 'onednn_matmul') else json.dumps(s[:-1]), []).append(s)
     for k, ss in todo.items():  # each convolution at the largest batch no line serves, whose line then serves down to a quarter of it
-        if ss[0][0] == 'matmul': continue
+        if ss[0][0] in ('matmul', 'onednn_matmul'): continue
         for s in sorted(ss, key=lambda s: -s[-1]):
             if _segment(table.get(k), s[-1]) is None and not (convs and convs[-1][0] == k and convs[-1][1][-1] / 4 <= s[-1]): convs.append((k, s))
     mms = {k: ss[0] for k, ss in todo.items() if k not in table and ss[0][0] == 'matmul'}
-    if not convs and not mms and GRAPH_KEY in table: return table
+    dnn = {k: ss[0] for k, ss in todo.items() if k not in table and ss[0][0] == 'onednn_matmul'}
+    if not convs and not mms and not dnn and GRAPH_KEY in table: return table
     # specs of several plans (a bench, a batch search) share the one process. Each convolution at half and all of the batch the
     # plan needs, and only used within a factor of two of that (oneDNN picks other kernels for small batches, so a line through
     # two small ones can miss a large batch by 2x): a batch search measures again as its batches grow, and keeps every line
     batches = [[max(1, s[-1] // 2), max(2, s[-1])] for _, s in convs]
-    conv_bytes, mm_bytes, graph = _in_child('_measure_kernels', [s for _, s in convs], batches, list(mms.values()), GRAPH_KEY not in table)
+    conv_bytes, mm_bytes, graph, dnn_bytes = _in_child('_measure_kernels', [s for _, s in convs], batches, list(mms.values()), GRAPH_KEY not in table, list(dnn.values()))
     if GRAPH_KEY not in table: table[GRAPH_KEY] = graph or list(AUTOGRAD_GRAPH_BYTES)  # the default where glibc cannot say
     for (key, _), (b1, b2), (m1, m2) in zip(convs, batches, conv_bytes):
         per = (m2 - m1) / (b2 - b1)
         table[key] = _lines(table.get(key)) + [[m1 - per * b1, per, b1, b2]]  # bytes = constant + per sample x batch, measured from b1 to b2
     table.update((key, [n, 0]) for key, n in zip(mms, mm_bytes))  # kept buffers: the batch is in the key's M
+    table.update((key, [n, 0]) for key, n in zip(dnn, dnn_bytes))  # a primitive's heap
     f = calibration_file()
     f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text(json.dumps(table))
@@ -1193,12 +1294,15 @@ def _device_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, li
         raw = tr.peak
         return raw + ws + rounding, raw + ws + rounding, {'CPU kernel workspace': ws, 'allocator rounding': rounding}, [_glibc_note()] * _on_glibc() + [
             f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, {g['kc']}) x (N + up to {g['m_block']}) "
-            f"for each product that needs more than the ones before it) and {g['state'] // 1024} KiB per oneDNN convolution shape, "
-            "kept for the life of the process; " + ("matmuls measured on this machine by calibration" if tr.measured else
+            f"for each product that needs more than the ones before it), {g['state'] // 1024} KiB per oneDNN convolution shape"
+            + (f" and {_ONEDNN_MATMUL_STATE[how] // 1024} KiB per oneDNN bf16/fp16 matmul primitive (shape, layout, bias)" if (how := _onednn_lowp('torch.bfloat16')) else '')
+            + ", kept for the life of the process; " + ("matmuls measured on this machine by calibration" if tr.measured else
             f"the {isa} model" + ('' if cap == isa else f" (this CPU reports {cap}, not measured yet: calibrate=True measures it)"))
-            + ", read off `python bench/budget_accuracy.py --gemm` for fp32 with one thread. "
-            "More threads pack more and bf16/fp16 matmuls (oneDNN) keep buffers of their own: neither is included",
+            + ", read off `python bench/budget_accuracy.py --gemm` with one thread. "
+            "More threads pack more: not included",
             "kernel scratch is placed at its op: oneDNN's blocked copies inside each convolution (im2col for PyTorch's fallback); "
+            "the copies ATen makes of inputs that are not contiguous (LayerNorm, softmax) or not of the common dtype (mixed-dtype "
+            "elementwise ops, a bf16 mean), dropout's mask and fused attention's fp32 accumulators; "
             "oneDNN's LSTM workspace is traced as the tensor it is, and models with recurrent layers or attention follow the CPU's "
             "dispatch (fused attention); modelled from `python bench/budget_accuracy.py --kernels` at one thread"]
     notes = [f"{target.kind} allocator and driver overheads are not modelled: tensor bytes only"] if target.kind in ('mps', 'xpu') else []
@@ -1837,7 +1941,9 @@ def _search(plan:Callable, # plan(b) -> MemoryPlan (cached: the search asks for 
         else: g = (lo + hi) // 2
 
 # %% ../nbs/01_budget.ipynb #mg1
-PLAN_MARGIN = {('cpu', False): 0.05, ('cpu', True): 0.02}  # (target kind, calibrated) -> share of the budget `max_batch_size` keeps free
+# (target kind, calibrated) -> share of the budget `max_batch_size` keeps free; bf16/fp16 autocast on the CPU, calibrated or not:
+# the plan's largest low error there is -12.0 % (`--precision bf16 --families`: bf16 convolution and upsampling kernels it models as fp32's)
+PLAN_MARGIN = {('cpu', False): 0.05, ('cpu', True): 0.02, ('cpu', 'bf16/fp16'): 0.15}
 
 class MovingThresholdWarning(UserWarning):
     "A CPU plan for a process whose glibc still moves its mmap threshold: the resident set depends on what ran before the step."
@@ -1881,7 +1987,8 @@ def max_batch_size(model:nn.Module, # the model to plan for
     target = resolve_target(device_or_gpu)
     budget = budget if budget is not None else target.memory
     if budget is None: raise ValueError("max_batch_size needs a budget: pass budget= (bytes) or a device_or_gpu with known memory.")
-    margin = PLAN_MARGIN.get((target.kind, bool(kw.get('calibrate'))), 0.0) if margin is None else margin
+    lowp = target.kind == 'cpu' and kw.get('precision', 'fp32') in LOW_PRECISION
+    margin = PLAN_MARGIN.get((target.kind, 'bf16/fp16' if lowp else bool(kw.get('calibrate'))), 0.0) if margin is None else margin
     budget = int(budget * (1 - margin))
     @functools.cache
     def plan(b):

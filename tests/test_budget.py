@@ -1,10 +1,10 @@
 "Chapter 01 checks: the tracer against hand arithmetic and a real process, categories, phases, precision, bad input, the solvers, the CLI."
-import ctypes, gc, json, os, subprocess, sys, weakref
+import ctypes, functools, gc, json, os, subprocess, sys, weakref
 from collections import Counter
 from pathlib import Path
 import pytest, torch
 from torch import nn
-from netlite_nb.budget import (AUTOGRAD_GRAPH_BYTES, GRAPH_KEY, _MALLOC_ENV, _on_glibc, AllocationTracker, BudgetTooSmallError, _saved_for_backward, CUDA_CONTEXT_BYTES, _MKL_BLOCKING, LEVERS, PLAN_MARGIN, ShapeMismatchError,
+from netlite_nb.budget import (_ONEDNN_MATMUL_STATE, _on_onednn, attention_scratch, promotion_copies, AUTOGRAD_GRAPH_BYTES, GRAPH_KEY, _MALLOC_ENV, _on_glibc, AllocationTracker, BudgetTooSmallError, _saved_for_backward, CUDA_CONTEXT_BYTES, _MKL_BLOCKING, LEVERS, PLAN_MARGIN, ShapeMismatchError,
                                _calibrated, _lstm_workspace, _mkl_isa, _mkl_panel, _mm_key, calibration_file, clear_calibration, cpu_workspace_bytes,
                                find_batch_size, fit_to_budget, max_batch_size, plan_memory, register_lever, resize_batch, trace_step)
 from netlite_nb.probe import UnknownGPUError, lookup_gpu
@@ -99,7 +99,8 @@ def test_cpu_workspace_model_follows_the_measured_rules():
     assert ws([big, small]) == ws([big])      # a smaller product reuses the buffers
     assert ws([small, big]) == ws([small]) + ws([big])  # a larger one adds its own
     assert ws([mm(384, 4096, 4096)]) == ws([mm(1024, 4096, 176)]) == state  # not packed
-    assert ws([mm(1024, 4096, 4096, 'torch.bfloat16')]) == state  # oneDNN's buffers are not modelled
+    bf16 = mm(1024, 4096, 4096, 'torch.bfloat16')
+    assert ws([bf16]) == (_ONEDNN_MATMUL_STATE[_on_onednn(bf16)] if _on_onednn(bf16) else state)  # oneDNN's primitive where bf16 runs on oneDNN
     kernels = trace_step(cnn(), MNIST).tracker.kernels
     shapes = {k for k in kernels if k[0] != 'matmul'}
     assert len(shapes) == 6   # three convolutions, forward and backward; the second step repeats them
@@ -1056,4 +1057,80 @@ def test_calibration_keeps_the_lstm_model(tmp_path, monkeypatch):
     p = plan_memory(Head(), batch, device_or_gpu='cpu', calibrate=True)
     assert not [k for k in json.loads(calibration_file().read_text()) if k.startswith('["lstm"')]
     assert p.breakdown['kernel scratch'] == plan_memory(Head(), batch, device_or_gpu='cpu').breakdown['kernel scratch']
+    clear_calibration()
+
+
+# mixed dtypes, a bf16 mean, dropout, fused attention: [op, args], tensors as ['tensor', shape, dtype] (`_run_op`)
+T = lambda *shape, dt='float32': ['tensor', list(shape), dt]
+DTYPE_OPS = [['add.Tensor', [T(16, 128, 256), T(16, 128, 256, dt='bfloat16')]], ['mul.Tensor', [T(16, 128, 256), T(16, 128, 256, dt='bool')]],
+             ['where.self', [T(16, 128, 256, dt='bool'), T(16, 128, 256), T(16, 128, 256, dt='bfloat16')]], ['add.Tensor', [T(16, 128, 256, dt='bfloat16')] * 2],
+             ['mean.dim', [T(16, 128, 256, dt='bfloat16'), [-1]]], ['native_dropout.default', [T(16, 128, 256), 0.5, True]],
+             ['eq.Tensor', [T(16, 128, 256), T(16, 128, 256, dt='bfloat16')]], ['_scaled_dot_product_flash_attention_for_cpu.default', [T(16, 4, 128, 64, dt='bfloat16')] * 3 + [0.0, False]],
+             ['_scaled_dot_product_flash_attention_for_cpu_backward.default', [T(16, 4, 128, 64)] * 5 + [T(16, 4, 128), 0.0, False]]]
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason="Linux's high-water mark")
+def test_dtype_temporaries_hold_against_a_real_run():
+    "Mixed-dtype elementwise ops, a bf16 mean, dropout's mask and fused attention's fp32 accumulators, measured in a fresh process next to the model."
+    from netlite_nb.budget import _in_child, _op_arg
+    torch.set_num_threads(1)
+    got = _in_child('_measure_ops', DTYPE_OPS)
+    model = []
+    for op, args in DTYPE_OPS:
+        f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [_op_arg(a, 'meta') for a in args]
+        model.append(promotion_copies(f, xs) + attention_scratch(f, xs))
+    assert model[0] == 2 * 2**20 and model[3] == 0
+    for m_, g in zip(model, got): assert 0.9 * g - 2**18 <= m_ <= 1.1 * g + 2**18, (model, got)
+
+
+def test_promotion_copies_are_planned():
+    "A bf16 residual added to an fp32 stream: the trace places the fp32 copy of the bf16 side at the add, on the CPU only."
+    class Residual(nn.Module):
+        def __init__(self): super().__init__(); self.lin, self.head = nn.Linear(256, 256), nn.Linear(256, 10)
+        def forward(self, x): return self.head((x + self.lin(x)).mean(1))
+    batch = torch.randn(16, 128, 256), torch.randint(0, 10, (16,))
+    scratch = lambda **kw: [r.nbytes for r in trace_step(Residual(), batch, precision='bf16', **kw).tracker.allocs if r.category == 'kernel scratch']
+    assert 16 * 128 * 256 * 4 in scratch(kernels='cpu')   # the bf16 output of the Linear, in fp32
+    assert not scratch()   # PyTorch's reference ops (no kernel path): nothing hidden
+
+
+def test_onednn_matmul_primitives_are_kept_per_shape_and_layout():
+    "bf16 products on oneDNN: one primitive per shape, layout and added term, each kept; an MLP's step builds one per product (forward, input and weight gradients)."
+    k = ('matmul', 1, 256, 784, 4096, 'torch.bfloat16', 'NT+')
+    how = _on_onednn(k)
+    if how is None:  # this CPU's PyTorch does not run bf16 matmuls on oneDNN: MKL's rule, and nothing measured
+        assert cpu_workspace_bytes([k], 'AVX512') == _MKL_BLOCKING['AVX512']['mm_state']
+        return
+    per = _ONEDNN_MATMUL_STATE[how]
+    assert cpu_workspace_bytes([k, k]) == per and cpu_workspace_bytes([k, k[:6] + ('NN',)]) == 2 * per
+    assert _on_onednn(('matmul', 1, 16, 16, 16, 'torch.bfloat16', 'NN')) is None   # 16**3 multiply-adds: PyTorch keeps it off oneDNN
+    kernels = trace_step(mlp(), MNIST, precision='bf16').tracker.kernels
+    prims = {x for x in kernels if x[0] == 'matmul' and _on_onednn(x)}
+    assert len(prims) == 3 + 2 + 3   # three layers forward, the input gradient of the two above the first, three weight gradients
+    assert plan_memory(mlp(), MNIST, precision='bf16', device_or_gpu='cpu').breakdown['CPU kernel workspace'] == 8 * per
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux') or os.confstr('CS_GNU_LIBC_VERSION') is None, reason="glibc's mallinfo2")
+def test_onednn_primitive_state_holds_against_a_real_run():
+    "Each new bf16 primitive's heap, measured in a fresh process, next to the model's constant for this CPU."
+    from netlite_nb.budget import _in_child, _mm_key
+    specs = [['onednn_matmul', 1, 2048, 256, 768, 'bfloat16', 'NT+'], ['onednn_matmul', 1, 2048, 768, 256, 'bfloat16', 'NN'],
+             ['onednn_matmul', 1, 768, 2048, 256, 'bfloat16', 'TN'], ['onednn_matmul', 64, 128, 64, 128, 'bfloat16', 'NT']]
+    how = _on_onednn(('matmul', *specs[0][1:5], 'torch.bfloat16'))
+    if how is None: pytest.skip("bf16 matmuls do not run on oneDNN here")
+    assert _mm_key(('matmul', 1, 2048, 256, 768, 'torch.bfloat16', 'NT+'))[1] == specs[0]
+    got = _in_child('_measure_onednn', specs)
+    per = _ONEDNN_MATMUL_STATE[how]
+    for g in got: assert 0.6 * per <= g <= 1.7 * per, (got, per)   # 541-610 KiB over 150 shapes on the AVX-512 Xeon it was read off
+
+
+def test_calibration_measures_onednn_primitives(tmp_path, monkeypatch):
+    "A calibrated bf16 plan measures each oneDNN primitive of the step once, caches it by shape and layout, and plans with what it measured."
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+    _calibrated.cache_clear()
+    if _on_onednn(('matmul', 1, 32, 784, 256, 'torch.bfloat16')) is None: pytest.skip("bf16 matmuls do not run on oneDNN here")
+    p = plan_memory(mlp(), MNIST, precision='bf16', device_or_gpu='cpu', calibrate=True)
+    table = json.loads(calibration_file().read_text())
+    prims = {k: v for k, v in table.items() if k.startswith('["onednn_matmul"')}
+    assert len(prims) == 8 and all(v[0] > 0 for v in prims.values())
+    assert p.breakdown['CPU kernel workspace'] == sum(v[0] for v in prims.values())
     clear_calibration()
