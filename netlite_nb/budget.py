@@ -723,7 +723,7 @@ def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls
     seen = set()
     for k in kernels:
         if k[0] == 'matmul' and (how := _on_onednn(k)):  # oneDNN keeps a primitive per shape, layout and added term
-            if k not in seen: total += (measured or {}).get(_mm_key(k)[0], [_ONEDNN_MATMUL_STATE[how]])[0]
+            if k not in seen: total += measured[key][0] if measured and (key := _mm_key(k)[0]) in measured else _ONEDNN_MATMUL_STATE[how]
             seen.add(k)
             continue
         k = k[:6] if k[0] == 'matmul' else k  # MKL keeps the same whatever the operands' layout

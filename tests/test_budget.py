@@ -278,9 +278,9 @@ def test_calibration_of_several_plans_shares_one_child(tmp_path, monkeypatch):
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
     _calibrated.cache_clear()
     calls = []
-    def fake_child(fn, convs, batches, mms, graph):  # scratch of 1000 bytes + 10 per sample; 7 bytes kept per matmul
+    def fake_child(fn, convs, batches, mms, graph, dnn):  # scratch of 1000 bytes + 10 per sample; 7 bytes kept per matmul
         calls.append((fn, [c[-1] for c in convs], batches))
-        return [[[1000 + 10 * b for b in bs] for bs in batches], [7] * len(mms), [600, 300, 40] if graph else None]
+        return [[[1000 + 10 * b for b in bs] for bs in batches], [7] * len(mms), [600, 300, 40] if graph else None, [5000] * len(dnn)]
     monkeypatch.setattr(B, '_in_child', fake_child)
     specs = []
     for m, b in ((cnn(), 8), (cnn(), 32), (nn.Sequential(nn.Conv2d(1, 4, 5), nn.Flatten(), nn.Linear(2304, 10)), 32)):
