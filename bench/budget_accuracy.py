@@ -631,14 +631,17 @@ def kernels_report():
     for sh, r in zip(shapes, res):
         m = _lstm_workspace(*sh[:2], sh[3], sh[2], reverse=len(sh) > 4)
         print(f"  steps {sh[0]}, batch {sh[1]}, {sh[2]} -> {sh[3]}{', reversed' if len(sh) > 4 else ''}: measured " + ' '.join(mi(v) for v in r) + "   model " + ' '.join(mi(v) for v in m), flush=True)
-    print("3. Temporaries of dtypes (inputs brought to the common dtype, a half-precision mean, dropout's mask) and fused attention's fp32 accumulators: scratch MiB")
-    from netlite_nb.budget import _op_arg, attention_scratch, promotion_copies
+    print("3. Temporaries of dtypes (inputs brought to the common dtype, a half-precision mean, dropout's mask), fused attention's accumulators, upsampling's channels-last copies: scratch MiB")
+    from netlite_nb.budget import _op_arg, attention_scratch, promotion_copies, upsample_copies
     t = lambda *shape, dt='float32': ['tensor', list(shape), dt]
     ops = [['add.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]], ['add_.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]],
            ['mul.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bool')]], ['mul.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='int64')]],
            ['add.Tensor', [t(32, 128, 512), t(512, dt='bfloat16')]], ['where.self', [t(32, 128, 512, dt='bool'), t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]],
            ['lt.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]], ['mean.dim', [t(32, 128, 512, dt='bfloat16'), [-1]]],
            ['mean.dim', [t(32, 128, 512), [-1]]], ['native_dropout.default', [t(32, 128, 512), 0.1, True]], ['native_dropout.default', [t(32, 128, 512, dt='bfloat16'), 0.1, True]]]
+    for B, C, H in [(8, 64, 32), (8, 32, 64), (8, 128, 16), (8, 3, 32), (16, 96, 32), (8, 64, 48)]:  # upsampling: output H + W at most 128, or more
+        for dt in ('float32', 'bfloat16'):
+            ops += [['upsample_nearest2d.default', [t(B, C, H, H, dt=dt), [2 * H, 2 * H], 2.0, 2.0]], ['upsample_bilinear2d.default', [t(B, C, H, H, dt=dt), [2 * H, 2 * H], False, 2.0, 2.0]]]
     for B, H, T, D in [(16, 4, 128, 64), (64, 4, 128, 64), (16, 4, 512, 64), (16, 8, 128, 32), (8, 4, 1024, 64), (16, 4, 128, 128)]:
         for dt in ('float32', 'bfloat16'):
             ops += [['_scaled_dot_product_flash_attention_for_cpu.default', [t(B, H, T, D, dt=dt)] * 3 + [0.0, False]],
@@ -646,7 +649,7 @@ def kernels_report():
     for (op, args), g in zip(ops, _in_child('_measure_ops', ops)):
         f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [_op_arg(a, 'meta') for a in args]
         label = op.split('.')[0].replace('_scaled_dot_product_flash_attention_for_cpu', 'flash attention') + ' ' + ', '.join(f"{'x'.join(map(str, a[1]))} {a[2]}" for a in args if isinstance(a, list) and a[:1] == ['tensor'])[:60]
-        print(f"  {label:<78} measured {mi(g)}   model {mi(promotion_copies(f, xs) + attention_scratch(f, xs))}", flush=True)
+        print(f"  {label:<78} measured {mi(g)}   model {mi(promotion_copies(f, xs) + attention_scratch(f, xs) + upsample_copies(f, xs, f(*xs)))}", flush=True)
 
 def run_child(flag, arg)->list:
     out = subprocess.run([sys.executable, __file__, flag, json.dumps(arg)], env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},

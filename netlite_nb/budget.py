@@ -25,10 +25,11 @@ __all__ = ['AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'CUDA_CONTEXT_BYTE
            'default_loss', 'register_optimizer', 'make_optimizer', 'UntraceableError', 'Trace', 'trace_step',
            'CachingAllocatorSim', 'cublas_workspace_bytes', 'cublaslt_workspace_bytes', 'Target', 'resolve_target',
            'cpu_workspace_bytes', 'cpu_conv_scratch', 'contiguous_copies', 'promotion_copies', 'attention_scratch',
-           'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels',
-           'MemoryPlan', 'GlibcHeap', 'fix_glibc_thresholds', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels',
-           'cudnn_lstm_bytes', 'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning',
-           'max_batch_size', 'Change', 'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
+           'upsample_copies', 'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch',
+           'calibrate_kernels', 'MemoryPlan', 'GlibcHeap', 'fix_glibc_thresholds', 'cudnn_conv_workspace',
+           'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes', 'plan_memory', 'plot_plans', 'BudgetTooSmallError',
+           'MovingThresholdWarning', 'max_batch_size', 'Change', 'register_lever', 'fit_to_budget', 'find_batch_size',
+           'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -49,12 +50,13 @@ _MATMULS = {torch.ops.aten.mm.default: 0, torch.ops.aten.addmm.default: 1, torch
 _CONVS = {torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default}
 
 def _kernel(func, args)->tuple:
-    "A matmul as ('matmul', batch, M, K, N, dtype, layout), a convolution as (op, shapes and settings of its arguments): sizes only, no tensors."
+    "A matmul as ('matmul', batch, M, K, N, dtype, layout), a convolution as (op, shapes and settings of its arguments, the input's dtype): sizes only, no tensors."
     if func in _MATMULS:
         a, b = args[_MATMULS[func]], args[_MATMULS[func] + 1]
         layout = ''.join('T' if t.stride(-1) != 1 and t.shape[-1] > 1 else 'N' for t in (a, b)) + '+' * bool(_MATMULS[func])  # transposed operands; a term added
         return ('matmul', a.shape[0] if a.dim() == 3 else 1, a.shape[-2], a.shape[-1], b.shape[-1], str(a.dtype), layout)
-    return (func.__name__, *(tuple(x.shape) if isinstance(x, torch.Tensor) else repr(x) for x in args))
+    x = args[0] if func is torch.ops.aten.convolution.default else args[1]  # the input: its dtype decides the kernel too
+    return (func.__name__, *(tuple(x.shape) if isinstance(x, torch.Tensor) else repr(x) for x in args), str(x.dtype))
 
 # %% ../nbs/01_budget.ipynb #at1
 class AllocationTracker(TorchDispatchMode):
@@ -710,7 +712,8 @@ def _keeps_state(k:tuple)->bool:
     fwd = k[0] == 'convolution.default'
     x, w = (k[1], k[2]) if fwd else (k[2], k[3])
     stride, padding, dilation, transposed, _, groups = (ast.literal_eval(a) for a in (k[4:10] if fwd else k[5:11]))
-    return _conv_backend(x, w, tuple(stride), tuple(padding), tuple(dilation), transposed, groups, torch.float32, torch.get_num_threads()) in ('Mkldnn', 'MkldnnTranspose')
+    dtype = getattr(torch, k[-1].split('.')[-1]) if str(k[-1]).startswith('torch.') else torch.float32  # bf16 convolutions always go to oneDNN
+    return _conv_backend(x, w, tuple(stride), tuple(padding), tuple(dilation), transposed, groups, dtype, torch.get_num_threads()) in ('Mkldnn', 'MkldnnTranspose')
 
 # %% ../nbs/01_budget.ipynb #c073b
 def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls and convolutions in the order they ran
@@ -863,6 +866,16 @@ def attention_scratch(func, args)->int:
     if func is _A._scaled_dot_product_flash_attention_for_cpu_backward.default: return args[1].numel() * args[1].element_size()
     return 0
 
+# %% ../nbs/01_budget.ipynb #4817668e
+_UPSAMPLE_2D = {'upsample_nearest2d', '_upsample_nearest_exact2d', 'upsample_bilinear2d'}
+
+def upsample_copies(func, args, out)->int:
+    "Bytes of the channels-last copies the CPU's vectorized 2-D upsampling makes (of the input and of the output, where they are not channels-last)."
+    if func.overloadpacket.__name__ not in _UPSAMPLE_2D or not isinstance(out, torch.Tensor) or out.dim() != 4: return 0
+    x = args[0]
+    if not ((_channels_last(x) and x.shape[1] > 3) or out.shape[-2] + out.shape[-1] <= 128): return 0  # the generic kernel: no copies
+    return (0 if _channels_last(x) else x.numel() * x.element_size()) + (0 if _channels_last(out) else out.numel() * out.element_size())
+
 # %% ../nbs/01_budget.ipynb #kp6
 _LSTM_GATES = 4  # input, forget, cell and output gate: oneDNN keeps each one's value per step for backward (fp32 accumulators)
 
@@ -904,7 +917,7 @@ def cpu_kernel_path(func, args, out,
     if func in _MATMULS and missing is not None and measured is not None:
         key, spec = _mm_key(_kernel(func, args))
         if key not in measured: missing.append(spec)
-    if func not in _CONVS: return out, contiguous_copies(func, args) + promotion_copies(func, args) + attention_scratch(func, args)
+    if func not in _CONVS: return out, contiguous_copies(func, args) + promotion_copies(func, args) + attention_scratch(func, args) + upsample_copies(func, args, out)
     out = _as_laid_out(func, args, out)
     if measured is not None:
         key, spec = _conv_key(func, args)

@@ -4,7 +4,7 @@ from collections import Counter
 from pathlib import Path
 import pytest, torch
 from torch import nn
-from netlite_nb.budget import (_ONEDNN_MATMUL_STATE, _on_onednn, attention_scratch, promotion_copies, AUTOGRAD_GRAPH_BYTES, GRAPH_KEY, _MALLOC_ENV, _on_glibc, AllocationTracker, BudgetTooSmallError, _saved_for_backward, CUDA_CONTEXT_BYTES, _MKL_BLOCKING, LEVERS, PLAN_MARGIN, ShapeMismatchError,
+from netlite_nb.budget import (_ONEDNN_MATMUL_STATE, _on_onednn, attention_scratch, promotion_copies, upsample_copies, AUTOGRAD_GRAPH_BYTES, GRAPH_KEY, _MALLOC_ENV, _on_glibc, AllocationTracker, BudgetTooSmallError, _saved_for_backward, CUDA_CONTEXT_BYTES, _MKL_BLOCKING, LEVERS, PLAN_MARGIN, ShapeMismatchError,
                                _calibrated, _lstm_workspace, _mkl_isa, _mkl_panel, _mm_key, calibration_file, clear_calibration, cpu_workspace_bytes,
                                find_batch_size, fit_to_budget, max_batch_size, plan_memory, register_lever, resize_batch, trace_step)
 from netlite_nb.probe import UnknownGPUError, lookup_gpu
@@ -1066,18 +1066,20 @@ DTYPE_OPS = [['add.Tensor', [T(16, 128, 256), T(16, 128, 256, dt='bfloat16')]], 
              ['where.self', [T(16, 128, 256, dt='bool'), T(16, 128, 256), T(16, 128, 256, dt='bfloat16')]], ['add.Tensor', [T(16, 128, 256, dt='bfloat16')] * 2],
              ['mean.dim', [T(16, 128, 256, dt='bfloat16'), [-1]]], ['native_dropout.default', [T(16, 128, 256), 0.5, True]],
              ['eq.Tensor', [T(16, 128, 256), T(16, 128, 256, dt='bfloat16')]], ['_scaled_dot_product_flash_attention_for_cpu.default', [T(16, 4, 128, 64, dt='bfloat16')] * 3 + [0.0, False]],
-             ['_scaled_dot_product_flash_attention_for_cpu_backward.default', [T(16, 4, 128, 64)] * 5 + [T(16, 4, 128), 0.0, False]]]
+             ['_scaled_dot_product_flash_attention_for_cpu_backward.default', [T(16, 4, 128, 64)] * 5 + [T(16, 4, 128), 0.0, False]],
+             ['upsample_nearest2d.default', [T(8, 64, 32, 32), [64, 64], 2.0, 2.0]], ['upsample_bilinear2d.default', [T(8, 64, 32, 32, dt='bfloat16'), [64, 64], False, 2.0, 2.0]],
+             ['upsample_nearest2d.default', [T(8, 32, 64, 64), [128, 128], 2.0, 2.0]]]
 
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason="Linux's high-water mark")
 def test_dtype_temporaries_hold_against_a_real_run():
-    "Mixed-dtype elementwise ops, a bf16 mean, dropout's mask and fused attention's fp32 accumulators, measured in a fresh process next to the model."
+    "Mixed-dtype elementwise ops, a bf16 mean, dropout's mask, fused attention's accumulators and upsampling's copies, measured in a fresh process next to the model."
     from netlite_nb.budget import _in_child, _op_arg
     torch.set_num_threads(1)
     got = _in_child('_measure_ops', DTYPE_OPS)
     model = []
     for op, args in DTYPE_OPS:
         f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [_op_arg(a, 'meta') for a in args]
-        model.append(promotion_copies(f, xs) + attention_scratch(f, xs))
+        model.append(promotion_copies(f, xs) + attention_scratch(f, xs) + upsample_copies(f, xs, f(*xs)))
     assert model[0] == 2 * 2**20 and model[3] == 0
     for m_, g in zip(model, got): assert 0.9 * g - 2**18 <= m_ <= 1.1 * g + 2**18, (model, got)
 
