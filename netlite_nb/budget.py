@@ -805,10 +805,11 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
     if be == 'Mkldnn':
         src, dst, wts = _blocked(x.shape, n), _blocked(y.shape, n), _blocked_weights(w.shape, groups, n)
         if x.shape[1] < _CPU_BLOCK and not (not fwd and args[10][0]): src = 0  # a first layer's few channels are read in place
-        if fwd: return max(src, dst) + wts  # the weights are reordered as well, alongside the larger activation copy
+        acc = 4 if x.dtype in (torch.bfloat16, torch.float16) else 0  # half precision: the destination accumulated in fp32 first
+        if fwd: return max(src, dst, acc * y.numel()) + wts  # the weights are reordered as well, alongside the larger activation copy
         # backward's two passes (the input's gradient, with the weights reordered; the weights', with the activations) hold their
         # scratch in turn; an input of a few channels is copied only when it needs a gradient
-        held = max(dst + src, wts if args[10][0] else 0)
+        held = max(dst + src, wts if args[10][0] else 0, acc * x.numel() if args[10][0] else 0)
         if args[10][0] and _strided_kernel(x.shape[1] // groups, w.shape[0] // groups, groups, stride):
             held = max(held, 2 * n * x.numel(), src)  # the input's gradient twice over, in the strided kernel's own layout
         return held
