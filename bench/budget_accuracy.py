@@ -624,13 +624,24 @@ def kernels_report():
         y = A.convolution(*fa).contiguous(memory_format=torch.channels_last)
         rows.append((f'{B} x {C} x {S}x{S} -> {O}, {k}x{k}, /{st}, g{g}', fa, y, (y, x, w, [O], [st, st], [pad, pad], [1, 1], False, [0, 0], g, [True, True, False])))
     _conv_rows(rows)
+    print("1d. bf16 convolutions (oneDNN accumulates the destination in fp32: the output in forward, the input's gradient in backward): scratch MiB, forward | backward")
+    rows = []
+    for B, C, S, O, k, st, g in [(8, 96, 64, 32, 3, 1, 1), (8, 64, 32, 64, 3, 1, 1), (8, 32, 64, 64, 3, 1, 1), (8, 64, 32, 128, 3, 2, 1), (8, 128, 16, 128, 3, 1, 1),
+                                 (8, 64, 16, 256, 1, 1, 1), (8, 3, 64, 32, 3, 1, 1), (32, 64, 64, 32, 3, 1, 1), (16, 64, 32, 64, 3, 1, 64), (16, 256, 8, 512, 3, 2, 1)]:
+        x, w = torch.empty(B, C, S, S, device='meta', dtype=torch.bfloat16), torch.empty(O, C // g, k, k, device='meta', dtype=torch.bfloat16)
+        fa = (x, w, None, [st, st], [k // 2] * 2, [1, 1], False, [0, 0], g)
+        y = A.convolution(*fa)
+        rows.append((f'{B} x {C} x {S}x{S} -> {O}, {k}x{k}, /{st}, g{g}', fa, y, (y, x, w, [O], [st, st], [k // 2] * 2, [1, 1], False, [0, 0], g, [C != 3, True, False])))
+    _conv_rows(rows)
     print("2. LSTM layers (oneDNN's op): MiB of workspace resident after forward (mincore), forward scratch, backward scratch")
     shapes = [[64, 32, 64, 128], [128, 32, 64, 128], [64, 32, 64, 256], [64, 32, 256, 128], [100, 64, 32, 100], [64, 128, 64, 128],
               [64, 32, 512, 128], [64, 32, 64, 128, 'reverse'], [64, 32, 256, 128, 'reverse']]  # wider inputs; a bidirectional layer's second direction
-    res = _in_child('_measure_lstms', [['lstm', T, B, I, H, bool(rev)] for T, B, I, H, *rev in shapes])
+    shapes += [[64, 32, 64, 128, 'bf16'], [64, 128, 64, 128, 'bf16'], [64, 32, 256, 128, 'bf16'], [64, 32, 64, 128, 'reverse', 'bf16'], [32, 16, 64, 384, 'bf16']]
+    res = _in_child('_measure_lstms', [['lstm', T, B, I, H, 'reverse' in rest, 'bfloat16' if 'bf16' in rest else 'float32'] for T, B, I, H, *rest in shapes])
     for sh, r in zip(shapes, res):
-        m = _lstm_workspace(*sh[:2], sh[3], sh[2], reverse=len(sh) > 4)
-        print(f"  steps {sh[0]}, batch {sh[1]}, {sh[2]} -> {sh[3]}{', reversed' if len(sh) > 4 else ''}: measured " + ' '.join(mi(v) for v in r) + "   model " + ' '.join(mi(v) for v in m), flush=True)
+        rev, bf = 'reverse' in sh[4:], 'bf16' in sh[4:]
+        m = _lstm_workspace(*sh[:2], sh[3], sh[2], reverse=rev, itemsize=2 if bf else 4)
+        print(f"  steps {sh[0]}, batch {sh[1]}, {sh[2]} -> {sh[3]}{', reversed' if rev else ''}{', bf16' if bf else ''}: measured " + ' '.join(mi(v) for v in r) + "   model " + ' '.join(mi(v) for v in m), flush=True)
     print("3. Temporaries of dtypes (inputs brought to the common dtype, a half-precision mean, dropout's mask), fused attention's accumulators, upsampling's channels-last copies: scratch MiB")
     from netlite_nb.budget import _op_arg, attention_scratch, promotion_copies, upsample_copies
     t = lambda *shape, dt='float32': ['tensor', list(shape), dt]

@@ -243,7 +243,13 @@ def test_conv_scratch_model_holds_against_a_real_run():
         ba = (y, x, w, [o], fa[3], fa[4], [1, 1], False, [0, 0], g, [c > 3, True, False])
         for f, a, out in ((A.convolution.default, fa, y), (A.convolution_backward.default, ba, None)):
             specs.append(B._conv_key(f, a)[1]); model.append(B.cpu_conv_scratch(f, a, out))
-    assert len(specs) >= 24
+    for c, s_, o in [(96, 64, 32), (32, 64, 64), (64, 32, 64)]:  # bf16: the destination accumulated in fp32
+        x, w = torch.empty(8, c, s_, s_, device='meta', dtype=torch.bfloat16), torch.empty(o, c, 3, 3, device='meta', dtype=torch.bfloat16)
+        fa = (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        y = A.convolution(*fa)
+        for f, a, out in ((A.convolution.default, fa, y), (A.convolution_backward.default, (y, x, w, [o], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False]), None)):
+            specs.append(B._conv_key(f, a)[1]); model.append(B.cpu_conv_scratch(f, a, out))
+    assert len(specs) >= 30
     got = [r[0] for r in B.measure_conv_scratch(specs, (8,))]
     for spec, m, g in zip(specs, model, got):
         assert m >= 0.9 * g - 2**18 and m <= 1.6 * g + 2**20, (spec, m / 2**20, g / 2**20)   # 256 KiB / 1 MiB: the kernels' own small buffers
@@ -1041,8 +1047,9 @@ def test_lstm_workspace_model_holds_against_a_real_run():
     shapes = [[64, 32, 64, 128, False], [64, 128, 64, 128, False], [64, 32, 64, 128, True], [64, 32, 256, 64, False], [32, 16, 64, 384, False]]
     from netlite_nb.budget import _in_child
     torch.set_num_threads(1)
-    for (T, B, I, H, rev), got in zip(shapes, _in_child('_measure_lstms', [['lstm', *s] for s in shapes])):
-        for m, g, what in zip(_lstm_workspace(T, B, H, I, reverse=rev), got, ('workspace', 'forward scratch', 'backward scratch')):
+    shapes += [[64, 32, 64, 128, False, 'bfloat16'], [64, 128, 64, 128, True, 'bfloat16']]   # bf16: the workspace's values in bf16, backward bounded by fp32's
+    for (T, B, I, H, rev, *dt), got in zip(shapes, _in_child('_measure_lstms', [['lstm', *s] for s in shapes])):
+        for m, g, what in zip(_lstm_workspace(T, B, H, I, reverse=rev, itemsize=2 if dt else 4), got, ('workspace', 'forward scratch', 'backward scratch')):
             assert 0.9 * g - 2**18 <= m <= 1.6 * g + 2**20, ((T, B, I, H, rev), what, m / 2**20, g / 2**20)
 
 
