@@ -400,10 +400,32 @@ def measure(name, bs, full_warmup=False, holes=False, history=0)->int:
         from netlite_nb.budget import _heap_history, _libc
         _heap_history(_libc().malloc, history)  # never freed: they stay in the heap through the steps
     alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
-    base = _rss()
+    base, code = _rss(), _file_backed()
     with open('/proc/self/clear_refs', 'w') as f: f.write('5')  # reset the RSS high-water mark
     _steps(model, opt, x, y, 2)
+    _CODE_PAGES.append(_file_backed() - code)  # what of the growth is code the steps faulted in (`--code-pages`)
     return _hwm() - base + alive
+
+_CODE_PAGES = []
+
+def _file_backed()->int:
+    "Resident bytes of this process that are file-backed (code and other mapped files): what the kernel can drop and read again."
+    d = {}
+    with open('/proc/self/smaps_rollup') as f:
+        for line in f:
+            k, *v = line.split()
+            if k in ('Rss:', 'Anonymous:'): d[k] = int(v[0]) * 1024
+    return d['Rss:'] - d['Anonymous:']
+
+def code_pages_child(name, bs)->list:
+    "Run in a fresh process: `measure`'s peak, and how much of the measured steps' resident growth is file-backed pages they faulted in."
+    return [measure(name, bs), _CODE_PAGES[-1]]
+
+def code_pages_report(cases):
+    "For each case: the measured peak and the file-backed pages (the math libraries' code) the measured steps faulted in."
+    for name, bs in cases:
+        m, f = run_child('--code-pages-child', [name, bs])
+        print(f"{name} at batch {bs}: measured {m/2**20:.2f} MiB, of which {f/2**20:.2f} MiB file-backed pages faulted in during the steps", flush=True)
 
 def measured(name, bs, full_warmup=False, holes=None, history=0)->int:
     holes = HOLES if holes is None else holes
@@ -943,6 +965,8 @@ if __name__ == '__main__':
     ap.add_argument('--gemm', action='store_true', help='measure the CPU kernel workspace the planner models, next to the model')
     ap.add_argument('--heap', nargs=2, metavar=('MODEL', 'BATCH'), help="what glibc's heap and the autograd graph add to one case")
     ap.add_argument('--replay-child', help=argparse.SUPPRESS)
+    ap.add_argument('--code-pages', nargs='+', metavar='MODEL:BATCH', help="how much of each case's measured peak is file-backed pages (code) its steps faulted in")
+    ap.add_argument('--code-pages-child', help=argparse.SUPPRESS)
     ap.add_argument('--calibration-lines', nargs=2, metavar=('MODEL', 'BATCH'), help='each convolution at the full batch next to the lines calibration draws (now and before)')
     ap.add_argument('--phases', nargs=2, metavar=('MODEL', 'BATCH'), help="each phase's measured high-water mark next to the plan's")
     ap.add_argument('--phases-child', help=argparse.SUPPRESS)
@@ -978,6 +1002,8 @@ if __name__ == '__main__':
                                 int(next((m[8:] for m in a.measure[2:] if m.startswith('history=')), 0))))
     elif a.kernels_child: print(json.dumps(kernels_child(*json.loads(a.kernels_child))))
     elif a.replay_child: print(json.dumps(replay_child(json.load(sys.stdin))))
+    elif a.code_pages_child: print(json.dumps(code_pages_child(*json.loads(a.code_pages_child))))
+    elif a.code_pages: code_pages_report([(c.split(':')[0], int(c.split(':')[1])) for c in a.code_pages])
     elif a.heap: heap_report(a.heap[0], int(a.heap[1]))
     elif a.calibration_lines: calibration_lines(a.calibration_lines[0], int(a.calibration_lines[1]))
     elif a.phases: phases_report(a.phases[0], int(a.phases[1]))
