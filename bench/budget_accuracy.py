@@ -700,7 +700,7 @@ def budgets_table(models=tuple(MODELS), budgets=(0.5, 1, 2), next_up=True):
             model, batch = make(name, 2)
             with _as_measured(): b = max_batch_size(model, batch, budget=budget, device_or_gpu='cpu', optimizer='adamw', precision=_precision())
             p0, m0 = predicted(name, b), measured(name, b)
-            ok = 'NO: over budget' if m0 > budget else f"NO: uses {100*m0/budget:.0f}% < 90%" if m0 < 0.9 * budget else 'yes'
+            ok = 'NO: over budget' if m0 > budget else 'yes: the search stops at max_batch' if b == 2**16 else f"NO: uses {100*m0/budget:.0f}% < 90%" if m0 < 0.9 * budget else 'yes'
             line = f"{name:<13}{gb:>6.1f}Gi{b:>8}{p0/2**20:>11.1f}Mi{m0/2**20:>10.1f}Mi{100*m0/budget:>6.0f}%"
             if next_up:
                 p1, m1 = predicted(name, b + 1), measured(name, b + 1)

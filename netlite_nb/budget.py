@@ -809,7 +809,7 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
         if fwd: return max(src, dst, acc * y.numel()) + wts  # the weights are reordered as well, alongside the larger activation copy
         # backward's two passes (the input's gradient, with the weights reordered; the weights', with the activations) hold their
         # scratch in turn; an input of a few channels is copied only when it needs a gradient
-        held = max(dst + src, wts if args[10][0] else 0, acc * x.numel() if args[10][0] else 0)
+        held = max(dst + src, wts if args[10][0] else 0, acc * x.numel() if args[10][0] else 0, acc * w.numel())  # half precision: both gradients in fp32
         if args[10][0] and _strided_kernel(x.shape[1] // groups, w.shape[0] // groups, groups, stride):
             held = max(held, 2 * n * x.numel(), src)  # the input's gradient twice over, in the strided kernel's own layout
         return held
