@@ -46,15 +46,17 @@ class Allocation:
 
 # %% ../nbs/01_budget.ipynb #c008
 # matmuls (and where their two operands are) and convolutions: the kernels whose CPU workspace we model later
-_MATMULS = {torch.ops.aten.mm.default: 0, torch.ops.aten.addmm.default: 1, torch.ops.aten.bmm.default: 0, torch.ops.aten.baddbmm.default: 1}
+_MATMULS = {torch.ops.aten.mm.default: 0, torch.ops.aten.addmm.default: 1, torch.ops.aten.bmm.default: 0, torch.ops.aten.baddbmm.default: 1,
+            torch.ops.aten.mv.default: 0, torch.ops.aten.addmv.default: 1}  # a matrix times a vector: N = 1
 _CONVS = {torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default}
 
 def _kernel(func, args)->tuple:
     "A matmul as ('matmul', batch, M, K, N, dtype, layout), a convolution as (op, shapes and settings of its arguments, the input's dtype): sizes only, no tensors."
     if func in _MATMULS:
         a, b = args[_MATMULS[func]], args[_MATMULS[func] + 1]
-        layout = ''.join('T' if t.stride(-1) != 1 and t.shape[-1] > 1 else 'N' for t in (a, b)) + '+' * bool(_MATMULS[func])  # transposed operands; a term added
-        return ('matmul', a.shape[0] if a.dim() == 3 else 1, a.shape[-2], a.shape[-1], b.shape[-1], str(a.dtype), layout)
+        # a transposed operand (column-major); any other strides are copied to contiguous first. '+': a term added
+        layout = ''.join('T' if t.dim() > 1 and t.stride(-2) == 1 and t.stride(-1) != 1 and t.shape[-1] > 1 else 'N' for t in (a, b)) + '+' * bool(_MATMULS[func])
+        return ('matmul', a.shape[0] if a.dim() == 3 else 1, a.shape[-2], a.shape[-1], b.shape[-1] if b.dim() > 1 else 1, str(a.dtype), layout)
     x = args[0] if func is torch.ops.aten.convolution.default else args[1]  # the input: its dtype decides the kernel too
     return (func.__name__, *(tuple(x.shape) if isinstance(x, torch.Tensor) else repr(x) for x in args), str(x.dtype))
 
@@ -695,11 +697,12 @@ def _onednn_lowp(dtype:str)->str|None:
     "How this CPU's PyTorch runs a matmul in `dtype`: on oneDNN with bf16/fp16 instructions ('native'), on oneDNN converting ('emulated'), or not on oneDNN (None)."
     if dtype not in ('torch.bfloat16', 'torch.float16') or not torch.backends.mkldnn.enabled: return None
     bf16 = dtype == 'torch.bfloat16'
-    if not (torch.ops.mkldnn._is_mkldnn_bf16_supported() if bf16 else torch.ops.mkldnn._is_mkldnn_fp16_supported()): return None
+    probe = getattr(torch.ops.mkldnn, '_is_mkldnn_bf16_supported' if bf16 else '_is_mkldnn_fp16_supported', None) if torch.backends.mkldnn.is_available() else None
+    if probe is None or not probe(): return None  # a build without oneDNN, or a CPU it does not run half precision on
     if not bf16 or platform.machine().lower() not in ('x86_64', 'amd64'): return 'native'  # fp16 needs the instructions; ARM: the larger
     cap = (os.environ.get('ONEDNN_MAX_CPU_ISA') or os.environ.get('DNNL_MAX_CPU_ISA') or 'ALL').upper()  # oneDNN held below the CPU's ISA
     has = getattr(torch.cpu, '_is_avx512_bf16_supported', lambda: False)() or getattr(torch.cpu, '_is_amx_tile_supported', lambda: False)()
-    return 'native' if has and (cap in ('ALL', 'DEFAULT') or 'BF16' in cap or 'AMX' in cap) else 'emulated'
+    return 'native' if has and (cap in ('ALL', 'DEFAULT') or any(i in cap for i in ('BF16', 'FP16', 'AMX'))) else 'emulated'
 
 def _on_onednn(k:tuple)->str|None:
     "Does matmul `k` (`_kernel`) run on oneDNN here ('native' or 'emulated', `_onednn_lowp`): low precision and more than 16**3 multiply-adds."
@@ -809,7 +812,7 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
         if fwd: return max(src, dst, acc * y.numel()) + wts  # the weights are reordered as well, alongside the larger activation copy
         # backward's two passes (the input's gradient, with the weights reordered; the weights', with the activations) hold their
         # scratch in turn; an input of a few channels is copied only when it needs a gradient
-        held = max(dst + src, wts if args[10][0] else 0, acc * x.numel() if args[10][0] else 0, acc * w.numel())  # half precision: both gradients in fp32
+        held = max(dst + src, wts if args[10][0] else 0, acc * x.numel() if args[10][0] else 0, acc * w.numel() if args[10][1] else 0)  # half precision: both gradients in fp32
         if args[10][0] and _strided_kernel(x.shape[1] // groups, w.shape[0] // groups, groups, stride):
             held = max(held, 2 * n * x.numel(), src)  # the input's gradient twice over, in the strided kernel's own layout
         return held
@@ -934,9 +937,10 @@ def _cpu_dispatch_differs(model:nn.Module)->bool:
 
 # %% ../nbs/01_budget.ipynb #cal1
 def calibration_file()->Path:
-    "Where measured kernel scratch is cached: one file per machine, CPU and torch version, under the user's cache directory."
+    "Where measured kernel scratch is cached: one file per machine, CPU, oneDNN ISA cap (if one is set) and torch version, under the user's cache directory."
     root = Path(os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache') / 'netlite_nb'
-    return root / f"kernels-{platform.node()}-{torch.backends.cpu.get_cpu_capability()}-torch{torch.__version__}.json"
+    cap = os.environ.get('ONEDNN_MAX_CPU_ISA') or os.environ.get('DNNL_MAX_CPU_ISA')  # oneDNN held below the CPU: other kernels, other state
+    return root / f"kernels-{platform.node()}-{torch.backends.cpu.get_cpu_capability()}{f'-onednn{cap}' if cap else ''}-torch{torch.__version__}.json"
 
 @functools.cache
 def _calibrated()->dict:
@@ -963,7 +967,7 @@ def _conv_key(func, args)->tuple[str, list]:
 def _mm_key(k:tuple)->tuple[str, list]:
     "A matmul's (`_kernel`) calibration key and spec, clipped where MKL's buffers stop growing on every CPU measured (M, K 1024; N 16384); oneDNN's primitives as they are."
     _, b, M, K, N, dt = k[:6]
-    if _on_onednn(k): spec = ['onednn_matmul', b, M, K, N, dt.split('.')[-1], k[6] if len(k) > 6 else 'NN']  # one primitive per exact shape and layout
+    if _on_onednn(k): spec = ['onednn_matmul', min(b, 2), min(M, 1024), min(K, 1024), min(N, 16384), dt.split('.')[-1], k[6] if len(k) > 6 else 'NN']  # by layout; past 1024 the size barely matters
     else: spec = ['matmul', min(b, 2), min(M, 1024), min(K, 1024), min(N, 16384), dt.split('.')[-1]]
     return json.dumps(spec), spec
 
@@ -1999,12 +2003,13 @@ def max_batch_size(model:nn.Module, # the model to plan for
                    **kw, # passed to `plan_memory`: loss_fn, optimizer, precision, transform, strategy, calibrate
                   )->int:
     "The largest batch size whose traced training step fits `budget` less a safety margin: extrapolating, then interpolating between traced sizes."
+    precision = kw.get('precision', 'fp32')
     if kw.get('strategy') is not None:
-        *_, device_or_gpu, budget = _strategy_defaults(kw['strategy'], 'fp32', 'adamw', None, None, device_or_gpu, budget)
+        precision, *_, device_or_gpu, budget = _strategy_defaults(kw['strategy'], precision, 'adamw', None, None, device_or_gpu, budget)
     target = resolve_target(device_or_gpu)
     budget = budget if budget is not None else target.memory
     if budget is None: raise ValueError("max_batch_size needs a budget: pass budget= (bytes) or a device_or_gpu with known memory.")
-    lowp = target.kind == 'cpu' and kw.get('precision', 'fp32') in LOW_PRECISION
+    lowp = target.kind == 'cpu' and precision in LOW_PRECISION
     margin = PLAN_MARGIN.get((target.kind, 'bf16/fp16' if lowp else bool(kw.get('calibrate'))), 0.0) if margin is None else margin
     budget = int(budget * (1 - margin))
     @functools.cache

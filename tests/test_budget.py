@@ -1,5 +1,6 @@
 "Chapter 01 checks: the tracer against hand arithmetic and a real process, categories, phases, precision, bad input, the solvers, the CLI."
 import ctypes, functools, gc, json, os, subprocess, sys, weakref
+from types import SimpleNamespace
 from collections import Counter
 from pathlib import Path
 import pytest, torch
@@ -1126,7 +1127,7 @@ def test_onednn_primitive_state_holds_against_a_real_run():
              ['onednn_matmul', 1, 768, 2048, 256, 'bfloat16', 'TN'], ['onednn_matmul', 64, 128, 64, 128, 'bfloat16', 'NT']]
     how = _on_onednn(('matmul', *specs[0][1:5], 'torch.bfloat16'))
     if how is None: pytest.skip("bf16 matmuls do not run on oneDNN here")
-    assert _mm_key(('matmul', 1, 2048, 256, 768, 'torch.bfloat16', 'NT+'))[1] == specs[0]
+    assert _mm_key(('matmul', 1, 2048, 256, 768, 'torch.bfloat16', 'NT+'))[1] == [*specs[0][:2], 1024, *specs[0][3:]]   # clipped as MKL's keys are
     got = _in_child('_measure_onednn', specs)
     per = _ONEDNN_MATMUL_STATE[how]
     for g in got: assert 0.6 * per <= g <= 1.7 * per, (got, per)   # 541-610 KiB over 150 shapes on the AVX-512 Xeon it was read off
@@ -1143,3 +1144,26 @@ def test_calibration_measures_onednn_primitives(tmp_path, monkeypatch):
     assert len(prims) == 8 and all(v[0] > 0 for v in prims.values())
     assert p.breakdown['CPU kernel workspace'] == sum(v[0] for v in prims.values())
     clear_calibration()
+
+
+def test_half_precision_details_from_review(monkeypatch):
+    "A build without oneDNN plans on the CPU; a strategy's bf16 sets max_batch_size's margin; matrix-vector products and strided operands; frozen bf16 weights."
+    import netlite_nb.budget as B
+    from netlite_nb.budget import _kernel, cpu_conv_scratch
+    A = torch.ops.aten
+    monkeypatch.setattr(torch.backends.mkldnn, 'is_available', lambda: False)   # as in a PyTorch built without oneDNN
+    assert B._onednn_lowp('torch.bfloat16') is None
+    assert plan_memory(mlp(), MNIST, device_or_gpu='cpu').peak > 0
+    monkeypatch.undo()
+    assert _kernel(A.mv.default, (torch.empty(64, 128), torch.empty(128)))[2:5] == (64, 128, 1)
+    a = torch.empty(64, 256)[:, ::2]   # strided, not transposed: copied to contiguous first
+    assert _kernel(A.mm.default, (a, torch.empty(128, 32)))[-1] == 'NN' and _kernel(A.mm.default, (torch.empty(128, 64).t(), torch.empty(128, 32)))[-1] == 'TN'
+    x, w = torch.empty(8, 512, 4, 4, dtype=torch.bfloat16, device='meta'), torch.empty(512, 512, 3, 3, dtype=torch.bfloat16, device='meta')
+    y = A.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    bwd = lambda mask: cpu_conv_scratch(A.convolution_backward.default, (y, x, w, [512], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask), None)
+    assert bwd([True, True, False]) >= 4 * w.numel() > bwd([True, False, False])   # a frozen layer's weights get no fp32 gradient buffer
+    seen = []
+    monkeypatch.setattr(B, 'plan_memory', lambda *a, budget=None, **kw: seen.append(budget) or SimpleNamespace(fits=True, total=0, peak=0))
+    monkeypatch.setattr(B, '_search', lambda plan, budget, max_batch: (plan(1), 1)[1])
+    B.max_batch_size(mlp(), MNIST, strategy=SimpleNamespace(precision='bf16', budget_bytes=2**30, device='cpu'))
+    assert seen[-1] == int(2**30 * (1 - PLAN_MARGIN[('cpu', 'bf16/fp16')]))
