@@ -1963,7 +1963,7 @@ def _search(plan:Callable, # plan(b) -> MemoryPlan (cached: the search asks for 
 
 # %% ../nbs/01_budget.ipynb #mg1
 # (target kind, calibrated) -> share of the budget `max_batch_size` keeps free; bf16/fp16 autocast on the CPU, calibrated or not:
-# the plan's largest low error there is -7.2 % (`--precision bf16 --families`: fused attention's own matmul buffers in bf16)
+# the plan's largest low error there is -7.1 % (`--precision bf16 --families`: fused attention's own matmul buffers in bf16)
 PLAN_MARGIN = {('cpu', False): 0.05, ('cpu', True): 0.02, ('cpu', 'bf16/fp16'): 0.10}
 
 class MovingThresholdWarning(UserWarning):
