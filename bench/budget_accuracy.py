@@ -518,10 +518,9 @@ def kernels_child(specs:list, threads:int=1)->list:
     _free_blas_buffers()
     out = []
     for kind, *shape in specs:
-        if kind in ('mm', 'mm_bf16'):
+        if kind == 'mm':
             M, K, N = shape
-            dt = torch.bfloat16 if kind == 'mm_bf16' else torch.float32
-            a, b = torch.randn(M, K).to(dt), torch.randn(K, N).to(dt)
+            a, b = torch.randn(M, K), torch.randn(K, N)
             r0 = _rss(); c = a @ b
             out.append(_rss() - r0 - c.nbytes)
             del a, b, c
@@ -585,9 +584,11 @@ def gemm_report():
     if how is None: print("6. bf16 matmuls do not run on oneDNN here (MKL's rule above)"); return
     specs = [['onednn_matmul', 1, M, K, N, 'bfloat16', lay] for M, K, N in [(2048, 256, 768), (2048, 1024, 256), (256, 2048, 1024), (16, 256, 10), (8192, 512, 512), (128, 4096, 1000)]
              for lay in ('NT+', 'NN', 'TN')] + [['onednn_matmul', 64, 128, 64, 128, 'bfloat16', 'NN'], ['onednn_matmul', 64, 128, 128, 64, 'bfloat16', 'NT']]
+    if _onednn_lowp('torch.float16'):  # fp16 on oneDNN too (AMX-FP16, AVX512_FP16): the same rule
+        specs += [['onednn_matmul', 1, 2048, 256, 768, 'float16', 'NT+'], ['onednn_matmul', 1, 768, 2048, 256, 'float16', 'TN']]
     got = _in_child('_measure_onednn', specs)
     print(f"6. bf16 matmuls run on oneDNN ({how}): heap KiB each new primitive keeps (shape, layout; + a bias), model {_ONEDNN_MATMUL_STATE[how] // 1024}:")
-    print('  ' + '; '.join(f"{'x'.join(map(str, s[2:5]))}{'' if s[1] == 1 else f' (batch {s[1]})'} {s[6]}: {g // 1024}" for s, g in zip(specs, got)))
+    print('  ' + '; '.join(f"{'x'.join(map(str, s[2:5]))}{'' if s[1] == 1 else f' (batch {s[1]})'}{' fp16' if s[5] == 'float16' else ''} {s[6]}: {g // 1024}" for s, g in zip(specs, got)))
     print(f"  median {sorted(got)[len(got) // 2] // 1024} KiB, {min(got) // 1024}-{max(got) // 1024}")
 
 def _conv_rows(rows):
@@ -1010,15 +1011,10 @@ if __name__ == '__main__':
     elif a.malloc_trace: malloc_trace_report(a.malloc_trace[0], int(a.malloc_trace[1]))
     elif a.phases_child: print(json.dumps(phases_child(*json.loads(a.phases_child))))
     elif a.kernels: kernels_report()
-    elif a.budgets and a.families: budgets_table(a.models or list(FAMILIES), a.gib, next_up=False)  # the margin leaves room for b+1
-    elif a.budgets and a.variants: budgets_table(a.models or list(VARIANTS), a.gib, next_up=False)
-    elif a.budgets and a.brought: budgets_table(a.models or list(BROUGHT), a.gib, next_up=False)
-    elif a.budgets and a.fourth: budgets_table(a.models or list(FOURTH), a.gib, next_up=False)
-    elif a.fourth: accuracy_table(a.full_warmup, {k: v for k, v in FOURTH.items() if not a.models or k in a.models}, a.calibrate)
-    elif a.brought: accuracy_table(a.full_warmup, {k: v for k, v in BROUGHT.items() if not a.models or k in a.models}, a.calibrate)
-    elif a.unseen: accuracy_table(a.full_warmup, {k: v for k, v in UNSEEN.items() if not a.models or k in a.models}, a.calibrate)
-    elif a.variants: accuracy_table(a.full_warmup, {k: v for k, v in VARIANTS.items() if not a.models or k in a.models}, a.calibrate)
-    elif a.families: accuracy_table(a.full_warmup, {k: v for k, v in FAMILIES.items() if not a.models or k in a.models}, a.calibrate)
+    elif (chosen := [m for flag, m in (('fourth', FOURTH), ('brought', BROUGHT), ('unseen', UNSEEN), ('variants', VARIANTS), ('families', FAMILIES)) if getattr(a, flag)]):
+        models = {k: v for k, v in chosen[0].items() if not a.models or k in a.models}
+        if a.budgets: budgets_table(list(models), a.gib, next_up=False)  # the margin leaves room for b+1
+        else: accuracy_table(a.full_warmup, models, a.calibrate)
     elif a.budgets: budgets_table(a.models or list(MODELS), a.gib)
     elif a.real_budgets: budgets_table(a.models or ['cnn', 'transformer'], [2, 4, 8])
     elif a.gemm: gemm_report()

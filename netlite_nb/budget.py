@@ -678,9 +678,9 @@ def resolve_target(device_or_gpu)->Target:
 _MKL_BLOCKING = {
     'AVX512': dict(kc=384, n_max=9984, m_block=648, whole_block=True, min_m=385, min_n=192, state=136*1024, mm_state=136*1024), # a Xeon
     'AVX2': dict(kc=192, n_max=6400, m_block=384, whole_block=False, min_m=4, min_n=64, state=122*1024, mm_state=0)}  # an AMD EPYC
-# oneDNN's bf16/fp16 matmul primitives: heap bytes kept per primitive (`--gemm` part 4, glibc's mallinfo2), with bf16/fp16
-# instructions (AVX512_BF16, AMX) and where oneDNN converts with plain AVX-512 (measured with ONEDNN_MAX_CPU_ISA=AVX512_CORE)
-_ONEDNN_MATMUL_STATE = {'native': 560 * 1024, 'emulated': 40 * 1024}
+# oneDNN's bf16/fp16 matmul primitives: heap bytes kept per primitive (`--gemm` part 6, glibc's mallinfo2), with bf16/fp16
+# instructions (AVX512_BF16, AMX) and where oneDNN converts with plain AVX-512 (the median with ONEDNN_MAX_CPU_ISA=AVX512_CORE)
+_ONEDNN_MATMUL_STATE = {'native': 560 * 1024, 'emulated': 44 * 1024}
 
 def _mkl_isa(isa:str|None=None)->str:
     "The measured row of `_MKL_BLOCKING` for `isa` (default: this CPU's); an ISA not measured yet gets AVX-512's larger buffers."
@@ -895,7 +895,7 @@ def _lstm_workspace(T:int, B:int, H:int, I:int, reverse:bool=False, itemsize:int
     # run backwards in time (a bidirectional LSTM's second direction) writes two more of them per step, and backward two
     # more of the input's width beyond H. Each term is measured by `python bench/budget_accuracy.py --kernels`, part 2.
     # In bf16 (itemsize 2) the workspace's values are bf16 and forward projects one step at a time at any batch; backward is
-    # modelled as fp32's, which `--kernels` part 2 measures 1.7-12 MiB above the bf16 layer's (a bound, not a fit).
+    # modelled as fp32's, which `--kernels` part 2 measures 1.9-12.3 MiB above the bf16 layer's (a bound, not a fit).
     ws = (u * (_LSTM_GATES + 1) + 4 * B * H + (2 * row * max(I, H) if reverse else 0)) * itemsize // 4
     fwd = (u if B < 128 and itemsize == 4 else 4 * B * H) * _LSTM_GATES + wts
     return ws, fwd, u * 2 * _LSTM_GATES + row * I + 2 * wts + 2 * row * max(0, I - H)
@@ -965,7 +965,7 @@ def _conv_key(func, args)->tuple[str, list]:
     return json.dumps(spec[:-1]), spec
 
 def _mm_key(k:tuple)->tuple[str, list]:
-    "A matmul's (`_kernel`) calibration key and spec, clipped where MKL's buffers stop growing on every CPU measured (M, K 1024; N 16384); oneDNN's primitives as they are."
+    "A matmul's (`_kernel`) calibration key and spec, clipped where MKL's buffers stop growing on every CPU measured (M, K 1024; N 16384); oneDNN's primitives by layout too."
     _, b, M, K, N, dt = k[:6]
     if _on_onednn(k): spec = ['onednn_matmul', min(b, 2), min(M, 1024), min(K, 1024), min(N, 16384), dt.split('.')[-1], k[6] if len(k) > 6 else 'NN']  # by layout; past 1024 the size barely matters
     else: spec = ['matmul', min(b, 2), min(M, 1024), min(K, 1024), min(N, 16384), dt.split('.')[-1]]
