@@ -608,7 +608,7 @@ def _conv_rows(rows):
 
 def kernels_report():
     "Each kernel family's scratch measured in fresh processes, next to the planner's model; shapes the model was not read off included."
-    from netlite_nb.budget import _in_child, _lstm_workspace
+    from netlite_nb.budget import _in_child, _lstm_brgemm, _lstm_workspace, _onednn_lowp
     mi = lambda n: f"{n/2**20:7.2f}"
     print("1. Convolutions (oneDNN blocked copies; im2col for PyTorch's fallback): scratch MiB beyond the outputs, forward | backward")
     print(f"{'batch x in x size -> out, kernel, stride, groups':<52}{'measured':>18}{'model':>18}")
@@ -659,11 +659,12 @@ def kernels_report():
     print("2. LSTM layers (oneDNN's op): MiB of workspace resident after forward (mincore), forward scratch, backward scratch")
     shapes = [[64, 32, 64, 128], [128, 32, 64, 128], [64, 32, 64, 256], [64, 32, 256, 128], [100, 64, 32, 100], [64, 128, 64, 128],
               [64, 32, 512, 128], [64, 32, 64, 128, 'reverse'], [64, 32, 256, 128, 'reverse']]  # wider inputs; a bidirectional layer's second direction
-    shapes += [[64, 32, 64, 128, 'bf16'], [64, 128, 64, 128, 'bf16'], [64, 32, 256, 128, 'bf16'], [64, 32, 64, 128, 'reverse', 'bf16'], [32, 16, 64, 384, 'bf16']]
+    if _onednn_lowp('torch.bfloat16'):  # oneDNN runs no bf16 LSTM on a CPU without AVX-512 (PyTorch takes its own kernels there)
+        shapes += [[64, 32, 64, 128, 'bf16'], [64, 128, 64, 128, 'bf16'], [64, 32, 256, 128, 'bf16'], [64, 32, 64, 128, 'reverse', 'bf16'], [32, 16, 64, 384, 'bf16']]
     res = _in_child('_measure_lstms', [['lstm', T, B, I, H, 'reverse' in rest, 'bfloat16' if 'bf16' in rest else 'float32'] for T, B, I, H, *rest in shapes])
     for sh, r in zip(shapes, res):
         rev, bf = 'reverse' in sh[4:], 'bf16' in sh[4:]
-        m = _lstm_workspace(*sh[:2], sh[3], sh[2], reverse=rev, itemsize=2 if bf else 4)
+        m = _lstm_workspace(*sh[:2], sh[3], sh[2], reverse=rev, itemsize=2 if bf else 4, brgemm=bf and _lstm_brgemm(torch.bfloat16))
         print(f"  steps {sh[0]}, batch {sh[1]}, {sh[2]} -> {sh[3]}{', reversed' if rev else ''}{', bf16' if bf else ''}: measured " + ' '.join(mi(v) for v in r) + "   model " + ' '.join(mi(v) for v in m), flush=True)
     print("3. Temporaries of dtypes (inputs brought to the common dtype, a half-precision mean, dropout's mask), fused attention's accumulators, upsampling's channels-last copies: scratch MiB")
     from netlite_nb.budget import _op_arg, attention_scratch, promotion_copies, upsample_copies

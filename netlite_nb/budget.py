@@ -881,24 +881,38 @@ def upsample_copies(func, args, out)->int:
     return (0 if _channels_last(x) else x.numel() * x.element_size()) + (0 if _channels_last(out) else out.numel() * out.element_size())
 
 # %% ../nbs/01_budget.ipynb #kp6
-_LSTM_GATES = 4  # input, forget, cell and output gate: oneDNN keeps each one's value per step for backward (fp32 accumulators)
+_LSTM_GATES = 4  # input, forget, cell and output gate: oneDNN keeps each one's value per step for backward
 
-def _lstm_workspace(T:int, B:int, H:int, I:int, reverse:bool=False, itemsize:int=4)->tuple[int, int, int]:
+def _good_ld(d:int, itemsize:int)->int:
+    "oneDNN's row length for `d` values (`get_good_ld` in its rnn_utils): whole 64-byte lines, one more line where that is a multiple of 256."
+    ld = math.ceil(d / (64 // itemsize)) * (64 // itemsize)
+    return ld + 64 // itemsize if ld % 256 == 0 else ld
+
+def _lstm_workspace(T:int, B:int, H:int, I:int, reverse:bool=False, itemsize:int=4, brgemm:bool=False)->tuple[int, int, int]:
     "Resident bytes of oneDNN's LSTM for T steps of B samples, I inputs and H units: (workspace after forward, forward scratch, backward scratch)."
-    u, row = 4 * B * T * H, 4 * B * T  # one fp32 value per unit and step; per step and sample
-    wts = 4 * _LSTM_GATES * H * (I + H)  # input and recurrent weights, fp32
-    # oneDNN reserves ~15 values per unit and step, but pages become resident only when written. Forward writes the gates
-    # and the hidden state of every step; it computes every step's input projection at once, in scratch, for batches under
-    # 128, one step's at a time from 128 on (`merge_gemm_layer` in its rnn_utils), and reorders the weights. Backward writes
-    # the gates' gradients into the workspace and into scratch and the input's gradient, and accumulates the weights'
-    # gradients in its own layout (twice the weights). Rows of states are as wide as the wider of input and state: a layer
-    # run backwards in time (a bidirectional LSTM's second direction) writes two more of them per step, and backward two
-    # more of the input's width beyond H. Each term is measured by `python bench/budget_accuracy.py --kernels`, part 2.
-    # In bf16 (itemsize 2) the workspace's values are bf16 and forward projects one step at a time at any batch; backward is
-    # modelled as fp32's, which `--kernels` part 2 measures 1.9-12.3 MiB above the bf16 layer's (a bound, not a fit).
-    ws = (u * (_LSTM_GATES + 1) + 4 * B * H + (2 * row * max(I, H) if reverse else 0)) * itemsize // 4
-    fwd = (u if B < 128 and itemsize == 4 else 4 * B * H) * _LSTM_GATES + wts
-    return ws, fwd, u * 2 * _LSTM_GATES + row * I + 2 * wts + 2 * row * max(0, I - H)
+    s, wts = itemsize, 4 * _LSTM_GATES * H * (I + H)  # the values' bytes (2 in bf16); input and recurrent weights, fp32
+    gates, wide = _good_ld(_LSTM_GATES * H, s), _good_ld(max(I, H), 4)  # row lengths oneDNN lays its buffers out with
+    # The workspace oneDNN sizes (`set_workspace_sizes` in its rnn_utils: ~15 values per unit and step) becomes resident only
+    # where written. Forward writes the gates and the hidden state of every step, in the layer's dtype; a layer run backwards
+    # in time (a bidirectional LSTM's second direction) two more rows of states per step, as wide as the wider of input and
+    # state. Its scratch holds the gates of every step at once in fp32 (`merge_gemm_layer`: batches under 128 on its
+    # reference kernels), else one step's, and the weights reordered into its layout, in the layer's dtype.
+    ws = T * B * (gates + H) * s + B * H * s + (2 * T * B * wide * s if reverse else 0)
+    merged = B < 128 and not brgemm
+    fwd = (T if merged else 1) * B * _good_ld(_LSTM_GATES * H, 4) * 4 + wts * s // 4
+    # Backward writes the state gradients into the workspace, always fp32: the layer's input and output rows (two per step,
+    # as wide as the wider of input and state), the hidden and the cell state's (one each, per step and one more). Its
+    # reference kernels keep every step's gate gradients in scratch, in the layer's dtype; bf16's brgemm kernels (with bf16
+    # instructions) one step's, in bf16 and in fp32. In bf16 PyTorch hands oneDNN fp32 copies of the output's gradient and
+    # takes the input's in fp32. The weights' gradients and their reordered copies: up to twice the fp32 weights.
+    diff = 4 * B * (2 * T * wide + (T + 1) * wide + (T + 1) * H)
+    steps = B * (gates * s + _good_ld(_LSTM_GATES * H, 4) * 4) if brgemm else T * B * gates * s
+    bwd = diff + steps + (4 * T * B * (H + I) if s < 4 else 0) + 2 * wts
+    return ws, fwd, bwd
+
+def _lstm_brgemm(dtype:torch.dtype)->bool:
+    "Does oneDNN run an LSTM in `dtype` on its brgemm kernels here? bf16/fp16 where the CPU has the instructions (`_onednn_lowp`)."
+    return dtype in (torch.bfloat16, torch.float16) and _onednn_lowp(str(dtype)) == 'native'
 
 def _lines(entry:list|None)->list:
     "A convolution's calibration `entry`: its lines [constant, per sample, b1, b2], each measured from batch b1 to b2 (an old cache's [constant, per sample] has none)."
@@ -915,11 +929,11 @@ def cpu_kernel_path(func, args, out,
     "For the tracker: a CPU op's outputs as the real kernel makes them (the LSTM workspace the reference leaves empty), and its scratch bytes."
     if func is torch.ops.aten.mkldnn_rnn_layer.default and out[3].numel() == 0 and args[15]:
         (T, B, I), H = args[0].shape, args[10]  # time-major input
-        ws, scratch, _ = _lstm_workspace(T, B, H, I, reverse=args[7], itemsize=args[0].element_size())
+        ws, scratch, _ = _lstm_workspace(T, B, H, I, reverse=args[7], itemsize=args[0].element_size(), brgemm=_lstm_brgemm(args[0].dtype))
         return (*out[:3], torch.empty(ws, dtype=torch.uint8, device=args[0].device)), scratch
     if func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
         (T, B, I), H = args[0].shape, args[15]
-        return out, _lstm_workspace(T, B, H, I, reverse=args[13], itemsize=args[0].element_size())[2] + contiguous_copies(func, args)
+        return out, _lstm_workspace(T, B, H, I, reverse=args[13], itemsize=args[0].element_size(), brgemm=_lstm_brgemm(args[0].dtype))[2] + contiguous_copies(func, args)
     if func in _MATMULS and missing is not None and measured is not None:
         key, spec = _mm_key(_kernel(func, args))
         if key not in measured: missing.append(spec)
