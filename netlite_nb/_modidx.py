@@ -109,6 +109,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._fake_copy': ('budget.html#_fake_copy', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._fft_size': ('budget.html#_fft_size', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._first': ('budget.html#_first', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._flash_gemms': ('budget.html#_flash_gemms', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._free_blas_buffers': ('budget.html#_free_blas_buffers', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._glibc_malloc': ('budget.html#_glibc_malloc', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._glibc_note': ('budget.html#_glibc_note', 'netlite_nb/budget.py'),

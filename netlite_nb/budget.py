@@ -148,6 +148,7 @@ def _data_shaped(func, args:tuple, kwargs:dict):
 @patch
 def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None):
     if func in _MATMULS or func in _CONVS: self.kernels.append(_kernel(func, args))
+    elif func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default: self.kernels.extend(_flash_gemms(args))  # oneDNN's primitives in half precision
     if func is torch.ops.aten._safe_softmax.default: self.decomposed = True
     if self.graph is not None and self.phase in ('forward', 'loss'): self.count_nodes(args)  # the nodes of the ops before this one
     out = _data_shaped(func, args, kwargs or {}) if func in _DATA_SHAPED else NotImplemented
@@ -869,6 +870,17 @@ def attention_scratch(func, args)->int:
         return 4 * q.numel() // q.shape[-1] * v.shape[-1] if q.dtype in (torch.bfloat16, torch.float16) else 0
     if func is _A._scaled_dot_product_flash_attention_for_cpu_backward.default: return args[1].numel() * args[1].element_size()
     return 0
+
+# %% ../nbs/01_budget.ipynb #901fe281
+def _flash_gemms(args)->list[tuple]:
+    "The block products the CPU's fused attention backward (args of `_scaled_dot_product_flash_attention_for_cpu_backward`) runs on oneDNN in bf16/fp16, as matmul kernels (`_kernel`)."
+    q, k = args[1], args[2]
+    if q.dtype not in (torch.bfloat16, torch.float16): return []  # fp32: MKL's products, not modelled
+    Lq, Lk, D, split = q.shape[-2], k.shape[-2], q.shape[-1], 256 if q.shape[-2] >= 768 else 64 if q.shape[-2] >= 192 else 32
+    blocks = lambda n, b: {min(b, n)} | ({n % b} if n > b and n % b else set())   # full blocks and a shorter last one
+    tag = 'flash' + str(tuple(q.stride()[1:]))  # its primitives take the rows' strides (not the batch's): another layout, other primitives
+    return [kern for m in sorted(blocks(Lq, split)) for n in sorted(blocks(Lk, 512))
+            for kern in (('matmul', 1, n, m, D, str(q.dtype), tag + ':dv'), ('matmul', 1, n, m, D, str(q.dtype), tag + ':dk'), ('matmul', 1, m, n, D, str(q.dtype), tag + ':dq'))]
 
 # %% ../nbs/01_budget.ipynb #4817668e
 _UPSAMPLE_2D = {'upsample_nearest2d', '_upsample_nearest_exact2d', 'upsample_bilinear2d'}

@@ -1180,3 +1180,31 @@ def test_half_precision_details_from_review(monkeypatch):
     monkeypatch.setattr(B, '_search', lambda plan, budget, max_batch: (plan(1), 1)[1])
     B.max_batch_size(mlp(), MNIST, strategy=SimpleNamespace(precision='bf16', budget_bytes=2**30, device='cpu'))
     assert seen[-1] == int(2**30 * (1 - PLAN_MARGIN[('cpu', 'bf16/fp16')]))
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux') or __import__('netlite_nb.budget', fromlist=['_onednn_lowp'])._onednn_lowp('torch.bfloat16') is None, reason="oneDNN's bf16 matmuls (AVX-512)")
+def test_flash_attention_backward_primitives_are_counted_as_oneDNN_creates_them():
+    "Each bf16 fused attention backward creates the oneDNN matmul primitives `_flash_gemms` lists that the process has not seen (ONEDNN_VERBOSE, on creation): tail blocks, other lengths and heads, a batch that changes nothing."
+    code = r'''
+import json, sys, torch, torch.nn.functional as F
+from netlite_nb.budget import _flash_gemms
+torch.set_num_threads(1)
+seen = set()
+for s in json.loads(sys.argv[1]):
+    q, k, v = (torch.randn(*s, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    o = F.scaled_dot_product_attention(q, k, v)
+    new = set(_flash_gemms((o, q, k, v))) - seen
+    seen |= new
+    print('SHAPE', len(new), flush=True)
+    with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON_CREATION): o.sum().backward()
+    print('END', flush=True)
+'''
+    shapes = [[2, 4, 128, 64], [2, 2, 300, 48], [1, 2, 1000, 64], [3, 4, 128, 64], [2, 8, 200, 32], [1, 4, 64, 64]]
+    r = subprocess.run([sys.executable, '-c', code, json.dumps(shapes)], capture_output=True, text=True, env={**os.environ, 'OMP_NUM_THREADS': '1'}, check=True)
+    counts, n, made = [], 0, 0
+    for line in r.stdout.splitlines():
+        if line.startswith('SHAPE'): n, made = int(line.split()[1]), 0
+        elif 'create:cache_miss' in line and ',matmul,' in line: made += 1
+        elif line == 'END': counts.append((n, made))
+    assert len(counts) == len(shapes) and all(m == n for n, m in counts), counts
+    assert [n for n, _ in counts] == [3, 6, 12, 0, 6, 3]
