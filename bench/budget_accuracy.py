@@ -5,6 +5,7 @@
                                                     # (--models lstm mha to run a part; --calibrate adds the calibrated plan)
     python bench/budget_accuracy.py --unseen        # the same on 5 models none of the planner was built or checked on
     python bench/budget_accuracy.py --variants      # the same on 14 variants of the families (one thing changed each), one batch size each
+    python bench/budget_accuracy.py --fifth         # the same on a fifth round of 7 models brought last (--brought, --fourth: the earlier rounds)
     python bench/budget_accuracy.py --budgets       # max_batch_size at 0.5/1/2 GiB budgets, checked by measurement
                                                     # (--models cnn transformer --gib 0.5 1 to run a part)
     python bench/budget_accuracy.py --real-budgets  # the same at the unscaled 2/4/8 GiB, for the CNN and the transformer
