@@ -923,8 +923,9 @@ def _lstm_workspace(T:int, B:int, H:int, I:int, reverse:bool=False, itemsize:int
     return ws, fwd, bwd
 
 def _lstm_brgemm(dtype:torch.dtype)->bool:
-    "Does oneDNN run an LSTM in `dtype` on its brgemm kernels here? bf16/fp16 where the CPU has the instructions (`_onednn_lowp`)."
-    return dtype in (torch.bfloat16, torch.float16) and _onednn_lowp(str(dtype)) == 'native'
+    "Does oneDNN run an LSTM in `dtype` on its brgemm kernels here? bf16/fp16 on an x86 CPU with the instructions (`_onednn_lowp`); elsewhere its reference kernels."
+    x86 = platform.machine().lower() in ('x86_64', 'amd64')  # brgemm is oneDNN's x64 code: an ARM CPU takes the reference kernels, the larger model
+    return x86 and dtype in (torch.bfloat16, torch.float16) and _onednn_lowp(str(dtype)) == 'native'
 
 def _lines(entry:list|None)->list:
     "A convolution's calibration `entry`: its lines [constant, per sample, b1, b2], each measured from batch b1 to b2 (an old cache's [constant, per sample] has none)."
