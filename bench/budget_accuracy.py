@@ -742,7 +742,7 @@ def kernels_report():
     print("2. LSTM layers (oneDNN's op): MiB of workspace resident after forward (mincore), forward scratch, backward scratch")
     shapes = [[64, 32, 64, 128], [128, 32, 64, 128], [64, 32, 64, 256], [64, 32, 256, 128], [100, 64, 32, 100], [64, 128, 64, 128],
               [64, 32, 512, 128], [64, 32, 64, 128, 'reverse'], [64, 32, 256, 128, 'reverse']]  # wider inputs; a bidirectional layer's second direction
-    if _onednn_lowp('torch.bfloat16'):  # oneDNN runs no bf16 LSTM on a CPU without AVX-512 (PyTorch takes its own kernels there)
+    if _onednn_lowp('torch.bfloat16'):  # where oneDNN runs no bf16, PyTorch takes its own kernels
         shapes += [[64, 32, 64, 128, 'bf16'], [64, 128, 64, 128, 'bf16'], [64, 32, 256, 128, 'bf16'], [64, 32, 64, 128, 'reverse', 'bf16'], [32, 16, 64, 384, 'bf16']]
     res = _in_child('_measure_lstms', [['lstm', T, B, I, H, 'reverse' in rest, 'bfloat16' if 'bf16' in rest else 'float32'] for T, B, I, H, *rest in shapes])
     for sh, r in zip(shapes, res):

@@ -148,7 +148,7 @@ def _data_shaped(func, args:tuple, kwargs:dict):
 @patch
 def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None):
     if func in _MATMULS or func in _CONVS: self.kernels.append(_kernel(func, args))
-    elif func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default: self.kernels.extend(_flash_gemms(args))  # oneDNN's primitives in half precision
+    elif func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default: self.kernels.extend(_flash_gemms(args, kwargs or {}))  # oneDNN's primitives in half precision
     if func is torch.ops.aten._safe_softmax.default: self.decomposed = True
     if self.graph is not None and self.phase in ('forward', 'loss'): self.count_nodes(args)  # the nodes of the ops before this one
     out = _data_shaped(func, args, kwargs or {}) if func in _DATA_SHAPED else NotImplemented
@@ -703,7 +703,7 @@ def _onednn_lowp(dtype:str)->str|None:
     if not bf16 or platform.machine().lower() not in ('x86_64', 'amd64'): return 'native'  # fp16 needs the instructions; ARM: the larger
     cap = (os.environ.get('ONEDNN_MAX_CPU_ISA') or os.environ.get('DNNL_MAX_CPU_ISA') or 'ALL').upper()  # oneDNN held below the CPU's ISA
     has = getattr(torch.cpu, '_is_avx512_bf16_supported', lambda: False)() or getattr(torch.cpu, '_is_amx_tile_supported', lambda: False)()
-    return 'native' if has and (cap in ('ALL', 'DEFAULT') or any(i in cap for i in ('BF16', 'FP16', 'AMX'))) else 'emulated'
+    return 'native' if has and (cap in ('ALL', 'DEFAULT') or any(i in cap for i in ('BF16', 'FP16', 'AMX', 'AVX10'))) else 'emulated'
 
 def _on_onednn(k:tuple)->str|None:
     "Does matmul `k` (`_kernel`) run on oneDNN here ('native' or 'emulated', `_onednn_lowp`): low precision and more than 16**3 multiply-adds."
@@ -872,15 +872,22 @@ def attention_scratch(func, args)->int:
     return 0
 
 # %% ../nbs/01_budget.ipynb #901fe281
-def _flash_gemms(args)->list[tuple]:
-    "The block products the CPU's fused attention backward (args of `_scaled_dot_product_flash_attention_for_cpu_backward`) runs on oneDNN in bf16/fp16, as matmul kernels (`_kernel`)."
+def _flash_gemms(args, kwargs:dict|None=None)->list[tuple]:
+    "The block products the CPU's fused attention backward (`_scaled_dot_product_flash_attention_for_cpu_backward`'s args and kwargs) runs on oneDNN in bf16/fp16, as matmul kernels (`_kernel`), one per primitive oneDNN builds."
     q, k = args[1], args[2]
-    if q.dtype not in (torch.bfloat16, torch.float16): return []  # fp32: MKL's products, not modelled
-    Lq, Lk, D, split = q.shape[-2], k.shape[-2], q.shape[-1], 256 if q.shape[-2] >= 768 else 64 if q.shape[-2] >= 192 else 32
-    blocks = lambda n, b: {min(b, n)} | ({n % b} if n > b and n % b else set())   # full blocks and a shorter last one
-    tag = 'flash' + str(tuple(q.stride()[1:]))  # its primitives take the rows' strides (not the batch's): another layout, other primitives
-    return [kern for m in sorted(blocks(Lq, split)) for n in sorted(blocks(Lk, 512))
-            for kern in (('matmul', 1, n, m, D, str(q.dtype), tag + ':dv'), ('matmul', 1, n, m, D, str(q.dtype), tag + ':dk'), ('matmul', 1, m, n, D, str(q.dtype), tag + ':dq'))]
+    if q.dtype not in (torch.bfloat16, torch.float16) or not _onednn_lowp(str(q.dtype)): return []  # fp32, or no oneDNN for it: not modelled
+    Lq, Lk, D, causal = q.shape[-2], k.shape[-2], q.shape[-1], len(args) > 7 and bool(args[7])
+    heads = lambda t: t.shape[-3] if t.dim() > 3 else 1
+    split, scale = 256 if Lq >= 768 else 64 if Lq >= 192 else 32, (kwargs or {}).get('scale')
+    scaled = scale is None or scale != 1.0  # the query's and key's products take the softmax's scale as an attribute
+    pairs = set()
+    for m0 in range(0, Lq, split):  # the kernel's loop: each query block, the key blocks it runs (causal: up to its last position)
+        m = min(split, Lq - m0)
+        pairs |= {(m, min(512, Lk - n0)) for n0 in range(0, min(m0 + m, Lk) if causal else Lk, 512)}
+    dt, gq, gk = str(q.dtype), heads(q) * D, heads(k) * D  # the gradients' row strides
+    return [kern for m, n in sorted(pairs) if m * n * D > 16**3  # smaller products: PyTorch's own gemm
+            for kern in (('matmul', 1, n, m, D, dt, f'flash:dv{(gq, gk)}'), ('matmul', 1, n, m, D, dt, f'flash:dk{(q.stride(-2), gk, scaled)}'),
+                         ('matmul', 1, m, n, D, dt, f'flash:dq{(k.stride(-2), gq, scaled)}'))]
 
 # %% ../nbs/01_budget.ipynb #4817668e
 _UPSAMPLE_2D = {'upsample_nearest2d', '_upsample_nearest_exact2d', 'upsample_bilinear2d'}
@@ -909,7 +916,7 @@ def _lstm_workspace(T:int, B:int, H:int, I:int, reverse:bool=False, itemsize:int
     # in time (a bidirectional LSTM's second direction) two more rows of states per step, as wide as the wider of input and
     # state. Its scratch holds the gates of every step at once in fp32 (`merge_gemm_layer`: batches under 128 on its
     # reference kernels), else one step's, and the weights reordered into its layout, in the layer's dtype.
-    ws = T * B * (gates + H) * s + B * H * s + (2 * T * B * wide * s if reverse else 0)
+    ws = T * B * (gates + H) * s + B * H * s + (2 * T * B * _good_ld(max(I, H), s) * s if reverse else 0)
     merged = B < 128 and not brgemm
     fwd = (T if merged else 1) * B * _good_ld(_LSTM_GATES * H, 4) * 4 + wts * s // 4
     # Backward writes the state gradients into the workspace, always fp32: the layer's input and output rows (two per step,
