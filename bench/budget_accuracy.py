@@ -5,7 +5,7 @@
                                                     # (--models lstm mha to run a part; --calibrate adds the calibrated plan)
     python bench/budget_accuracy.py --unseen        # the same on 5 models none of the planner was built or checked on
     python bench/budget_accuracy.py --variants      # the same on 14 variants of the families (one thing changed each), one batch size each
-    python bench/budget_accuracy.py --fifth         # the same on a fifth round of 7 models brought last (--brought, --fourth: the earlier rounds)
+    python bench/budget_accuracy.py --fifth         # the same on a fifth round of 9 models brought last, and packed sequences at full length (--brought, --fourth: the earlier rounds)
     python bench/budget_accuracy.py --budgets       # max_batch_size at 0.5/1/2 GiB budgets, checked by measurement
                                                     # (--models cnn transformer --gib 0.5 1 to run a part)
     python bench/budget_accuracy.py --real-budgets  # the same at the unscaled 2/4/8 GiB, for the CNN and the transformer
@@ -333,15 +333,16 @@ FOURTH = {'gpt': (GPT, (128,), (16,)), 'frozen_resnet': (frozen_resnet, (3, 64, 
           'gn_up': (GNUp, (3, 64, 64), (8,)), 'style': (StyleNet, (3, 96, 96), (8,)), 'tcn': (TCN, (8, 512), (32,)),
           'bag': (Bag, (20,), (256,)), 'einsum_attn': (EinsumAttn, (128, 128), (16,)), 'ckpt_mlp': (CheckpointedMLP, (1, 28, 28), (256,))}
 
-class PackedGRU(nn.Module):
+class PackedRNN(nn.Module):
     "Padded sequences of different lengths packed (`pack_padded_sequence`), as text models run them: the RNN kernels for packed input."
-    def __init__(self, d=128):
+    def __init__(self, kind='gru', d=128, unpack=False, full=False):
         super().__init__()
-        self.rnn, self.head = nn.GRU(64, d, batch_first=True), nn.Linear(d, 10)
+        self.rnn, self.head, self.unpack, self.full = getattr(nn, kind.upper())(64, d, batch_first=True), nn.Linear(d, 10), unpack, full
     def forward(self, x):
-        lengths = x.shape[1] - torch.arange(x.shape[0]) % (x.shape[1] // 2)  # from the full length down to half of it
-        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
-        return self.head(self.rnn(packed)[1][-1])
+        lengths = x.shape[1] - torch.arange(x.shape[0]) % (1 if self.full else x.shape[1] // 2)  # from the full length down to half of it, or all full
+        out, h = self.rnn(nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))
+        if self.unpack: return self.head(nn.utils.rnn.pad_packed_sequence(out, batch_first=True)[0].mean(1))  # every step's output back
+        return self.head((h[0] if isinstance(h, tuple) else h)[-1])
 
 class EncoderStack(nn.Module):
     "nn.TransformerEncoder, pre-norm, with a padding mask, trained: the layers PyTorch's own transformer is built of."
@@ -409,11 +410,12 @@ class ConvLSTM(nn.Module):
 
 # a fifth round, brought after the fourth and measured before any change it led to: torchvision's EfficientNet and RegNet (SiLU,
 # squeeze-and-excitation, stochastic depth), packed sequences, PyTorch's own transformer layers (a padding mask; a ViT), ConvNeXt's
-# block, a 1-D U-Net, a hand-written ConvLSTM. (Packed sequences, `PackedGRU`, are not planned: the planner stops with an
-# UntraceableError that names `_pack_padded_sequence` and says to pad instead or to use find_batch_size.)
+# block, a 1-D U-Net, a hand-written ConvLSTM; packed sequences (the planner stopped on them, then learnt to plan them at full length)
 FIFTH = {'efficientnet_b0': (_tv('efficientnet_b0'), (3, 64, 64), (16,)), 'regnet_y_400mf': (_tv('regnet_y_400mf'), (3, 64, 64), (16,)),
          'encoder': (EncoderStack, (64, 128), (32,)), 'vit': (TinyViT, (3, 32, 32), (32,)),
-         'convnext': (ConvNeXtBlocks, (3, 64, 64), (16,)), 'unet1d': (UNet1d, (4, 1024), (16,)), 'conv_lstm': (ConvLSTM, (8, 32, 32), (8,))}
+         'convnext': (ConvNeXtBlocks, (3, 64, 64), (16,)), 'unet1d': (UNet1d, (4, 1024), (16,)), 'conv_lstm': (ConvLSTM, (8, 32, 32), (8,)),
+         'packed_gru': (PackedRNN, (64, 64), (32,)), 'packed_lstm': (lambda: PackedRNN('lstm', unpack=True), (64, 64), (32,)),
+         'packed_gru_full': (lambda: PackedRNN(full=True), (64, 64), (32,)), 'packed_lstm_full': (lambda: PackedRNN('lstm', unpack=True, full=True), (64, 64), (32,))}  # the bound's own case
 ALL = {**MODELS, **FAMILIES, **VARIANTS, **UNSEEN, **BROUGHT, **FOURTH, **FIFTH}
 
 def make(name, bs, seed=0):

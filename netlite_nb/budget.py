@@ -14,6 +14,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map_only, tree_flatten
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from fastcore.basics import patch
@@ -143,6 +144,43 @@ def _data_shaped(func, args:tuple, kwargs:dict):
     if a.get('dim') is not None: return NotImplemented  # unique rows or slices: not bounded here
     n = x.numel()
     return empty(n, dtype=x.dtype), empty(*x.shape) if a.get('return_inverse') else empty(0), empty(n) if a.get('return_counts') else empty(0)
+
+# %% ../nbs/01_budget.ipynb #1529537d
+_VF = torch._C._VariableFunctions
+_PACKED_RNNS = {'gru', 'lstm', 'rnn_tanh', 'rnn_relu'}  # their packed forms: (data, batch_sizes, hx, params, has_biases, layers, dropout, train, bidirectional)
+
+class _PackedAtFullLength(TorchFunctionMode):
+    "While a step is traced: plan packed sequences as if every one ran the full length (an upper bound), on the kernels a packed RNN takes."
+    def __init__(self, tr:AllocationTracker|None=None): super().__init__(); self.tr, self.sizes = tr, {}
+    def _pack(self, x, batch_first):
+        if batch_first: x = x.transpose(0, 1)
+        T, B = x.shape[:2]
+        bs = torch.full((T,), B, dtype=torch.long, device='cpu')  # every sequence still going at every step
+        self.sizes[id(bs)] = (bs, T, B)  # holding `bs`: its id stays its own
+        if self.tr is not None: self.tr.bounded.append('pack_padded_sequence')
+        return x.reshape(T * B, *x.shape[2:]), bs
+    def _rnn(self, name, data, bs, hx, *rest):
+        "The packed layer at full length: the unpacked layer on PyTorch's own kernels (`FullLayer`: the same cells, the input's projection for all steps at once)."
+        _, T, B = self.sizes[id(bs)]
+        was = torch._C._get_mkldnn_enabled()
+        torch._C._set_mkldnn_enabled(False)  # a packed RNN runs on PyTorch's own kernels, not oneDNN's
+        try: out, *hidden = getattr(_VF, name)(data.view(T, B, *data.shape[1:]), hx, *rest, False)
+        finally: torch._C._set_mkldnn_enabled(was)
+        return (out.reshape(T * B, *out.shape[2:]), *hidden)
+    def _pad(self, data, bs, batch_first, value, total):
+        _, T, B = self.sizes[id(bs)]
+        out = data.view(T, B, *data.shape[1:])
+        if total > T: out = torch.cat([out, out.new_full((total - T, *out.shape[1:]), value)])
+        return out.transpose(0, 1) if batch_first else out, torch.full((B,), T, dtype=torch.long, device=data.device)  # on 'meta' where the data is
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name, ours, kwargs = getattr(func, '__name__', ''), lambda t: isinstance(t, torch.Tensor) and id(t) in self.sizes, kwargs or {}
+        if name == 'as_tensor' and isinstance(args[0], torch.Tensor) and args[0].device.type == 'meta': return args[0].to(kwargs.get('dtype'))  # lengths: no copy out of 'meta'
+        if name == '_pack_padded_sequence' and is_traced(args[0]): return self._pack(args[0], args[2])
+        if name == '__getitem__' and ours(args[0]) and isinstance(args[1], int): return self.sizes[id(args[0])][2]  # batch_sizes[0]
+        if name in _PACKED_RNNS and len(args) > 2 and ours(args[1]): return self._rnn(name, *args)
+        if name == '_pad_packed_sequence' and ours(args[1]): return self._pad(*args)
+        if name == 'cpu' and self.sizes and args[0].device.type == 'meta' and args[0].dtype == torch.long and args[0].dim() == 1: return args[0]  # a packed sequence's order
+        return func(*args, **kwargs)
 
 # %% ../nbs/01_budget.ipynb #at7
 @patch
@@ -474,8 +512,8 @@ def _untraceable(e:Exception, tr:AllocationTracker, m:nn.Module)->UntraceableErr
              else 'the loss' if tr.phase == 'loss' else f"the {tr.phase} phase")
     return UntraceableError(
         f"The planner cannot trace {where}: {why}. A plan runs the step on shapes alone, without data. Keep the step's shapes and "
-        "branches independent of the values (log values after the step, branch with `torch.where`, pad sequences instead of packing "
-        f"them), or size the batch by running real steps: `find_batch_size(model, batch, device)`. PyTorch said: {str(e).splitlines()[0][:300]}")
+        "branches independent of the values (log values after the step, branch with `torch.where`), "
+        f"or size the batch by running real steps: `find_batch_size(model, batch, device)`. PyTorch said: {str(e).splitlines()[0][:300]}")
 
 # %% ../nbs/01_budget.ipynb #c016
 @dataclass
@@ -495,7 +533,7 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
     tr.measured = measured
     if kernels == 'cpu': tr.graph = tuple((measured or {}).get(GRAPH_KEY, AUTOGRAD_GRAPH_BYTES))  # host heap: a CPU step's memory
     try:
-        with fm or contextlib.nullcontext(), _watch_modules(m, tr):
+        with fm or contextlib.nullcontext(), _watch_modules(m, tr), _PackedAtFullLength(tr):
             params = [p for p in m.parameters() if p.requires_grad]
             fake = lambda t: torch.empty((mb, *t.shape[1:]), dtype=t.dtype, device=dev)
             xb, yb = tree_map_only(torch.Tensor, fake, x), tree_map_only(torch.Tensor, fake, y)
@@ -1872,7 +1910,7 @@ def _bounded_note(tr:AllocationTracker)->list[str]:
     if not tr.bounded: return []
     ops = ', '.join(f"{op} x{tr.bounded.count(op)}" for op in dict.fromkeys(tr.bounded))
     return [f"an upper bound where the data decides a size: {ops} planned at their largest (every element of a mask True, every "
-            "value distinct); the step uses less when they select less"]
+            "value distinct, every packed sequence at full length); the step uses less when they select less"]
 
 # %% ../nbs/01_budget.ipynb #mp19
 def _transform_name(t:Callable|None)->str|None:

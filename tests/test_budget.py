@@ -4,6 +4,7 @@ from types import SimpleNamespace
 from collections import Counter
 from pathlib import Path
 import pytest, torch
+from torch.utils._pytree import tree_flatten
 from torch import nn
 from netlite_nb.budget import (_ONEDNN_MATMUL_STATE, _on_onednn, attention_scratch, promotion_copies, upsample_copies, AUTOGRAD_GRAPH_BYTES, GRAPH_KEY, _MALLOC_ENV, _on_glibc, AllocationTracker, BudgetTooSmallError, _saved_for_backward, CUDA_CONTEXT_BYTES, _MKL_BLOCKING, LEVERS, PLAN_MARGIN, ShapeMismatchError,
                                _calibrated, _lstm_workspace, _mkl_isa, _mkl_panel, _mm_key, calibration_file, clear_calibration, cpu_workspace_bytes,
@@ -933,14 +934,30 @@ def test_a_model_that_reads_a_value_gets_a_clear_error(how, rnn):
     with pytest.raises(UntraceableError): max_batch_size(_Select(how, rnn), SEQ, budget=2**30, device_or_gpu='cpu')
 
 
-def test_packed_sequences_get_a_clear_error():
-    from netlite_nb.budget import UntraceableError
+def test_packed_sequences_are_planned_at_full_length():
+    """`pack_padded_sequence` used to stop the trace: a packed RNN reads its batch sizes in C++. The plan now runs every sequence at full
+    length (an upper bound, noted), for a GRU and a bidirectional two-layer LSTM read back with `pad_packed_sequence`, on the CPU and for a GPU;
+    and at full length the stand-in computes what PyTorch's packed layer computes."""
+    from netlite_nb.budget import _PackedAtFullLength
     class Packed(nn.Module):
-        def __init__(self): super().__init__(); self.rnn, self.head = nn.LSTM(16, 32, batch_first=True), nn.Linear(32, 10)
+        def __init__(self, rnn): super().__init__(); self.rnn, self.head = rnn, nn.Linear(rnn.hidden_size * (1 + rnn.bidirectional), 10)
         def forward(self, x):
-            lengths = torch.full((x.shape[0],), x.shape[1], dtype=torch.long)
-            return self.head(self.rnn(nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True))[1][0][-1])
-    with pytest.raises(UntraceableError, match='pad sequences instead of packing'): plan_memory(Packed(), SEQ, device_or_gpu='cpu')
+            lengths = [x.shape[1] - i % 3 for i in range(x.shape[0])]
+            out = self.rnn(nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))[0]
+            return self.head(nn.utils.rnn.pad_packed_sequence(out, batch_first=True)[0].mean(1))
+    for rnn in (nn.GRU(16, 32, batch_first=True), nn.LSTM(16, 32, 2, batch_first=True, bidirectional=True)):
+        p = plan_memory(Packed(rnn), SEQ, device_or_gpu='cpu')
+        assert any('every packed sequence at full length' in n and 'pack_padded_sequence' in n for n in p.notes), p.notes
+        assert p.peak > p.breakdown['weights'] and plan_memory(Packed(rnn), SEQ, device_or_gpu='gtx 1050 ti').peak > 0
+    class Full(_PackedAtFullLength):   # the stand-in on real tensors: packing at full length, as the trace packs
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, '__name__', '') == '_pack_padded_sequence': return self._pack(args[0], args[2])
+            return super().__torch_function__(func, types, args, kwargs)
+    x = torch.randn(4, 6, 16)
+    for rnn in (nn.GRU(16, 32, batch_first=True), nn.LSTM(16, 32, 2, batch_first=True, bidirectional=True), nn.RNN(16, 32, batch_first=True, bias=False)):
+        want = rnn(nn.utils.rnn.pack_padded_sequence(x, [6] * 4, batch_first=True))
+        with Full(): got = rnn(nn.utils.rnn.pack_padded_sequence(x, [6] * 4, batch_first=True))
+        assert torch.allclose(got[0].data, want[0].data, atol=1e-5) and torch.allclose(torch.cat(tree_flatten(got[1])[0]), torch.cat(tree_flatten(want[1])[0]), atol=1e-5)
 
 
 def test_tensors_a_model_makes_without_a_device_are_traced():
