@@ -86,8 +86,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                     'netlite_nb/budget.py'),
                                    'netlite_nb.budget._PackedAtFullLength._pad': ( 'budget.html#_packedatfulllength._pad',
                                                                                    'netlite_nb/budget.py'),
-                                   'netlite_nb.budget._PackedAtFullLength._rnn': ( 'budget.html#_packedatfulllength._rnn',
-                                                                                   'netlite_nb/budget.py'),
                                    'netlite_nb.budget._accumulation': ('budget.html#_accumulation', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._adamw': ('budget.html#_adamw', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._all_true': ('budget.html#_all_true', 'netlite_nb/budget.py'),

@@ -146,39 +146,29 @@ def _data_shaped(func, args:tuple, kwargs:dict):
     return empty(n, dtype=x.dtype), empty(*x.shape) if a.get('return_inverse') else empty(0), empty(n) if a.get('return_counts') else empty(0)
 
 # %% ../nbs/01_budget.ipynb #1529537d
-_VF = torch._C._VariableFunctions
-_PACKED_RNNS = {'gru', 'lstm', 'rnn_tanh', 'rnn_relu'}  # their packed forms: (data, batch_sizes, hx, params, has_biases, layers, dropout, train, bidirectional)
-
 class _PackedAtFullLength(TorchFunctionMode):
-    "While a step is traced: plan packed sequences as if every one ran the full length (an upper bound), on the kernels a packed RNN takes."
+    "While a step is traced: plan packed sequences as if every one ran the full length (an upper bound), on the kernels PyTorch picks for them."
     def __init__(self, tr:AllocationTracker|None=None): super().__init__(); self.tr, self.sizes = tr, {}
     def _pack(self, x, batch_first):
         if batch_first: x = x.transpose(0, 1)
         T, B = x.shape[:2]
-        bs = torch.full((T,), B, dtype=torch.long, device='cpu')  # every sequence still going at every step
+        with _disable_current_modes(): bs = torch.full((T,), B, dtype=torch.long)  # real, untracked: PyTorch's packed kernels read it
         self.sizes[id(bs)] = (bs, T, B)  # holding `bs`: its id stays its own
         if self.tr is not None: self.tr.bounded.append('pack_padded_sequence')
         return x.reshape(T * B, *x.shape[2:]), bs
-    def _rnn(self, name, data, bs, hx, *rest):
-        "The packed layer at full length: the unpacked layer on PyTorch's own kernels (`FullLayer`: the same cells, the input's projection for all steps at once)."
-        _, T, B = self.sizes[id(bs)]
-        was = torch._C._get_mkldnn_enabled()
-        torch._C._set_mkldnn_enabled(False)  # a packed RNN runs on PyTorch's own kernels, not oneDNN's
-        try: out, *hidden = getattr(_VF, name)(data.view(T, B, *data.shape[1:]), hx, *rest, False)
-        finally: torch._C._set_mkldnn_enabled(was)
-        return (out.reshape(T * B, *out.shape[2:]), *hidden)
     def _pad(self, data, bs, batch_first, value, total):
         _, T, B = self.sizes[id(bs)]
         out = data.view(T, B, *data.shape[1:])
         if total > T: out = torch.cat([out, out.new_full((total - T, *out.shape[1:]), value)])
-        return out.transpose(0, 1) if batch_first else out, torch.full((B,), T, dtype=torch.long, device=data.device)  # on 'meta' where the data is
+        lengths = torch.full((B,), T, dtype=torch.long, device=data.device)  # where the data is: indexed by the (traced) order next
+        return out.transpose(0, 1) if batch_first else out, lengths
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        name, ours, kwargs = getattr(func, '__name__', ''), lambda t: isinstance(t, torch.Tensor) and id(t) in self.sizes, kwargs or {}
-        if name == 'as_tensor' and isinstance(args[0], torch.Tensor) and args[0].device.type == 'meta': return args[0].to(kwargs.get('dtype'))  # lengths: no copy out of 'meta'
+        name, kwargs = getattr(func, '__name__', ''), kwargs or {}
+        a = args[0] if args else kwargs.get('data')
+        if name == 'as_tensor' and isinstance(a, torch.Tensor) and a.device.type == 'meta' and str(kwargs.get('device')) == 'cpu': return a.to(kwargs.get('dtype'))  # lengths: nothing to copy out of 'meta'
         if name == '_pack_padded_sequence' and is_traced(args[0]): return self._pack(args[0], args[2])
-        if name == '__getitem__' and ours(args[0]) and isinstance(args[1], int): return self.sizes[id(args[0])][2]  # batch_sizes[0]
-        if name in _PACKED_RNNS and len(args) > 2 and ours(args[1]): return self._rnn(name, *args)
-        if name == '_pad_packed_sequence' and ours(args[1]): return self._pad(*args)
+        if name == '_pad_packed_sequence' and isinstance(args[1], torch.Tensor) and id(args[1]) in self.sizes: return self._pad(*args)
+        if name == '__getitem__' and isinstance(args[0], torch.Tensor) and id(args[0]) in self.sizes and isinstance(args[1], int): return self.sizes[id(args[0])][2]  # batch_sizes[0], read in Python
         if name == 'cpu' and self.sizes and args[0].device.type == 'meta' and args[0].dtype == torch.long and args[0].dim() == 1: return args[0]  # a packed sequence's order
         return func(*args, **kwargs)
 

@@ -937,7 +937,7 @@ def test_a_model_that_reads_a_value_gets_a_clear_error(how, rnn):
 def test_packed_sequences_are_planned_at_full_length():
     """`pack_padded_sequence` used to stop the trace: a packed RNN reads its batch sizes in C++. The plan now runs every sequence at full
     length (an upper bound, noted), for a GRU and a bidirectional two-layer LSTM read back with `pad_packed_sequence`, on the CPU and for a GPU;
-    and at full length the stand-in computes what PyTorch's packed layer computes."""
+    on real tensors, packing as the trace packs gives what PyTorch's packed layer gives."""
     from netlite_nb.budget import _PackedAtFullLength
     class Packed(nn.Module):
         def __init__(self, rnn): super().__init__(); self.rnn, self.head = rnn, nn.Linear(rnn.hidden_size * (1 + rnn.bidirectional), 10)
@@ -949,6 +949,11 @@ def test_packed_sequences_are_planned_at_full_length():
         p = plan_memory(Packed(rnn), SEQ, device_or_gpu='cpu')
         assert any('every packed sequence at full length' in n and 'pack_padded_sequence' in n for n in p.notes), p.notes
         assert p.peak > p.breakdown['weights'] and plan_memory(Packed(rnn), SEQ, device_or_gpu='gtx 1050 ti').peak > 0
+    class Padded(nn.Module):   # the same GRU on the padded batch: a packed one at full length holds at least what it holds
+        def __init__(self, rnn): super().__init__(); self.rnn, self.head = rnn, nn.Linear(32, 10)
+        def forward(self, x): return self.head(self.rnn(x)[0].mean(1))
+    gru = nn.GRU(16, 32, batch_first=True)
+    assert plan_memory(Packed(gru), SEQ, device_or_gpu='cpu').peak >= plan_memory(Padded(gru), SEQ, device_or_gpu='cpu').peak
     class Full(_PackedAtFullLength):   # the stand-in on real tensors: packing at full length, as the trace packs
         def __torch_function__(self, func, types, args=(), kwargs=None):
             if getattr(func, '__name__', '') == '_pack_padded_sequence': return self._pack(args[0], args[2])
