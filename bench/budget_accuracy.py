@@ -409,8 +409,8 @@ class ConvLSTM(nn.Module):
         return self.head(h.mean((2, 3)))
 
 # a fifth round, brought after the fourth and measured before any change it led to: torchvision's EfficientNet and RegNet (SiLU,
-# squeeze-and-excitation, stochastic depth), packed sequences, PyTorch's own transformer layers (a padding mask; a ViT), ConvNeXt's
-# block, a 1-D U-Net, a hand-written ConvLSTM; packed sequences (the planner stopped on them, then learnt to plan them at full length)
+# squeeze-and-excitation, stochastic depth), PyTorch's own transformer layers (a padding mask; a ViT), ConvNeXt's block, a 1-D U-Net,
+# a hand-written ConvLSTM, packed sequences (the planner stopped on them, then learnt to plan them at full length)
 FIFTH = {'efficientnet_b0': (_tv('efficientnet_b0'), (3, 64, 64), (16,)), 'regnet_y_400mf': (_tv('regnet_y_400mf'), (3, 64, 64), (16,)),
          'encoder': (EncoderStack, (64, 128), (32,)), 'vit': (TinyViT, (3, 32, 32), (32,)),
          'convnext': (ConvNeXtBlocks, (3, 64, 64), (16,)), 'unet1d': (UNet1d, (4, 1024), (16,)), 'conv_lstm': (ConvLSTM, (8, 32, 32), (8,)),

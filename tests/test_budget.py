@@ -1074,19 +1074,17 @@ def test_lstm_workspace_model_holds_against_a_real_run(monkeypatch):
     from netlite_nb.budget import _in_child, _lstm_brgemm, _onednn_lowp
     torch.set_num_threads(1)
     bf16 = [[64, 32, 64, 128, False], [64, 128, 64, 128, True], [40, 48, 200, 96, False], [16, 256, 96, 320, False], [50, 24, 512, 128, False]]
-    runs = [(shapes, 'float32')]
-    if _onednn_lowp('torch.bfloat16'): runs.append((bf16, 'bfloat16'))   # where oneDNN runs no bf16, PyTorch takes its own kernels
-    for rows, dt in runs:
+    def check(rows, dt):   # the kernels `_lstm_brgemm` says this CPU (and its oneDNN ISA cap) takes
         for (T, B, I, H, rev), got in zip(rows, _in_child('_measure_lstms', [['lstm', *s, dt] for s in rows])):
             model = _lstm_workspace(T, B, H, I, reverse=rev, itemsize=getattr(torch, dt).itemsize, brgemm=_lstm_brgemm(getattr(torch, dt)))
             for m, g, what in zip(model, got, ('workspace', 'forward scratch', 'backward scratch')):   # the weights' part of backward: 0.5-2x them measured, 2x modelled
-                assert 0.9 * g - 2**18 <= m <= 1.1 * g + 2**20 + (16 * H * (I + H) if what == 'backward scratch' else 0), ((T, B, I, H, rev, dt), what, m / 2**20, g / 2**20)
-        if dt == 'bfloat16' and _onednn_lowp('torch.bfloat16') == 'native':   # the same CPU held to AVX-512 without bf16: oneDNN's reference kernels
-            monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'AVX512_CORE')
-            assert not _lstm_brgemm(torch.bfloat16)
-            for (T, B, I, H, rev), got in zip(rows, _in_child('_measure_lstms', [['lstm', *s, dt] for s in rows])):
-                for m, g, what in zip(_lstm_workspace(T, B, H, I, reverse=rev, itemsize=2), got, ('workspace', 'forward scratch', 'backward scratch')):
-                    assert 0.9 * g - 2**18 <= m <= 1.1 * g + 2**20 + (16 * H * (I + H) if what == 'backward scratch' else 0), ((T, B, I, H, rev, 'emulated bf16'), what, m / 2**20, g / 2**20)
+                assert 0.9 * g - 2**18 <= m <= 1.1 * g + 2**20 + (16 * H * (I + H) if what == 'backward scratch' else 0), ((T, B, I, H, rev, dt, _lstm_brgemm(getattr(torch, dt))), what, m / 2**20, g / 2**20)
+    check(shapes, 'float32')
+    if _onednn_lowp('torch.bfloat16'): check(bf16, 'bfloat16')   # where oneDNN runs no bf16, PyTorch takes its own kernels
+    if _onednn_lowp('torch.bfloat16') == 'native':   # the same CPU held to AVX-512 without bf16: oneDNN's reference kernels
+        monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'AVX512_CORE')
+        assert not _lstm_brgemm(torch.bfloat16)
+        check(bf16, 'bfloat16')
 
 
 def test_calibration_keeps_the_lstm_model(tmp_path, monkeypatch):
