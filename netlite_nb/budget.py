@@ -492,6 +492,7 @@ def _why_untraceable(e:Exception)->str|None:
         if kind in ('DynamicOutputShapeException', 'DataDependentOutputException') or 'data-independent' in msg:
             return f"`{op}` makes an output whose size depends on the data"
         if kind == 'UnsupportedOperatorException' or 'no fake impl or Meta kernel' in msg: return f"PyTorch has no shape-only kernel for `{op}`"
+        if 'SparseTensorImpl' in msg: return "it makes a sparse tensor (a `torch.sparse` op, or a sparse gradient), whose size the data decides; the planner plans dense tensors"
     return None
 
 def _untraceable(e:Exception, tr:AllocationTracker, m:nn.Module)->UntraceableError|None:
@@ -499,11 +500,27 @@ def _untraceable(e:Exception, tr:AllocationTracker, m:nn.Module)->UntraceableErr
     if (why := _why_untraceable(e)) is None: return None
     name = tr.modules[-1] if tr.phase == 'forward' and tr.modules else None
     where = (f"layer `{name or type(m).__name__}` ({type(m.get_submodule(name) if name else m).__name__})" if name is not None
-             else 'the loss' if tr.phase == 'loss' else f"the {tr.phase} phase")
+             else 'the loss' if tr.phase == 'loss' else 'the batch or the weights' if tr.phase == 'setup' else f"the {tr.phase} phase")
     return UntraceableError(
         f"The planner cannot trace {where}: {why}. A plan runs the step on shapes alone, without data. Keep the step's shapes and "
         "branches independent of the values (log values after the step, branch with `torch.where`), "
         f"or size the batch by running real steps: `find_batch_size(model, batch, device)`. PyTorch said: {str(e).splitlines()[0][:300]}")
+
+# %% ../nbs/01_budget.ipynb #989932a1
+def _unplannable(model:nn.Module)->UntraceableError|None:
+    "The first layer of `model` a trace cannot be made of, as an `UntraceableError` (TorchScript, sparse gradients); None when there is none."
+    for name, mod in model.named_modules():
+        where = f"The planner cannot trace layer `{name or type(model).__name__}` ({type(mod).__name__}): "
+        if isinstance(mod, torch.jit.ScriptModule):
+            return UntraceableError(where + "it is a TorchScript module (`torch.jit.script` or `torch.jit.trace`), whose weights live in "
+                "TorchScript's own copy, where a plan cannot put data-less ones. Plan the Python module it was made from (it runs the same "
+                "ops), or size the batch by running real steps: `find_batch_size(model, batch, device)`.")
+        if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)) and mod.sparse:
+            return UntraceableError(where + "`sparse=True` makes its gradient a sparse tensor with a row for every id a batch looks up, "
+                "a size the data decides; the planner plans dense tensors. Plan it with `sparse=False` (the dense gradient is the whole "
+                "table: above the sparse one when a batch looks up fewer ids than the table has rows), or size the batch by running real "
+                "steps: `find_batch_size(model, batch, device)`.")
+    return None
 
 # %% ../nbs/01_budget.ipynb #c016
 @dataclass
@@ -566,6 +583,7 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
     if precision not in ('fp32', *LOW_PRECISION): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', not {precision!r}")
     # meta tensors are the fastest way to run ops without data; autocast only acts on real device types, and some CPU
     # kernels differ from the reference ops, so mixed precision and those models run on FakeTensors that claim to be CPU tensors
+    if (err := _unplannable(model)) is not None: raise err
     cpu_path = precision in LOW_PRECISION or (kernels is not None and _cpu_dispatch_differs(model))
     x, y = _check_batch(batch)
     b = _batch_size(batch)
@@ -2219,6 +2237,36 @@ def _try_batch(model, sample, b, device, loss_fn=None, optimizer='adamw', precis
     with torch.no_grad(), torch.autocast(**ac): _call(m, x)
     if device.type == 'cuda': torch.cuda.synchronize(device)
 
+# %% ../nbs/01_budget.ipynb #fa042ae4
+def _fits(attempt:Callable, b:int, device:torch.device, verbose:bool=False)->bool:
+    "Does `attempt(b)` run on `device`? False on an out-of-memory error, after dropping its traceback and freeing the cache."
+    try:
+        attempt(b)
+        if verbose: print(f"batch {b}: ok")
+        return True
+    except Exception as e:
+        if not is_oom(e): raise
+        if verbose: print(f"batch {b}: out of memory")
+        e.__traceback__ = None  # the traceback holds the failed step's frames and so its tensors: drop it before freeing the cache
+        del e
+    free_memory(device)
+    return False
+
+# %% ../nbs/01_budget.ipynb #f5ab2211
+def _grow_until_oom(attempt:Callable, device:torch.device, verbose:bool=False, limit:int=2**16)->int:
+    "The largest batch up to `limit` that `attempt` trains: doubling from 1 until one runs out of memory, then bisecting."
+    ok, bad = 0, None
+    while bad is None and 2 * ok <= limit:
+        b = max(1, 2 * ok)
+        if _fits(attempt, b, device, verbose): ok = b
+        else: bad = b
+    while bad is not None and bad - ok > 1:
+        mid = (ok + bad) // 2
+        if _fits(attempt, mid, device, verbose): ok = mid
+        else: bad = mid
+    if ok == 0: raise BudgetTooSmallError(f"Not even a batch of 1 trains on {device}: the model, gradients and optimizer state do not fit.")
+    return ok
+
 # %% ../nbs/01_budget.ipynb #fb21
 def find_batch_size(model:nn.Module, # the model; a copy is moved to `device`
                     sample, # a batch (x, y) or x of any size: shapes after the first dimension and dtypes are used
@@ -2229,27 +2277,21 @@ def find_batch_size(model:nn.Module, # the model; a copy is moved to `device`
                     verbose:bool=False,
                     loss_fn=None, optimizer='adamw', precision:str='fp32', transform:Callable|None=None, # for the plan and the check
                    )->int:
-    "The largest batch size that really trains on `device`, starting from the planner's answer and backing off on OOM."
+    "The largest batch size that really trains on `device`: from the planner's answer, backing off on OOM; with no plan (`UntraceableError`), doubling from 1."
     device = torch.device(device)
     if start is None and device.type == 'cpu' and try_batch is None:
         raise ValueError("On the CPU an allocation that does not fit swaps or gets the process killed instead of raising, "
                          "so find_batch_size cannot back off there: pass start= (e.g. from max_batch_size with a budget).")
     kw = dict(loss_fn=loss_fn, optimizer=optimizer, precision=precision, transform=transform)
-    if start is None: start = max_batch_size(model, sample, device_or_gpu=str(device) if device.type in ('cpu', 'cuda') else None, **kw)
     attempt = try_batch or (lambda b: _try_batch(model, sample, b, device, **kw))
+    if start is None:
+        try: start = max_batch_size(model, sample, device_or_gpu=str(device) if device.type in ('cpu', 'cuda') else None, **kw)
+        except UntraceableError as e:  # no plan to start from: real steps alone
+            if verbose: print(f"no plan to start from ({str(e).split(':')[0]}): doubling from batch 1")
+            return _grow_until_oom(attempt, device, verbose)
     b = start
     while b >= 1:
-        try:
-            attempt(b)
-            if verbose: print(f"batch {b}: ok")
-            return b
-        except Exception as e:
-            if not is_oom(e): raise
-            if verbose: print(f"batch {b}: out of memory")
-            # the traceback holds the failed step's frames and so its tensors: drop it before freeing the cache
-            e.__traceback__ = None
-            del e
-        free_memory(device)
+        if _fits(attempt, b, device, verbose): return b
         b = min(b - 1, int(b * backoff))
     raise BudgetTooSmallError(f"Not even a batch of 1 trains on {device}: the model, gradients and optimizer state do not fit.")
 
