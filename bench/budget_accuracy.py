@@ -501,12 +501,62 @@ def resnet18_cl():
 # a sixth round, brought after the fifth and measured before any change it led to: grouped bottlenecks (ResNeXt), Inception's
 # branches (GoogLeNet), MobileNetV3 (hardswish, SE with hardsigmoid), max unpooling (SegNet), spectral norm (a GAN's discriminator),
 # nn.Transformer's decoder (cross-attention, a causal mask), an MLP-Mixer, one encoder run twice (Siamese), 'same' padding with even
-# kernels and F.unfold, a channels-last ResNet, LSTMs with projections and with dropout between layers, a GRU time-major
+# kernels and F.unfold, a channels-last ResNet, LSTMs with projections and with dropout between layers, a GRU time-major; then
+# complex FFTs (a Fourier neural operator), grid_sample (a spatial transformer), torch.stft (audio), a VAE's reparameterisation
 SIXTH = {'resnext': (resnext, (3, 64, 64), (16,)), 'googlenet': (googlenet, (3, 64, 64), (16,)), 'mobilenet_v3': (_tv('mobilenet_v3_small'), (3, 64, 64), (32,)),
          'segnet': (SegNet, (3, 64, 64), (16,)), 'sn_disc': (SNDisc, (3, 64, 64), (16,)), 'seq2seq': (Seq2Seq, (64, 128), (32,)),
          'mixer': (Mixer, (3, 32, 32), (32,)), 'siamese': (Siamese, (6, 64, 64), (16,)), 'same_conv': (SameConv, (3, 64, 64), (16,)),
          'resnet18_cl': (resnet18_cl, (3, 64, 64), (16,)), 'lstm_proj': (lambda: LSTMProj(), (64, 64), (32,)),
-         'lstm_dropout': (lambda: RNNDrop('lstm'), (64, 64), (32,)), 'gru_time_major': (lambda: RNNDrop('gru', p=0.0, batch_first=False), (64, 64), (32,))}
+         'lstm_dropout': (lambda: RNNDrop('lstm'), (64, 64), (32,)), 'gru_time_major': (lambda: RNNDrop('gru', p=0.0, batch_first=False), (64, 64), (32,)),
+         'fno': (lambda: FNO(), (3, 32, 32), (16,)), 'stn': (lambda: STN(), (3, 64, 64), (16,)), 'spectro': (lambda: Spectro(), (16000,), (16,)),
+         'vae': (lambda: VAE(), (1, 28, 28), (128,))}
+
+class FNO(nn.Module):
+    "A Fourier neural operator's layer: rfft2, the lowest 8x8 modes mixed by complex weights (einsum), irfft2 back, a skip."
+    def __init__(self, c=32, modes=8):
+        super().__init__()
+        self.inp, self.m, self.head = nn.Conv2d(3, c, 1), modes, nn.Linear(c, 10)
+        self.w = nn.Parameter(torch.randn(c, c, modes, modes, dtype=torch.cfloat) / c)
+    def forward(self, x):
+        x = self.inp(x)
+        X = torch.fft.rfft2(x)
+        Y = torch.zeros_like(X)
+        Y[:, :, :self.m, :self.m] = torch.einsum('bixy,ioxy->boxy', X[:, :, :self.m, :self.m], self.w)
+        return self.head(F.gelu(x + torch.fft.irfft2(Y, s=x.shape[-2:])).mean((2, 3)))
+
+class STN(nn.Module):
+    "A spatial transformer: a small net predicts an affine map, affine_grid and grid_sample resample the image, a classifier follows."
+    def __init__(self):
+        super().__init__()
+        self.loc = nn.Sequential(nn.Conv2d(3, 16, 5, 2), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 6))
+        self.net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+                                 nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+    def forward(self, x):
+        grid = F.affine_grid(self.loc(x).view(-1, 2, 3), x.shape, align_corners=False)
+        return self.net(F.grid_sample(x, grid, align_corners=False))
+
+class Spectro(nn.Module):
+    "Audio: a waveform to a magnitude spectrogram (torch.stft, a Hann window made in forward), 1-D convolutions over time."
+    def __init__(self, n_fft=256):
+        super().__init__()
+        self.n_fft = n_fft
+        self.body = nn.Sequential(nn.Conv1d(n_fft // 2 + 1, 64, 3, padding=1), nn.BatchNorm1d(64), nn.ReLU(), nn.Conv1d(64, 64, 3, padding=1), nn.ReLU())
+        self.head = nn.Linear(64, 10)
+    def forward(self, x):
+        s = torch.stft(x, self.n_fft, hop_length=self.n_fft // 4, window=torch.hann_window(self.n_fft, device=x.device), return_complex=True).abs()
+        return self.head(self.body(torch.log1p(s)).mean(-1))
+
+class VAE(nn.Module):
+    "A VAE's step folded into the output: encoder, the reparameterisation (randn_like), decoder; reconstruction and KL added to the logits' loss."
+    def __init__(self, z=32):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Flatten(), nn.Linear(784, 400), nn.ReLU(), nn.Linear(400, 2 * z))
+        self.dec, self.head = nn.Sequential(nn.Linear(z, 400), nn.ReLU(), nn.Linear(400, 784)), nn.Linear(z, 10)
+    def forward(self, x):
+        mu, logvar = self.enc(x).chunk(2, 1)
+        z = mu + torch.randn_like(mu) * (0.5 * logvar).exp()
+        extra = F.binary_cross_entropy_with_logits(self.dec(z), x.flatten(1).sigmoid()) - 0.5 * (1 + logvar - mu ** 2 - logvar.exp()).sum(1).mean()
+        return self.head(z) + extra / 10  # every sample's logits carry the extra loss terms' gradient
 
 class LSTMProj(nn.Module):
     "An LSTM with projections (proj_size=64): oneDNN has no such LSTM, so PyTorch runs its own."
@@ -859,8 +909,8 @@ def kernels_report():
         rev, bf = 'reverse' in sh[4:], 'bf16' in sh[4:]
         m = _lstm_workspace(*sh[:2], sh[3], sh[2], reverse=rev, itemsize=2 if bf else 4, brgemm=bf and _lstm_brgemm(torch.bfloat16))
         print(f"  steps {sh[0]}, batch {sh[1]}, {sh[2]} -> {sh[3]}{', reversed' if rev else ''}{', bf16' if bf else ''}: measured " + ' '.join(mi(v) for v in r) + "   model " + ' '.join(mi(v) for v in m), flush=True)
-    print("3. Temporaries of dtypes (inputs brought to the common dtype, a half-precision mean, dropout's mask), fused attention's accumulators, upsampling's channels-last copies: scratch MiB")
-    from netlite_nb.budget import _op_arg, attention_scratch, promotion_copies, upsample_copies
+    print("3. Temporaries of dtypes (inputs brought to the common dtype, a half-precision mean, dropout's mask), fused attention's accumulators, upsampling's channels-last copies, MKL's FFT copies, complex abs/angle: scratch MiB")
+    from netlite_nb.budget import _op_arg, attention_scratch, fft_scratch, promotion_copies, upsample_copies
     t = lambda *shape, dt='float32': ['tensor', list(shape), dt]
     ops = [['add.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]], ['add_.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]],
            ['mul.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bool')]], ['mul.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='int64')]],
@@ -874,10 +924,18 @@ def kernels_report():
         for dt in ('float32', 'bfloat16'):
             ops += [['_scaled_dot_product_flash_attention_for_cpu.default', [t(B, H, T, D, dt=dt)] * 3 + [0.0, False]],
                     ['_scaled_dot_product_flash_attention_for_cpu_backward.default', [t(B, H, T, D, dt=dt)] * 5 + [t(B, H, T), 0.0, False]]]
+    ops += [['abs.default', [t(16, 129, 251, dt='complex64')]], ['angle.default', [t(16, 129, 251, dt='complex64')]], ['abs.default', [t(16, 64, 256, dt='complex128')]]]
+    for B, C, H in [(16, 32, 32), (4, 64, 128)]:  # MKL's FFTs: over the innermost dimensions or not; the inverse real transform over one, two or three
+        ops += [['_fft_r2c.default', [t(B, C, H, H), [2, 3], 0, True]], ['_fft_r2c.default', [t(B, C, H, H), [2], 0, True]],
+                ['_fft_c2c.default', [t(B, C, H, H // 2 + 1, dt='complex64'), [1, 2], 0, False]],
+                ['_fft_c2r.default', [t(B, C, H, H // 2 + 1, dt='complex64'), [3], 0, H]], ['_fft_c2r.default', [t(B, C, H, H // 2 + 1, dt='complex64'), [2], 0, H]],
+                ['_fft_c2r.default', [t(B, C, H, H // 2 + 1, dt='complex64'), [2, 3], 0, H]], ['_fft_c2r.default', [t(B, C, H, H // 2 + 1, dt='complex64'), [1, 2, 3], 0, H]],
+                ['_fft_c2r.default', [t(B, C, H // 2 + 1, H, dt='complex64'), [3, 2], 0, H]], ['_fft_c2r.default', [t(B, C, H // 2 + 1, H, dt='complex64'), [1, 2], 0, H]]]
     for (op, args), g in zip(ops, _in_child('_measure_ops', ops)):
         f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [_op_arg(a, 'meta') for a in args]
         label = op.split('.')[0].replace('_scaled_dot_product_flash_attention_for_cpu', 'flash attention') + ' ' + ', '.join(f"{'x'.join(map(str, a[1]))} {a[2]}" for a in args if isinstance(a, list) and a[:1] == ['tensor'])[:60]
-        print(f"  {label:<78} measured {mi(g)}   model {mi(promotion_copies(f, xs) + attention_scratch(f, xs) + upsample_copies(f, xs, f(*xs)))}", flush=True)
+        dims = f' dims {args[1]}' if op.startswith('_fft') else ''
+        print(f"  {label + dims:<78} measured {mi(g)}   model {mi(promotion_copies(f, xs) + attention_scratch(f, xs) + upsample_copies(f, xs, f(*xs)) + fft_scratch(f, xs))}", flush=True)
 
 def run_child(flag, arg)->list:
     out = subprocess.run([sys.executable, __file__, flag, json.dumps(arg)], env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},

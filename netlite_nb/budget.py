@@ -26,11 +26,11 @@ __all__ = ['AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'CUDA_CONTEXT_BYTE
            'default_loss', 'register_optimizer', 'make_optimizer', 'UntraceableError', 'Trace', 'trace_step',
            'CachingAllocatorSim', 'cublas_workspace_bytes', 'cublaslt_workspace_bytes', 'Target', 'resolve_target',
            'cpu_workspace_bytes', 'cpu_conv_scratch', 'contiguous_copies', 'promotion_copies', 'attention_scratch',
-           'upsample_copies', 'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch',
-           'calibrate_kernels', 'MemoryPlan', 'GlibcHeap', 'fix_glibc_thresholds', 'cudnn_conv_workspace',
-           'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes', 'plan_memory', 'plot_plans', 'BudgetTooSmallError',
-           'MovingThresholdWarning', 'max_batch_size', 'Change', 'register_lever', 'fit_to_budget', 'find_batch_size',
-           'budget_widget']
+           'fft_scratch', 'upsample_copies', 'cpu_kernel_path', 'calibration_file', 'clear_calibration',
+           'measure_conv_scratch', 'calibrate_kernels', 'MemoryPlan', 'GlibcHeap', 'fix_glibc_thresholds',
+           'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes', 'plan_memory', 'plot_plans',
+           'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size', 'Change', 'register_lever',
+           'fit_to_budget', 'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -506,7 +506,7 @@ def _untraceable(e:Exception, tr:AllocationTracker, m:nn.Module)->UntraceableErr
         "branches independent of the values (log values after the step, branch with `torch.where`), "
         f"or size the batch by running real steps: `find_batch_size(model, batch, device)`. PyTorch said: {str(e).splitlines()[0][:300]}")
 
-# %% ../nbs/01_budget.ipynb #989932a1
+# %% ../nbs/01_budget.ipynb #28fde08e
 def _unplannable(model:nn.Module)->UntraceableError|None:
     "The first layer of `model` a trace cannot be made of, as an `UntraceableError` (TorchScript, sparse gradients); None when there is none."
     for name, mod in model.named_modules():
@@ -897,8 +897,9 @@ _PROMOTING = {n + u for n in ('add', 'sub', 'rsub', 'mul', 'div', 'where', 'eq',
 _MASK_ARG = {'where': 0}  # a condition read as bools, never promoted
 
 def promotion_copies(func, args)->int:
-    "Bytes of the temporaries a CPU kernel makes because of dtypes: inputs brought to the common dtype, a half-precision mean's fp32 copy, dropout's mask drawn in the input's dtype."
+    "Bytes of the temporaries a CPU kernel makes because of dtypes: inputs brought to the common dtype, a half-precision mean's fp32 copy, dropout's mask drawn in the input's dtype, a complex input's `abs` or `angle` computed as complex first."
     name = func.overloadpacket.__name__
+    if name in ('abs', 'angle') and args[0].is_complex(): return args[0].numel() * args[0].element_size()  # then its real part copied out
     if name == 'mean': return args[0].numel() * 4 if args[0].dtype in (torch.bfloat16, torch.float16) else 0
     if name == 'native_dropout': return args[0].numel() * args[0].element_size() if len(args) < 3 or args[2] is not False else 0  # train=False: no mask
     if name not in _PROMOTING: return 0
@@ -916,6 +917,18 @@ def attention_scratch(func, args)->int:
         return 4 * q.numel() // q.shape[-1] * v.shape[-1] if q.dtype in (torch.bfloat16, torch.float16) else 0
     if func is _A._scaled_dot_product_flash_attention_for_cpu_backward.default: return args[1].numel() * args[1].element_size()
     return 0
+
+# %% ../nbs/01_budget.ipynb #c4fb5477
+_FFTS = (_A._fft_r2c.default, _A._fft_c2c.default, _A._fft_c2r.default)
+
+def fft_scratch(func, args)->int:
+    "Bytes the CPU's FFTs (MKL) hold while they run: a copy of an input whose transformed dimensions are not its innermost, and the multi-dimensional inverse real transform's intermediates."
+    if func not in _FFTS or not torch.backends.mkl.is_available(): return 0
+    x, dims = args[0], [d % args[0].dim() for d in args[1]]
+    n = x.numel() * x.element_size()
+    inner = x.is_contiguous() and sorted(dims) == list(range(x.dim() - len(dims), x.dim()))  # the other dimensions lead: a view
+    if func is not _A._fft_c2r.default or len(dims) == 1: return 0 if inner else n
+    return 2 * n if x.is_contiguous() else 3 * n  # the complex transform into a temporary, then the real one from it (and a copy of a strided input)
 
 # %% ../nbs/01_budget.ipynb #901fe281
 def _flash_gemms(args, kwargs:dict|None=None)->list[tuple]:
@@ -1003,7 +1016,7 @@ def cpu_kernel_path(func, args, out,
     if func in _MATMULS and missing is not None and measured is not None:
         key, spec = _mm_key(_kernel(func, args))
         if key not in measured: missing.append(spec)
-    if func not in _CONVS: return out, contiguous_copies(func, args) + promotion_copies(func, args) + attention_scratch(func, args) + upsample_copies(func, args, out)
+    if func not in _CONVS: return out, contiguous_copies(func, args) + promotion_copies(func, args) + attention_scratch(func, args) + upsample_copies(func, args, out) + fft_scratch(func, args)
     out = _as_laid_out(func, args, out)
     if measured is not None:
         key, spec = _conv_key(func, args)
@@ -1132,7 +1145,7 @@ def _op_arg(a, device:str='cpu'):
     if device == 'meta': return torch.empty(*a[1], dtype=getattr(torch, a[2]), device='meta')
     dt = getattr(torch, a[2])
     if dt == torch.bool: return torch.rand(*a[1]) > 0.5
-    return torch.randn(*a[1], dtype=dt) if dt.is_floating_point else torch.randint(0, 3, a[1], dtype=dt)
+    return torch.randn(*a[1], dtype=dt) if dt.is_floating_point or dt.is_complex else torch.randint(0, 3, a[1], dtype=dt)
 
 def _run_op(op:str, args:list)->int:
     "Scratch bytes of one aten op ('add.Tensor') on random tensors: the high-water mark's rise beyond its outputs."
@@ -1403,7 +1416,7 @@ def _device_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, li
             "More threads pack more: not included",
             "kernel scratch is placed at its op: oneDNN's blocked copies inside each convolution (im2col for PyTorch's fallback); "
             "the copies ATen makes of inputs that are not contiguous (LayerNorm, softmax) or not of the common dtype (mixed-dtype "
-            "elementwise ops, a bf16 mean), dropout's mask and fused attention's fp32 accumulators; "
+            "elementwise ops, a bf16 mean), dropout's mask, fused attention's fp32 accumulators and MKL's FFT copies; "
             "oneDNN's LSTM workspace is traced as the tensor it is, and models with recurrent layers or attention follow the CPU's "
             "dispatch (fused attention); modelled from `python bench/budget_accuracy.py --kernels` at one thread"]
     notes = [f"{target.kind} allocator and driver overheads are not modelled: tensor bytes only"] if target.kind in ('mps', 'xpu') else []
@@ -2237,7 +2250,7 @@ def _try_batch(model, sample, b, device, loss_fn=None, optimizer='adamw', precis
     with torch.no_grad(), torch.autocast(**ac): _call(m, x)
     if device.type == 'cuda': torch.cuda.synchronize(device)
 
-# %% ../nbs/01_budget.ipynb #fa042ae4
+# %% ../nbs/01_budget.ipynb #89d4fe39
 def _fits(attempt:Callable, b:int, device:torch.device, verbose:bool=False)->bool:
     "Does `attempt(b)` run on `device`? False on an out-of-memory error, after dropping its traceback and freeing the cache."
     try:
@@ -2252,7 +2265,7 @@ def _fits(attempt:Callable, b:int, device:torch.device, verbose:bool=False)->boo
     free_memory(device)
     return False
 
-# %% ../nbs/01_budget.ipynb #f5ab2211
+# %% ../nbs/01_budget.ipynb #ffa98daa
 def _grow_until_oom(attempt:Callable, device:torch.device, verbose:bool=False, limit:int=2**16)->int:
     "The largest batch up to `limit` that `attempt` trains: doubling from 1 until one runs out of memory, then bisecting."
     ok, bad = 0, None
