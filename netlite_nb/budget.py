@@ -506,9 +506,9 @@ def _untraceable(e:Exception, tr:AllocationTracker, m:nn.Module)->UntraceableErr
         "branches independent of the values (log values after the step, branch with `torch.where`), "
         f"or size the batch by running real steps: `find_batch_size(model, batch, device)`. PyTorch said: {str(e).splitlines()[0][:300]}")
 
-# %% ../nbs/01_budget.ipynb #28fde08e
+# %% ../nbs/01_budget.ipynb #1a9fa854
 def _unplannable(model:nn.Module)->UntraceableError|None:
-    "The first layer of `model` a trace cannot be made of, as an `UntraceableError` (TorchScript, sparse gradients); None when there is none."
+    "The first layer of `model` a trace cannot be made of, as an `UntraceableError` (TorchScript, sparse gradients, lazy layers not yet run); None when there is none."
     for name, mod in model.named_modules():
         where = f"The planner cannot trace layer `{name or type(model).__name__}` ({type(mod).__name__}): "
         if isinstance(mod, torch.jit.ScriptModule):
@@ -520,6 +520,9 @@ def _unplannable(model:nn.Module)->UntraceableError|None:
                 "a size the data decides; the planner plans dense tensors. Plan it with `sparse=False` (the dense gradient is the whole "
                 "table: above the sparse one when a batch looks up fewer ids than the table has rows), or size the batch by running real "
                 "steps: `find_batch_size(model, batch, device)`.")
+        if any(isinstance(p, nn.parameter.UninitializedParameter) for p in mod.parameters(recurse=False)):
+            return UntraceableError(where + "a lazy layer whose weights do not exist yet: PyTorch makes them on its first forward. "
+                "Run the model once on a batch (`model(x)`), then plan.")
     return None
 
 # %% ../nbs/01_budget.ipynb #c016
@@ -542,6 +545,8 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
     try:
         with fm or contextlib.nullcontext(), _watch_modules(m, tr), _PackedAtFullLength(tr):
             params = [p for p in m.parameters() if p.requires_grad]
+            if not params: raise UntraceableError(f"`{type(m).__name__}` has no parameter that requires a gradient, so a training step has nothing "
+                "to update (and PyTorch's optimizers refuse an empty list). Unfreeze what should train (`p.requires_grad_(True)`) and plan again.")
             fake = lambda t: torch.empty((mb, *t.shape[1:]), dtype=t.dtype, device=dev)
             xb, yb = tree_map_only(torch.Tensor, fake, x), tree_map_only(torch.Tensor, fake, y)
             with tr:
@@ -918,7 +923,7 @@ def attention_scratch(func, args)->int:
     if func is _A._scaled_dot_product_flash_attention_for_cpu_backward.default: return args[1].numel() * args[1].element_size()
     return 0
 
-# %% ../nbs/01_budget.ipynb #c4fb5477
+# %% ../nbs/01_budget.ipynb #811883f5
 _FFTS = (_A._fft_r2c.default, _A._fft_c2c.default, _A._fft_c2r.default)
 
 def fft_scratch(func, args)->int:
@@ -2250,7 +2255,7 @@ def _try_batch(model, sample, b, device, loss_fn=None, optimizer='adamw', precis
     with torch.no_grad(), torch.autocast(**ac): _call(m, x)
     if device.type == 'cuda': torch.cuda.synchronize(device)
 
-# %% ../nbs/01_budget.ipynb #89d4fe39
+# %% ../nbs/01_budget.ipynb #65a6ecef
 def _fits(attempt:Callable, b:int, device:torch.device, verbose:bool=False)->bool:
     "Does `attempt(b)` run on `device`? False on an out-of-memory error, after dropping its traceback and freeing the cache."
     try:
@@ -2265,7 +2270,7 @@ def _fits(attempt:Callable, b:int, device:torch.device, verbose:bool=False)->boo
     free_memory(device)
     return False
 
-# %% ../nbs/01_budget.ipynb #ffa98daa
+# %% ../nbs/01_budget.ipynb #1911eb3d
 def _grow_until_oom(attempt:Callable, device:torch.device, verbose:bool=False, limit:int=2**16)->int:
     "The largest batch up to `limit` that `attempt` trains: doubling from 1 until one runs out of memory, then bisecting."
     ok, bad = 0, None
