@@ -881,14 +881,16 @@ def kernels_report():
     _conv_rows(rows)
     print("1c. Channels-last convolutions (NHWC: oneDNN copies no activations; a depthwise kernel wider than 3 pads its weights' gradient): scratch MiB, forward | backward")
     cls = [(16, 64, 16, 64, 7, 1, 64), (32, 64, 32, 64, 7, 1, 64), (16, 128, 16, 128, 5, 1, 128), (16, 64, 16, 64, 3, 1, 64),
-           (16, 64, 32, 64, 3, 1, 1), (16, 64, 32, 128, 3, 2, 1), (16, 64, 32, 128, 1, 1, 1), (16, 32, 32, 64, 2, 2, 1)]
+           (16, 64, 32, 64, 3, 1, 1), (16, 64, 32, 128, 3, 2, 1), (16, 64, 32, 128, 1, 1, 1), (16, 32, 32, 64, 2, 2, 1),
+           (16, 512, 2, 512, 3, 1, 1), (16, 512, 2, 512, 3, 1, 1, 'w_cl'), (16, 64, 32, 128, 3, 2, 1, 'w_cl')]  # weights channels-last too (a converted model), or not (ATen copies them)
     rows = []
-    for B, C, S, O, k, st, g in cls:
+    for B, C, S, O, k, st, g, *wl in cls:
         x, w = torch.empty(B, C, S, S, device='meta').contiguous(memory_format=torch.channels_last), torch.empty(O, C // g, k, k, device='meta')
+        if wl: w = w.contiguous(memory_format=torch.channels_last)
         pad = k // 2 if st == 1 else 0
         fa = (x, w, None, [st, st], [pad, pad], [1, 1], False, [0, 0], g)
         y = A.convolution(*fa).contiguous(memory_format=torch.channels_last)
-        rows.append((f'{B} x {C} x {S}x{S} -> {O}, {k}x{k}, /{st}, g{g}', fa, y, (y, x, w, [O], [st, st], [pad, pad], [1, 1], False, [0, 0], g, [True, True, False])))
+        rows.append((f'{B} x {C} x {S}x{S} -> {O}, {k}x{k}, /{st}, g{g}{", weights NHWC" if wl else ""}', fa, y, (y, x, w, [O], [st, st], [pad, pad], [1, 1], False, [0, 0], g, [True, True, False])))
     _conv_rows(rows)
     print("1d. bf16 convolutions (oneDNN accumulates the destination in fp32: the output in forward, the input's gradient in backward): scratch MiB, forward | backward")
     rows = []

@@ -107,6 +107,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                  'netlite_nb/budget.py'),
                                    'netlite_nb.budget._check_batch': ('budget.html#_check_batch', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._chunk': ('budget.html#_chunk', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._cl_tokens': ('budget.html#_cl_tokens', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._combined': ('budget.html#_combined', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._conv_backend': ('budget.html#_conv_backend', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._conv_key': ('budget.html#_conv_key', 'netlite_nb/budget.py'),

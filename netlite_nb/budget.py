@@ -506,7 +506,7 @@ def _untraceable(e:Exception, tr:AllocationTracker, m:nn.Module)->UntraceableErr
         "branches independent of the values (log values after the step, branch with `torch.where`), "
         f"or size the batch by running real steps: `find_batch_size(model, batch, device)`. PyTorch said: {str(e).splitlines()[0][:300]}")
 
-# %% ../nbs/01_budget.ipynb #1a9fa854
+# %% ../nbs/01_budget.ipynb #7ecac293
 def _unplannable(model:nn.Module)->UntraceableError|None:
     "The first layer of `model` a trace cannot be made of, as an `UntraceableError` (TorchScript, sparse gradients, lazy layers not yet run); None when there is none."
     for name, mod in model.named_modules():
@@ -836,11 +836,12 @@ def _as_laid_out(func, args, out):
     return cl(out) if fwd else tuple(cl(t) for t in out)
 
 def _channels_last_scratch(fwd:bool, w, groups:int, n:int)->int:
-    "Scratch of a oneDNN convolution on channels-last tensors: its weights reordered (backward: and their gradient back); a wide depthwise kernel's padded weight gradient."
-    wts = _blocked_weights(w.shape, groups, n)
-    if fwd: return wts
+    "Scratch of a oneDNN convolution on channels-last tensors: weights not laid out channels-last copied so first, then reordered (backward: and their gradient back); a wide depthwise kernel's padded weight gradient."
+    fmt = torch.channels_last if w.dim() == 4 else torch.channels_last_3d
+    wts, copy = _blocked_weights(w.shape, groups, n), 0 if w.is_contiguous(memory_format=fmt) else n * w.numel()  # ATen's weight.contiguous(channels_last)
+    if fwd: return copy + wts
     wide_depthwise = groups > 1 and w.shape[1] == 1 and max(w.shape[2:]) > 3
-    return max(2 * wts, groups * _CPU_BLOCK**2 * math.prod(w.shape[2:]) * n if wide_depthwise else 0)
+    return copy + max(2 * wts, groups * _CPU_BLOCK**2 * math.prod(w.shape[2:]) * n if wide_depthwise else 0)
 
 # %% ../nbs/01_budget.ipynb #kp2
 def _strided_kernel(c_in:int, c_out:int, groups:int, stride)->bool:
@@ -923,7 +924,7 @@ def attention_scratch(func, args)->int:
     if func is _A._scaled_dot_product_flash_attention_for_cpu_backward.default: return args[1].numel() * args[1].element_size()
     return 0
 
-# %% ../nbs/01_budget.ipynb #811883f5
+# %% ../nbs/01_budget.ipynb #da4235f0
 _FFTS = (_A._fft_r2c.default, _A._fft_c2c.default, _A._fft_c2r.default)
 
 def fft_scratch(func, args)->int:
@@ -1051,6 +1052,11 @@ def clear_calibration():
     _calibrated.cache_clear()
 
 # %% ../nbs/01_budget.ipynb #cal2
+def _cl_tokens(x, w)->str:
+    "A channels-last convolution's layouts for its calibration key: which of input and weights are channels-last (',x_cl', ',w_cl')."
+    fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+    return (',x_cl' if _channels_last(x) else '') + (',w_cl' if w.is_contiguous(memory_format=fmt) else '')
+
 def _conv_key(func, args)->tuple[str, list]:
     "A convolution's calibration key (shapes and settings, not the batch) and the spec a measuring process runs (the batch last)."
     fwd = func is torch.ops.aten.convolution.default
@@ -1059,7 +1065,7 @@ def _conv_key(func, args)->tuple[str, list]:
     groups = args[8] if fwd else args[9]
     up = list(args[7] if fwd else args[8]) if transposed else False  # a transposed convolution: its output padding
     spec = ['forward' if fwd else 'backward', list(x.shape[1:]), list(w.shape), list(stride), list(padding), list(dilation), groups,
-            str(x.dtype).split('.')[-1] + (',channels_last' if _channels_last(x) or _channels_last(w) else ''), bool(fwd or args[10][0]), up, x.shape[0]]
+            str(x.dtype).split('.')[-1] + (_cl_tokens(x, w) if _channels_last(x) or _channels_last(w) else ''), bool(fwd or args[10][0]), up, x.shape[0]]
     return json.dumps(spec[:-1]), spec
 
 def _mm_key(k:tuple)->tuple[str, list]:
@@ -1083,10 +1089,12 @@ def _run_conv(spec:list, b:int)->int:
     "Scratch bytes of one convolution `spec` at batch `b`: the high-water mark's rise beyond what the op returns."
     kind, xs, ws, stride, padding, dilation, groups, dtype, xgrad, transposed, _ = spec
     conv = getattr(F, f"conv{'_transpose' if transposed else ''}{len(ws) - 2}d")
-    dtype, _, layout = dtype.partition(',')  # 'float32' or 'float32,channels_last'
-    dt = getattr(torch, dtype)
-    x, w = torch.randn(b, *xs, dtype=dt), torch.randn(*ws, dtype=dt, requires_grad=True)
-    if layout: x = x.contiguous(memory_format=torch.channels_last if len(xs) == 3 else torch.channels_last_3d)
+    dtype, *layout = dtype.split(',')  # 'float32', or with the channels-last layouts of `_cl_tokens`: 'float32,x_cl,w_cl'
+    dt, fmt = getattr(torch, dtype), torch.channels_last if len(xs) == 3 else torch.channels_last_3d
+    x, w = torch.randn(b, *xs, dtype=dt), torch.randn(*ws, dtype=dt)
+    if 'x_cl' in layout: x = x.contiguous(memory_format=fmt)
+    if 'w_cl' in layout: w = w.contiguous(memory_format=fmt)
+    w.requires_grad_(True)
     x.requires_grad_(xgrad)
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, **({'output_padding': transposed} if transposed else {}))
     if kind == 'forward':
@@ -2255,7 +2263,7 @@ def _try_batch(model, sample, b, device, loss_fn=None, optimizer='adamw', precis
     with torch.no_grad(), torch.autocast(**ac): _call(m, x)
     if device.type == 'cuda': torch.cuda.synchronize(device)
 
-# %% ../nbs/01_budget.ipynb #65a6ecef
+# %% ../nbs/01_budget.ipynb #d5472795
 def _fits(attempt:Callable, b:int, device:torch.device, verbose:bool=False)->bool:
     "Does `attempt(b)` run on `device`? False on an out-of-memory error, after dropping its traceback and freeing the cache."
     try:
@@ -2270,7 +2278,7 @@ def _fits(attempt:Callable, b:int, device:torch.device, verbose:bool=False)->boo
     free_memory(device)
     return False
 
-# %% ../nbs/01_budget.ipynb #1911eb3d
+# %% ../nbs/01_budget.ipynb #c035e059
 def _grow_until_oom(attempt:Callable, device:torch.device, verbose:bool=False, limit:int=2**16)->int:
     "The largest batch up to `limit` that `attempt` trains: doubling from 1 until one runs out of memory, then bisecting."
     ok, bad = 0, None
