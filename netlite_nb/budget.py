@@ -506,7 +506,7 @@ def _untraceable(e:Exception, tr:AllocationTracker, m:nn.Module)->UntraceableErr
         "branches independent of the values (log values after the step, branch with `torch.where`), "
         f"or size the batch by running real steps: `find_batch_size(model, batch, device)`. PyTorch said: {str(e).splitlines()[0][:300]}")
 
-# %% ../nbs/01_budget.ipynb #7ecac293
+# %% ../nbs/01_budget.ipynb #f053f588
 def _unplannable(model:nn.Module)->UntraceableError|None:
     "The first layer of `model` a trace cannot be made of, as an `UntraceableError` (TorchScript, sparse gradients, lazy layers not yet run); None when there is none."
     for name, mod in model.named_modules():
@@ -924,7 +924,7 @@ def attention_scratch(func, args)->int:
     if func is _A._scaled_dot_product_flash_attention_for_cpu_backward.default: return args[1].numel() * args[1].element_size()
     return 0
 
-# %% ../nbs/01_budget.ipynb #da4235f0
+# %% ../nbs/01_budget.ipynb #bf79aa0a
 _FFTS = (_A._fft_r2c.default, _A._fft_c2c.default, _A._fft_c2r.default)
 
 def fft_scratch(func, args)->int:
@@ -2263,7 +2263,7 @@ def _try_batch(model, sample, b, device, loss_fn=None, optimizer='adamw', precis
     with torch.no_grad(), torch.autocast(**ac): _call(m, x)
     if device.type == 'cuda': torch.cuda.synchronize(device)
 
-# %% ../nbs/01_budget.ipynb #d5472795
+# %% ../nbs/01_budget.ipynb #71dc206c
 def _fits(attempt:Callable, b:int, device:torch.device, verbose:bool=False)->bool:
     "Does `attempt(b)` run on `device`? False on an out-of-memory error, after dropping its traceback and freeing the cache."
     try:
@@ -2278,7 +2278,7 @@ def _fits(attempt:Callable, b:int, device:torch.device, verbose:bool=False)->boo
     free_memory(device)
     return False
 
-# %% ../nbs/01_budget.ipynb #c035e059
+# %% ../nbs/01_budget.ipynb #a0874ad3
 def _grow_until_oom(attempt:Callable, device:torch.device, verbose:bool=False, limit:int=2**16)->int:
     "The largest batch up to `limit` that `attempt` trains: doubling from 1 until one runs out of memory, then bisecting."
     ok, bad = 0, None
