@@ -80,6 +80,7 @@ def _tv(name):
     def f():
         import torchvision.models as tvm
         return getattr(tvm, name)(weights=None, num_classes=10)  # no download: random weights
+    f.__qualname__ = f'torchvision.models.{name}'  # two sets bringing the same torchvision model name the same thing
     return f
 
 class EncDec(nn.Module):
@@ -412,8 +413,8 @@ class ConvLSTM(nn.Module):
 # squeeze-and-excitation, stochastic depth), PyTorch's own transformer layers (a padding mask; a ViT), ConvNeXt's block, a 1-D U-Net,
 # a hand-written ConvLSTM, packed sequences (the planner stopped on them, then learnt to plan them at full length)
 FIFTH = {'efficientnet_b0': (_tv('efficientnet_b0'), (3, 64, 64), (16,)), 'regnet_y_400mf': (_tv('regnet_y_400mf'), (3, 64, 64), (16,)),
-         'encoder': (EncoderStack, (64, 128), (32,)), 'vit': (TinyViT, (3, 32, 32), (32,)),
-         'convnext': (ConvNeXtBlocks, (3, 64, 64), (16,)), 'unet1d': (UNet1d, (4, 1024), (16,)), 'conv_lstm': (ConvLSTM, (8, 32, 32), (8,)),
+         'encoder_mask': (EncoderStack, (64, 128), (32,)), 'tiny_vit': (TinyViT, (3, 32, 32), (32,)),  # names of their own: ALL holds every set
+         'convnext_blocks': (ConvNeXtBlocks, (3, 64, 64), (16,)), 'unet1d': (UNet1d, (4, 1024), (16,)), 'conv_lstm': (ConvLSTM, (8, 32, 32), (8,)),
          'packed_gru': (PackedRNN, (64, 64), (32,)), 'packed_lstm': (lambda: PackedRNN('lstm', unpack=True), (64, 64), (32,)),
          'packed_gru_full': (lambda: PackedRNN(full=True), (64, 64), (32,)), 'packed_lstm_full': (lambda: PackedRNN('lstm', unpack=True, full=True), (64, 64), (32,))}  # the bound's own case
 def resnext():
@@ -575,6 +576,9 @@ class RNNDrop(nn.Module):
         out = self.rnn(x if self.bf else x.transpose(0, 1))[0]
         return self.head(out[:, -1] if self.bf else out[-1])
 ALL = {**MODELS, **FAMILIES, **VARIANTS, **UNSEEN, **BROUGHT, **FOURTH, **FIFTH, **SIXTH}
+_SETS = (MODELS, FAMILIES, VARIANTS, UNSEEN, BROUGHT, FOURTH, FIFTH, SIXTH)
+assert all(ALL[k] is d[k] or ALL[k][1:] == d[k][1:] and ALL[k][0].__qualname__ == d[k][0].__qualname__ != '<lambda>' for d in _SETS for k in d), \
+    'two sets name different models alike: `make` would run one in place of the other'
 
 def make(name, bs, seed=0):
     f, shape, _ = ALL[name]
