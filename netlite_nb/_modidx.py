@@ -309,6 +309,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'netlite_nb.cli._train': ('cli.html#_train', 'netlite_nb/cli.py'),
                                 'netlite_nb.cli._train_args': ('cli.html#_train_args', 'netlite_nb/cli.py'),
                                 'netlite_nb.cli._train_summary': ('cli.html#_train_summary', 'netlite_nb/cli.py'),
+                                'netlite_nb.cli._user_model': ('cli.html#_user_model', 'netlite_nb/cli.py'),
                                 'netlite_nb.cli.build_parser': ('cli.html#build_parser', 'netlite_nb/cli.py'),
                                 'netlite_nb.cli.command': ('cli.html#command', 'netlite_nb/cli.py'),
                                 'netlite_nb.cli.main': ('cli.html#main', 'netlite_nb/cli.py')},

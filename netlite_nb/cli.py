@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_cli.ipynb #c003
 from __future__ import annotations
-import argparse, dataclasses, json, os, platform, subprocess, sys
+import argparse, dataclasses, importlib, importlib.util, json, os, platform, subprocess, sys
 # before torch loads: OpenMP reads its wait policy once (why: chapter 11, "Threads on a busy machine")
 for _k, _v in (('OMP_WAIT_POLICY', 'PASSIVE'), ('KMP_BLOCKTIME', '0')): os.environ.setdefault(_k, _v)
 from pathlib import Path
@@ -85,18 +85,41 @@ def _probe(args):
 _probe.add_arguments = lambda p: p.add_argument('--json', action='store_true', help='print JSON (for bug reports)')
 
 # %% ../nbs/11_cli.ipynb #c012
-def _cli_model(name:str, shape:tuple[int,int,int]=(1, 28, 28)):
-    "A chapter 05 model and a one-sample batch of `shape` (C, H, W) on the meta device (no memory is used) for `netlite plan`."
+def _user_model(spec:str)->torch.nn.Module:
+    "`--model FILE.py:NAME` or `package.module:NAME`: NAME (a model class, or a function returning a model) imported from the user's code and called with no arguments."
+    src, _, name = spec.rpartition(':')
+    if src.endswith('.py'):
+        path = Path(src).expanduser()
+        if not path.is_file(): raise UsageError(f"--model {spec}: there is no file {src}")
+        sys.path.insert(0, str(path.parent.resolve()))  # the file's own imports of its neighbours work, as when it runs as a script
+        loader = importlib.util.spec_from_file_location(f"_netlite_user_{path.stem}", path)
+        mod = importlib.util.module_from_spec(loader); loader.loader.exec_module(mod)
+    else:
+        try: mod = importlib.import_module(src)
+        except ImportError as e: raise UsageError(f"--model {spec}: cannot import {src!r} ({e}); give a file as path/to/file.py:{name}") from None
+    f = getattr(mod, name, None)
+    if not callable(f): raise UsageError(f"--model {spec}: {src} has no model class or function called {name!r}")
+    try: m = f()
+    except TypeError as e: raise UsageError(f"--model {spec}: {name}() cannot be called with no arguments ({e}); point at a function that builds the model with none") from None
+    if not isinstance(m, torch.nn.Module): raise UsageError(f"--model {spec}: {name}() returned a {type(m).__name__}, not an nn.Module")
+    return m
+
+def _cli_model(name:str, shape:tuple[int,...]=(1, 28, 28)):
+    "The model `--model` names (a chapter 05 model, or the user's `FILE.py:NAME`) and a one-sample batch of `shape` on the meta device (no memory is used) for `netlite plan`."
+    if ':' in name:  # the user's own model: float samples of any shape, class labels as targets
+        return _user_model(name), (torch.empty(1, *shape, device='meta'), torch.empty(1, dtype=torch.long, device='meta'))
+    if len(shape) != 3: raise UsageError(f"--input {'x'.join(map(str, shape))} is not one sample's shape for a zoo model: write CxHxW, e.g. 1x28x28 (MNIST) or 3x32x32 (CIFAR-10)")
     c, h, w = shape
+    if h != w: raise UsageError(f"--input {c}x{h}x{w}: the zoo models take square images of at least one channel, e.g. 1x28x28")
     m = create_model(name, num_classes=10, in_channels=c, image_size=h)
     return m, (torch.empty(1, c, h, w, device='meta'), torch.empty(1, dtype=torch.long, device='meta'))
 
-def _input_shape(s:str)->tuple[int,int,int]:
-    "`--input` as (C, H, W): '1x28x28' -> (1, 28, 28); anything else is a usage error saying how to write it."
-    try: c, h, w = (int(v) for v in s.lower().replace('×', 'x').split('x'))
+def _input_shape(s:str)->tuple[int,...]:
+    "`--input` as a shape: '1x28x28' -> (1, 28, 28), '64x128' -> (64, 128); anything else is a usage error saying how to write it."
+    try: shape = tuple(int(v) for v in s.lower().replace('×', 'x').split('x'))
     except ValueError: raise argparse.ArgumentTypeError(f"{s!r} is not one sample's shape: write CxHxW, e.g. 1x28x28 (MNIST) or 3x32x32 (CIFAR-10)") from None
-    if min(c, h, w) < 1 or h != w: raise argparse.ArgumentTypeError(f"{s!r}: the zoo models take square images of at least one channel, e.g. 1x28x28")
-    return c, h, w
+    if min(shape) < 1: raise argparse.ArgumentTypeError(f"{s!r}: every size of a sample's shape is at least 1, e.g. 1x28x28")
+    return shape
 
 def _positive(s:str)->int:
     "A count that must be at least 1 (`--batch-size`, `--micro-batch`)."
@@ -140,8 +163,8 @@ def _plan(args):
     return 0 if plan.fits is not False else 1
 
 def _plan_args(p):
-    p.add_argument('--model', default='mlp', help=f"a chapter 05 model: {', '.join(list_models())} (default mlp)")
-    p.add_argument('--input', default=(1, 28, 28), type=_input_shape, help="one sample's shape, CxHxW: 1x28x28 (MNIST, the default) or 3x32x32 (CIFAR-10)")
+    p.add_argument('--model', default='mlp', help=f"a chapter 05 model: {', '.join(list_models())} (default mlp); or your own: FILE.py:NAME, a class or function returning it")
+    p.add_argument('--input', default=(1, 28, 28), type=_input_shape, help="one sample's shape: CxHxW for the zoo, 1x28x28 (MNIST, the default) or 3x32x32 (CIFAR-10); any shape for your own model")
     p.add_argument('--batch-size', type=_positive, default=64)
     p.add_argument('--gpu', default='cpu', help="a GPU name from the catalogue, e.g. 'gtx 1050 ti'; 'list' lists them; 'cuda' for this machine's GPU; 'cpu'")
     p.add_argument('--precision', default='fp32', choices=['fp32', 'fp16', 'bf16'])
