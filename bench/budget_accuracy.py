@@ -863,7 +863,8 @@ def kernels_report():
              (32, 64, 64, 128, 3, 2, 1), (32, 64, 64, 64, 3, 2, 64), (32, 3, 64, 64, 7, 2, 1), (16, 64, 32, 128, 1, 1, 1),
              (8, 64, 32, 64, 3, 1, 1), (8, 128, 16, 32, 1, 1, 1), (16, 512, 2, 512, 3, 1, 1),  # ResNet-18's deepest, at 64x64
              (32, 64, 64, 128, 1, 2, 1), (32, 128, 32, 128, 3, 2, 4), (32, 128, 32, 128, 3, 2, 32),  # strided: a downsampling 1x1; groups of 32 and of 4 channels
-             (8, 256, 64, 10, 1, 1, 1), (2, 256, 64, 10, 1, 1, 1)]  # a segmentation head, 1x1 to 10 channels: PyTorch's own kernel (Slow2d)
+             (8, 256, 64, 10, 1, 1, 1), (2, 256, 64, 10, 1, 1, 1),  # a segmentation head, 1x1 to 10 channels: PyTorch's own kernel (Slow2d)
+             (16, 3, 64, 32, 1, 1, 1), (16, 3, 32, 64, 1, 1, 1)]  # a 1x1 from an image's channels (a lifting layer): its weights' gradient copies them blocked
     A, rows = torch.ops.aten, []
     for B, C, S, O, k, st, g in convs:
         x, w = torch.empty(B, C, S, S, device='meta'), torch.empty(O, C // g, k, k, device='meta')

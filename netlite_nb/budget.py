@@ -860,7 +860,8 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
     if be == 'Mkldnn' and (_channels_last(x) or _channels_last(w)): return _channels_last_scratch(fwd, w, groups, n)
     if be == 'Mkldnn':
         src, dst, wts = _blocked(x.shape, n), _blocked(y.shape, n), _blocked_weights(w.shape, groups, n)
-        if x.shape[1] < _CPU_BLOCK and not (not fwd and args[10][0]): src = 0  # a first layer's few channels are read in place
+        one_by_one = all(k == 1 for k in w.shape[2:])
+        if x.shape[1] < _CPU_BLOCK and (fwd or not (args[10][0] or one_by_one)): src = 0  # a first layer's few channels are read in place (a 1x1's weight gradient copies them)
         acc = 4 if x.dtype in (torch.bfloat16, torch.float16) else 0  # half precision: the destination accumulated in fp32 first
         if fwd: return max(src, dst, acc * y.numel()) + wts  # the weights are reordered as well, alongside the larger activation copy
         # backward's two passes (the input's gradient, with the weights reordered; the weights', with the activations) hold their
