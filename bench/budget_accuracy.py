@@ -933,7 +933,7 @@ def kernels_report():
                     ['_scaled_dot_product_flash_attention_for_cpu_backward.default', [t(B, H, T, D, dt=dt)] * 5 + [t(B, H, T), 0.0, False]]]
     ops += [['abs.default', [t(16, 129, 251, dt='complex64')]], ['angle.default', [t(16, 129, 251, dt='complex64')]], ['abs.default', [t(16, 64, 256, dt='complex128')]]]
     for B, C, H in [(16, 32, 32), (4, 64, 128)]:  # MKL's FFTs: over the innermost dimensions or not; the inverse real transform over one, two or three
-        ops += [['_fft_r2c.default', [t(B, C, H, H), [2, 3], 0, True]], ['_fft_r2c.default', [t(B, C, H, H), [2], 0, True]],
+        ops += [['_fft_r2c.default', [t(B, C, H, H), [2, 3], 0, True]], ['_fft_r2c.default', [t(B, C, H, H), [2], 0, True]], ['_fft_r2c.default', [t(B, C, H, H), [0], 0, True]],
                 ['_fft_c2c.default', [t(B, C, H, H // 2 + 1, dt='complex64'), [1, 2], 0, False]],
                 ['_fft_c2r.default', [t(B, C, H, H // 2 + 1, dt='complex64'), [3], 0, H]], ['_fft_c2r.default', [t(B, C, H, H // 2 + 1, dt='complex64'), [2], 0, H]],
                 ['_fft_c2r.default', [t(B, C, H, H // 2 + 1, dt='complex64'), [2, 3], 0, H]], ['_fft_c2r.default', [t(B, C, H, H // 2 + 1, dt='complex64'), [1, 2, 3], 0, H]],

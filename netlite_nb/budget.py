@@ -23,14 +23,14 @@ from .probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes, 
 # %% auto #0
 __all__ = ['AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'TENSOR_TERMS', 'COLORS', 'PLAN_MARGIN',
            'LEVERS', 'Allocation', 'AllocationTracker', 'is_traced', 'ShapeMismatchError', 'resize_batch',
-           'default_loss', 'register_optimizer', 'make_optimizer', 'UntraceableError', 'Trace', 'trace_step',
-           'CachingAllocatorSim', 'cublas_workspace_bytes', 'cublaslt_workspace_bytes', 'Target', 'resolve_target',
-           'cpu_workspace_bytes', 'cpu_conv_scratch', 'contiguous_copies', 'promotion_copies', 'attention_scratch',
-           'fft_scratch', 'upsample_copies', 'cpu_kernel_path', 'calibration_file', 'clear_calibration',
-           'measure_conv_scratch', 'calibrate_kernels', 'MemoryPlan', 'GlibcHeap', 'fix_glibc_thresholds',
-           'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes', 'plan_memory', 'plot_plans',
-           'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size', 'Change', 'register_lever',
-           'fit_to_budget', 'find_batch_size', 'budget_widget']
+           'default_loss', 'register_optimizer', 'make_optimizer', 'UntraceableError', 'NothingToTrainError', 'Trace',
+           'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes', 'cublaslt_workspace_bytes', 'Target',
+           'resolve_target', 'cpu_workspace_bytes', 'cpu_conv_scratch', 'contiguous_copies', 'promotion_copies',
+           'attention_scratch', 'fft_scratch', 'upsample_copies', 'cpu_kernel_path', 'calibration_file',
+           'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels', 'MemoryPlan', 'GlibcHeap',
+           'fix_glibc_thresholds', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes',
+           'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size', 'Change',
+           'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -481,6 +481,9 @@ def _shape_error(e:Exception, tr:AllocationTracker, m:nn.Module, x, y)->ShapeMis
 class UntraceableError(ValueError):
     "The model does something a trace without data cannot follow: it reads a tensor's value, or runs an op with no shape-only kernel."
 
+class NothingToTrainError(UntraceableError):
+    "The model has no parameter that requires a gradient: no training step, traced or real, has anything to update."
+
 def _why_untraceable(e:Exception)->str|None:
     "What in failure `e` a trace without data cannot do, in words; None when `e` is another failure."
     for err in (e, e.__cause__):
@@ -507,20 +510,20 @@ def _untraceable(e:Exception, tr:AllocationTracker, m:nn.Module)->UntraceableErr
         f"or size the batch by running real steps: `find_batch_size(model, batch, device)`. PyTorch said: {str(e).splitlines()[0][:300]}")
 
 # %% ../nbs/01_budget.ipynb #f053f588
-def _unplannable(model:nn.Module)->UntraceableError|None:
-    "The first layer of `model` a trace cannot be made of, as an `UntraceableError` (TorchScript, sparse gradients, lazy layers not yet run); None when there is none."
+def _unplannable(model:nn.Module, sparse:bool=True)->UntraceableError|None:
+    "The first layer of `model` a trace cannot be made of, as an `UntraceableError` (TorchScript, lazy layers not yet run; with `sparse`, sparse gradients); None when there is none."
     for name, mod in model.named_modules():
         where = f"The planner cannot trace layer `{name or type(model).__name__}` ({type(mod).__name__}): "
         if isinstance(mod, torch.jit.ScriptModule):
             return UntraceableError(where + "it is a TorchScript module (`torch.jit.script` or `torch.jit.trace`), whose weights live in "
                 "TorchScript's own copy, where a plan cannot put data-less ones. Plan the Python module it was made from (it runs the same "
                 "ops), or size the batch by running real steps: `find_batch_size(model, batch, device)`.")
-        if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)) and mod.sparse:
+        if sparse and isinstance(mod, (nn.Embedding, nn.EmbeddingBag)) and mod.sparse:
             return UntraceableError(where + "`sparse=True` makes its gradient a sparse tensor with a row for every id a batch looks up, "
                 "a size the data decides; the planner plans dense tensors. Plan it with `sparse=False` (the dense gradient is the whole "
                 "table: above the sparse one when a batch looks up fewer ids than the table has rows), or size the batch by running real "
                 "steps: `find_batch_size(model, batch, device)`.")
-        if any(isinstance(p, nn.parameter.UninitializedParameter) for p in mod.parameters(recurse=False)):
+        if isinstance(mod, nn.modules.lazy.LazyModuleMixin) and mod.has_uninitialized_params():  # parameters or buffers
             return UntraceableError(where + "a lazy layer whose weights do not exist yet: PyTorch makes them on its first forward. "
                 "Run the model once on a batch (`model(x)`), then plan.")
     return None
@@ -545,7 +548,7 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
     try:
         with fm or contextlib.nullcontext(), _watch_modules(m, tr), _PackedAtFullLength(tr):
             params = [p for p in m.parameters() if p.requires_grad]
-            if not params: raise UntraceableError(f"`{type(m).__name__}` has no parameter that requires a gradient, so a training step has nothing "
+            if not params: raise NothingToTrainError(f"`{type(m).__name__}` has no parameter that requires a gradient, so a training step has nothing "
                 "to update (and PyTorch's optimizers refuse an empty list). Unfreeze what should train (`p.requires_grad_(True)`) and plan again.")
             fake = lambda t: torch.empty((mb, *t.shape[1:]), dtype=t.dtype, device=dev)
             xb, yb = tree_map_only(torch.Tensor, fake, x), tree_map_only(torch.Tensor, fake, y)
@@ -588,7 +591,7 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
     if precision not in ('fp32', *LOW_PRECISION): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', not {precision!r}")
     # meta tensors are the fastest way to run ops without data; autocast only acts on real device types, and some CPU
     # kernels differ from the reference ops, so mixed precision and those models run on FakeTensors that claim to be CPU tensors
-    if (err := _unplannable(model)) is not None: raise err
+    if (err := _unplannable(model, sparse=transform is None)) is not None: raise err  # before the copy, which these would break
     cpu_path = precision in LOW_PRECISION or (kernels is not None and _cpu_dispatch_differs(model))
     x, y = _check_batch(batch)
     b = _batch_size(batch)
@@ -601,7 +604,9 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
         while True:
             fm = FakeTensorMode() if cpu_path else None
             m = _fake_copy(model, fm)
-            if transform is not None: m = transform(m)
+            if transform is not None:
+                m = transform(m)
+                if (err := _unplannable(m)) is not None: raise err  # what the transform left or added
             m.train()
             try: tr = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, measured, missing)
             except (ShapeMismatchError, UntraceableError) as e:
@@ -928,14 +933,26 @@ def attention_scratch(func, args)->int:
 # %% ../nbs/01_budget.ipynb #bf79aa0a
 _FFTS = (_A._fft_r2c.default, _A._fft_c2c.default, _A._fft_c2r.default)
 
+def _fft_copies(x, dims:list)->bool:
+    "Does ATen's `_exec_fft` copy `x`? It permutes the dimensions it does not transform to the front, in stride order, and reshapes them into one: a copy unless that can be a view."
+    batch = sorted((d for d in range(x.dim()) if d not in dims), key=lambda d: -x.stride(d))
+    y = x.permute(*batch, *dims)
+    return x.numel() > 0 and not y.reshape(-1, *y.shape[len(batch):])._is_view()
+
+def _fft_out(x, dims:list):
+    "The layout `_exec_fft` writes its output in, for an output shaped like `x`: the other dimensions first, in `x`'s stride order, then `dims`, contiguous."
+    batch = sorted((d for d in range(x.dim()) if d not in dims), key=lambda d: -x.stride(d))
+    order = [*batch, *dims]
+    return torch.empty([x.shape[d] for d in order], dtype=x.dtype, device='meta').permute(*sorted(range(x.dim()), key=order.__getitem__))
+
 def fft_scratch(func, args)->int:
-    "Bytes the CPU's FFTs (MKL) hold while they run: a copy of an input whose transformed dimensions are not its innermost, and the multi-dimensional inverse real transform's intermediates."
+    "Bytes the CPU's FFTs (MKL) hold while they run: `_exec_fft`'s copy of an input it cannot reshape as a view, and the multi-dimensional inverse real transform's complex temporary."
     if func not in _FFTS or not torch.backends.mkl.is_available(): return 0
     x, dims = args[0], [d % args[0].dim() for d in args[1]]
     n = x.numel() * x.element_size()
-    inner = x.is_contiguous() and sorted(dims) == list(range(x.dim() - len(dims), x.dim()))  # the other dimensions lead: a view
-    if func is not _A._fft_c2r.default or len(dims) == 1: return 0 if inner else n
-    return 2 * n if x.is_contiguous() else 3 * n  # the complex transform into a temporary, then the real one from it (and a copy of a strided input)
+    if func is not _A._fft_c2r.default or len(dims) == 1: return n * _fft_copies(x, dims)
+    temp = _fft_out(x, dims[:-1])  # the complex transform of all but the last dimension, then the real one from it
+    return n + n * max(_fft_copies(x, dims[:-1]), _fft_copies(temp, dims[-1:]))
 
 # %% ../nbs/01_budget.ipynb #901fe281
 def _flash_gemms(args, kwargs:dict|None=None)->list[tuple]:
@@ -2313,7 +2330,8 @@ def find_batch_size(model:nn.Module, # the model; a copy is moved to `device`
     attempt = try_batch or (lambda b: _try_batch(model, sample, b, device, **kw))
     if start is None:
         try: start = max_batch_size(model, sample, device_or_gpu=str(device) if device.type in ('cpu', 'cuda') else None, **kw)
-        except UntraceableError as e:  # no plan to start from: real steps alone
+        except UntraceableError as e:  # no plan to start from: real steps alone (but nothing to train fails those too)
+            if isinstance(e, NothingToTrainError): raise
             if verbose: print(f"no plan to start from ({str(e).split(':')[0]}): doubling from batch 1")
             return _grow_until_oom(attempt, device, verbose)
     b = start

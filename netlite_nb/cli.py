@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_cli.ipynb #c003
 from __future__ import annotations
-import argparse, dataclasses, importlib, importlib.util, json, os, platform, subprocess, sys
+import argparse, dataclasses, importlib.util, inspect, json, os, platform, subprocess, sys
 # before torch loads: OpenMP reads its wait policy once (why: chapter 11, "Threads on a busy machine")
 for _k, _v in (('OMP_WAIT_POLICY', 'PASSIVE'), ('KMP_BLOCKTIME', '0')): os.environ.setdefault(_k, _v)
 from pathlib import Path
@@ -86,27 +86,31 @@ _probe.add_arguments = lambda p: p.add_argument('--json', action='store_true', h
 
 # %% ../nbs/11_cli.ipynb #c012
 def _user_model(spec:str)->torch.nn.Module:
-    "`--model FILE.py:NAME` or `package.module:NAME`: NAME (a model class, or a function returning a model) imported from the user's code and called with no arguments."
+    "`--model FILE.py:NAME`: NAME (a model class, or a function returning a model) from the user's file, called with no arguments."
     src, _, name = spec.rpartition(':')
-    if src.endswith('.py'):
-        path = Path(src).expanduser()
-        if not path.is_file(): raise UsageError(f"--model {spec}: there is no file {src}")
-        sys.path.insert(0, str(path.parent.resolve()))  # the file's own imports of its neighbours work, as when it runs as a script
-        loader = importlib.util.spec_from_file_location(f"_netlite_user_{path.stem}", path)
-        mod = importlib.util.module_from_spec(loader); loader.loader.exec_module(mod)
-    else:
-        try: mod = importlib.import_module(src)
-        except ImportError as e: raise UsageError(f"--model {spec}: cannot import {src!r} ({e}); give a file as path/to/file.py:{name}") from None
+    if not src.endswith('.py') or not name: raise UsageError(f"--model {spec}: write your model as FILE.py:NAME, a file and the class or function in it that builds the model")
+    path = Path(src).expanduser()
+    if not path.is_file(): raise UsageError(f"--model {spec}: there is no file {src}")
+    mod_name = f"_netlite_user_{path.stem}"
+    spec_ = importlib.util.spec_from_file_location(mod_name, path)
+    mod = importlib.util.module_from_spec(spec_)
+    sys.modules[mod_name] = mod  # dataclasses and pickling look their module up there
+    sys.path.insert(0, folder := str(path.parent.resolve()))  # the file's imports of its neighbours work, as when it runs as a script
+    try: spec_.loader.exec_module(mod)
+    except BaseException: sys.modules.pop(mod_name, None); raise
+    finally: sys.path.remove(folder)
     f = getattr(mod, name, None)
     if not callable(f): raise UsageError(f"--model {spec}: {src} has no model class or function called {name!r}")
-    try: m = f()
+    try: inspect.signature(f).bind()
     except TypeError as e: raise UsageError(f"--model {spec}: {name}() cannot be called with no arguments ({e}); point at a function that builds the model with none") from None
+    except ValueError: pass  # a builtin without a signature: calling it says
+    m = f()
     if not isinstance(m, torch.nn.Module): raise UsageError(f"--model {spec}: {name}() returned a {type(m).__name__}, not an nn.Module")
     return m
 
 def _cli_model(name:str, shape:tuple[int,...]=(1, 28, 28)):
     "The model `--model` names (a chapter 05 model, or the user's `FILE.py:NAME`) and a one-sample batch of `shape` on the meta device (no memory is used) for `netlite plan`."
-    if ':' in name:  # the user's own model: float samples of any shape, class labels as targets
+    if ':' in name or name.endswith('.py'):  # the user's own model: float samples of any shape, class labels as targets
         return _user_model(name), (torch.empty(1, *shape, device='meta'), torch.empty(1, dtype=torch.long, device='meta'))
     if len(shape) != 3: raise UsageError(f"--input {'x'.join(map(str, shape))} is not one sample's shape for a zoo model: write CxHxW, e.g. 1x28x28 (MNIST) or 3x32x32 (CIFAR-10)")
     c, h, w = shape
