@@ -933,26 +933,28 @@ def attention_scratch(func, args)->int:
 # %% ../nbs/01_budget.ipynb #bf79aa0a
 _FFTS = (_A._fft_r2c.default, _A._fft_c2c.default, _A._fft_c2r.default)
 
-def _fft_copies(x, dims:list)->bool:
-    "Does ATen's `_exec_fft` copy `x`? It permutes the dimensions it does not transform to the front, in stride order, and reshapes them into one: a copy unless that can be a view."
-    batch = sorted((d for d in range(x.dim()) if d not in dims), key=lambda d: -x.stride(d))
-    y = x.permute(*batch, *dims)
-    return x.numel() > 0 and not y.reshape(-1, *y.shape[len(batch):])._is_view()
+def _fft_copies(shape, strides, dims:list)->bool:
+    "Does ATen's `_exec_fft` copy a tensor of `shape` and `strides`? It permutes the dimensions it does not transform to the front, in stride order, and reshapes them into one: a copy unless they are one block of memory."
+    batch = sorted((d for d in range(len(shape)) if d not in dims), key=lambda d: -strides[d])
+    run = [(shape[d], strides[d]) for d in batch if shape[d] != 1]
+    return math.prod(shape) > 0 and any(s0 != s1 * n1 for (_, s0), (n1, s1) in zip(run, run[1:]))
 
-def _fft_out(x, dims:list):
-    "The layout `_exec_fft` writes its output in, for an output shaped like `x`: the other dimensions first, in `x`'s stride order, then `dims`, contiguous."
-    batch = sorted((d for d in range(x.dim()) if d not in dims), key=lambda d: -x.stride(d))
-    order = [*batch, *dims]
-    return torch.empty([x.shape[d] for d in order], dtype=x.dtype, device='meta').permute(*sorted(range(x.dim()), key=order.__getitem__))
+def _fft_out(shape, strides, dims:list)->list:
+    "The strides of the output `_exec_fft` writes for an input of `shape` and `strides`: the other dimensions first, in stride order, then `dims`, contiguous."
+    order = [*sorted((d for d in range(len(shape)) if d not in dims), key=lambda d: -strides[d]), *dims]
+    out, step = [0] * len(shape), 1
+    for d in reversed(order): out[d], step = step, step * shape[d]
+    return out
 
 def fft_scratch(func, args)->int:
     "Bytes the CPU's FFTs (MKL) hold while they run: `_exec_fft`'s copy of an input it cannot reshape as a view, and the multi-dimensional inverse real transform's complex temporary."
     if func not in _FFTS or not torch.backends.mkl.is_available(): return 0
     x, dims = args[0], [d % args[0].dim() for d in args[1]]
     n = x.numel() * x.element_size()
-    if func is not _A._fft_c2r.default or len(dims) == 1: return n * _fft_copies(x, dims)
-    temp = _fft_out(x, dims[:-1])  # the complex transform of all but the last dimension, then the real one from it
-    return n + n * max(_fft_copies(x, dims[:-1]), _fft_copies(temp, dims[-1:]))
+    shape, strides = list(x.shape), list(x.stride())  # plain numbers: views made below autograd are not marked as views
+    if func is not _A._fft_c2r.default or len(dims) == 1: return n * _fft_copies(shape, strides, dims)
+    temp = _fft_out(shape, strides, dims[:-1])  # the complex transform of all but the last dimension, then the real one from it
+    return n + n * max(_fft_copies(shape, strides, dims[:-1]), _fft_copies(shape, temp, dims[-1:]))
 
 # %% ../nbs/01_budget.ipynb #901fe281
 def _flash_gemms(args, kwargs:dict|None=None)->list[tuple]:
