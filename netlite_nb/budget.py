@@ -2302,8 +2302,8 @@ def _fits(attempt:Callable, b:int, device:torch.device, verbose:bool=False)->boo
 def _grow_until_oom(attempt:Callable, device:torch.device, verbose:bool=False, limit:int=2**16)->int:
     "The largest batch up to `limit` that `attempt` trains: doubling from 1 until one runs out of memory, then bisecting."
     ok, bad = 0, None
-    while bad is None and 2 * ok <= limit:
-        b = max(1, 2 * ok)
+    while bad is None and ok < limit:
+        b = min(limit, max(1, 2 * ok))
         if _fits(attempt, b, device, verbose): ok = b
         else: bad = b
     while bad is not None and bad - ok > 1:
