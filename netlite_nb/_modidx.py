@@ -208,6 +208,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._try_batch': ('budget.html#_try_batch', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._unplannable': ('budget.html#_unplannable', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._untraceable': ('budget.html#_untraceable', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._unvalidated_distributions': ( 'budget.html#_unvalidated_distributions',
+                                                                                     'netlite_nb/budget.py'),
                                    'netlite_nb.budget._warn_moving_threshold': ( 'budget.html#_warn_moving_threshold',
                                                                                  'netlite_nb/budget.py'),
                                    'netlite_nb.budget._watch_modules': ('budget.html#_watch_modules', 'netlite_nb/budget.py'),

@@ -528,6 +528,15 @@ def _unplannable(model:nn.Module, sparse:bool=True)->UntraceableError|None:
                 "Run the model once on a batch (`model(x)`), then plan.")
     return None
 
+# %% ../nbs/01_budget.ipynb #91ac4bf9
+@contextlib.contextmanager
+def _unvalidated_distributions():
+    "`torch.distributions`' argument checks off while a trace runs (they read values), as `Distribution.set_default_validate_args(False)` does; the default restored after."
+    before = torch.distributions.Distribution._validate_args
+    torch.distributions.Distribution.set_default_validate_args(False)
+    try: yield
+    finally: torch.distributions.Distribution.set_default_validate_args(before)
+
 # %% ../nbs/01_budget.ipynb #c016
 @dataclass
 class Trace:
@@ -546,7 +555,7 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
     tr.measured = measured
     if kernels == 'cpu': tr.graph = tuple((measured or {}).get(GRAPH_KEY, AUTOGRAD_GRAPH_BYTES))  # host heap: a CPU step's memory
     try:
-        with fm or contextlib.nullcontext(), _watch_modules(m, tr), _PackedAtFullLength(tr):
+        with fm or contextlib.nullcontext(), _watch_modules(m, tr), _PackedAtFullLength(tr), _unvalidated_distributions():
             params = [p for p in m.parameters() if p.requires_grad]
             if not params: raise NothingToTrainError(f"`{type(m).__name__}` has no parameter that requires a gradient, so a training step has nothing "
                 "to update (and PyTorch's optimizers refuse an empty list). Unfreeze what should train (`p.requires_grad_(True)`) and plan again.")
