@@ -835,24 +835,29 @@ def _conv_backend(x_shape, w_shape, stride, padding, dilation, transposed, group
     return str(be).split('.')[-1]
 
 # %% ../nbs/01_budget.ipynb #3d1b4d78
+_CL_FORMAT = {4: torch.channels_last, 5: torch.channels_last_3d}  # channels-last, by the tensor's number of dimensions
+
 def _channels_last(t:torch.Tensor)->bool:
     "Is `t` laid out channels-last (NHWC or NDHWC) rather than contiguous? oneDNN and cuDNN then work on it as it is."
-    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
+    fmt = _CL_FORMAT.get(t.dim())
     return fmt is not None and not t.is_contiguous() and t.is_contiguous(memory_format=fmt)
+
+def _cl_weights(w:torch.Tensor)->bool:
+    "Are convolution weights `w` already channels-last, so that ATen need not copy them for a channels-last convolution? (1x1 and depthwise weights are both layouts at once.)"
+    return w.is_contiguous(memory_format=_CL_FORMAT[w.dim()])
 
 def _as_laid_out(func, args, out):
     "A convolution's outputs as the real kernel lays them out: channels-last when its input or weights are ('meta' writes them contiguous)."
     fwd = func is torch.ops.aten.convolution.default
     x, w = (args[0], args[1]) if fwd else (args[1], args[2])
     if x.device.type != 'meta' or not (_channels_last(x) or _channels_last(w)): return out
-    fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+    fmt = _CL_FORMAT[x.dim()]
     cl = lambda t: t.contiguous(memory_format=fmt) if isinstance(t, torch.Tensor) and t.dim() == x.dim() else t
     return cl(out) if fwd else tuple(cl(t) for t in out)
 
 def _channels_last_scratch(fwd:bool, w, groups:int, n:int)->int:
     "Scratch of a oneDNN convolution on channels-last tensors: weights not laid out channels-last copied so first, then reordered (backward: and their gradient back); a wide depthwise kernel's padded weight gradient."
-    fmt = torch.channels_last if w.dim() == 4 else torch.channels_last_3d
-    wts, copy = _blocked_weights(w.shape, groups, n), 0 if w.is_contiguous(memory_format=fmt) else n * w.numel()  # ATen's weight.contiguous(channels_last)
+    wts, copy = _blocked_weights(w.shape, groups, n), 0 if _cl_weights(w) else n * w.numel()  # ATen's weight.contiguous(channels_last)
     if fwd: return copy + wts
     wide_depthwise = groups > 1 and w.shape[1] == 1 and max(w.shape[2:]) > 3
     return copy + max(2 * wts, groups * _CPU_BLOCK**2 * math.prod(w.shape[2:]) * n if wide_depthwise else 0)
@@ -942,17 +947,19 @@ def attention_scratch(func, args)->int:
 # %% ../nbs/01_budget.ipynb #bf79aa0a
 _FFTS = (_A._fft_r2c.default, _A._fft_c2c.default, _A._fft_c2r.default)
 
+def _fft_order(strides, dims:list)->list:
+    "The order `_exec_fft` puts dimensions in: the ones it does not transform first, largest stride first, then `dims`."
+    return [*sorted((d for d in range(len(strides)) if d not in dims), key=lambda d: -strides[d]), *dims]
+
 def _fft_copies(shape, strides, dims:list)->bool:
-    "Does ATen's `_exec_fft` copy a tensor of `shape` and `strides`? It permutes the dimensions it does not transform to the front, in stride order, and reshapes them into one: a copy unless they are one block of memory."
-    batch = sorted((d for d in range(len(shape)) if d not in dims), key=lambda d: -strides[d])
-    run = [(shape[d], strides[d]) for d in batch if shape[d] != 1]
+    "Does ATen's `_exec_fft` copy a tensor of `shape` and `strides`? It reshapes the dimensions it does not transform, in `_fft_order`, into one: a copy unless they are one block of memory."
+    run = [(shape[d], strides[d]) for d in _fft_order(strides, dims)[:len(shape) - len(dims)] if shape[d] != 1]
     return math.prod(shape) > 0 and any(s0 != s1 * n1 for (_, s0), (n1, s1) in zip(run, run[1:]))
 
 def _fft_out(shape, strides, dims:list)->list:
-    "The strides of the output `_exec_fft` writes for an input of `shape` and `strides`: the other dimensions first, in stride order, then `dims`, contiguous."
-    order = [*sorted((d for d in range(len(shape)) if d not in dims), key=lambda d: -strides[d]), *dims]
+    "The strides of the output `_exec_fft` writes for an input of `shape` and `strides`: contiguous in `_fft_order`."
     out, step = [0] * len(shape), 1
-    for d in reversed(order): out[d], step = step, step * shape[d]
+    for d in reversed(_fft_order(strides, dims)): out[d], step = step, step * shape[d]
     return out
 
 def fft_scratch(func, args)->int:
@@ -1083,8 +1090,7 @@ def clear_calibration():
 # %% ../nbs/01_budget.ipynb #cal2
 def _cl_tokens(x, w)->str:
     "A channels-last convolution's layouts for its calibration key: which of input and weights are channels-last (',x_cl', ',w_cl')."
-    fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
-    return (',x_cl' if _channels_last(x) else '') + (',w_cl' if w.is_contiguous(memory_format=fmt) else '')
+    return (',x_cl' if _channels_last(x) else '') + (',w_cl' if _cl_weights(w) else '')
 
 def _conv_key(func, args)->tuple[str, list]:
     "A convolution's calibration key (shapes and settings, not the batch) and the spec a measuring process runs (the batch last)."
@@ -1119,7 +1125,7 @@ def _run_conv(spec:list, b:int)->int:
     kind, xs, ws, stride, padding, dilation, groups, dtype, xgrad, transposed, _ = spec
     conv = getattr(F, f"conv{'_transpose' if transposed else ''}{len(ws) - 2}d")
     dtype, *layout = dtype.split(',')  # 'float32', or with the channels-last layouts of `_cl_tokens`: 'float32,x_cl,w_cl'
-    dt, fmt = getattr(torch, dtype), torch.channels_last if len(xs) == 3 else torch.channels_last_3d
+    dt, fmt = getattr(torch, dtype), _CL_FORMAT.get(len(xs) + 1)
     x, w = torch.randn(b, *xs, dtype=dt), torch.randn(*ws, dtype=dt)
     if 'x_cl' in layout: x = x.contiguous(memory_format=fmt)
     if 'w_cl' in layout: w = w.contiguous(memory_format=fmt)
