@@ -1248,7 +1248,9 @@ def test_fft_and_complex_abs_scratch_hold_against_a_real_run():
            ['_fft_c2r.default', [t(4, 12, 20, 24, 13), [2, 3, 4], 0, 24]], ['_fft_r2c.default', [t(8, 24, 48, 48, dt='float32'), [1], 0, True]],
            ['_fft_c2c.default', [t(8, 24, 48, 25), [2], 0, True]], ['_fft_r2c.default', [t(8, 24, 48, 48, dt='float32'), [2, 3], 0, True]],
            ['abs.default', [t(8, 100, 300)]]]
-    got = _in_child('_measure_ops', ops)
+    # Linux updates its resident-set counters in batches, so one high-water mark can come out a few hundred KiB short,
+    # never long: the most of three fresh processes is the measurement
+    got = [max(r) for r in zip(*(_in_child('_measure_ops', ops) for _ in range(3)))]
     for (op, args), g in zip(ops, got):
         f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [_op_arg(a, 'meta') for a in args]
         m = fft_scratch(f, xs) + promotion_copies(f, xs)
