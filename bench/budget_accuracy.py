@@ -6,6 +6,7 @@
     python bench/budget_accuracy.py --unseen        # the same on 5 models none of the planner was built or checked on
     python bench/budget_accuracy.py --variants      # the same on 14 variants of the families (one thing changed each), one batch size each
     python bench/budget_accuracy.py --fifth         # the same on a fifth round of 9 models brought last, and packed sequences at full length (--brought, --fourth: the earlier rounds)
+    python bench/budget_accuracy.py --seventh       # the same on a seventh round of 13 models (images and per-pixel labels out, LMs, graphs, point clouds...; --sixth: the one before)
     python bench/budget_accuracy.py --budgets       # max_batch_size at 0.5/1/2 GiB budgets, checked by measurement
                                                     # (--models cnn transformer --gib 0.5 1 to run a part)
     python bench/budget_accuracy.py --real-budgets  # the same at the unscaled 2/4/8 GiB, for the CNN and the transformer
@@ -575,8 +576,257 @@ class RNNDrop(nn.Module):
     def forward(self, x):
         out = self.rnn(x if self.bf else x.transpose(0, 1))[0]
         return self.head(out[:, -1] if self.bf else out[-1])
-ALL = {**MODELS, **FAMILIES, **VARIANTS, **UNSEEN, **BROUGHT, **FOURTH, **FIFTH, **SIXTH}
-_SETS = (MODELS, FAMILIES, VARIANTS, UNSEEN, BROUGHT, FOURTH, FIFTH, SIXTH)
+class ESPCN(nn.Module):
+    "Super-resolution (EDSR's shape): residual blocks without BatchNorm, a convolution to 4x the channels, PixelShuffle(2); an image out (MSE)."
+    def __init__(self, c=32, n=3):
+        super().__init__()
+        self.inp = nn.Conv2d(3, c, 3, padding=1)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Conv2d(c, c, 3, padding=1), nn.ReLU(inplace=True), nn.Conv2d(c, c, 3, padding=1)) for _ in range(n))
+        self.up = nn.Sequential(nn.Conv2d(c, 3 * 4, 3, padding=1), nn.PixelShuffle(2))
+    def forward(self, x):
+        h = self.inp(x)
+        for b in self.blocks: h = h + 0.1 * b(h)
+        return self.up(h)
+
+class SegUNet(nn.Module):
+    "Segmentation: a two-level UNet, bilinear upsampling (align_corners=True), 5 classes per pixel, per-pixel cross-entropy."
+    def __init__(self, c=16, k=5):
+        super().__init__()
+        blk = lambda i, o: nn.Sequential(nn.Conv2d(i, o, 3, padding=1, bias=False), nn.BatchNorm2d(o), nn.ReLU(inplace=True))
+        self.e1, self.e2, self.mid = blk(3, c), blk(c, 2 * c), blk(2 * c, 4 * c)
+        self.d2, self.d1, self.out = blk(6 * c, 2 * c), blk(3 * c, c), nn.Conv2d(c, k, 1)
+    def forward(self, x):
+        up = lambda t: F.interpolate(t, scale_factor=2, mode='bilinear', align_corners=True)
+        a = self.e1(x); b = self.e2(F.max_pool2d(a, 2)); m = self.mid(F.max_pool2d(b, 2))
+        return self.out(self.d1(torch.cat([up(self.d2(torch.cat([up(m), b], 1))), a], 1)))
+
+class ResnetGen(nn.Module):
+    "CycleGAN's generator: reflection padding, InstanceNorm, convolutions with padding_mode='reflect', ConvTranspose2d with output_padding, tanh."
+    def __init__(self, c=16, n=2):
+        super().__init__()
+        IN = lambda o: nn.InstanceNorm2d(o, affine=True)
+        self.down = nn.Sequential(nn.ReflectionPad2d(3), nn.Conv2d(3, c, 7), IN(c), nn.ReLU(True), nn.Conv2d(c, 2 * c, 3, 2, 1), IN(2 * c), nn.ReLU(True))
+        self.res = nn.ModuleList(nn.Sequential(nn.Conv2d(2 * c, 2 * c, 3, padding=1, padding_mode='reflect'), IN(2 * c), nn.ReLU(True),
+                                               nn.Conv2d(2 * c, 2 * c, 3, padding=1, padding_mode='reflect'), IN(2 * c)) for _ in range(n))
+        self.up = nn.Sequential(nn.ConvTranspose2d(2 * c, c, 3, 2, 1, output_padding=1), IN(c), nn.ReLU(True), nn.ReflectionPad2d(3), nn.Conv2d(c, 3, 7), nn.Tanh())
+    def forward(self, x):
+        h = self.down(x)
+        for r in self.res: h = h + r(h)
+        return self.up(h)
+
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__(); self.w, self.eps = nn.Parameter(torch.ones(d)), eps
+    def forward(self, x): return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.w
+
+def _rope(x, cos, sin):
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+class Llama(nn.Module):
+    "A LLaMA-style LM: RMSNorm written out, rotary embeddings (rotate-half, cos/sin buffers), causal SDPA, SwiGLU, tied embeddings; next-token labels."
+    def __init__(self, vocab=2000, d=128, h=4, n=2, t=128):
+        super().__init__()
+        self.h, self.emb = h, nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(nn.ModuleDict(dict(n1=RMSNorm(d), qkv=nn.Linear(d, 3 * d, bias=False), o=nn.Linear(d, d, bias=False), n2=RMSNorm(d),
+                                                       gate=nn.Linear(d, 2 * d, bias=False), up=nn.Linear(d, 2 * d, bias=False), down=nn.Linear(2 * d, d, bias=False))) for _ in range(n))
+        self.norm, self.head = RMSNorm(d), nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.emb.weight
+        hd = d // h
+        f = 1.0 / 10000 ** (torch.arange(0, hd, 2).float() / hd)
+        a = torch.outer(torch.arange(t).float(), f).repeat(1, 2)
+        self.register_buffer('cos', a.cos(), persistent=False); self.register_buffer('sin', a.sin(), persistent=False)
+    def forward(self, ids):
+        x = self.emb(ids); b, t, d = x.shape
+        for L in self.layers:
+            q, k, v = L['qkv'](L['n1'](x)).view(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+            q, k = _rope(q, self.cos[:t], self.sin[:t]), _rope(k, self.cos[:t], self.sin[:t])
+            x = x + L['o'](F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d))
+            y = L['n2'](x)
+            x = x + L['down'](F.silu(L['gate'](y)) * L['up'](y))
+        return self.head(self.norm(x)).transpose(1, 2)  # (batch, vocab, tokens) for cross-entropy per token
+
+class SwinBlocks(nn.Module):
+    "Swin's windowed attention written by hand: 4x4 windows by view/permute, a shifted pair (torch.roll, an attention mask), a relative-position bias table indexed by a buffer."
+    def __init__(self, d=64, heads=4, w=4, side=16):
+        super().__init__()
+        self.d, self.h, self.w, self.side = d, heads, w, side
+        self.patch = nn.Conv2d(3, d, 2, 2)
+        self.n1, self.n2 = nn.ModuleList([nn.LayerNorm(d), nn.LayerNorm(d)]), nn.ModuleList([nn.LayerNorm(d), nn.LayerNorm(d)])
+        self.qkv, self.proj = nn.ModuleList([nn.Linear(d, 3 * d), nn.Linear(d, 3 * d)]), nn.ModuleList([nn.Linear(d, d), nn.Linear(d, d)])
+        self.mlp = nn.ModuleList(nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(2))
+        self.table = nn.Parameter(torch.zeros((2 * w - 1) ** 2, heads))
+        c = torch.stack(torch.meshgrid(torch.arange(w), torch.arange(w), indexing='ij')).flatten(1)
+        r = (c[:, :, None] - c[:, None, :]).permute(1, 2, 0) + (w - 1)
+        self.register_buffer('index', r[..., 0] * (2 * w - 1) + r[..., 1], persistent=False)
+        img = torch.zeros(side, side); s = w // 2; cnt = 0
+        for hs in (slice(0, -w), slice(-w, -s), slice(-s, None)):
+            for ws in (slice(0, -w), slice(-w, -s), slice(-s, None)): img[hs, ws] = cnt; cnt += 1
+        m = self._windows(img[None, :, :, None]).squeeze(-1)
+        self.register_buffer('mask', (m[:, None, :] - m[:, :, None]).ne(0).float() * -100.0, persistent=False)
+        self.head = nn.Linear(d, 10)
+    def _windows(self, x):
+        b, H, W, c = x.shape; w = self.w
+        return x.view(b, H // w, w, W // w, w, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, w * w, c)
+    def _merge(self, x, b):
+        w, n = self.w, self.side // self.w
+        return x.view(b, n, n, w, w, -1).permute(0, 1, 3, 2, 4, 5).reshape(b, self.side, self.side, -1)
+    def forward(self, x):
+        x = self.patch(x).permute(0, 2, 3, 1); b = x.shape[0]
+        for i, shift in enumerate((0, self.w // 2)):
+            y = self.n1[i](x)
+            if shift: y = torch.roll(y, (-shift, -shift), (1, 2))
+            win = self._windows(y); nw = win.shape[0]
+            q, k, v = self.qkv[i](win).view(nw, -1, 3, self.h, self.d // self.h).permute(2, 0, 3, 1, 4)
+            a = (q * (self.d // self.h) ** -0.5) @ k.transpose(-2, -1) + self.table[self.index].permute(2, 0, 1)
+            if shift: a = (a.view(b, -1, self.h, self.w ** 2, self.w ** 2) + self.mask[None, :, None]).view(nw, self.h, self.w ** 2, self.w ** 2)
+            y = self._merge(self.proj[i]((a.softmax(-1) @ v).transpose(1, 2).reshape(nw, -1, self.d)), b)
+            if shift: y = torch.roll(y, (shift, shift), (1, 2))
+            x = x + y
+            x = x + self.mlp[i](self.n2[i](x))
+        return self.head(x.mean((1, 2)))
+
+class GNN(nn.Module):
+    "Message passing over a fixed random graph (a buffer of edges): messages gathered at sources, summed at targets with index_add, degree-normalised; 3 layers, mean-pooled."
+    def __init__(self, nodes=256, edges=2048, f=32, d=64):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.register_buffer('src', torch.randint(0, nodes, (edges,), generator=g), persistent=False)
+        self.register_buffer('dst', torch.randint(0, nodes, (edges,), generator=g), persistent=False)
+        deg = torch.zeros(nodes).index_add_(0, self.dst, torch.ones(edges)).clamp(min=1)
+        self.register_buffer('inv_deg', (1 / deg)[:, None], persistent=False)
+        self.inp = nn.Linear(f, d)
+        self.msg = nn.ModuleList(nn.Linear(d, d) for _ in range(3)); self.upd = nn.ModuleList(nn.Linear(2 * d, d) for _ in range(3))
+        self.head = nn.Linear(d, 10)
+    def forward(self, x):
+        h = F.relu(self.inp(x))
+        for m, u in zip(self.msg, self.upd):
+            agg = torch.zeros_like(h).index_add(1, self.dst, m(h)[:, self.src]) * self.inv_deg
+            h = F.relu(u(torch.cat([h, agg], -1)))
+        return self.head(h.mean(1))
+
+class DGCNN(nn.Module):
+    "Point clouds (DGCNN's EdgeConv): k nearest neighbours by cdist and topk, neighbours gathered by advanced indexing, a 1x1-conv MLP on edges, max over neighbours and points."
+    def __init__(self, k=16, d=64):
+        super().__init__()
+        self.k = k
+        self.e1 = nn.Sequential(nn.Conv2d(6, d, 1, bias=False), nn.BatchNorm2d(d), nn.LeakyReLU(0.2))
+        self.e2 = nn.Sequential(nn.Conv2d(2 * d, d, 1, bias=False), nn.BatchNorm2d(d), nn.LeakyReLU(0.2))
+        self.head = nn.Linear(2 * d, 10)
+    def edge(self, x, conv):  # x: (batch, points, features)
+        idx = torch.cdist(x, x).topk(self.k, -1, largest=False).indices  # (batch, points, k)
+        nb = x[torch.arange(x.shape[0], device=x.device)[:, None, None], idx]  # (batch, points, k, features)
+        ctr = x[:, :, None].expand_as(nb)
+        return conv(torch.cat([nb - ctr, ctr], -1).permute(0, 3, 1, 2)).amax(-1).transpose(1, 2)
+    def forward(self, x):
+        a = self.edge(x, self.e1); b = self.edge(a, self.e2)
+        return self.head(torch.cat([a, b], -1).amax(1))
+
+class MoE(nn.Module):
+    "A mixture of experts, top-2 routing: a softmax gate, topk, the two weights scattered back into a dense (tokens, experts) table, every expert run and weighted (einsum)."
+    def __init__(self, d=128, e=4, t=64):
+        super().__init__()
+        self.inp = nn.Linear(64, d); self.gate = nn.Linear(d, e)
+        self.w1, self.w2 = nn.Parameter(torch.randn(e, d, 2 * d) / d ** 0.5), nn.Parameter(torch.randn(e, 2 * d, d) / (2 * d) ** 0.5)
+        self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, 10)
+    def forward(self, x):
+        h = self.inp(x)
+        p = self.gate(h).softmax(-1); top = p.topk(2, -1)
+        w = torch.zeros_like(p).scatter(-1, top.indices, top.values / top.values.sum(-1, keepdim=True))
+        y = torch.einsum('bte,bted->btd', w, torch.einsum('btef,efd->bted', torch.einsum('btd,edf->btef', h, self.w1).relu(), self.w2))  # every expert
+        return self.head(self.norm(h + y).mean(1))
+
+class WNTCN(nn.Module):
+    "HiFi-GAN's/TCN's convolutions: weight_norm parametrizations, causal dilated Conv1d by F.pad on the left, gated tanh*sigmoid activations, skips summed."
+    def __init__(self, c=64, n=4):
+        super().__init__()
+        wn = nn.utils.parametrizations.weight_norm
+        self.inp = wn(nn.Conv1d(8, c, 1))
+        self.dil = nn.ModuleList(wn(nn.Conv1d(c, 2 * c, 3, dilation=2 ** i)) for i in range(n))
+        self.res = nn.ModuleList(wn(nn.Conv1d(c, c, 1)) for _ in range(n))
+        self.head = nn.Linear(c, 10)
+    def forward(self, x):
+        h, skip = self.inp(x), 0
+        for i, (d, r) in enumerate(zip(self.dil, self.res)):
+            a, b = d(F.pad(h, (2 * 2 ** i, 0))).chunk(2, 1)
+            g = r(torch.tanh(a) * torch.sigmoid(b))
+            h, skip = h + g, skip + g
+        return self.head(skip.mean(-1))
+
+class STEQuant(torch.autograd.Function):
+    "A straight-through 4-bit quantiser the user wrote: saves the input's in-range mask for backward."
+    @staticmethod
+    def forward(ctx, x):
+        m = (x.abs() <= 1)
+        ctx.save_for_backward(m)
+        return torch.round(x.clamp(-1, 1) * 7) / 7
+    @staticmethod
+    def backward(ctx, g):
+        m, = ctx.saved_tensors
+        return g * m
+
+class QuantNet(nn.Module):
+    "A custom autograd.Function (a straight-through quantiser) after each convolution, with in-place activations (SiLU inplace, relu_, mul_ on views)."
+    def __init__(self, c=32):
+        super().__init__()
+        self.c1, self.c2, self.c3 = nn.Conv2d(3, c, 3, padding=1), nn.Conv2d(c, 2 * c, 3, 2, 1), nn.Conv2d(2 * c, 2 * c, 3, padding=1)
+        self.bn = nn.BatchNorm2d(2 * c); self.act = nn.SiLU(inplace=True); self.head = nn.Linear(2 * c, 10)
+    def forward(self, x):
+        h = STEQuant.apply(self.act(self.c1(x)))
+        h = self.bn(self.c2(h))
+        h[:, : h.shape[1] // 2].mul_(0.5)
+        h = h.relu_()
+        h = STEQuant.apply(self.c3(h)) + h
+        return self.head(h.mean((2, 3)))
+
+class FPNAA(nn.Module):
+    "A feature pyramid: antialiased bilinear downsampling of the image (F.interpolate antialias=True), nearest and bicubic upsampling, lateral 1x1 convolutions summed."
+    def __init__(self, c=32):
+        super().__init__()
+        self.s = nn.ModuleList(nn.Sequential(nn.Conv2d(3, c, 3, padding=1), nn.ReLU()) for _ in range(3))
+        self.lat = nn.ModuleList(nn.Conv2d(c, c, 1) for _ in range(3)); self.head = nn.Linear(c, 10)
+    def forward(self, x):
+        f = [s(F.interpolate(x, scale_factor=1 / 2 ** i, mode='bilinear', antialias=True) if i else x) for i, s in enumerate(self.s)]
+        p = self.lat[2](f[2])
+        p = self.lat[1](f[1]) + F.interpolate(p, scale_factor=2, mode='nearest')
+        p = self.lat[0](f[0]) + F.interpolate(p, scale_factor=2, mode='bicubic', align_corners=False)
+        return self.head(p.mean((2, 3)))
+
+class ScanSSM(nn.Module):
+    "A linear state-space layer in parallel form: per-channel decays, the recurrence as cumsum in log space (logcumsumexp), gated, stacked twice."
+    def __init__(self, d=128, n=2):
+        super().__init__()
+        self.inp = nn.Linear(64, d)
+        self.a = nn.ParameterList(nn.Parameter(torch.rand(d)) for _ in range(n))
+        self.g = nn.ModuleList(nn.Linear(d, 2 * d) for _ in range(n)); self.norm = nn.ModuleList(nn.LayerNorm(d) for _ in range(n))
+        self.head = nn.Linear(d, 10)
+    def forward(self, x):
+        h = self.inp(x); t = torch.arange(h.shape[1], device=h.device, dtype=h.dtype)[:, None]
+        for a, g, n in zip(self.a, self.g, self.norm):
+            u, z = g(n(h)).chunk(2, -1)
+            la = -F.softplus(a) * t  # log decay to each step
+            s = torch.exp(torch.logcumsumexp(la * -1 + torch.log(F.softplus(u) + 1e-4), 1) + la)  # sum_j decay^(t-j) u_j, u > 0
+            h = h + s * torch.sigmoid(z)
+        return self.head(h.mean(1))
+
+def lm_smooth_loss(out, y): return F.cross_entropy(out, y, label_smoothing=0.1)
+
+# a seventh round, brought after the sixth and measured before any change it led to: images out (super-resolution by PixelShuffle,
+# MSE; a CycleGAN generator with reflection padding and InstanceNorm), per-pixel cross-entropy (segmentation), a LLaMA-style LM
+# (RMSNorm, rotary embeddings, causal SDPA, SwiGLU; once with label smoothing over an 8000-token vocabulary), Swin's shifted windows,
+# message passing (index_add), point clouds (cdist, topk, gathers), a top-2 mixture of experts, weight_norm with gated causal
+# convolutions, a user's autograd.Function with in-place activations, antialiased and bicubic resampling, a parallel scan (logcumsumexp)
+SEVENTH = {'espcn': (ESPCN, (3, 32, 32), (16,)), 'seg_unet': (SegUNet, (3, 64, 64), (16,)), 'cyclegan_gen': (ResnetGen, (3, 64, 64), (8,)),
+           'llama': (Llama, (128,), (16,)), 'llama_smooth': (lambda: Llama(vocab=8000), (128,), (8,)), 'swin': (SwinBlocks, (3, 32, 32), (32,)),
+           'gnn': (GNN, (256, 32), (16,)), 'dgcnn': (DGCNN, (256, 3), (16,)), 'moe': (MoE, (64, 64), (32,)), 'wn_tcn': (WNTCN, (8, 1024), (16,)),
+           'quant_net': (QuantNet, (3, 64, 64), (16,)), 'fpn_aa': (FPNAA, (3, 64, 64), (16,)), 'scan_ssm': (ScanSSM, (64, 64), (32,))}
+TARGETS = {'espcn': lambda bs: torch.randn(bs, 3, 64, 64), 'seg_unet': lambda bs: torch.randint(0, 5, (bs, 64, 64)),
+           'cyclegan_gen': lambda bs: torch.randn(bs, 3, 64, 64).tanh()}
+LOSSES = {'llama_smooth': lm_smooth_loss}
+TOKENS.update({'llama': (2000, 2000), 'llama_smooth': (8000, 8000)})  # next-token labels, one per position
+
+ALL = {**MODELS, **FAMILIES, **VARIANTS, **UNSEEN, **BROUGHT, **FOURTH, **FIFTH, **SIXTH, **SEVENTH}
+_SETS = (MODELS, FAMILIES, VARIANTS, UNSEEN, BROUGHT, FOURTH, FIFTH, SIXTH, SEVENTH)
 assert all(ALL[k] is d[k] or ALL[k][1:] == d[k][1:] and ALL[k][0].__qualname__ == d[k][0].__qualname__ != '<lambda>' for d in _SETS for k in d), \
     'two sets name different models alike: `make` would run one in place of the other'
 
@@ -586,7 +836,13 @@ def make(name, bs, seed=0):
     if name in TOKENS:
         ids, labels = TOKENS[name]
         return f(), (torch.randint(0, ids, (bs, *shape)), torch.randint(0, labels, (bs, *shape) if labels == ids else (bs,)))
-    return f(), (torch.randn(bs, *shape), torch.randint(0, 10, (bs,)))
+    x = torch.randn(bs, *shape)
+    return f(), (x, TARGETS[name](bs) if name in TARGETS else torch.randint(0, 10, (bs,)))
+
+def _loss(name):
+    "The loss the measured steps and the plans use: the model's own (LOSSES) or the planner's default (cross-entropy, MSE for images)."
+    from netlite_nb.budget import default_loss
+    return LOSSES.get(name, default_loss)
 
 def _rss()->int:
     with open('/proc/self/statm') as f: return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
@@ -602,11 +858,11 @@ def _autocast():
     "The measured steps' autocast: CPU bf16 mixed precision with --precision bf16, nothing otherwise."
     return torch.autocast('cpu', dtype=torch.bfloat16, enabled=_precision() == 'bf16')
 
-def _steps(model, opt, x, y, n=2):
+def _steps(model, opt, x, y, n=2, loss_fn=F.cross_entropy):
     for _ in range(n):
         with _autocast():
             out = model(x)  # held through backward, as a loop that also computes accuracy does (and as the planner traces)
-            loss = F.cross_entropy(out, y)
+            loss = loss_fn(out, y)
         loss.backward()
         del out, loss
         opt.step()
@@ -635,7 +891,7 @@ def measure(name, bs, full_warmup=False, holes=False, history=0)->int:
     model, (x, y) = make(name, bs)
     warm = torch.optim.AdamW(model.parameters(), lr=1e-3)
     w = slice(None) if full_warmup else slice(2)
-    _steps(model, warm, x[w], y[w], 1)  # load kernels, fault in code pages
+    _steps(model, warm, x[w], y[w], 1, _loss(name))  # load kernels, fault in code pages
     del warm
     for p in model.parameters(): p.grad = None
     torch.manual_seed(1)
@@ -649,7 +905,7 @@ def measure(name, bs, full_warmup=False, holes=False, history=0)->int:
     alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
     base, code = _rss(), _file_backed()
     with open('/proc/self/clear_refs', 'w') as f: f.write('5')  # reset the RSS high-water mark
-    _steps(model, opt, x, y, 2)
+    _steps(model, opt, x, y, 2, _loss(name))
     _CODE_PAGES.append(_file_backed() - code)  # what of the growth is code the steps faulted in (`--code-pages`)
     return _hwm() - base + alive
 
@@ -689,7 +945,7 @@ def predicted(name, bs, device_or_gpu='cpu', **kw)->int:
     "The planner's peak; on the 'cpu' target it includes the CPU kernel workspace, with device_or_gpu=None it is tensors only."
     from netlite_nb.budget import plan_memory
     model, batch = make(name, bs)
-    with _as_measured(): return plan_memory(model, batch, optimizer='adamw', precision=_precision(), device_or_gpu=device_or_gpu, **kw).peak
+    with _as_measured(): return plan_memory(model, batch, LOSSES.get(name), optimizer='adamw', precision=_precision(), device_or_gpu=device_or_gpu, **kw).peak
 
 def accuracy_table(full_warmup=False, models=MODELS, calibrate=False):
     """Predicted vs measured peak for each model at its batch sizes; then the plan without the CPU kernel workspace (tensors only),
@@ -723,7 +979,7 @@ def calibration_lines(name, bs):
     from netlite_nb.budget import measure_conv_scratch, trace_step
     model, batch = make(name, bs)
     specs = []
-    trace_step(model, batch, optimizer='adamw', kernels='cpu', measured={}, missing=specs, steps=1)
+    trace_step(model, batch, LOSSES.get(name), optimizer='adamw', kernels='cpu', measured={}, missing=specs, steps=1)
     convs = list({json.dumps(s): s for s in specs if s[0] != 'matmul'}.values())
     q, h = max(1, bs // 4), max(2, bs // 2)
     got = measure_conv_scratch(convs, (q, h, bs, 2 * bs))
@@ -748,7 +1004,7 @@ def calibrate_all(models):
     for name, (_, _, sizes) in models.items():
         for bs in sizes:
             model, batch = make(name, bs)
-            trace_step(model, batch, optimizer='adamw', kernels='cpu', measured=_calibrated(), missing=specs, steps=1)  # step 2 runs the same shapes
+            trace_step(model, batch, LOSSES.get(name), optimizer='adamw', kernels='cpu', measured=_calibrated(), missing=specs, steps=1)  # step 2 runs the same shapes
     t1 = time.time()
     table = calibrate_kernels(specs)
     print(f"calibration from an empty cache: {len(table)} kernel shapes measured in one child process in {time.time() - t1:.0f} s, "
@@ -958,7 +1214,7 @@ def budgets_table(models=tuple(MODELS), budgets=(0.5, 1, 2), next_up=True):
         for gb in budgets:
             t0, budget = time.time(), int(gb * 2**30)
             model, batch = make(name, 2)
-            with _as_measured(): b = max_batch_size(model, batch, budget=budget, device_or_gpu='cpu', optimizer='adamw', precision=_precision())
+            with _as_measured(): b = max_batch_size(model, batch, loss_fn=LOSSES.get(name), budget=budget, device_or_gpu='cpu', optimizer='adamw', precision=_precision())
             p0, m0 = predicted(name, b), measured(name, b)
             ok = 'NO: over budget' if m0 > budget else 'yes: the search stops at max_batch' if b == 2**16 else f"NO: uses {100*m0/budget:.0f}% < 90%" if m0 < 0.9 * budget else 'yes'
             line = f"{name:<13}{gb:>6.1f}Gi{b:>8}{p0/2**20:>11.1f}Mi{m0/2**20:>10.1f}Mi{100*m0/budget:>6.0f}%"
@@ -1029,7 +1285,7 @@ def heap_report(name, bs):
     (tensors alone, then with the autograd graph's objects among them), the graph itself, and what the warm-up's freed heap hides."""
     from netlite_nb.budget import GRAPH_KEY, trace_step
     model, batch = make(name, bs)
-    tr = trace_step(model, batch, optimizer='adamw', kernels='cpu').tracker
+    tr = trace_step(model, batch, LOSSES.get(name), optimizer='adamw', kernels='cpu').tracker
     mi = lambda n: f"{n/2**20:.2f} MiB"
     tensors = max(itertools.accumulate(s * r.nbytes for s, r in tr.events if r.category not in ('autograd graph', 'kernel scratch')))
     live = max(itertools.accumulate(s * r.nbytes for s, r in tr.events if r.category != 'kernel scratch'))
@@ -1038,7 +1294,7 @@ def heap_report(name, bs):
           f"resident set by {mi(_replayed(alone))}, the planner's model of glibc says {mi(_model_peak(alone))}")
     print(f"  with the autograd graph's objects among them: {mi(live)} alive at the peak; glibc {mi(_replayed(both))}, the model {mi(_model_peak(both))}")
     graph = sum(r.nbytes for r in tr.allocs if r.category == 'autograd graph' and r.step == tr.step and r.born <= tr.peak_at and (r.died or 0) > tr.peak_at)
-    nodes = sum(r.nbytes for r in trace_step(model, batch, optimizer='adamw', kernels='cpu', measured={GRAPH_KEY: (1, 0, 0)}, steps=1).tracker.allocs
+    nodes = sum(r.nbytes for r in trace_step(model, batch, LOSSES.get(name), optimizer='adamw', kernels='cpu', measured={GRAPH_KEY: (1, 0, 0)}, steps=1).tracker.allocs
                 if r.category == 'autograd graph')
     holes, trimmed = measured(name, bs, holes=True), measured(name, bs, holes=False)
     print(f"  {nodes} autograd nodes; the plan holds {mi(graph)} of graph at the tensors' peak. Measured with the warm-up's freed heap left in place "
@@ -1052,7 +1308,7 @@ def phases_child(name, bs, out=None)->list:
     torch.set_num_threads(1)
     model, (x, y) = make(name, bs)
     warm = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    _steps(model, warm, x[:2], y[:2], 1)
+    _steps(model, warm, x[:2], y[:2], 1, _loss(name))
     del warm
     for p in model.parameters(): p.grad = None
     torch.manual_seed(1)
@@ -1072,7 +1328,7 @@ def phases_child(name, bs, out=None)->list:
     for _ in range(2):
         with _autocast():
             o = phase(lambda: model(x))
-            loss = F.cross_entropy(o, y)
+            loss = _loss(name)(o, y)
         phase(loss.backward)
         del o, loss
         phase(lambda: (opt.step(), opt.zero_grad(set_to_none=True)))
@@ -1084,10 +1340,10 @@ def _plan_phases(name, bs):
     "The plan of one case, and per (step, phase) its live bytes and their replay through `GlibcHeap` from the heap the plan replays from."
     from netlite_nb.budget import _glibc_peak, _glibc_resident, _replays, plan_memory, trace_step
     model, batch = make(name, bs)
-    tr = trace_step(model, batch, optimizer='adamw', precision=_precision(), kernels='cpu').tracker
+    tr = trace_step(model, batch, LOSSES.get(name), optimizer='adamw', precision=_precision(), kernels='cpu').tracker
     best, heap = {}, {}
     with _as_measured():
-        p = plan_memory(model, batch, optimizer='adamw', precision=_precision(), device_or_gpu='cpu')
+        p = plan_memory(model, batch, LOSSES.get(name), optimizer='adamw', precision=_precision(), device_or_gpu='cpu')
         worst = max(_replays(), key=lambda r: _glibc_peak(tr, *r)[0])  # the replay the plan keeps
         for i, live, resident in _glibc_resident(tr, *worst):
             sign, rec = tr.events[i]
@@ -1160,8 +1416,8 @@ def histories_report(name, bs, n):
     from netlite_nb.budget import _HEAP_HISTORIES, _glibc_peak, plan_memory, trace_step
     model, batch = make(name, bs)
     with _as_measured():
-        p = plan_memory(model, batch, optimizer='adamw', device_or_gpu='cpu')
-        tr = trace_step(model, batch, optimizer='adamw', kernels='cpu').tracker
+        p = plan_memory(model, batch, LOSSES.get(name), optimizer='adamw', device_or_gpu='cpu')
+        tr = trace_step(model, batch, LOSSES.get(name), optimizer='adamw', kernels='cpu').tracker
         kept = p.breakdown['CPU kernel workspace']
         rows = [(measured(name, bs, history=s), max(_glibc_peak(tr, s, cut)[0] for cut in (False, True)) + kept) for s in range(n)]
     mi = lambda v: f"{v/2**20:.2f}"
@@ -1177,10 +1433,10 @@ def step_time(name, bs, n=5)->float:
     _fix_late()
     model, (x, y) = make(name, bs)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    _steps(model, opt, x, y, 2)
+    _steps(model, opt, x, y, 2, _loss(name))
     ts = []
     for _ in range(n):
-        t = time.perf_counter(); _steps(model, opt, x, y, 1); ts.append(time.perf_counter() - t)
+        t = time.perf_counter(); _steps(model, opt, x, y, 1, _loss(name)); ts.append(time.perf_counter() - t)
     return sorted(ts)[n // 2]
 
 def _glibc_env(setting:str)->dict:
@@ -1218,6 +1474,7 @@ if __name__ == '__main__':
     ap.add_argument('--fourth', action='store_true', help='accuracy table on FOURTH: a fourth round of models brought as users bring them')
     ap.add_argument('--fifth', action='store_true', help='accuracy table on FIFTH: a fifth round, brought after the fourth')
     ap.add_argument('--sixth', action='store_true', help='accuracy table on SIXTH: a sixth round, brought after the fifth')
+    ap.add_argument('--seventh', action='store_true', help='accuracy table on SEVENTH: a seventh round, brought after the sixth')
     ap.add_argument('--calibrate', action='store_true', help='add a column: the plan calibrated on this machine (from an empty cache)')
     ap.add_argument('--budgets', action='store_true')
     ap.add_argument('--real-budgets', action='store_true', help="--budgets with the issue's unscaled 2, 4 and 8 GiB, for the CNN and the transformer")
@@ -1272,7 +1529,7 @@ if __name__ == '__main__':
     elif a.malloc_trace: malloc_trace_report(a.malloc_trace[0], int(a.malloc_trace[1]))
     elif a.phases_child: print(json.dumps(phases_child(*json.loads(a.phases_child))))
     elif a.kernels: kernels_report()
-    elif (chosen := [m for flag, m in (('sixth', SIXTH), ('fifth', FIFTH), ('fourth', FOURTH), ('brought', BROUGHT), ('unseen', UNSEEN), ('variants', VARIANTS), ('families', FAMILIES)) if getattr(a, flag)]):
+    elif (chosen := [m for flag, m in (('seventh', SEVENTH), ('sixth', SIXTH), ('fifth', FIFTH), ('fourth', FOURTH), ('brought', BROUGHT), ('unseen', UNSEEN), ('variants', VARIANTS), ('families', FAMILIES)) if getattr(a, flag)]):
         models = {k: v for k, v in chosen[0].items() if not a.models or k in a.models}
         if a.budgets: budgets_table(list(models), a.gib, next_up=False)  # the margin leaves room for b+1
         else: accuracy_table(a.full_warmup, models, a.calibrate)
