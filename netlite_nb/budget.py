@@ -80,7 +80,7 @@ class AllocationTracker(TorchDispatchMode):
         self.bounded:list[str] = []  # ops whose output's size depends on the data, run at their largest (`_data_shaped`)
         self.measured:dict|None = None  # kernels measured on this machine (`calibrate_kernels`) that the trace used
         self.graph:tuple|None = None  # heap bytes per autograd node, saved tensor, saved value (`AUTOGRAD_GRAPH_BYTES`); None: not counted
-        self.nodes:set = set()        # the autograd nodes counted so far in this micro-batch
+        self.nodes = object()  # this micro-batch's mark, left in the metadata of each autograd node counted (`count_nodes`)
         self.held:list[Allocation] = []  # the graph's records still alive
 
     def record_of(self, t:torch.Tensor)->Allocation|None:
@@ -243,8 +243,8 @@ def count_nodes(self:AllocationTracker, out):
     n = values = 0
     while todo:
         node = todo.pop()
-        if node is None or node in self.nodes: continue
-        self.nodes.add(node)
+        if node is None or node.metadata.get('netlite') is self.nodes: continue
+        node.metadata['netlite'] = self.nodes  # a mark, not a set of nodes: holding a node would keep what it saved alive
         n, values = n + 1, values + _saved_values(node)
         todo.extend(f for f, _ in node.next_functions)
     if n: self.held.append(self.hold(n * self.graph[0] + values * self.graph[2], 'autograd graph'))
@@ -253,7 +253,7 @@ def count_nodes(self:AllocationTracker, out):
 def free_graph(self:AllocationTracker):
     "Backward is over and the loss is gone: the graph's nodes, and whatever they saved that backward did not pass, are freed."
     for rec in self.held: self.release(rec)
-    self.held, self.nodes = [], set()
+    self.held, self.nodes = [], object()
 
 # %% ../nbs/01_budget.ipynb #ag2b
 def _graph_census(loss)->tuple[int, int, int, int]:
@@ -414,6 +414,9 @@ def _saved_for_backward(tr:AllocationTracker):
         rec = tr.record_of(t)
         if rec is not None and rec.category == 'temporaries':
             rec.category, rec.saved_by = 'activations', tr.modules[-1] if tr.modules else tr.phase
+        # the same storage, kept as long as autograd keeps it; the tensor itself would tie a saved output to its own node in a cycle no
+        # collector sees, so a branch backward never reaches (`a.exp().argmax()`) would never be freed. Detached outside the tracker:
+        with _disable_current_modes(): t = t.detach()  # an op it sees counts the nodes behind `t`, which a fused kernel may not build
         if tr.graph is None: return t
         tr.held.append(tr.hold(tr.graph[1], 'autograd graph'))  # the saved tensor's record and objects, until backward unpacks it
         return t, tr.held[-1]
