@@ -23,14 +23,14 @@ from .probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes, 
 # %% auto #0
 __all__ = ['AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'CUDA_CONTEXT_BYTES', 'TENSOR_TERMS', 'COLORS', 'PLAN_MARGIN',
            'LEVERS', 'Allocation', 'AllocationTracker', 'is_traced', 'ShapeMismatchError', 'resize_batch',
-           'default_loss', 'register_optimizer', 'make_optimizer', 'UntraceableError', 'NothingToTrainError', 'Trace',
-           'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes', 'cublaslt_workspace_bytes', 'Target',
-           'resolve_target', 'cpu_workspace_bytes', 'cpu_conv_scratch', 'contiguous_copies', 'promotion_copies',
-           'attention_scratch', 'fft_scratch', 'upsample_copies', 'cpu_kernel_path', 'calibration_file',
-           'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels', 'MemoryPlan', 'GlibcHeap',
-           'fix_glibc_thresholds', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes',
-           'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size', 'Change',
-           'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
+           'default_loss', 'register_optimizer', 'make_optimizer', 'UntraceableError', 'NothingToTrainError',
+           'CompiledModelWarning', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes',
+           'cublaslt_workspace_bytes', 'Target', 'resolve_target', 'cpu_workspace_bytes', 'cpu_conv_scratch',
+           'contiguous_copies', 'promotion_copies', 'attention_scratch', 'fft_scratch', 'upsample_copies',
+           'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels',
+           'MemoryPlan', 'GlibcHeap', 'fix_glibc_thresholds', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels',
+           'cudnn_lstm_bytes', 'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning',
+           'max_batch_size', 'Change', 'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -531,6 +531,28 @@ def _unplannable(model:nn.Module, sparse:bool=True)->UntraceableError|None:
                 "Run the model once on a batch (`model(x)`), then plan.")
     return None
 
+# %% ../nbs/01_budget.ipynb #34a668dc
+class CompiledModelWarning(UserWarning):
+    "A plan for a `torch.compile`d model: it plans the eager step, which the compiled one does not follow."
+
+def _dynamo_wrappers(model:nn.Module)->list[str]:
+    "Names of the modules of `model` that `torch.compile` wrapped ('' for the model itself)."
+    dyn = sys.modules.get('torch._dynamo.eval_frame')  # not imported: nothing can have been compiled
+    return [] if dyn is None else [n for n, m in model.named_modules() if isinstance(m, dyn.OptimizedModule)]
+
+def _uncompiled(model:nn.Module)->nn.Module:
+    "The module `torch.compile` wrapped when `model` is such a wrapper, else `model`."
+    return model._orig_mod if '' in _dynamo_wrappers(model) else model
+
+def _compiled_note(model:nn.Module)->list[str]:
+    "The plan's note on a compiled model (or compiled layers in it)."
+    names = _dynamo_wrappers(model)
+    if not names: return []
+    what = 'the model is' if '' in names else f"layers {', '.join(f'`{n}`' for n in names)} are"
+    return [f"{what} compiled (`torch.compile`): this plans the eager step. Inductor saves other tensors for backward; its compiled "
+            "steps measured -36 % to +13 % of the eager ones (`python bench/compile_memory.py`), so check the batch on the device: "
+            "`find_batch_size`"]
+
 # %% ../nbs/01_budget.ipynb #91ac4bf9
 @contextlib.contextmanager
 def _unvalidated_distributions():
@@ -603,6 +625,7 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
     if precision not in ('fp32', *LOW_PRECISION): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', not {precision!r}")
     # meta tensors are the fastest way to run ops without data; autocast only acts on real device types, and some CPU
     # kernels differ from the reference ops, so mixed precision and those models run on FakeTensors that claim to be CPU tensors
+    model = _uncompiled(model)  # torch.compile's wrapper: the eager module it runs
     if (err := _unplannable(model, sparse=transform is None)) is not None: raise err  # before the copy, which these would break
     cpu_path = precision in LOW_PRECISION or (kernels is not None and _cpu_dispatch_differs(model))
     x, y = _check_batch(batch)
@@ -2038,7 +2061,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
                       total=reserved + terms.get('CUDA context', 0), breakdown={**_breakdown(tr), **terms},
                       peak_phase=rec.phase if rec else 'none', peak_module=rec.module if rec else '',
                       budget=budget if budget is not None else target.memory, by_module=_saved_by_module(tr), params=t.param_count,
-                      notes=_step_notes(precision, t.accum_steps, mb) + _bounded_note(tr) + device_notes)
+                      notes=_step_notes(precision, t.accum_steps, mb) + _bounded_note(tr) + device_notes + _compiled_note(model))
 
 # %% ../nbs/01_budget.ipynb #mp24
 def _calibration_note(target:Target)->str:
@@ -2163,6 +2186,7 @@ def max_batch_size(model:nn.Module, # the model to plan for
     if not plan(1).fits: raise BudgetTooSmallError(_too_small(model, sample, budget, target, plan(1), kw))
     b = _search(plan, budget, max_batch)
     if b < max_batch: _warn_moving_threshold(target)  # the budget decided the batch, so how far off the plan can be matters
+    if (note := _compiled_note(model)): warnings.warn(note[0], CompiledModelWarning, stacklevel=2)
     return b
 
 def _too_small(model, sample, budget, target, p1, kw)->str:
@@ -2349,7 +2373,10 @@ def find_batch_size(model:nn.Module, # the model; a copy is moved to `device`
     kw = dict(loss_fn=loss_fn, optimizer=optimizer, precision=precision, transform=transform)
     attempt = try_batch or (lambda b: _try_batch(model, sample, b, device, **kw))
     if start is None:
-        try: start = max_batch_size(model, sample, device_or_gpu=str(device) if device.type in ('cpu', 'cuda') else None, **kw)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter('ignore', CompiledModelWarning)  # the steps that follow are the compiled ones
+                start = max_batch_size(model, sample, device_or_gpu=str(device) if device.type in ('cpu', 'cuda') else None, **kw)
         except UntraceableError as e:  # no plan to start from: real steps alone (but nothing to train fails those too)
             if isinstance(e, NothingToTrainError): raise
             if verbose: print(f"no plan to start from ({str(e).split(':')[0]}): doubling from batch 1")

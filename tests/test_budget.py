@@ -1269,3 +1269,19 @@ def test_models_a_trace_cannot_take_are_refused_by_layer_and_sized_by_real_steps
             plan_memory(m, ids if what == 'sparse=True' else mnist, device_or_gpu='cpu')
     oom = lambda b: (_ for _ in ()).throw(torch.OutOfMemoryError('CUDA out of memory')) if b > 23 else None
     assert find_batch_size(cases['TorchScript'], mnist, device='cpu', try_batch=oom) == 23   # no plan: doubled, then bisected
+
+def test_compiled_model_is_planned_as_its_eager_step():
+    "torch.compile's wrapper: the plan traces the module it wraps (no dynamo on fake tensors), says so, and max_batch_size warns."
+    import warnings
+    from netlite_nb.budget import CompiledModelWarning, max_batch_size, plan_memory
+    m = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    c = torch.compile(m)
+    batch = (torch.randn(8, 64), torch.randint(0, 10, (8,)))
+    eager, compiled = plan_memory(m, batch), plan_memory(c, batch)
+    assert compiled.peak == eager.peak
+    assert not any('torch.compile' in n for n in eager.notes) and 'torch.compile' in compiled.notes[-1]
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        max_batch_size(c, batch, budget=2**24)
+        max_batch_size(m, batch, budget=2**24)
+    assert [x.category for x in w if x.category is CompiledModelWarning] == [CompiledModelWarning]
