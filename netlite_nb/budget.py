@@ -550,7 +550,7 @@ def _compiled_note(model:nn.Module)->list[str]:
     if not names: return []
     what = 'the model is' if '' in names else f"layers {', '.join(f'`{n}`' for n in names)} are"
     return [f"{what} compiled (`torch.compile`): this plans the eager step. Inductor saves other tensors for backward; its compiled "
-            "steps measured -36 % to +13 % of the eager ones (`python bench/compile_memory.py`), so check the batch on the device: "
+            "steps measured -39 % to +13 % against the eager ones (`python bench/compile_memory.py`), so check the batch on the device: "
             "`find_batch_size`"]
 
 # %% ../nbs/01_budget.ipynb #91ac4bf9
