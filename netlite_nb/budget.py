@@ -178,7 +178,9 @@ def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None
     if func in _MATMULS or func in _CONVS: self.kernels.append(_kernel(func, args))
     elif func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default: self.kernels.extend(_flash_gemms(args, kwargs or {}))  # oneDNN's primitives in half precision
     if func is torch.ops.aten._safe_softmax.default: self.decomposed = True
-    if self.graph is not None and self.phase in ('forward', 'loss'): self.count_nodes(args)  # the nodes of the ops before this one
+    # the nodes of the ops before this one; not in `prim.device`, which FakeTensors dispatch while autograd records an in-place op
+    # on a view: reading the view's grad_fn there dropped the op from the graph (`relu_` on InstanceNorm's output left no CopySlices)
+    if self.graph is not None and self.phase in ('forward', 'loss') and func.namespace == 'aten': self.count_nodes(args)
     out = _data_shaped(func, args, kwargs or {}) if func in _DATA_SHAPED else NotImplemented
     if out is NotImplemented: out = func(*args, **(kwargs or {}))
     elif func in _SIZED: self.bounded.append(func.__name__)  # a write through a mask (x[mask] = v) sizes nothing
@@ -949,10 +951,12 @@ _PROMOTING = {n + u for n in ('add', 'sub', 'rsub', 'mul', 'div', 'where', 'eq',
 _MASK_ARG = {'where': 0}  # a condition read as bools, never promoted
 
 def promotion_copies(func, args)->int:
-    "Bytes of the temporaries a CPU kernel makes because of dtypes: inputs brought to the common dtype, a half-precision mean's fp32 copy, dropout's mask drawn in the input's dtype, a complex input's `abs` or `angle` computed as complex first."
+    "Bytes of the temporaries a CPU kernel makes because of dtypes: inputs brought to the common dtype, a half-precision mean's fp32 copy, a bool or integer sum's int64 copy, dropout's mask drawn in the input's dtype, a complex input's `abs` or `angle` computed as complex first."
     name = func.overloadpacket.__name__
     if name in ('abs', 'angle') and args[0].is_complex(): return args[0].numel() * args[0].element_size()  # then its real part copied out
     if name == 'mean': return args[0].numel() * 4 if args[0].dtype in (torch.bfloat16, torch.float16) else 0
+    if name in ('sum', 'prod') and not args[0].is_floating_point() and not args[0].is_complex() and args[0].dtype != torch.int64:
+        return args[0].numel() * 8  # counted in int64, from an int64 copy of the whole input
     if name == 'native_dropout': return args[0].numel() * args[0].element_size() if len(args) < 3 or args[2] is not False else 0  # train=False: no mask
     if name not in _PROMOTING: return 0
     ts = [a for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i != _MASK_ARG.get(name)]
