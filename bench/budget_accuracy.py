@@ -1172,7 +1172,7 @@ def kernels_report():
         rev, bf = 'reverse' in sh[4:], 'bf16' in sh[4:]
         m = _lstm_workspace(*sh[:2], sh[3], sh[2], reverse=rev, itemsize=2 if bf else 4, brgemm=bf and _lstm_brgemm(torch.bfloat16))
         print(f"  steps {sh[0]}, batch {sh[1]}, {sh[2]} -> {sh[3]}{', reversed' if rev else ''}{', bf16' if bf else ''}: measured " + ' '.join(mi(v) for v in r) + "   model " + ' '.join(mi(v) for v in m), flush=True)
-    print("3. Temporaries of dtypes (inputs brought to the common dtype, a half-precision mean, a bool or integer sum's int64 copy, dropout's mask), fused attention's accumulators, upsampling's channels-last copies, MKL's FFT copies, complex abs/angle: scratch MiB")
+    print("3. Temporaries of dtypes (inputs brought to the common dtype, a half-precision mean, a bool or integer sum's int64 copy, dropout's mask; matrix_exp, not modelled), fused attention's accumulators, upsampling's channels-last copies, MKL's FFT copies, complex abs/angle: scratch MiB")
     from netlite_nb.budget import _op_arg, attention_scratch, fft_scratch, promotion_copies, upsample_copies
     t = lambda *shape, dt='float32': ['tensor', list(shape), dt]
     ops = [['add.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]], ['add_.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]],
@@ -1182,7 +1182,8 @@ def kernels_report():
            ['mean.dim', [t(32, 128, 512), [-1]]], ['native_dropout.default', [t(32, 128, 512), 0.1, True]], ['native_dropout.default', [t(32, 128, 512, dt='bfloat16'), 0.1, True]],
            ['sum.dim_IntList', [t(32, 64, 256, 16, dt='bool'), [-1], True]], ['sum.dim_IntList', [t(32, 128, 512, dt='uint8'), [1]]],  # counted in int64
            ['sum.dim_IntList', [t(32, 128, 512, dt='int32'), [-1]]], ['prod.dim_int', [t(32, 128, 512, dt='int32'), -1]],
-           ['sum.dim_IntList', [t(32, 128, 512, dt='int64'), [-1]]], ['sum.dim_IntList', [t(32, 128, 512, dt='bfloat16'), [-1]]]]  # no copy
+           ['sum.dim_IntList', [t(32, 128, 512, dt='int64'), [-1]]], ['sum.dim_IntList', [t(32, 128, 512, dt='bfloat16'), [-1]]],  # no copy
+           ['linalg_matrix_exp.default', [t(256, 256)]], ['linalg_matrix_exp.default', [t(512, 512)]], ['linalg_matrix_exp.default', [t(1024, 1024)]]]  # not modelled: the plan says so
     for B, C, H in [(8, 64, 32), (8, 32, 64), (8, 128, 16), (8, 3, 32), (16, 96, 32), (8, 64, 48)]:  # upsampling: output H + W at most 128, or more
         for dt in ('float32', 'bfloat16'):
             ops += [['upsample_nearest2d.default', [t(B, C, H, H, dt=dt), [2 * H, 2 * H], 2.0, 2.0]], ['upsample_bilinear2d.default', [t(B, C, H, H, dt=dt), [2 * H, 2 * H], False, 2.0, 2.0]]]

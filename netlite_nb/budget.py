@@ -78,6 +78,7 @@ class AllocationTracker(TorchDispatchMode):
         self.kernel_path:Callable|None = None  # kernel_path(func, args, out) -> (out, scratch bytes): a device's kernels (set by `trace_step`)
         self.decomposed = False  # saw an op that only a reference decomposition runs (attention's math path on 'meta')
         self.bounded:list[str] = []  # ops whose output's size depends on the data, run at their largest (`_data_shaped`)
+        self.unseen:list[str] = []  # ops whose kernels keep scratch no rule here models (`_UNMODELLED`)
         self.measured:dict|None = None  # kernels measured on this machine (`calibrate_kernels`) that the trace used
         self.graph:tuple|None = None  # heap bytes per autograd node, saved tensor, saved value (`AUTOGRAD_GRAPH_BYTES`); None: not counted
         self.nodes = object()  # this micro-batch's mark, left in the metadata of each autograd node counted (`count_nodes`)
@@ -123,6 +124,10 @@ _A = torch.ops.aten
 _MASKED = {_A.index.Tensor, _A.index_put.default, _A.index_put_.default, _A._index_put_impl_.default}  # (x, indices, ...)
 _SIZED = {_A.index.Tensor, _A.nonzero.default, _A.masked_select.default, _A._unique2.default, _A.unique_consecutive.default}  # outputs the data sizes
 _DATA_SHAPED = _MASKED | _SIZED
+# matrix functions and LAPACK: their workspace is made inside the op, where a tensor trace does not see it, and no rule here models it
+_UNMODELLED = {getattr(_A, n).default for n in ('linalg_matrix_exp', '_linalg_svd', '_linalg_eigh', 'linalg_eig', 'linalg_qr', 'geqrf', '_linalg_slogdet',
+               '_linalg_det', 'linalg_lu_factor_ex', 'linalg_lu', 'linalg_cholesky_ex', 'linalg_inv_ex', '_linalg_solve_ex', 'linalg_lstsq',
+               'linalg_householder_product', 'linalg_solve_triangular') if hasattr(_A, n)}
 
 def _is_mask(i)->bool: return isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) and i.dim() > 0
 
@@ -178,6 +183,7 @@ def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None
     if func in _MATMULS or func in _CONVS: self.kernels.append(_kernel(func, args))
     elif func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default: self.kernels.extend(_flash_gemms(args, kwargs or {}))  # oneDNN's primitives in half precision
     if func is torch.ops.aten._safe_softmax.default: self.decomposed = True
+    if func in _UNMODELLED: self.unseen.append(func.overloadpacket.__name__)
     # the nodes of the ops before this one; not in `prim.device`, which FakeTensors dispatch while autograd records an in-place op
     # on a view: reading the view's grad_fn there dropped the op from the graph (`relu_` on InstanceNorm's output left no CopySlices)
     if self.graph is not None and self.phase in ('forward', 'loss') and func.namespace == 'aten': self.count_nodes(args)
@@ -2004,6 +2010,14 @@ def _step_notes(precision:str, accum:int, micro:int)->list[str]:
     if precision == 'fp16': notes.append("GradScaler: a scale and a growth tracker (8 bytes); unscaling the gradients is in place")
     return notes
 
+def _unmodelled_note(tr:AllocationTracker)->list[str]:
+    "The plan's note on ops whose kernels keep scratch the plan leaves out (`_UNMODELLED`)."
+    if not tr.unseen: return []
+    ops = ', '.join(f"{op} x{tr.unseen.count(op)}" for op in dict.fromkeys(tr.unseen))
+    return [f"not included: the scratch that {ops} make inside the op (matrix functions, LAPACK). `linalg_matrix_exp`'s is 11-12 "
+            "times its matrix (`python bench/budget_accuracy.py --kernels`, part 3) and depends on the matrix's norm; check the batch "
+            "on the device (`find_batch_size`) or keep room for it"]
+
 def _bounded_note(tr:AllocationTracker)->list[str]:
     "The plan's note on ops it ran at their largest because the data decides their size (`_data_shaped`)."
     if not tr.bounded: return []
@@ -2065,7 +2079,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
                       total=reserved + terms.get('CUDA context', 0), breakdown={**_breakdown(tr), **terms},
                       peak_phase=rec.phase if rec else 'none', peak_module=rec.module if rec else '',
                       budget=budget if budget is not None else target.memory, by_module=_saved_by_module(tr), params=t.param_count,
-                      notes=_step_notes(precision, t.accum_steps, mb) + _bounded_note(tr) + device_notes + _compiled_note(model))
+                      notes=_step_notes(precision, t.accum_steps, mb) + _bounded_note(tr) + _unmodelled_note(tr) + device_notes + _compiled_note(model))
 
 # %% ../nbs/01_budget.ipynb #mp24
 def _calibration_note(target:Target)->str:
