@@ -6,6 +6,7 @@
     python bench/budget_accuracy.py --unseen        # the same on 5 models none of the planner was built or checked on
     python bench/budget_accuracy.py --variants      # the same on 14 variants of the families (one thing changed each), one batch size each
     python bench/budget_accuracy.py --fifth         # the same on a fifth round of 9 models brought last, and packed sequences at full length (--brought, --fourth: the earlier rounds)
+    python bench/budget_accuracy.py --eighth        # the same on ten of autograd's shapes (a Function saving on ctx, in-place ops on views, orthogonal weights, cumprod...)
     python bench/budget_accuracy.py --seventh       # the same on a seventh round of 13 models (images and per-pixel labels out, LMs, graphs, point clouds...; --sixth: the one before)
     python bench/budget_accuracy.py --budgets       # max_batch_size at 0.5/1/2 GiB budgets, checked by measurement
                                                     # (--models cnn transformer --gib 0.5 1 to run a part)
@@ -825,8 +826,107 @@ TARGETS = {'espcn': lambda bs: torch.randn(bs, 3, 64, 64), 'seg_unet': lambda bs
 LOSSES = {'llama_smooth': lm_smooth_loss}
 TOKENS.update({'llama': (2000, 2000), 'llama_smooth': (8000, 8000)})  # next-token labels, one per position
 
-ALL = {**MODELS, **FAMILIES, **VARIANTS, **UNSEEN, **BROUGHT, **FOURTH, **FIFTH, **SIXTH, **SEVENTH}
-_SETS = (MODELS, FAMILIES, VARIANTS, UNSEEN, BROUGHT, FOURTH, FIFTH, SIXTH, SEVENTH)
+# an eighth round, smaller, of autograd's shapes: a user's Function saving on ctx, one layer shared across depths with auxiliary heads,
+# in-place ops on views, non-reentrant checkpointing, an orthogonal parametrization, a gradient hook, a contrastive loss's similarity
+# matrix, sorting and cumulative ops with gumbel_softmax, unfold/fold, a flow's slogdet; measured before any change
+from torch.utils.checkpoint import checkpoint
+class CtxAttr(torch.autograd.Function):
+    "Saves its mask as a ctx attribute, not through save_for_backward (old-style user code)."
+    @staticmethod
+    def forward(ctx, x):
+        ctx.mask = x > 0
+        return x.clamp(min=0) * 2
+    @staticmethod
+    def backward(ctx, g): return g * ctx.mask * 2
+class CtxNet(nn.Module):
+    def __init__(s): super().__init__(); s.c1, s.c2, s.head = nn.Conv2d(3, 32, 3, padding=1), nn.Conv2d(32, 32, 3, padding=1), nn.Linear(32, 10)
+    def forward(s, x): return s.head(CtxAttr.apply(s.c2(CtxAttr.apply(s.c1(x)))).mean((2, 3)))
+class Albert(nn.Module):
+    "One transformer layer shared across 4 depths (ALBERT), with an auxiliary head after each depth summed into the output."
+    def __init__(s, d=128):
+        super().__init__(); s.inp = nn.Linear(64, d); s.layer = nn.TransformerEncoderLayer(d, 4, 4 * d, 0.1, batch_first=True); s.head = nn.Linear(d, 10)
+    def forward(s, x):
+        h = s.inp(x); out = 0
+        for _ in range(4): h = s.layer(h); out = out + s.head(h.mean(1))
+        return out / 4
+class InplaceViews(nn.Module):
+    "In-place ops on views in many forms: masked_fill_ on a slice, a slice +=, index_add_ into a clone, scatter_add_, sigmoid_ on a chunk."
+    def __init__(s, c=64):
+        super().__init__(); s.a, s.b = nn.Conv2d(3, c, 3, padding=1), nn.Conv2d(c, c, 3, padding=1); s.head = nn.Linear(c, 10)
+    def forward(s, x):
+        h = s.a(x).clone()
+        h[:, :16].masked_fill_(h[:, :16] < -1, 0.0)
+        h[:, 16:32] += 1.0
+        g1, g2 = h.chunk(2, 1)
+        g1 = g1.sigmoid() * g2
+        h = s.b(torch.cat([g1, g2], 1))
+        return s.head(h.mean((2, 3)))
+class CkptNonReentrant(nn.Module):
+    "Non-reentrant checkpointing of conv blocks (use_reentrant=False), as PyTorch now recommends."
+    def __init__(s, c=64):
+        super().__init__(); s.inp = nn.Conv2d(3, c, 3, padding=1)
+        s.blocks = nn.ModuleList(nn.Sequential(nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU()) for _ in range(3)); s.head = nn.Linear(c, 10)
+    def forward(s, x):
+        h = s.inp(x)
+        for b in s.blocks: h = checkpoint(b, h, use_reentrant=False)
+        return s.head(h.mean((2, 3)))
+class Ortho(nn.Module):
+    "An orthogonal weight (`parametrizations.orthogonal`: a matrix exponential for a square one), used again transposed."
+    def __init__(s, d=256):
+        super().__init__(); s.inp = nn.Linear(784, d); s.q = nn.utils.parametrizations.orthogonal(nn.Linear(d, d)); s.out = nn.Linear(d, 10)
+    def forward(s, x):
+        h = torch.tanh(s.q(torch.tanh(s.inp(x.flatten(1)))))
+        return s.out(h + F.linear(torch.relu(F.linear(h, s.q.weight)), s.q.weight.T))  # the orthogonal weight used again, transposed
+class GradHook(nn.Module):
+    "A tensor hook in forward that scales the gradient (gradient reversal, as domain adaptation uses) and a retained intermediate grad."
+    def __init__(s): super().__init__(); s.f = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU()); s.d = nn.Sequential(nn.Conv2d(32, 32, 3, padding=1), nn.ReLU()); s.head = nn.Linear(32, 10)
+    def forward(s, x):
+        h = s.f(x)
+        if h.requires_grad: h.register_hook(lambda g: -0.1 * g)
+        return s.head(s.d(h).mean((2, 3)))
+class Contrastive(nn.Module):
+    "SimCLR's NT-Xent written out: two views' embeddings, a (2B x 2B) cosine-similarity matrix, the diagonal masked with -inf, logits over the other samples."
+    def __init__(s): super().__init__(); s.enc = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 512), nn.ReLU(), nn.Linear(512, 128)); s.cls = nn.Linear(128, 10)
+    def forward(s, x):
+        z = F.normalize(torch.cat([s.enc(x), s.enc(x.flip(-1))]), dim=1)
+        sim = (z @ z.T) / 0.1
+        sim = sim.masked_fill(torch.eye(sim.shape[0], dtype=torch.bool, device=x.device), float('-inf'))
+        return torch.cat([s.cls(z[: x.shape[0]]), sim[: x.shape[0]]], 1)  # class logits, then each sample's over the 2B-1 others
+class SortPool(nn.Module):
+    "Sorting and cumulative ops: features sorted per channel (sort + gather), cumprod and cumsum over time, gumbel_softmax(hard) routing."
+    def __init__(s): super().__init__(); s.inp = nn.Linear(64, 64); s.route = nn.Linear(64, 8); s.head = nn.Linear(64 + 8, 10)
+    def forward(s, x):
+        h = torch.tanh(s.inp(x))                      # (B, T, 64)
+        v, i = h.sort(1, descending=True)
+        top = v[:, :8].mean(1) + torch.cumprod(torch.sigmoid(h), 1)[:, -1] + h.cumsum(1)[:, -1] / h.shape[1]
+        r = F.gumbel_softmax(s.route(h), tau=1.0, hard=True).mean(1)
+        return s.head(torch.cat([top, r], -1))
+class FoldNet(nn.Module):
+    "Patches out and back: F.unfold, a per-patch MLP, F.fold (overlapping, summed), pixel_unshuffle, area interpolation."
+    def __init__(s): super().__init__(); s.mix = nn.Linear(3 * 16, 3 * 16); s.c = nn.Conv2d(12, 32, 3, padding=1); s.head = nn.Linear(32, 10)
+    def forward(s, x):
+        p = F.unfold(x, 4, stride=2, padding=1)                    # (B, 48, L)
+        x = F.fold(torch.relu(s.mix(p.transpose(1, 2))).transpose(1, 2), x.shape[-2:], 4, stride=2, padding=1)
+        x = F.pixel_unshuffle(F.interpolate(x, scale_factor=0.5, mode='area'), 2)
+        return s.head(torch.relu(s.c(x)).mean((2, 3)))
+class Flow(nn.Module):
+    "A normalizing flow's layers: an invertible 1x1 convolution whose log-determinant (slogdet) joins the output, affine coupling."
+    def __init__(s, c=16):
+        super().__init__(); s.w = nn.Parameter(torch.linalg.qr(torch.randn(c, c))[0]); s.inp = nn.Conv2d(3, c, 3, padding=1)
+        s.net = nn.Sequential(nn.Conv2d(c // 2, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, c, 3, padding=1)); s.head = nn.Linear(c, 10)
+    def forward(s, x):
+        h = s.inp(x); h = F.conv2d(h, s.w[:, :, None, None]); a, b = h.chunk(2, 1)
+        sc, sh = s.net(a).chunk(2, 1); b = b * torch.sigmoid(sc + 2) + sh
+        ld = torch.linalg.slogdet(s.w)[1] * h.shape[2] * h.shape[3]
+        return s.head(torch.cat([a, b], 1).mean((2, 3))) + ld / 1e4
+
+EIGHTH = {'ctx_attr': (CtxNet, (3, 64, 64), (16,)), 'albert': (Albert, (64, 64), (32,)), 'inplace_views': (InplaceViews, (3, 64, 64), (16,)),
+          'ckpt_nonreentrant': (CkptNonReentrant, (3, 64, 64), (16,)), 'ortho': (Ortho, (1, 28, 28), (256,)), 'grad_hook': (GradHook, (3, 64, 64), (16,)),
+          'contrastive': (Contrastive, (3, 32, 32), (256,)), 'sort_pool': (SortPool, (128, 64), (64,)), 'fold_net': (FoldNet, (3, 64, 64), (16,)),
+          'flow': (Flow, (3, 64, 64), (16,))}
+
+ALL = {**MODELS, **FAMILIES, **VARIANTS, **UNSEEN, **BROUGHT, **FOURTH, **FIFTH, **SIXTH, **SEVENTH, **EIGHTH}
+_SETS = (MODELS, FAMILIES, VARIANTS, UNSEEN, BROUGHT, FOURTH, FIFTH, SIXTH, SEVENTH, EIGHTH)
 assert all(ALL[k] is d[k] or ALL[k][1:] == d[k][1:] and ALL[k][0].__qualname__ == d[k][0].__qualname__ != '<lambda>' for d in _SETS for k in d), \
     'two sets name different models alike: `make` would run one in place of the other'
 
@@ -1172,8 +1272,8 @@ def kernels_report():
         rev, bf = 'reverse' in sh[4:], 'bf16' in sh[4:]
         m = _lstm_workspace(*sh[:2], sh[3], sh[2], reverse=rev, itemsize=2 if bf else 4, brgemm=bf and _lstm_brgemm(torch.bfloat16))
         print(f"  steps {sh[0]}, batch {sh[1]}, {sh[2]} -> {sh[3]}{', reversed' if rev else ''}{', bf16' if bf else ''}: measured " + ' '.join(mi(v) for v in r) + "   model " + ' '.join(mi(v) for v in m), flush=True)
-    print("3. Temporaries of dtypes (inputs brought to the common dtype, a half-precision mean, a bool or integer sum's int64 copy, dropout's mask; matrix_exp, not modelled), fused attention's accumulators, upsampling's channels-last copies, MKL's FFT copies, complex abs/angle: scratch MiB")
-    from netlite_nb.budget import _op_arg, attention_scratch, fft_scratch, promotion_copies, upsample_copies
+    print("3. Temporaries of dtypes (inputs brought to the common dtype, a half-precision mean, a bool or integer sum's int64 copy, dropout's mask; matrix_exp, not modelled), F.fold/F.unfold's contiguous copies, fused attention's accumulators, upsampling's channels-last copies, MKL's FFT copies, complex abs/angle: scratch MiB")
+    from netlite_nb.budget import _op_arg, attention_scratch, contiguous_copies, fft_scratch, promotion_copies, upsample_copies
     t = lambda *shape, dt='float32': ['tensor', list(shape), dt]
     ops = [['add.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]], ['add_.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]],
            ['mul.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bool')]], ['mul.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='int64')]],
@@ -1183,7 +1283,9 @@ def kernels_report():
            ['sum.dim_IntList', [t(32, 64, 256, 16, dt='bool'), [-1], True]], ['sum.dim_IntList', [t(32, 128, 512, dt='uint8'), [1]]],  # counted in int64
            ['sum.dim_IntList', [t(32, 128, 512, dt='int32'), [-1]]], ['prod.dim_int', [t(32, 128, 512, dt='int32'), -1]],
            ['sum.dim_IntList', [t(32, 128, 512, dt='int64'), [-1]]], ['sum.dim_IntList', [t(32, 128, 512, dt='bfloat16'), [-1]]],  # no copy
-           ['linalg_matrix_exp.default', [t(256, 256)]], ['linalg_matrix_exp.default', [t(512, 512)]], ['linalg_matrix_exp.default', [t(1024, 1024)]]]  # not modelled: the plan says so
+           ['linalg_matrix_exp.default', [t(256, 256)]], ['linalg_matrix_exp.default', [t(512, 512)]], ['linalg_matrix_exp.default', [t(1024, 1024)]],  # not modelled: the plan says so
+           ['col2im.default', [t(64, 48, 1024) + ['T'], [64, 64], [4, 4], [1, 1], [1, 1], [2, 2]]], ['col2im.default', [t(64, 48, 1024), [64, 64], [4, 4], [1, 1], [1, 1], [2, 2]]],
+           ['im2col.default', [t(64, 3, 64, 64) + ['T'], [4, 4], [1, 1], [1, 1], [2, 2]]], ['im2col.default', [t(64, 3, 64, 64), [4, 4], [1, 1], [1, 1], [2, 2]]]]  # F.fold/F.unfold: copies of inputs that are not contiguous
     for B, C, H in [(8, 64, 32), (8, 32, 64), (8, 128, 16), (8, 3, 32), (16, 96, 32), (8, 64, 48)]:  # upsampling: output H + W at most 128, or more
         for dt in ('float32', 'bfloat16'):
             ops += [['upsample_nearest2d.default', [t(B, C, H, H, dt=dt), [2 * H, 2 * H], 2.0, 2.0]], ['upsample_bilinear2d.default', [t(B, C, H, H, dt=dt), [2 * H, 2 * H], False, 2.0, 2.0]]]
@@ -1202,7 +1304,7 @@ def kernels_report():
         f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [_op_arg(a, 'meta') for a in args]
         label = op.split('.')[0].replace('_scaled_dot_product_flash_attention_for_cpu', 'flash attention') + ' ' + ', '.join(f"{'x'.join(map(str, a[1]))} {a[2]}" for a in args if isinstance(a, list) and a[:1] == ['tensor'])[:60]
         dims = f' dims {args[1]}' if op.startswith('_fft') else ''
-        print(f"  {label + dims:<78} measured {mi(g)}   model {mi(promotion_copies(f, xs) + attention_scratch(f, xs) + upsample_copies(f, xs, f(*xs)) + fft_scratch(f, xs))}", flush=True)
+        print(f"  {label + dims:<78} measured {mi(g)}   model {mi(promotion_copies(f, xs) + attention_scratch(f, xs) + upsample_copies(f, xs, f(*xs)) + fft_scratch(f, xs) + contiguous_copies(f, xs))}", flush=True)
 
 def run_child(flag, arg)->list:
     out = subprocess.run([sys.executable, __file__, flag, json.dumps(arg)], env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
@@ -1479,6 +1581,7 @@ if __name__ == '__main__':
     ap.add_argument('--fifth', action='store_true', help='accuracy table on FIFTH: a fifth round, brought after the fourth')
     ap.add_argument('--sixth', action='store_true', help='accuracy table on SIXTH: a sixth round, brought after the fifth')
     ap.add_argument('--seventh', action='store_true', help='accuracy table on SEVENTH: a seventh round, brought after the sixth')
+    ap.add_argument('--eighth', action='store_true', help="accuracy table on EIGHTH: a smaller round of autograd's shapes")
     ap.add_argument('--calibrate', action='store_true', help='add a column: the plan calibrated on this machine (from an empty cache)')
     ap.add_argument('--budgets', action='store_true')
     ap.add_argument('--real-budgets', action='store_true', help="--budgets with the issue's unscaled 2, 4 and 8 GiB, for the CNN and the transformer")
@@ -1533,7 +1636,7 @@ if __name__ == '__main__':
     elif a.malloc_trace: malloc_trace_report(a.malloc_trace[0], int(a.malloc_trace[1]))
     elif a.phases_child: print(json.dumps(phases_child(*json.loads(a.phases_child))))
     elif a.kernels: kernels_report()
-    elif (chosen := [m for flag, m in (('seventh', SEVENTH), ('sixth', SIXTH), ('fifth', FIFTH), ('fourth', FOURTH), ('brought', BROUGHT), ('unseen', UNSEEN), ('variants', VARIANTS), ('families', FAMILIES)) if getattr(a, flag)]):
+    elif (chosen := [m for flag, m in (('eighth', EIGHTH), ('seventh', SEVENTH), ('sixth', SIXTH), ('fifth', FIFTH), ('fourth', FOURTH), ('brought', BROUGHT), ('unseen', UNSEEN), ('variants', VARIANTS), ('families', FAMILIES)) if getattr(a, flag)]):
         models = {k: v for k, v in chosen[0].items() if not a.models or k in a.models}
         if a.budgets: budgets_table(list(models), a.gib, next_up=False)  # the margin leaves room for b+1
         else: accuracy_table(a.full_warmup, models, a.calibrate)

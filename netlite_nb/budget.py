@@ -944,7 +944,8 @@ def _transposed_scratch(fwd:bool, x, w, y, # the input (N, Ci, ...), weights (Ci
 # %% ../nbs/01_budget.ipynb #46a1190b
 _COPIES_INPUTS = {_A.native_layer_norm.default: (0,), _A.native_layer_norm_backward.default: (0, 1), _A._softmax.default: (0,),
                   _A._log_softmax.default: (0,), _A._softmax_backward_data.default: (0, 1), _A._log_softmax_backward_data.default: (0, 1),
-                  _A.mkldnn_rnn_layer_backward.default: (10,)}  # an LSTM layer's output gradient: a slice of the next layer's when bidirectional
+                  _A.mkldnn_rnn_layer_backward.default: (10,),  # an LSTM layer's output gradient: a slice of the next layer's when bidirectional
+                  _A.im2col.default: (0,), _A.col2im.default: (0,)}  # F.unfold and F.fold (and each other's gradient)
 
 def contiguous_copies(func, args)->int:
     "Bytes of the contiguous copies kernel `func` makes of those of its inputs that are not contiguous (a transient while it runs)."
@@ -1224,8 +1225,9 @@ def _run_lstm(T:int, B:int, I:int, H:int, reverse:bool, dtype:str='float32')->li
     return [kept, grown - kept - y.nbytes - hy.nbytes - cy.nbytes, back - sum(t.grad.nbytes for t in (x, *w))]
 
 def _op_arg(a, device:str='cpu'):
-    "An argument of an op spec (`_run_op`): ['tensor', shape, dtype] becomes a random tensor on `device`, anything else stays."
+    "An argument of an op spec (`_run_op`): ['tensor', shape, dtype] becomes a random tensor on `device` (['tensor', shape, dtype, 'T']: its last two dimensions transposed), anything else stays."
     if not (isinstance(a, list) and a and a[0] == 'tensor'): return a
+    if a[3:] == ['T']: return _op_arg(['tensor', [*a[1][:-2], a[1][-1], a[1][-2]], a[2]], device).transpose(-1, -2)  # that shape, not contiguous
     if device == 'meta': return torch.empty(*a[1], dtype=getattr(torch, a[2]), device='meta')
     dt = getattr(torch, a[2])
     if dt == torch.bool: return torch.rand(*a[1]) > 0.5
