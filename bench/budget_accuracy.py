@@ -1272,8 +1272,8 @@ def kernels_report():
         rev, bf = 'reverse' in sh[4:], 'bf16' in sh[4:]
         m = _lstm_workspace(*sh[:2], sh[3], sh[2], reverse=rev, itemsize=2 if bf else 4, brgemm=bf and _lstm_brgemm(torch.bfloat16))
         print(f"  steps {sh[0]}, batch {sh[1]}, {sh[2]} -> {sh[3]}{', reversed' if rev else ''}{', bf16' if bf else ''}: measured " + ' '.join(mi(v) for v in r) + "   model " + ' '.join(mi(v) for v in m), flush=True)
-    print("3. Temporaries of dtypes (inputs brought to the common dtype, a half-precision mean, a bool or integer sum's int64 copy, dropout's mask; matrix_exp, not modelled), F.fold/F.unfold's contiguous copies, fused attention's accumulators, upsampling's channels-last copies, MKL's FFT copies, complex abs/angle: scratch MiB")
-    from netlite_nb.budget import _op_arg, attention_scratch, contiguous_copies, fft_scratch, promotion_copies, upsample_copies
+    print("3. Temporaries of dtypes (inputs brought to the common dtype, a half-precision mean, a bool or integer sum's int64 copy, dropout's mask), matrix_exp's buffers, F.fold/F.unfold's contiguous copies, fused attention's accumulators, upsampling's channels-last copies, MKL's FFT copies, complex abs/angle: scratch MiB")
+    from netlite_nb.budget import _op_arg, attention_scratch, contiguous_copies, fft_scratch, matrix_exp_scratch, promotion_copies, upsample_copies
     t = lambda *shape, dt='float32': ['tensor', list(shape), dt]
     ops = [['add.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]], ['add_.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]],
            ['mul.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bool')]], ['mul.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='int64')]],
@@ -1283,7 +1283,7 @@ def kernels_report():
            ['sum.dim_IntList', [t(32, 64, 256, 16, dt='bool'), [-1], True]], ['sum.dim_IntList', [t(32, 128, 512, dt='uint8'), [1]]],  # counted in int64
            ['sum.dim_IntList', [t(32, 128, 512, dt='int32'), [-1]]], ['prod.dim_int', [t(32, 128, 512, dt='int32'), -1]],
            ['sum.dim_IntList', [t(32, 128, 512, dt='int64'), [-1]]], ['sum.dim_IntList', [t(32, 128, 512, dt='bfloat16'), [-1]]],  # no copy
-           ['linalg_matrix_exp.default', [t(256, 256)]], ['linalg_matrix_exp.default', [t(512, 512)]], ['linalg_matrix_exp.default', [t(1024, 1024)]],  # not modelled: the plan says so
+           ['linalg_matrix_exp.default', [t(256, 256)]], ['linalg_matrix_exp.default', [t(512, 512)]], ['linalg_matrix_exp.default', [t(1024, 1024)]],  # compute_T18's buffers
            ['col2im.default', [t(64, 48, 1024) + ['T'], [64, 64], [4, 4], [1, 1], [1, 1], [2, 2]]], ['col2im.default', [t(64, 48, 1024), [64, 64], [4, 4], [1, 1], [1, 1], [2, 2]]],
            ['im2col.default', [t(64, 3, 64, 64) + ['T'], [4, 4], [1, 1], [1, 1], [2, 2]]], ['im2col.default', [t(64, 3, 64, 64), [4, 4], [1, 1], [1, 1], [2, 2]]]]  # F.fold/F.unfold: copies of inputs that are not contiguous
     for B, C, H in [(8, 64, 32), (8, 32, 64), (8, 128, 16), (8, 3, 32), (16, 96, 32), (8, 64, 48)]:  # upsampling: output H + W at most 128, or more
@@ -1304,7 +1304,7 @@ def kernels_report():
         f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [_op_arg(a, 'meta') for a in args]
         label = op.split('.')[0].replace('_scaled_dot_product_flash_attention_for_cpu', 'flash attention') + ' ' + ', '.join(f"{'x'.join(map(str, a[1]))} {a[2]}" for a in args if isinstance(a, list) and a[:1] == ['tensor'])[:60]
         dims = f' dims {args[1]}' if op.startswith('_fft') else ''
-        print(f"  {label + dims:<78} measured {mi(g)}   model {mi(promotion_copies(f, xs) + attention_scratch(f, xs) + upsample_copies(f, xs, f(*xs)) + fft_scratch(f, xs) + contiguous_copies(f, xs))}", flush=True)
+        print(f"  {label + dims:<78} measured {mi(g)}   model {mi(promotion_copies(f, xs) + attention_scratch(f, xs) + upsample_copies(f, xs, f(*xs)) + fft_scratch(f, xs) + contiguous_copies(f, xs) + matrix_exp_scratch(f, xs))}", flush=True)
 
 def run_child(flag, arg)->list:
     out = subprocess.run([sys.executable, __file__, flag, json.dumps(arg)], env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},

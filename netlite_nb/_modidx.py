@@ -244,6 +244,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget.fix_glibc_thresholds': ('budget.html#fix_glibc_thresholds', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.is_traced': ('budget.html#is_traced', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.make_optimizer': ('budget.html#make_optimizer', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget.matrix_exp_scratch': ('budget.html#matrix_exp_scratch', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.max_batch_size': ('budget.html#max_batch_size', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.measure_conv_scratch': ('budget.html#measure_conv_scratch', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.plan_memory': ('budget.html#plan_memory', 'netlite_nb/budget.py'),

@@ -26,11 +26,12 @@ __all__ = ['AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'CUDA_CONTEXT_BYTE
            'default_loss', 'register_optimizer', 'make_optimizer', 'UntraceableError', 'NothingToTrainError',
            'CompiledModelWarning', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes',
            'cublaslt_workspace_bytes', 'Target', 'resolve_target', 'cpu_workspace_bytes', 'cpu_conv_scratch',
-           'contiguous_copies', 'promotion_copies', 'attention_scratch', 'fft_scratch', 'upsample_copies',
-           'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels',
-           'MemoryPlan', 'GlibcHeap', 'fix_glibc_thresholds', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels',
-           'cudnn_lstm_bytes', 'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning',
-           'max_batch_size', 'Change', 'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
+           'contiguous_copies', 'promotion_copies', 'attention_scratch', 'matrix_exp_scratch', 'fft_scratch',
+           'upsample_copies', 'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch',
+           'calibrate_kernels', 'MemoryPlan', 'GlibcHeap', 'fix_glibc_thresholds', 'cudnn_conv_workspace',
+           'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes', 'plan_memory', 'plot_plans', 'BudgetTooSmallError',
+           'MovingThresholdWarning', 'max_batch_size', 'Change', 'register_lever', 'fit_to_budget', 'find_batch_size',
+           'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -124,7 +125,8 @@ _A = torch.ops.aten
 _MASKED = {_A.index.Tensor, _A.index_put.default, _A.index_put_.default, _A._index_put_impl_.default}  # (x, indices, ...)
 _SIZED = {_A.index.Tensor, _A.nonzero.default, _A.masked_select.default, _A._unique2.default, _A.unique_consecutive.default}  # outputs the data sizes
 _DATA_SHAPED = _MASKED | _SIZED
-# matrix functions and LAPACK: their workspace is made inside the op, where a tensor trace does not see it, and no rule here models it
+# matrix functions and LAPACK: their workspace is made inside the op, where a tensor trace does not see it; the plan's notes name
+# those no kernel path gives scratch for (`matrix_exp_scratch` on the CPU)
 _UNMODELLED = {getattr(_A, n).default for n in ('linalg_matrix_exp', '_linalg_svd', '_linalg_eigh', 'linalg_eig', 'linalg_qr', 'geqrf', '_linalg_slogdet',
                '_linalg_det', 'linalg_lu_factor_ex', 'linalg_lu', 'linalg_cholesky_ex', 'linalg_inv_ex', '_linalg_solve_ex', 'linalg_lstsq',
                'linalg_householder_product', 'linalg_solve_triangular') if hasattr(_A, n)}
@@ -183,7 +185,6 @@ def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None
     if func in _MATMULS or func in _CONVS: self.kernels.append(_kernel(func, args))
     elif func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default: self.kernels.extend(_flash_gemms(args, kwargs or {}))  # oneDNN's primitives in half precision
     if func is torch.ops.aten._safe_softmax.default: self.decomposed = True
-    if func in _UNMODELLED: self.unseen.append(func.overloadpacket.__name__)
     # the nodes of the ops before this one; not in `prim.device`, which FakeTensors dispatch while autograd records an in-place op
     # on a view: reading the view's grad_fn there dropped the op from the graph (`relu_` on InstanceNorm's output left no CopySlices)
     if self.graph is not None and self.phase in ('forward', 'loss') and func.namespace == 'aten': self.count_nodes(args)
@@ -192,6 +193,7 @@ def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None
     elif func in _SIZED: self.bounded.append(func.__name__)  # a write through a mask (x[mask] = v) sizes nothing
     scratch = 0
     if self.kernel_path is not None: out, scratch = self.kernel_path(func, args, out)
+    if func in _UNMODELLED and not scratch: self.unseen.append(func.overloadpacket.__name__)  # its scratch is not in the plan
     new = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and self.record_of(t) is None]
     if new:  # an output sharing an input's storage (a view, an in-place or out= result) allocated nothing
         ins = {id(a.untyped_storage()) for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
@@ -981,6 +983,11 @@ def attention_scratch(func, args)->int:
     if func is _A._scaled_dot_product_flash_attention_for_cpu_backward.default: return args[1].numel() * args[1].element_size()
     return 0
 
+# %% ../nbs/01_budget.ipynb #46311fa0
+def matrix_exp_scratch(func, args)->int:
+    "Bytes `linalg_matrix_exp` holds inside itself: `compute_T18`'s five powers, five linear combinations and a product (the most, at the highest degree)."
+    return 11 * args[0].numel() * args[0].element_size() if func is _A.linalg_matrix_exp.default else 0
+
 # %% ../nbs/01_budget.ipynb #bf79aa0a
 _FFTS = (_A._fft_r2c.default, _A._fft_c2c.default, _A._fft_c2r.default)
 
@@ -1095,7 +1102,8 @@ def cpu_kernel_path(func, args, out,
     if func in _MATMULS and missing is not None and measured is not None:
         key, spec = _mm_key(_kernel(func, args))
         if key not in measured: missing.append(spec)
-    if func not in _CONVS: return out, contiguous_copies(func, args) + promotion_copies(func, args) + attention_scratch(func, args) + upsample_copies(func, args, out) + fft_scratch(func, args)
+    if func not in _CONVS: return out, (contiguous_copies(func, args) + promotion_copies(func, args) + attention_scratch(func, args) + upsample_copies(func, args, out)
+                                        + fft_scratch(func, args) + matrix_exp_scratch(func, args))
     out = _as_laid_out(func, args, out)
     if measured is not None:
         key, spec = _conv_key(func, args)
@@ -2016,9 +2024,8 @@ def _unmodelled_note(tr:AllocationTracker)->list[str]:
     "The plan's note on ops whose kernels keep scratch the plan leaves out (`_UNMODELLED`)."
     if not tr.unseen: return []
     ops = ', '.join(f"{op} x{tr.unseen.count(op)}" for op in dict.fromkeys(tr.unseen))
-    return [f"not included: the scratch that {ops} make inside the op (matrix functions, LAPACK). `linalg_matrix_exp`'s is 11-12 "
-            "times its matrix (`python bench/budget_accuracy.py --kernels`, part 3) and depends on the matrix's norm; check the batch "
-            "on the device (`find_batch_size`) or keep room for it"]
+    return [f"not included: the scratch that {ops} make inside the op (matrix functions, LAPACK), which no rule here models; check "
+            "the batch on the device (`find_batch_size`) or keep room for it"]
 
 def _bounded_note(tr:AllocationTracker)->list[str]:
     "The plan's note on ops it ran at their largest because the data decides their size (`_data_shaped`)."
