@@ -180,6 +180,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._onednn_lowp': ('budget.html#_onednn_lowp', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._onednn_operands': ('budget.html#_onednn_operands', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._op_arg': ('budget.html#_op_arg', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._op_counts': ('budget.html#_op_counts', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._optimizer_name': ('budget.html#_optimizer_name', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._optimizer_phase': ('budget.html#_optimizer_phase', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._plug_heap': ('budget.html#_plug_heap', 'netlite_nb/budget.py'),

@@ -2020,18 +2020,20 @@ def _step_notes(precision:str, accum:int, micro:int)->list[str]:
     if precision == 'fp16': notes.append("GradScaler: a scale and a growth tracker (8 bytes); unscaling the gradients is in place")
     return notes
 
+def _op_counts(names:list[str])->str:
+    "How often each op of `names` ran, in the order they first ran: 'index.Tensor x2, nonzero.default x1'."
+    return ', '.join(f"{op} x{names.count(op)}" for op in dict.fromkeys(names))
+
 def _unmodelled_note(tr:AllocationTracker)->list[str]:
     "The plan's note on ops whose kernels keep scratch the plan leaves out (`_UNMODELLED`)."
     if not tr.unseen: return []
-    ops = ', '.join(f"{op} x{tr.unseen.count(op)}" for op in dict.fromkeys(tr.unseen))
-    return [f"not included: the scratch that {ops} make inside the op (matrix functions, LAPACK), which no rule here models; check "
+    return [f"not included: the scratch that {_op_counts(tr.unseen)} make inside the op (matrix functions, LAPACK), which no rule here models; check "
             "the batch on the device (`find_batch_size`) or keep room for it"]
 
 def _bounded_note(tr:AllocationTracker)->list[str]:
     "The plan's note on ops it ran at their largest because the data decides their size (`_data_shaped`)."
     if not tr.bounded: return []
-    ops = ', '.join(f"{op} x{tr.bounded.count(op)}" for op in dict.fromkeys(tr.bounded))
-    return [f"an upper bound where the data decides a size: {ops} planned at their largest (every element of a mask True, every "
+    return [f"an upper bound where the data decides a size: {_op_counts(tr.bounded)} planned at their largest (every element of a mask True, every "
             "value distinct, every packed sequence at full length); the step uses less when they select less"]
 
 # %% ../nbs/01_budget.ipynb #mp19
