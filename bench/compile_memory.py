@@ -24,17 +24,13 @@ def child(name:str, bs:int, mode:str)->int:
     model, (x, y) = ba.make(name, bs)
     run = torch.compile(model) if mode == 'compiled' else model
     opt, loss_fn = torch.optim.AdamW(model.parameters(), lr=1e-3), ba._loss(name)
-    def steps(n):
-        for _ in range(n):
-            out = run(x); loss = loss_fn(out, y); loss.backward(); del out, loss
-            opt.step(); opt.zero_grad(set_to_none=True)
-    steps(1)
+    ba._steps(run, opt, x, y, 1, loss_fn)  # the bench's steps, on the compiled wrapper or the model
     gc.collect(); ctypes.CDLL(None).malloc_trim(0)
     alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y,
                                                       *(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v))])
     base = ba._rss()
     with open('/proc/self/clear_refs', 'w') as f: f.write('5')
-    steps(2)
+    ba._steps(run, opt, x, y, 2, loss_fn)
     return ba._hwm() - base + alive
 
 def measured(name, bs, mode)->int:
