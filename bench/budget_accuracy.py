@@ -7,7 +7,9 @@
     python bench/budget_accuracy.py --variants      # the same on 14 variants of the families (one thing changed each), one batch size each
     python bench/budget_accuracy.py --fifth         # the same on a fifth round of 9 models brought last, and packed sequences at full length (--brought, --fourth: the earlier rounds)
     python bench/budget_accuracy.py --eighth        # the same on ten of autograd's shapes (a Function saving on ctx, in-place ops on views, orthogonal weights, cumprod...)
+    python bench/budget_accuracy.py --ninth         # the same on users' losses and tricks: an OCR net's CTC loss, a PINN's second derivatives, a WGAN-GP critic
     python bench/budget_accuracy.py --seventh       # the same on a seventh round of 13 models (images and per-pixel labels out, LMs, graphs, point clouds...; --sixth: the one before)
+    python bench/budget_accuracy.py --optimizers    # 4 families trained by 15 optimizers users bring (fused, foreach, Adagrad, Adafactor, ASGD...)
     python bench/budget_accuracy.py --budgets       # max_batch_size at 0.5/1/2 GiB budgets, checked by measurement
                                                     # (--models cnn transformer --gib 0.5 1 to run a part)
     python bench/budget_accuracy.py --real-budgets  # the same at the unscaled 2/4/8 GiB, for the CNN and the transformer
@@ -925,8 +927,51 @@ EIGHTH = {'ctx_attr': (CtxNet, (3, 64, 64), (16,)), 'albert': (Albert, (64, 64),
           'contrastive': (Contrastive, (3, 32, 32), (256,)), 'sort_pool': (SortPool, (128, 64), (64,)), 'fold_net': (FoldNet, (3, 64, 64), (16,)),
           'flow': (Flow, (3, 64, 64), (16,))}
 
-ALL = {**MODELS, **FAMILIES, **VARIANTS, **UNSEEN, **BROUGHT, **FOURTH, **FIFTH, **SIXTH, **SEVENTH, **EIGHTH}
-_SETS = (MODELS, FAMILIES, VARIANTS, UNSEEN, BROUGHT, FOURTH, FIFTH, SIXTH, SEVENTH, EIGHTH)
+# a ninth round, of users' losses and training tricks (before this round a CTC loss could not be planned at all: no shape-only kernel): a CRNN reading text lines with a CTC loss (OCR),
+# a physics-informed net whose loss holds its second derivative (double backward), a WGAN critic with a gradient penalty
+class CRNN(nn.Module):
+    "Convolutions down a 32-pixel text line to one column per step, a bidirectional LSTM over the columns, log-probabilities per step."
+    def __init__(self, classes=40):
+        super().__init__()
+        c = lambda i, o: [nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU()]
+        self.cnn = nn.Sequential(*c(1, 32), nn.MaxPool2d(2), *c(32, 64), nn.MaxPool2d(2), *c(64, 128), nn.MaxPool2d((2, 1)), *c(128, 128), nn.MaxPool2d((4, 1)))
+        self.rnn, self.out = nn.LSTM(128, 128, bidirectional=True, batch_first=True), nn.Linear(256, classes)
+    def forward(self, x): return self.out(self.rnn(self.cnn(x).squeeze(2).transpose(1, 2))[0]).log_softmax(-1)  # (B, T, classes)
+
+def ctc_loss(out, y):
+    "CTC over the padded label rows of `y` (0 is the blank), every line using all its time steps and its whole label row."
+    B, T = out.shape[:2]
+    return F.ctc_loss(out.transpose(0, 1), y, torch.full((B,), T, dtype=torch.long), torch.full((B,), y.shape[1], dtype=torch.long))
+
+class PINN(nn.Module):
+    "u(x, t) by a tanh MLP; its output carries the residual of the heat equation u_t - u_xx, by autograd.grad with create_graph."
+    def __init__(self, d=256):
+        super().__init__(); self.net = nn.Sequential(nn.Linear(2, d), nn.Tanh(), nn.Linear(d, d), nn.Tanh(), nn.Linear(d, d), nn.Tanh(), nn.Linear(d, 1))
+    def forward(self, xt):
+        xt = xt.detach().requires_grad_(True)
+        u = self.net(xt)
+        du = torch.autograd.grad(u.sum(), xt, create_graph=True)[0]
+        u_xx = torch.autograd.grad(du[:, 0].sum(), xt, create_graph=True)[0][:, :1]
+        return torch.cat([u, du[:, 1:] - u_xx], 1)
+
+class GPCritic(nn.Module):
+    "A WGAN-GP critic: its score, and the gradient penalty on its input gradient's norm (create_graph) added to it."
+    def __init__(self):
+        super().__init__()
+        self.d = nn.Sequential(nn.Conv2d(3, 64, 4, 2, 1), nn.LeakyReLU(0.2), nn.Conv2d(64, 128, 4, 2, 1), nn.LeakyReLU(0.2),
+                               nn.Conv2d(128, 256, 4, 2, 1), nn.LeakyReLU(0.2), nn.Flatten(), nn.Linear(256 * 4 * 4, 1))
+    def forward(self, x):
+        x = x.detach().requires_grad_(True)
+        s = self.d(x)
+        g = torch.autograd.grad(s.sum(), x, create_graph=True)[0]
+        return s + 10 * (g.flatten(1).norm(2, dim=1, keepdim=True) - 1) ** 2
+
+NINTH = {'crnn_ctc': (CRNN, (1, 32, 128), (16, 48)), 'pinn': (PINN, (2,), (2048,)), 'wgan_gp': (GPCritic, (3, 32, 32), (64,))}
+TARGETS.update({'crnn_ctc': lambda bs: torch.randint(1, 40, (bs, 12)), 'pinn': lambda bs: torch.randn(bs, 2), 'wgan_gp': lambda bs: torch.randn(bs, 1)})
+LOSSES.update({'crnn_ctc': ctc_loss})
+
+ALL = {**MODELS, **FAMILIES, **VARIANTS, **UNSEEN, **BROUGHT, **FOURTH, **FIFTH, **SIXTH, **SEVENTH, **EIGHTH, **NINTH}
+_SETS = (MODELS, FAMILIES, VARIANTS, UNSEEN, BROUGHT, FOURTH, FIFTH, SIXTH, SEVENTH, EIGHTH, NINTH)
 assert all(ALL[k] is d[k] or ALL[k][1:] == d[k][1:] and ALL[k][0].__qualname__ == d[k][0].__qualname__ != '<lambda>' for d in _SETS for k in d), \
     'two sets name different models alike: `make` would run one in place of the other'
 
@@ -953,6 +998,27 @@ def _hwm()->int:
             if line.startswith('VmHWM'): return int(line.split()[1]) * 1024
 
 def _precision()->str: return os.environ.get('BENCH_PRECISION', 'fp32')  # --precision: the measured steps' and the plans'
+
+OPTIMIZERS = {  # --optimizers: what users pass, each a callable params -> optimizer that the measured steps and the plans both get
+    'adamw': lambda p: torch.optim.AdamW(p, lr=1e-3),
+    'sgd_nesterov': lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, nesterov=True, weight_decay=1e-4),
+    'sgd_foreach': lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, foreach=True),
+    'adam_amsgrad': lambda p: torch.optim.Adam(p, lr=1e-3, amsgrad=True),
+    'adam_foreach': lambda p: torch.optim.Adam(p, lr=1e-3, foreach=True),
+    'adamw_fused': lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True),
+    'rmsprop_centered': lambda p: torch.optim.RMSprop(p, lr=1e-3, centered=True, momentum=0.9),
+    'adagrad': lambda p: torch.optim.Adagrad(p, lr=1e-2),  # its state exists from the constructor on
+    'adamax': lambda p: torch.optim.Adamax(p, lr=1e-3),
+    'nadam': lambda p: torch.optim.NAdam(p, lr=1e-3),
+    'radam': lambda p: torch.optim.RAdam(p, lr=1e-3, decoupled_weight_decay=True, weight_decay=0.01),
+    'adadelta': lambda p: torch.optim.Adadelta(p),
+    'adafactor': lambda p: torch.optim.Adafactor(p, lr=1e-2),  # reads step counts and norms with .item()
+    'asgd': lambda p: torch.optim.ASGD(p, lr=1e-2),  # reads eta and mu with .item()
+    'rprop': lambda p: torch.optim.Rprop(p)}
+
+def _optimizer():
+    "The measured steps' optimizer (--optimizers sets BENCH_OPTIMIZER in the measuring children): AdamW otherwise."
+    return OPTIMIZERS[os.environ.get('BENCH_OPTIMIZER', 'adamw')]
 
 def _autocast():
     "The measured steps' autocast: CPU bf16 mixed precision with --precision bf16, nothing otherwise."
@@ -989,20 +1055,21 @@ def measure(name, bs, full_warmup=False, holes=False, history=0)->int:
     torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', '1')))
     _fix_late()
     model, (x, y) = make(name, bs)
-    warm = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    warm = _optimizer()(model.parameters())
     w = slice(None) if full_warmup else slice(2)
     _steps(model, warm, x[w], y[w], 1, _loss(name))  # load kernels, fault in code pages
     del warm
     for p in model.parameters(): p.grad = None
     torch.manual_seed(1)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = _optimizer()(model.parameters())
     gc.collect()
     if not full_warmup: _free_blas_buffers()  # the warm-up's small GEMMs left buffers; a real run's first step is full-size
     if not holes: ctypes.CDLL(None).malloc_trim(0)  # a real first step finds no freed heap of an earlier step to put its graph in
     if history:
         from netlite_nb.budget import _heap_history, _libc
         _heap_history(_libc().malloc, history)  # never freed: they stay in the heap through the steps
-    alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
+    state = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]  # Adagrad's, made by its constructor
+    alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y, *state])
     base, code = _rss(), _file_backed()
     with open('/proc/self/clear_refs', 'w') as f: f.write('5')  # reset the RSS high-water mark
     _steps(model, opt, x, y, 2, _loss(name))
@@ -1045,7 +1112,8 @@ def predicted(name, bs, device_or_gpu='cpu', **kw)->int:
     "The planner's peak; on the 'cpu' target it includes the CPU kernel workspace, with device_or_gpu=None it is tensors only."
     from netlite_nb.budget import plan_memory
     model, batch = make(name, bs)
-    with _as_measured(): return plan_memory(model, batch, LOSSES.get(name), optimizer='adamw', precision=_precision(), device_or_gpu=device_or_gpu, **kw).peak
+    opt = OPTIMIZERS[os.environ['BENCH_OPTIMIZER']] if 'BENCH_OPTIMIZER' in os.environ else 'adamw'  # the same AdamW by name
+    with _as_measured(): return plan_memory(model, batch, LOSSES.get(name), optimizer=opt, precision=_precision(), device_or_gpu=device_or_gpu, **kw).peak
 
 def accuracy_table(full_warmup=False, models=MODELS, calibrate=False):
     """Predicted vs measured peak for each model at its batch sizes; then the plan without the CPU kernel workspace (tensors only),
@@ -1071,6 +1139,19 @@ def accuracy_table(full_warmup=False, models=MODELS, calibrate=False):
                 line += f"  {c/2**20:>9.1f}Mi{100*cerrs[-1]:>+7.1f}%"
             print(line, flush=True)
     print(f"max |error| {100*max(abs(e) for e in errs):.1f}%" + (f"; calibrated {100*max(abs(e) for e in cerrs):.1f}%" if calibrate else ''))
+
+def optimizers_table(names, cases):
+    "Predicted vs measured peak of each case, trained by each optimizer of `names` (measured and planned alike, `OPTIMIZERS`)."
+    print(f"{'optimizer':<18}{'model':<10}{'batch':>6}{'predicted':>12}{'measured':>12}{'error':>8}")
+    errs = []
+    for o in names:
+        os.environ['BENCH_OPTIMIZER'] = o  # the plans read it, and the measuring children inherit it
+        for name, bs in cases:
+            p, m = predicted(name, bs), measured(name, bs)
+            errs.append((p - m) / m)
+            print(f"{o:<18}{name:<10}{bs:>6}{p/2**20:>10.1f}Mi{m/2**20:>10.1f}Mi{100*errs[-1]:>+7.1f}%", flush=True)
+    del os.environ['BENCH_OPTIMIZER']
+    print(f"error {100*min(errs):+.1f} ... {100*max(errs):+.1f}%")
 
 def calibration_lines(name, bs):
     """Each convolution of one case, measured and read off the lines calibration draws: at the batch, the line through a quarter and a
@@ -1272,8 +1353,8 @@ def kernels_report():
         rev, bf = 'reverse' in sh[4:], 'bf16' in sh[4:]
         m = _lstm_workspace(*sh[:2], sh[3], sh[2], reverse=rev, itemsize=2 if bf else 4, brgemm=bf and _lstm_brgemm(torch.bfloat16))
         print(f"  steps {sh[0]}, batch {sh[1]}, {sh[2]} -> {sh[3]}{', reversed' if rev else ''}{', bf16' if bf else ''}: measured " + ' '.join(mi(v) for v in r) + "   model " + ' '.join(mi(v) for v in m), flush=True)
-    print("3. Temporaries of dtypes (inputs brought to the common dtype, a half-precision mean, a bool or integer sum's int64 copy, dropout's mask), matrix_exp's buffers, F.fold/F.unfold's contiguous copies, fused attention's accumulators, upsampling's channels-last copies, MKL's FFT copies, complex abs/angle: scratch MiB")
-    from netlite_nb.budget import _op_arg, attention_scratch, contiguous_copies, fft_scratch, matrix_exp_scratch, promotion_copies, upsample_copies
+    print("3. Temporaries of dtypes (inputs brought to the common dtype, a half-precision mean, a bool or integer sum's int64 copy, dropout's mask), matrix_exp's buffers, F.fold/F.unfold's contiguous copies, convolutions of tensors in other layouts (with the convolution's own scratch), fused attention's accumulators, upsampling's channels-last copies, MKL's FFT copies, complex abs/angle: scratch MiB")
+    from netlite_nb.budget import _CONVS, _op_arg, attention_scratch, contiguous_copies, conv_layout_copies, cpu_conv_scratch, fft_scratch, matrix_exp_scratch, promotion_copies, upsample_copies
     t = lambda *shape, dt='float32': ['tensor', list(shape), dt]
     ops = [['add.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]], ['add_.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]],
            ['mul.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bool')]], ['mul.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='int64')]],
@@ -1286,6 +1367,10 @@ def kernels_report():
            ['linalg_matrix_exp.default', [t(256, 256)]], ['linalg_matrix_exp.default', [t(512, 512)]], ['linalg_matrix_exp.default', [t(1024, 1024)]],  # compute_T18's buffers
            ['col2im.default', [t(64, 48, 1024) + ['T'], [64, 64], [4, 4], [1, 1], [1, 1], [2, 2]]], ['col2im.default', [t(64, 48, 1024), [64, 64], [4, 4], [1, 1], [1, 1], [2, 2]]],
            ['im2col.default', [t(64, 3, 64, 64) + ['T'], [4, 4], [1, 1], [1, 1], [2, 2]]], ['im2col.default', [t(64, 3, 64, 64), [4, 4], [1, 1], [1, 1], [2, 2]]]]  # F.fold/F.unfold: copies of inputs that are not contiguous
+    conv = lambda x, w, d: ['convolution.default', [x, w, None, [1, 1], [1, 1], [d, d], False, [0, 0], 1]]  # a convolution's tensors in other layouts:
+    ops += [conv(t(64, 64, 16, 16) + ['T01'], t(128, 64, 8, 8) + ['T01'], 2), conv(t(64, 64, 16, 16) + ['T01'], t(128, 64, 8, 8), 2),  # a double backward's
+            conv(t(64, 64, 16, 16), t(128, 64, 8, 8) + ['T01'], 2), conv(t(64, 64, 16, 16), t(128, 64, 8, 8), 2),  # weight gradient swaps batch and channels
+            conv(t(3, 64, 32, 32) + ['T01'], t(64, 64, 16, 16) + ['T01'], 2), conv(t(32, 64, 32, 32) + ['T'], t(64, 64, 3, 3), 1), conv(t(32, 64, 32, 32), t(64, 64, 3, 3), 1)]
     for B, C, H in [(8, 64, 32), (8, 32, 64), (8, 128, 16), (8, 3, 32), (16, 96, 32), (8, 64, 48)]:  # upsampling: output H + W at most 128, or more
         for dt in ('float32', 'bfloat16'):
             ops += [['upsample_nearest2d.default', [t(B, C, H, H, dt=dt), [2 * H, 2 * H], 2.0, 2.0]], ['upsample_bilinear2d.default', [t(B, C, H, H, dt=dt), [2 * H, 2 * H], False, 2.0, 2.0]]]
@@ -1304,7 +1389,7 @@ def kernels_report():
         f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [_op_arg(a, 'meta') for a in args]
         label = op.split('.')[0].replace('_scaled_dot_product_flash_attention_for_cpu', 'flash attention') + ' ' + ', '.join(f"{'x'.join(map(str, a[1]))} {a[2]}" for a in args if isinstance(a, list) and a[:1] == ['tensor'])[:60]
         dims = f' dims {args[1]}' if op.startswith('_fft') else ''
-        print(f"  {label + dims:<78} measured {mi(g)}   model {mi(promotion_copies(f, xs) + attention_scratch(f, xs) + upsample_copies(f, xs, f(*xs)) + fft_scratch(f, xs) + contiguous_copies(f, xs) + matrix_exp_scratch(f, xs))}", flush=True)
+        print(f"  {label + dims:<78} measured {mi(g)}   model {mi(promotion_copies(f, xs) + attention_scratch(f, xs) + upsample_copies(f, xs, f(*xs)) + fft_scratch(f, xs) + contiguous_copies(f, xs) + matrix_exp_scratch(f, xs) + (cpu_conv_scratch(f, xs, f(*xs)) + conv_layout_copies(f, xs) if f in _CONVS else 0))}", flush=True)
 
 def run_child(flag, arg)->list:
     out = subprocess.run([sys.executable, __file__, flag, json.dumps(arg)], env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
@@ -1413,14 +1498,15 @@ def phases_child(name, bs, out=None)->list:
     lib = ctypes.CDLL(None)
     torch.set_num_threads(1)
     model, (x, y) = make(name, bs)
-    warm = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    warm = _optimizer()(model.parameters())
     _steps(model, warm, x[:2], y[:2], 1, _loss(name))
     del warm
     for p in model.parameters(): p.grad = None
     torch.manual_seed(1)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = _optimizer()(model.parameters())
     gc.collect(); _free_blas_buffers(); lib.malloc_trim(0)
-    alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y])
+    state = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]  # Adagrad's, made by its constructor
+    alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y, *state])
     if out:  # the tracer's buffer is touched before the baseline
         lib.mt_n.restype, lib.mt_open.argtypes = ctypes.c_uint64, [ctypes.c_char_p]
         if lib.mt_open(str(out).encode()) < 0: sys.exit(f"the tracer could not open {out}")
@@ -1538,7 +1624,7 @@ def step_time(name, bs, n=5)->float:
     torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', '1')))
     _fix_late()
     model, (x, y) = make(name, bs)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = _optimizer()(model.parameters())
     _steps(model, opt, x, y, 2, _loss(name))
     ts = []
     for _ in range(n):
@@ -1582,6 +1668,8 @@ if __name__ == '__main__':
     ap.add_argument('--sixth', action='store_true', help='accuracy table on SIXTH: a sixth round, brought after the fifth')
     ap.add_argument('--seventh', action='store_true', help='accuracy table on SEVENTH: a seventh round, brought after the sixth')
     ap.add_argument('--eighth', action='store_true', help="accuracy table on EIGHTH: a smaller round of autograd's shapes")
+    ap.add_argument('--ninth', action='store_true', help="accuracy table on NINTH: users' losses and tricks (CTC, a PINN's double backward, a gradient penalty)")
+    ap.add_argument('--optimizers', nargs='*', metavar='MODEL:BATCH', help='accuracy table with each optimizer of OPTIMIZERS (default cases: resnet18:16 gru:32 ln_mlp:64 tied_lm:16)')
     ap.add_argument('--calibrate', action='store_true', help='add a column: the plan calibrated on this machine (from an empty cache)')
     ap.add_argument('--budgets', action='store_true')
     ap.add_argument('--real-budgets', action='store_true', help="--budgets with the issue's unscaled 2, 4 and 8 GiB, for the CNN and the transformer")
@@ -1636,7 +1724,9 @@ if __name__ == '__main__':
     elif a.malloc_trace: malloc_trace_report(a.malloc_trace[0], int(a.malloc_trace[1]))
     elif a.phases_child: print(json.dumps(phases_child(*json.loads(a.phases_child))))
     elif a.kernels: kernels_report()
-    elif (chosen := [m for flag, m in (('eighth', EIGHTH), ('seventh', SEVENTH), ('sixth', SIXTH), ('fifth', FIFTH), ('fourth', FOURTH), ('brought', BROUGHT), ('unseen', UNSEEN), ('variants', VARIANTS), ('families', FAMILIES)) if getattr(a, flag)]):
+    elif a.optimizers is not None:
+        optimizers_table(list(OPTIMIZERS), [(c.split(':')[0], int(c.split(':')[1])) for c in a.optimizers or ['resnet18:16', 'gru:32', 'ln_mlp:64', 'tied_lm:16']])
+    elif (chosen := [m for flag, m in (('ninth', NINTH), ('eighth', EIGHTH), ('seventh', SEVENTH), ('sixth', SIXTH), ('fifth', FIFTH), ('fourth', FOURTH), ('brought', BROUGHT), ('unseen', UNSEEN), ('variants', VARIANTS), ('families', FAMILIES)) if getattr(a, flag)]):
         models = {k: v for k, v in chosen[0].items() if not a.models or k in a.models}
         if a.budgets: budgets_table(list(models), a.gib, next_up=False)  # the margin leaves room for b+1
         else: accuracy_table(a.full_warmup, models, a.calibrate)

@@ -26,12 +26,12 @@ __all__ = ['AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'CUDA_CONTEXT_BYTE
            'default_loss', 'register_optimizer', 'make_optimizer', 'UntraceableError', 'NothingToTrainError',
            'CompiledModelWarning', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes',
            'cublaslt_workspace_bytes', 'Target', 'resolve_target', 'cpu_workspace_bytes', 'cpu_conv_scratch',
-           'contiguous_copies', 'promotion_copies', 'attention_scratch', 'matrix_exp_scratch', 'fft_scratch',
-           'upsample_copies', 'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch',
-           'calibrate_kernels', 'MemoryPlan', 'GlibcHeap', 'fix_glibc_thresholds', 'cudnn_conv_workspace',
-           'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes', 'plan_memory', 'plot_plans', 'BudgetTooSmallError',
-           'MovingThresholdWarning', 'max_batch_size', 'Change', 'register_lever', 'fit_to_budget', 'find_batch_size',
-           'budget_widget']
+           'conv_layout_copies', 'contiguous_copies', 'promotion_copies', 'attention_scratch', 'matrix_exp_scratch',
+           'ctc_scratch', 'fft_scratch', 'upsample_copies', 'cpu_kernel_path', 'calibration_file', 'clear_calibration',
+           'measure_conv_scratch', 'calibrate_kernels', 'MemoryPlan', 'GlibcHeap', 'fix_glibc_thresholds',
+           'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes', 'plan_memory', 'plot_plans',
+           'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size', 'Change', 'register_lever',
+           'fit_to_budget', 'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -80,6 +80,7 @@ class AllocationTracker(TorchDispatchMode):
         self.decomposed = False  # saw an op that only a reference decomposition runs (attention's math path on 'meta')
         self.bounded:list[str] = []  # ops whose output's size depends on the data, run at their largest (`_data_shaped`)
         self.unseen:list[str] = []  # ops whose kernels keep scratch no rule here models (`_UNMODELLED`)
+        self.stood_in = 0  # values the optimizer read in Python (`.item()`) that the trace, having no data, took as 1.0 (`_stand_in`)
         self.measured:dict|None = None  # kernels measured on this machine (`calibrate_kernels`) that the trace used
         self.graph:tuple|None = None  # heap bytes per autograd node, saved tensor, saved value (`AUTOGRAD_GRAPH_BYTES`); None: not counted
         self.nodes = object()  # this micro-batch's mark, left in the metadata of each autograd node counted (`count_nodes`)
@@ -124,7 +125,9 @@ def is_traced(t:torch.Tensor)->bool:
 _A = torch.ops.aten
 _MASKED = {_A.index.Tensor, _A.index_put.default, _A.index_put_.default, _A._index_put_impl_.default}  # (x, indices, ...)
 _SIZED = {_A.index.Tensor, _A.nonzero.default, _A.masked_select.default, _A._unique2.default, _A.unique_consecutive.default}  # outputs the data sizes
-_DATA_SHAPED = _MASKED | _SIZED
+_CTC = {_A._ctc_loss.default, _A._ctc_loss.Tensor}  # (log_probs, targets, input_lengths, target_lengths, ...): the longest target sizes log_alpha
+_CTC_BACKWARD = {_A._ctc_loss_backward.default, _A._ctc_loss_backward.Tensor}  # no shape-only kernel: the gradient is shaped like log_probs
+_DATA_SHAPED = _MASKED | _SIZED | _CTC | _CTC_BACKWARD
 # matrix functions and LAPACK: their workspace is made inside the op, where a tensor trace does not see it; the plan's notes name
 # those no kernel path gives scratch for (`matrix_exp_scratch` on the CPU)
 _UNMODELLED = {getattr(_A, n).default for n in ('linalg_matrix_exp', '_linalg_svd', '_linalg_eigh', 'linalg_eig', 'linalg_qr', 'geqrf', '_linalg_slogdet',
@@ -137,6 +140,14 @@ def _all_true(indices:list)->list:
     "The `indices` of `x[indices]` with each boolean mask replaced by the integer indices of a mask that is all True: the most it selects."
     return [j for i in indices for j in ([torch.zeros(i.numel(), dtype=torch.long, device=i.device)] * i.dim() if _is_mask(i) else [i])]
 
+def _longest_target(a:dict)->int:
+    "The longest target of a CTC loss's arguments `a`: from its lengths when the trace has their values, else the most its targets can hold."
+    n = a['target_lengths']
+    if isinstance(n, torch.Tensor) and not is_traced(n): n = n.tolist()
+    if isinstance(n, (list, tuple)): return max(n, default=0)
+    t = a['targets']
+    return t.shape[1] if t.dim() == 2 else t.numel()  # padded (B, S), or every target end to end
+
 def _data_shaped(func, args:tuple, kwargs:dict):
     "Run `func` (in `_DATA_SHAPED`) as if the data made its output as large as it can be; NotImplemented where the data does not decide it."
     x = args[0]
@@ -147,6 +158,8 @@ def _data_shaped(func, args:tuple, kwargs:dict):
         if not any(_is_mask(i) for i in a['indices']): return NotImplemented  # integer indices: the shapes decide
         return func(x, _all_true(a['indices']), *args[2:], **kwargs)
     if func is _A.nonzero.default: return empty(x.numel(), x.dim())
+    if func in _CTC_BACKWARD: return torch.empty_like(a['log_probs'])
+    if func in _CTC: return empty(x.shape[1], dtype=x.dtype), empty(x.shape[1], x.shape[0], 2 * _longest_target(a) + 1, dtype=x.dtype)
     if func is _A.masked_select.default: return empty(math.prod(torch.broadcast_shapes(x.shape, a['mask'].shape)), dtype=x.dtype)
     if a.get('dim') is not None: return NotImplemented  # unique rows or slices: not bounded here
     n = x.numel()
@@ -179,9 +192,20 @@ class _PackedAtFullLength(TorchFunctionMode):
         if name == 'cpu' and self.sizes and args[0].device.type == 'meta' and args[0].dtype == torch.long and args[0].dim() == 1: return args[0]  # a packed sequence's order
         return func(*args, **kwargs)
 
+# %% ../nbs/01_budget.ipynb #67c75e98
+def _stand_in(tr:AllocationTracker, t:torch.Tensor)->bool:
+    "Is `t.item()` one the trace answers itself (`_item`)? A floating-point value of a data-less tensor, read in the optimizer's phase."
+    return tr.phase == 'optimizer' and is_traced(t) and t.is_floating_point() and t.numel() == 1
+
+def _item(tr:AllocationTracker, func, args)->float:
+    "`t.item()` in the optimizer's phase: the value where the trace knows it (a FakeTensor made from a number keeps it), else 1.0, counted."
+    try: return func(*args)
+    except Exception: tr.stood_in += 1; return 1.0
+
 # %% ../nbs/01_budget.ipynb #at7
 @patch
 def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None):
+    if func is _A._local_scalar_dense.default and _stand_in(self, args[0]): return _item(self, func, args)
     if func in _MATMULS or func in _CONVS: self.kernels.append(_kernel(func, args))
     elif func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default: self.kernels.extend(_flash_gemms(args, kwargs or {}))  # oneDNN's primitives in half precision
     if func is torch.ops.aten._safe_softmax.default: self.decomposed = True
@@ -339,14 +363,23 @@ def default_loss(out, y):
     return F.cross_entropy(out, y) if not y.is_floating_point() else F.mse_loss(out, y)
 
 # %% ../nbs/01_budget.ipynb #c014c
+def _tensor_attrs(model:nn.Module)->list[torch.Tensor]:
+    "Tensors the layers of `model` keep as plain attributes, neither parameters nor buffers: a user's constant (`self.scale = torch.ones(n)`), a pruned weight."
+    return [v for mod in model.modules() for v in vars(mod).values()
+            if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter) and v.layout == torch.strided]
+
 def _fake_copy(model:nn.Module, fm:FakeTensorMode|None)->nn.Module:
-    "Deep copy of `model` whose parameters and buffers are fake CPU tensors (or meta tensors when `fm` is None): shapes and dtypes, no data."
+    "Deep copy of `model` whose parameters, buffers and tensor attributes are fake CPU tensors (or meta tensors when `fm` is None): shapes and dtypes, no data."
     def fake(t):
         if fm is None: return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device='meta')
         with fm: return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device='cpu')
     memo = {}
     for p in model.parameters(): memo[id(p)] = nn.Parameter(fake(p.detach()), requires_grad=p.requires_grad)
     for b in model.buffers(): memo[id(b)] = fake(b)
+    owner = {id(t.untyped_storage()): memo[id(t)] for t in (*model.parameters(), *model.buffers())}
+    for a in _tensor_attrs(model):  # a view of a weight stays a view of its copy; anything else gets a copy of its own
+        w = owner.get(id(a.untyped_storage()))
+        memo.setdefault(id(a), fake(a.detach()) if w is None else w.detach().as_strided(a.shape, a.stride(), a.storage_offset()))
     return copy.deepcopy(model, memo)
 
 # %% ../nbs/01_budget.ipynb #c015
@@ -572,6 +605,35 @@ def _unvalidated_distributions():
     try: yield
     finally: torch.distributions.Distribution.set_default_validate_args(before)
 
+# %% ../nbs/01_budget.ipynb #c64dae32
+class _NeedsCpuTensors(Exception):
+    "Something in the step refuses 'meta' tensors (a fused optimizer checks its parameters' device): `trace_step` traces again on FakeTensors."
+
+def _needs_closure(opt:torch.optim.Optimizer)->bool:
+    "Does `opt.step` require a closure that runs the forward and backward again (LBFGS)?"
+    c = inspect.signature(opt.step).parameters.get('closure')
+    return c is not None and c.default is inspect.Parameter.empty
+
+def _traced_optimizer(spec, params:list, cuda:bool, fm:FakeTensorMode|None)->torch.optim.Optimizer|None:
+    "`make_optimizer(spec)` for a trace (on 'meta' when `fm` is None): `_NeedsCpuTensors` if it refuses 'meta', `UntraceableError` if it needs a closure."
+    try: opt = make_optimizer(spec, params, foreach=cuda)  # CUDA's default multi-tensor kernels have temporaries spanning all parameters
+    except RuntimeError as e:
+        if fm is None and 'meta' in str(e): raise _NeedsCpuTensors() from e
+        raise
+    if fm is None and opt is not None and opt.defaults.get('fused'): raise _NeedsCpuTensors()  # its first step checks the device
+    if opt is not None and _needs_closure(opt):
+        raise UntraceableError(f"The planner cannot trace `{type(opt).__name__}`: its step takes a closure that runs the forward and backward "
+            "again, as many times as its line search and the data decide, and keeps past updates, so no single traced step bounds its "
+            "memory. Size the batch by running real steps: `find_batch_size(model, batch, device, optimizer=...)` calls the closure as "
+            "the optimizer asks.")
+    return opt
+
+def _stand_in_note(tr:AllocationTracker)->list[str]:
+    "The plan's note on the values the optimizer read in Python, which the trace took as 1.0 (`_stand_in`)."
+    if not tr.stood_in: return []
+    return [f"the optimizer read {tr.stood_in} numbers out of its tensors in Python (`.item()`: step counts, norms), which a plan "
+            "without data takes as 1.0; they scale its update, and its memory depends on them only if it branches on them"]
+
 # %% ../nbs/01_budget.ipynb #c016
 @dataclass
 class Trace:
@@ -597,9 +659,9 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
             fake = lambda t: torch.empty((mb, *t.shape[1:]), dtype=t.dtype, device=dev)
             xb, yb = tree_map_only(torch.Tensor, fake, x), tree_map_only(torch.Tensor, fake, y)
             with tr:
-                for t in (*m.parameters(), *m.buffers()): tr.track(t, 'weights')
+                for t in (*m.parameters(), *m.buffers(), *_tensor_attrs(m)): tr.track(t, 'weights')
                 for t in tree_flatten((xb, yb))[0]: tr.track(t, 'batch')
-                opt = make_optimizer(optimizer, params, foreach=cuda)  # CUDA's default multi-tensor kernels have temporaries spanning all parameters
+                opt = _traced_optimizer(optimizer, params, cuda, fm)
                 scale = torch.full((), 2.0**16, device=dev) if precision == 'fp16' else None  # GradScaler's scale: one float
                 for step in range(steps):
                     tr.step = step
@@ -647,13 +709,14 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
     log.setLevel(logging.CRITICAL)  # a shape error is ours to explain, not a traceback in the log
     try:
         while True:
-            fm = FakeTensorMode() if cpu_path else None
+            fm = FakeTensorMode(allow_non_fake_inputs=True) if cpu_path else None  # a real tensor the forward reads (a global) is a constant
             m = _fake_copy(model, fm)
             if transform is not None:
                 m = transform(m)
                 if (err := _unplannable(m)) is not None: raise err  # what the transform left or added
             m.train()
             try: tr = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, measured, missing)
+            except _NeedsCpuTensors: cpu_path = True; continue  # e.g. a fused optimizer, which checks its parameters' device
             except (ShapeMismatchError, UntraceableError) as e:
                 if cpu_path or not _made_on_cpu(e.__cause__): raise
                 cpu_path = True  # the model makes tensors of its own (torch.zeros with no device): trace on FakeTensors that claim to be CPU ones
@@ -932,6 +995,13 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
         return one * x.shape[0] * (1 if fwd else 1 + bool(args[10][0]))  # im2col of the whole batch; backward: for both gradients
     return 0
 
+# %% ../nbs/01_budget.ipynb #9332d47a
+def conv_layout_copies(func, args)->int:
+    "Bytes of the copies ATen makes of a convolution's input, weights and (backward) output gradient that are neither contiguous nor channels-last, held while it runs."
+    ts = [t for t in (args[:2] if func is _A.convolution.default else args[:3]) if t is not None]
+    if func not in _CONVS or any(_channels_last(t) for t in ts): return 0  # channels-last: its weights' copy is in `_channels_last_scratch`
+    return sum(t.numel() * t.element_size() for t in ts if not t.is_contiguous())
+
 # %% ../nbs/01_budget.ipynb #8c36fd61
 def _transposed_scratch(fwd:bool, x, w, y, # the input (N, Ci, ...), weights (Ci, Co/groups, ...) and output or its gradient (N, Co, ...)
                         groups:int, stride)->int:
@@ -987,6 +1057,11 @@ def attention_scratch(func, args)->int:
 def matrix_exp_scratch(func, args)->int:
     "Bytes `linalg_matrix_exp` holds inside itself: `compute_T18`'s five powers, five linear combinations and a product (the most, at the highest degree)."
     return 11 * args[0].numel() * args[0].element_size() if func is _A.linalg_matrix_exp.default else 0
+
+# %% ../nbs/01_budget.ipynb #d5a22bae
+def ctc_scratch(func, args)->int:
+    "Bytes a CTC loss's backward holds inside itself: `log_beta`, a table the size of the forward's `log_alpha` (its seventh argument)."
+    return args[6].numel() * args[6].element_size() if func in _CTC_BACKWARD else 0
 
 # %% ../nbs/01_budget.ipynb #bf79aa0a
 _FFTS = (_A._fft_r2c.default, _A._fft_c2c.default, _A._fft_c2r.default)
@@ -1103,13 +1178,13 @@ def cpu_kernel_path(func, args, out,
         key, spec = _mm_key(_kernel(func, args))
         if key not in measured: missing.append(spec)
     if func not in _CONVS: return out, (contiguous_copies(func, args) + promotion_copies(func, args) + attention_scratch(func, args) + upsample_copies(func, args, out)
-                                        + fft_scratch(func, args) + matrix_exp_scratch(func, args))
+                                        + fft_scratch(func, args) + matrix_exp_scratch(func, args) + ctc_scratch(func, args))
     out = _as_laid_out(func, args, out)
     if measured is not None:
         key, spec = _conv_key(func, args)
-        if (g := _segment(measured.get(key), spec[-1])) is not None: return out, max(0, int(g[0] + g[1] * spec[-1]))
+        if (g := _segment(measured.get(key), spec[-1])) is not None: return out, max(0, int(g[0] + g[1] * spec[-1])) + conv_layout_copies(func, args)
         if missing is not None: missing.append(spec)
-    return out, cpu_conv_scratch(func, args, out)
+    return out, cpu_conv_scratch(func, args, out) + conv_layout_copies(func, args)
 
 def _cpu_dispatch_differs(model:nn.Module)->bool:
     "Does `model` have layers whose CPU kernels the meta device does not run (recurrent layers)?"
@@ -1233,9 +1308,10 @@ def _run_lstm(T:int, B:int, I:int, H:int, reverse:bool, dtype:str='float32')->li
     return [kept, grown - kept - y.nbytes - hy.nbytes - cy.nbytes, back - sum(t.grad.nbytes for t in (x, *w))]
 
 def _op_arg(a, device:str='cpu'):
-    "An argument of an op spec (`_run_op`): ['tensor', shape, dtype] becomes a random tensor on `device` (['tensor', shape, dtype, 'T']: its last two dimensions transposed), anything else stays."
+    "An argument of an op spec (`_run_op`): ['tensor', shape, dtype] becomes a random tensor on `device` (with 'T' after the dtype: its last two dimensions transposed; 'T01': its first two), anything else stays."
     if not (isinstance(a, list) and a and a[0] == 'tensor'): return a
     if a[3:] == ['T']: return _op_arg(['tensor', [*a[1][:-2], a[1][-1], a[1][-2]], a[2]], device).transpose(-1, -2)  # that shape, not contiguous
+    if a[3:] == ['T01']: return _op_arg(['tensor', [a[1][1], a[1][0], *a[1][2:]], a[2]], device).transpose(0, 1)  # batch and channels swapped
     if device == 'meta': return torch.empty(*a[1], dtype=getattr(torch, a[2]), device='meta')
     dt = getattr(torch, a[2])
     if dt == torch.bool: return torch.rand(*a[1]) > 0.5
@@ -1959,7 +2035,7 @@ class _CudaPath:
         if func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
             (T, B, _), H = args[0].shape, args[5].shape[-1]
             return out, cudnn_lstm_bytes(T, B, H, args[0].element_size())[1]
-        if func not in _CONVS: return out, contiguous_copies(func, args)
+        if func not in _CONVS: return out, contiguous_copies(func, args) + ctc_scratch(func, args)
         out = _as_laid_out(func, args, out)
         fwd = func is torch.ops.aten.convolution.default
         x, w, y = (args[0], args[1], out) if fwd else (args[1], args[2], args[0])
@@ -1968,7 +2044,7 @@ class _CudaPath:
         if transposed:  # cuDNN runs a transposed convolution's forward as the backward-data of the plain one, and the reverse
             x, y, dirs = y, x, [{'forward': 'backward data', 'backward data': 'forward'}.get(d, d) for d in dirs]
         shapes = (tuple(x.shape), tuple(w.shape), tuple(y.shape), tuple(stride), tuple(padding), tuple(dilation), args[8] if fwd else args[9], x.element_size())
-        return out, max((self.workspace(d, *shapes) for d in dirs), default=0)
+        return out, max((self.workspace(d, *shapes) for d in dirs), default=0) + conv_layout_copies(func, args)
 
 # %% ../nbs/01_budget.ipynb #cw9
 @patch
@@ -2090,7 +2166,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
                       total=reserved + terms.get('CUDA context', 0), breakdown={**_breakdown(tr), **terms},
                       peak_phase=rec.phase if rec else 'none', peak_module=rec.module if rec else '',
                       budget=budget if budget is not None else target.memory, by_module=_saved_by_module(tr), params=t.param_count,
-                      notes=_step_notes(precision, t.accum_steps, mb) + _bounded_note(tr) + _unmodelled_note(tr) + device_notes + _compiled_note(model))
+                      notes=_step_notes(precision, t.accum_steps, mb) + _bounded_note(tr) + _stand_in_note(tr) + _unmodelled_note(tr) + device_notes + _compiled_note(model))
 
 # %% ../nbs/01_budget.ipynb #mp24
 def _calibration_note(target:Target)->str:
@@ -2344,11 +2420,15 @@ def _try_batch(model, sample, b, device, loss_fn=None, optimizer='adamw', precis
     x, y = tree_map_only(torch.Tensor, make, x), tree_map_only(torch.Tensor, make, y)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == 'fp16')
     ac = dict(device_type=device.type, dtype=LOW_PRECISION.get(precision, torch.float32), enabled=precision in LOW_PRECISION)
-    m.train()
-    for _ in range(steps):
+    def backward():  # the forward and backward; an optimizer that needs a closure (LBFGS) calls it as often as it asks
+        if opt is not None: opt.zero_grad(set_to_none=True)
         with torch.autocast(**ac): loss = (loss_fn or default_loss)(_call(m, x), y)
         scaler.scale(loss).backward()
-        del loss
+        return loss.detach()
+    m.train()
+    for _ in range(steps):
+        if opt is not None and _needs_closure(opt): opt.step(backward); opt.zero_grad(set_to_none=True); continue
+        backward()
         if opt is not None: scaler.step(opt); scaler.update(); opt.zero_grad(set_to_none=True)
     m.eval()
     with torch.no_grad(), torch.autocast(**ac): _call(m, x)

@@ -1285,3 +1285,37 @@ def test_compiled_model_is_planned_as_its_eager_step():
         max_batch_size(c, batch, budget=2**24)
         max_batch_size(m, batch, budget=2**24)
     assert [x.category for x in w if x.category is CompiledModelWarning] == [CompiledModelWarning]
+
+def test_optimizers_users_bring_are_traced_as_a_real_step_keeps_them():
+    "Fused AdamW (refuses 'meta'), Adafactor and ASGD (read numbers with .item()), NAdam (a FakeTensor constant), on the meta and the FakeTensor paths; LBFGS refused, and run by find_batch_size."
+    import copy
+    from netlite_nb.budget import UntraceableError
+    class Rnn(nn.Module):  # an RNN puts the CPU trace on FakeTensors
+        def __init__(self): super().__init__(); self.rnn, self.head = nn.GRU(16, 32, batch_first=True), nn.Linear(32, 10)
+        def forward(self, x): return self.head(self.rnn(x)[0][:, -1])
+    cases = [(mlp(), MNIST), (Rnn(), (torch.randn(8, 12, 16), torch.randint(0, 10, (8,))))]
+    brought = {'fused': lambda p: torch.optim.AdamW(p, fused=True), 'adafactor': torch.optim.Adafactor, 'asgd': torch.optim.ASGD,
+               'nadam': torch.optim.NAdam, 'adagrad': torch.optim.Adagrad}
+    for model, batch in cases:
+        for name, make in brought.items():
+            m = copy.deepcopy(model); opt = make(m.parameters())
+            nn.functional.cross_entropy(m(batch[0]), batch[1]).backward(); opt.step()
+            real = sum(v.nbytes for st in opt.state.values() for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
+            tr = trace_step(model, batch, optimizer=make, kernels='cpu').tracker
+            assert sum(r.nbytes for r in tr.allocs if r.category == 'optimizer' and r.nbytes > 8) == real, name
+            plan = plan_memory(model, batch, optimizer=make, device_or_gpu='cpu')
+            assert (tr.stood_in > 0) == (name in ('adafactor', 'asgd')) == any('.item()' in n for n in plan.notes), name
+    with pytest.raises(UntraceableError, match='takes a closure'): plan_memory(mlp(), MNIST, optimizer=torch.optim.LBFGS)
+    assert find_batch_size(mlp(), MNIST, device='cpu', start=8, optimizer=lambda p: torch.optim.LBFGS(p, max_iter=2)) == 8
+
+def test_tensor_attributes_and_pruned_weights_are_planned_as_the_models_memory():
+    import torch.nn.utils.prune as prune
+    class Const(nn.Module):
+        def __init__(self): super().__init__(); self.lin, self.scale = nn.Linear(784, 10), torch.full((784,), 0.5)
+        def forward(self, x): return self.lin(x.flatten(1) * self.scale)
+    for path in ('fp32', 'bf16'):  # the meta and the FakeTensor paths
+        tr = trace_step(Const(), MNIST, precision=path).tracker
+        assert sum(r.nbytes for r in tr.allocs if r.category == 'weights') == 4 * (784 * 10 + 10 + 784)
+    pruned = prune.l1_unstructured(nn.Conv2d(1, 8, 3), 'weight', 0.5)
+    net = nn.Sequential(pruned, nn.Flatten(), nn.Linear(8 * 26 * 26, 10))
+    assert plan_memory(net, MNIST, device_or_gpu='cpu').peak > plan_memory(nn.Sequential(nn.Conv2d(1, 8, 3), nn.Flatten(), nn.Linear(8 * 26 * 26, 10)), MNIST, device_or_gpu='cpu').peak
