@@ -928,7 +928,8 @@ EIGHTH = {'ctx_attr': (CtxNet, (3, 64, 64), (16,)), 'albert': (Albert, (64, 64),
           'flow': (Flow, (3, 64, 64), (16,))}
 
 # a ninth round, of users' losses and training tricks (before this round a CTC loss could not be planned at all: no shape-only kernel): a CRNN reading text lines with a CTC loss (OCR),
-# a physics-informed net whose loss holds its second derivative (double backward), a WGAN critic with a gradient penalty
+# a physics-informed net whose loss holds its second derivative (double backward), a WGAN critic with a gradient penalty; and, found by
+# a probe of ops PyTorch has no shape-only kernel for, a VAE with a Beta posterior and a CNN with learned-step-size fake quantization
 class CRNN(nn.Module):
     "Convolutions down a 32-pixel text line to one column per step, a bidirectional LSTM over the columns, log-probabilities per step."
     def __init__(self, classes=40):
@@ -966,8 +967,36 @@ class GPCritic(nn.Module):
         g = torch.autograd.grad(s.sum(), x, create_graph=True)[0]
         return s + 10 * (g.flatten(1).norm(2, dim=1, keepdim=True) - 1) ** 2
 
-NINTH = {'crnn_ctc': (CRNN, (1, 32, 128), (16, 48)), 'pinn': (PINN, (2,), (2048,)), 'wgan_gp': (GPCritic, (3, 32, 32), (64,))}
-TARGETS.update({'crnn_ctc': lambda bs: torch.randint(1, 40, (bs, 12)), 'pinn': lambda bs: torch.randn(bs, 2), 'wgan_gp': lambda bs: torch.randn(bs, 1)})
+class BetaVAE(nn.Module):
+    "A VAE with a Beta posterior (`rsample` draws through Dirichlet's sampler and its gradient), decoding to the image."
+    def __init__(self, z=32):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Conv2d(3, 32, 4, 2, 1), nn.ReLU(), nn.Conv2d(32, 64, 4, 2, 1), nn.ReLU(), nn.Flatten(), nn.Linear(64 * 8 * 8, 2 * z))
+        self.dec = nn.Sequential(nn.Linear(z, 64 * 8 * 8), nn.Unflatten(1, (64, 8, 8)), nn.ConvTranspose2d(64, 32, 4, 2, 1), nn.ReLU(), nn.ConvTranspose2d(32, 3, 4, 2, 1))
+    def forward(self, x):
+        a, b = F.softplus(self.enc(x)).chunk(2, -1)
+        q = torch.distributions.Beta(a + 0.5, b + 0.5)
+        return self.dec(q.rsample()) + 0 * q.entropy().mean()
+
+class LSQ(nn.Module):
+    "Learned step-size fake quantization (LSQ) of a tensor per channel: a learnable scale for each, 8 bits."
+    def __init__(self, c, axis=1): super().__init__(); self.scale, self.zero, self.axis = nn.Parameter(torch.full((c,), 0.05)), nn.Parameter(torch.zeros(c)), axis
+    def forward(self, x): return torch._fake_quantize_learnable_per_channel_affine(x, self.scale, self.zero, self.axis, -128, 127, 1.0)
+
+class LSQNet(nn.Module):
+    "A small CNN trained quantization-aware: weights and activations through LSQ before each convolution."
+    def __init__(self):
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(i, o, 3, padding=1) for i, o in ((3, 32), (32, 64), (64, 64)))
+        self.qa = nn.ModuleList(LSQ(c) for c in (3, 32, 64)); self.qw = nn.ModuleList(LSQ(o, 0) for o in (32, 64, 64)); self.head = nn.Linear(64, 10)
+    def forward(self, x):
+        for conv, qa, qw in zip(self.convs, self.qa, self.qw): x = F.max_pool2d(F.relu(F.conv2d(qa(x), qw(conv.weight), conv.bias, padding=1)), 2)
+        return self.head(x.mean((2, 3)))
+
+NINTH = {'crnn_ctc': (CRNN, (1, 32, 128), (16, 48)), 'pinn': (PINN, (2,), (2048,)), 'wgan_gp': (GPCritic, (3, 32, 32), (64,)),
+         'beta_vae': (BetaVAE, (3, 32, 32), (64,)), 'lsq_net': (LSQNet, (3, 64, 64), (16,))}
+TARGETS.update({'crnn_ctc': lambda bs: torch.randint(1, 40, (bs, 12)), 'pinn': lambda bs: torch.randn(bs, 2), 'wgan_gp': lambda bs: torch.randn(bs, 1),
+                'beta_vae': lambda bs: torch.randn(bs, 3, 32, 32)})
 LOSSES.update({'crnn_ctc': ctc_loss})
 
 ALL = {**MODELS, **FAMILIES, **VARIANTS, **UNSEEN, **BROUGHT, **FOURTH, **FIFTH, **SIXTH, **SEVENTH, **EIGHTH, **NINTH}

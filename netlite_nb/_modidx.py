@@ -203,6 +203,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._segment_size': ('budget.html#_segment_size', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._sgd': ('budget.html#_sgd', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._shape_error': ('budget.html#_shape_error', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._shaped_like': ('budget.html#_shaped_like', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._shapes': ('budget.html#_shapes', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._simulate_cuda': ('budget.html#_simulate_cuda', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._split_batch': ('budget.html#_split_batch', 'netlite_nb/budget.py'),

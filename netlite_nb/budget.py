@@ -126,8 +126,8 @@ _A = torch.ops.aten
 _MASKED = {_A.index.Tensor, _A.index_put.default, _A.index_put_.default, _A._index_put_impl_.default}  # (x, indices, ...)
 _SIZED = {_A.index.Tensor, _A.nonzero.default, _A.masked_select.default, _A._unique2.default, _A.unique_consecutive.default}  # outputs the data sizes
 _CTC = {_A._ctc_loss.default, _A._ctc_loss.Tensor}  # (log_probs, targets, input_lengths, target_lengths, ...): the longest target sizes log_alpha
-_CTC_BACKWARD = {_A._ctc_loss_backward.default, _A._ctc_loss_backward.Tensor}  # no shape-only kernel: the gradient is shaped like log_probs
-_DATA_SHAPED = _MASKED | _SIZED | _CTC | _CTC_BACKWARD
+_CTC_BACKWARD = {_A._ctc_loss_backward.default, _A._ctc_loss_backward.Tensor}  # no shape-only kernel: the gradient is shaped like log_probs (`_LIKE_INPUTS`)
+_DATA_SHAPED = _MASKED | _SIZED | _CTC
 # matrix functions and LAPACK: their workspace is made inside the op, where a tensor trace does not see it; the plan's notes name
 # those no kernel path gives scratch for (`matrix_exp_scratch` on the CPU)
 _UNMODELLED = {getattr(_A, n).default for n in ('linalg_matrix_exp', '_linalg_svd', '_linalg_eigh', 'linalg_eig', 'linalg_qr', 'geqrf', '_linalg_slogdet',
@@ -158,12 +158,25 @@ def _data_shaped(func, args:tuple, kwargs:dict):
         if not any(_is_mask(i) for i in a['indices']): return NotImplemented  # integer indices: the shapes decide
         return func(x, _all_true(a['indices']), *args[2:], **kwargs)
     if func is _A.nonzero.default: return empty(x.numel(), x.dim())
-    if func in _CTC_BACKWARD: return torch.empty_like(a['log_probs'])
     if func in _CTC: return empty(x.shape[1], dtype=x.dtype), empty(x.shape[1], x.shape[0], 2 * _longest_target(a) + 1, dtype=x.dtype)
     if func is _A.masked_select.default: return empty(math.prod(torch.broadcast_shapes(x.shape, a['mask'].shape)), dtype=x.dtype)
     if a.get('dim') is not None: return NotImplemented  # unique rows or slices: not bounded here
     n = x.numel()
     return empty(n, dtype=x.dtype), empty(*x.shape) if a.get('return_inverse') else empty(0), empty(n) if a.get('return_counts') else empty(0)
+
+# %% ../nbs/01_budget.ipynb #fb25c6b8
+_LIKE_INPUTS = {getattr(_A, n).default: ins for ins, names in (  # ops with no shape-only kernel -> the inputs their outputs are shaped like
+    ((1,), ('_ctc_loss_backward', 'multi_margin_loss_backward', 'multilabel_margin_loss_backward', 'fractional_max_pool3d_backward', '_masked_softmax_backward')),
+    ((0,), ('_sample_dirichlet', '_standard_gamma_grad', '_dirichlet_grad', 'binomial', '_masked_softmax',
+            '_fake_quantize_learnable_per_tensor_affine', '_fake_quantize_learnable_per_channel_affine')),
+    ((1, 2, 3), ('_fake_quantize_learnable_per_tensor_affine_backward', '_fake_quantize_learnable_per_channel_affine_backward'))) for n in names if hasattr(_A, n)}
+_LIKE_INPUTS[_A._ctc_loss_backward.Tensor] = (1,)
+
+def _shaped_like(func, args:tuple):
+    "The outputs of `func` (in `_LIKE_INPUTS`) as empty tensors shaped like the inputs they follow; NotImplemented on real data (the real op)."
+    if not any(is_traced(a) for a in args if isinstance(a, torch.Tensor)): return NotImplemented
+    outs = [torch.empty_like(args[i]) for i in _LIKE_INPUTS[func]]
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
 # %% ../nbs/01_budget.ipynb #1529537d
 class _PackedAtFullLength(TorchFunctionMode):
@@ -212,7 +225,7 @@ def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None
     # the nodes of the ops before this one; not in `prim.device`, which FakeTensors dispatch while autograd records an in-place op
     # on a view: reading the view's grad_fn there dropped the op from the graph (`relu_` on InstanceNorm's output left no CopySlices)
     if self.graph is not None and self.phase in ('forward', 'loss') and func.namespace == 'aten': self.count_nodes(args)
-    out = _data_shaped(func, args, kwargs or {}) if func in _DATA_SHAPED else NotImplemented
+    out = _data_shaped(func, args, kwargs or {}) if func in _DATA_SHAPED else _shaped_like(func, args) if func in _LIKE_INPUTS else NotImplemented
     if out is NotImplemented: out = func(*args, **(kwargs or {}))
     elif func in _SIZED: self.bounded.append(func.__name__)  # a write through a mask (x[mask] = v) sizes nothing
     scratch = 0

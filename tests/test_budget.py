@@ -1319,3 +1319,32 @@ def test_tensor_attributes_and_pruned_weights_are_planned_as_the_models_memory()
     pruned = prune.l1_unstructured(nn.Conv2d(1, 8, 3), 'weight', 0.5)
     net = nn.Sequential(pruned, nn.Flatten(), nn.Linear(8 * 26 * 26, 10))
     assert plan_memory(net, MNIST, device_or_gpu='cpu').peak > plan_memory(nn.Sequential(nn.Conv2d(1, 8, 3), nn.Flatten(), nn.Linear(8 * 26 * 26, 10)), MNIST, device_or_gpu='cpu').peak
+
+def test_ops_without_shape_only_kernels_are_planned_like_their_inputs():
+    "Beta/Dirichlet/Gamma samplers, learnable fake quantization, a multi-margin loss and CTC: PyTorch has no meta kernel for them (or their gradients)."
+    import torch.nn.functional as F
+    class Dist(nn.Module):
+        def __init__(self, kind): super().__init__(); self.l, self.o, self.kind = nn.Linear(32, 20), nn.Linear(10, 10), kind
+        def forward(self, x):
+            a, b = F.softplus(self.l(x)).chunk(2, -1)
+            d = {'beta': lambda: torch.distributions.Beta(a + 0.1, b + 0.1), 'gamma': lambda: torch.distributions.Gamma(a + 0.1, b + 0.1),
+                 'dirichlet': lambda: torch.distributions.Dirichlet(a + 0.1)}[self.kind]()
+            return self.o(d.rsample())
+    class LSQ(nn.Module):
+        def __init__(self): super().__init__(); self.l, self.s, self.z = nn.Linear(32, 10), nn.Parameter(torch.full((32,), 0.1)), nn.Parameter(torch.zeros(32))
+        def forward(self, x): return self.l(torch._fake_quantize_learnable_per_channel_affine(x, self.s, self.z, 1, 0, 255, 1.0))
+    batch = torch.randn(8, 32), torch.randint(0, 10, (8,))
+    for m in (Dist('beta'), Dist('gamma'), Dist('dirichlet'), LSQ()):
+        for precision in ('fp32', 'bf16'):
+            assert plan_memory(m, batch, device_or_gpu='cpu', precision=precision).peak > 0
+    assert plan_memory(nn.Linear(32, 10), batch, loss_fn=nn.MultiMarginLoss(), device_or_gpu='cpu').peak > 0
+    class OCR(nn.Module):
+        def __init__(self): super().__init__(); self.rnn, self.out = nn.GRU(16, 32, batch_first=True), nn.Linear(32, 20)
+        def forward(self, x): return self.out(self.rnn(x)[0]).log_softmax(-1)
+    def ctc(out, y):
+        B, T = out.shape[:2]
+        return F.ctc_loss(out.transpose(0, 1), y, torch.full((B,), T), torch.full((B,), y.shape[1]))
+    x, y = torch.randn(8, 50, 16), torch.randint(1, 20, (8, 12))
+    tr = trace_step(OCR(), (x, y), loss_fn=ctc, kernels='cpu').tracker
+    real = torch.ops.aten._ctc_loss.Tensor(torch.randn(50, 8, 20).log_softmax(-1), y, torch.full((8,), 50), torch.full((8,), 12))[1]
+    assert real.nbytes in [r.nbytes for r in tr.allocs if r.category == 'activations']   # log_alpha, saved for backward, as the real op makes it
