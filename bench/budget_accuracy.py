@@ -974,7 +974,7 @@ class BetaVAE(nn.Module):
         self.enc = nn.Sequential(nn.Conv2d(3, 32, 4, 2, 1), nn.ReLU(), nn.Conv2d(32, 64, 4, 2, 1), nn.ReLU(), nn.Flatten(), nn.Linear(64 * 8 * 8, 2 * z))
         self.dec = nn.Sequential(nn.Linear(z, 64 * 8 * 8), nn.Unflatten(1, (64, 8, 8)), nn.ConvTranspose2d(64, 32, 4, 2, 1), nn.ReLU(), nn.ConvTranspose2d(32, 3, 4, 2, 1))
     def forward(self, x):
-        a, b = F.softplus(self.enc(x)).chunk(2, -1)
+        a, b = F.softplus(self.enc(x)).float().chunk(2, -1)  # float: PyTorch samples no Dirichlet (Beta) in bf16
         q = torch.distributions.Beta(a + 0.5, b + 0.5)
         return self.dec(q.rsample()) + 0 * q.entropy().mean()
 

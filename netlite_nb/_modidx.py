@@ -250,6 +250,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget.cudnn_conv_workspace': ('budget.html#cudnn_conv_workspace', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.cudnn_lstm_bytes': ('budget.html#cudnn_lstm_bytes', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.default_loss': ('budget.html#default_loss', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget.fake_quant_scratch': ('budget.html#fake_quant_scratch', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.fft_scratch': ('budget.html#fft_scratch', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.find_batch_size': ('budget.html#find_batch_size', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.fit_to_budget': ('budget.html#fit_to_budget', 'netlite_nb/budget.py'),

@@ -27,11 +27,11 @@ __all__ = ['AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'CUDA_CONTEXT_BYTE
            'CompiledModelWarning', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes',
            'cublaslt_workspace_bytes', 'Target', 'resolve_target', 'cpu_workspace_bytes', 'cpu_conv_scratch',
            'conv_layout_copies', 'contiguous_copies', 'promotion_copies', 'attention_scratch', 'matrix_exp_scratch',
-           'ctc_scratch', 'fft_scratch', 'upsample_copies', 'cpu_kernel_path', 'calibration_file', 'clear_calibration',
-           'measure_conv_scratch', 'calibrate_kernels', 'MemoryPlan', 'GlibcHeap', 'fix_glibc_thresholds',
-           'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes', 'plan_memory', 'plot_plans',
-           'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size', 'Change', 'register_lever',
-           'fit_to_budget', 'find_batch_size', 'budget_widget']
+           'ctc_scratch', 'fake_quant_scratch', 'fft_scratch', 'upsample_copies', 'cpu_kernel_path', 'calibration_file',
+           'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels', 'MemoryPlan', 'GlibcHeap',
+           'fix_glibc_thresholds', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes',
+           'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size', 'Change',
+           'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -171,11 +171,14 @@ _LIKE_INPUTS = {getattr(_A, n).default: ins for ins, names in (  # ops with no s
             '_fake_quantize_learnable_per_tensor_affine', '_fake_quantize_learnable_per_channel_affine')),
     ((1, 2, 3), ('_fake_quantize_learnable_per_tensor_affine_backward', '_fake_quantize_learnable_per_channel_affine_backward'))) for n in names if hasattr(_A, n)}
 _LIKE_INPUTS[_A._ctc_loss_backward.Tensor] = (1,)
+_FQ = {_A._fake_quantize_learnable_per_tensor_affine.default, _A._fake_quantize_learnable_per_channel_affine.default}
+_FQ_BACKWARD = {_A._fake_quantize_learnable_per_tensor_affine_backward.default, _A._fake_quantize_learnable_per_channel_affine_backward.default}  # gradients in fp32
 
 def _shaped_like(func, args:tuple):
     "The outputs of `func` (in `_LIKE_INPUTS`) as empty tensors shaped like the inputs they follow; NotImplemented on real data (the real op)."
     if not any(is_traced(a) for a in args if isinstance(a, torch.Tensor)): return NotImplemented
-    outs = [torch.empty_like(args[i]) for i in _LIKE_INPUTS[func]]
+    dtype = torch.float32 if func in _FQ_BACKWARD else None  # a bf16 input's gradient too: ATen computes it from fp32 copies
+    outs = [torch.empty_like(args[i], dtype=dtype) for i in _LIKE_INPUTS[func]]
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 # %% ../nbs/01_budget.ipynb #1529537d
@@ -987,13 +990,14 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
     stride, padding, dilation, transposed = args[3:7] if fwd else args[4:8]
     groups, n = args[8] if fwd else args[9], x.element_size()
     be = _conv_backend(tuple(x.shape), tuple(w.shape), tuple(stride), tuple(padding), tuple(dilation), transposed, groups, x.dtype, torch.get_num_threads())
-    if be == 'MkldnnTranspose': return _transposed_scratch(fwd, x, w, y, groups, stride)
+    if be == 'MkldnnTranspose': return _transposed_scratch(fwd, x, w, y, groups, stride, None if fwd else args[10])
     if be == 'Mkldnn' and (_channels_last(x) or _channels_last(w)): return _channels_last_scratch(fwd, w, groups, n)
     if be == 'Mkldnn':
         src, dst, wts = _blocked(x.shape, n), _blocked(y.shape, n), _blocked_weights(w.shape, groups, n)
         one_by_one = all(k == 1 for k in w.shape[2:])
-        if x.shape[1] < _CPU_BLOCK and (fwd or not (args[10][0] or one_by_one)): src = 0  # a first layer's few channels are read in place (a 1x1's weight gradient copies them)
         acc = 4 if x.dtype in (torch.bfloat16, torch.float16) else 0  # half precision: the destination accumulated in fp32 first
+        if x.shape[1] < _CPU_BLOCK and (fwd or not (args[10][0] or one_by_one)):  # a first layer's few channels are read in place (a 1x1's weight gradient copies them)
+            src = n * x.numel() if acc and not fwd else 0  # in half precision the weights' gradient pass copies them, unblocked
         if fwd: return max(src, dst, acc * y.numel()) + wts  # the weights are reordered as well, alongside the larger activation copy
         # backward's two passes (the input's gradient, with the weights reordered; the weights', with the activations) hold their
         # scratch in turn; an input of a few channels is copied only when it needs a gradient
@@ -1017,11 +1021,12 @@ def conv_layout_copies(func, args)->int:
 
 # %% ../nbs/01_budget.ipynb #8c36fd61
 def _transposed_scratch(fwd:bool, x, w, y, # the input (N, Ci, ...), weights (Ci, Co/groups, ...) and output or its gradient (N, Co, ...)
-                        groups:int, stride)->int:
+                        groups:int, stride, mask=(True, True))->int: # backward: which of the input's and the weights' gradients it computes
     "Bytes oneDNN's transposed convolution allocates and frees inside itself: a plain convolution's passes, from `y` to `x`."
     n, co = x.element_size(), y.shape[1]
     xb, yb, wts = _blocked(x.shape, n), _blocked(y.shape, n), _blocked_weights(w.shape, groups, n)
-    if not fwd: return max((yb if co > 3 else 0) + xb, wts)  # the weights' gradient pass reads both (an image's few channels in place)
+    acc = 4 if x.dtype in (torch.bfloat16, torch.float16) else 0  # half precision: a gradient accumulated in fp32 first, as in the plain one
+    if not fwd: return max((yb if co > 3 else 0) + xb, wts, acc * x.numel() * mask[0], acc * w.numel() * mask[1])  # the weights' gradient pass reads both (an image's few channels in place)
     if any(s > 1 for s in stride) and (groups == 1 or min(x.shape[1], co) // groups >= _CPU_BLOCK):
         return max(xb, wts, 2 * n * y.numel())  # the strided kernel: two buffers of the output's size
     return max(xb + yb - n * y.numel(), yb, wts)  # the output written blocked, then copied out once the input's copy is freed
@@ -1075,6 +1080,13 @@ def matrix_exp_scratch(func, args)->int:
 def ctc_scratch(func, args)->int:
     "Bytes a CTC loss's backward holds inside itself: `log_beta`, a table the size of the forward's `log_alpha` (its seventh argument)."
     return args[6].numel() * args[6].element_size() if func in _CTC_BACKWARD else 0
+
+# %% ../nbs/01_budget.ipynb #316c6dbd
+def fake_quant_scratch(func, args)->int:
+    "Bytes learnable fake quantization holds inside itself: forward, a mask of bools; backward, the per-element gradients of scale and zero point in fp32, and fp32 copies of a bf16 input and its gradient."
+    if func in _FQ: return args[0].numel()
+    if func not in _FQ_BACKWARD: return 0
+    return args[1].numel() * 4 * (2 + 2 * (args[1].dtype == torch.bfloat16))
 
 # %% ../nbs/01_budget.ipynb #bf79aa0a
 _FFTS = (_A._fft_r2c.default, _A._fft_c2c.default, _A._fft_c2r.default)
@@ -1191,7 +1203,7 @@ def cpu_kernel_path(func, args, out,
         key, spec = _mm_key(_kernel(func, args))
         if key not in measured: missing.append(spec)
     if func not in _CONVS: return out, (contiguous_copies(func, args) + promotion_copies(func, args) + attention_scratch(func, args) + upsample_copies(func, args, out)
-                                        + fft_scratch(func, args) + matrix_exp_scratch(func, args) + ctc_scratch(func, args))
+                                        + fft_scratch(func, args) + matrix_exp_scratch(func, args) + ctc_scratch(func, args) + fake_quant_scratch(func, args))
     out = _as_laid_out(func, args, out)
     if measured is not None:
         key, spec = _conv_key(func, args)
@@ -2048,7 +2060,7 @@ class _CudaPath:
         if func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
             (T, B, _), H = args[0].shape, args[5].shape[-1]
             return out, cudnn_lstm_bytes(T, B, H, args[0].element_size())[1]
-        if func not in _CONVS: return out, contiguous_copies(func, args) + ctc_scratch(func, args)
+        if func not in _CONVS: return out, contiguous_copies(func, args) + ctc_scratch(func, args) + fake_quant_scratch(func, args)
         out = _as_laid_out(func, args, out)
         fwd = func is torch.ops.aten.convolution.default
         x, w, y = (args[0], args[1], out) if fwd else (args[1], args[2], args[0])
