@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_budget.ipynb #c003
 from __future__ import annotations
-import ast, contextlib, copy, ctypes, functools, gc, html, inspect, json, logging, math, os, platform, random, re, subprocess, sys, threading, warnings, weakref
+import ast, contextlib, copy, ctypes, functools, gc, html, inspect, json, logging, math, os, platform, random, re, subprocess, sys, sysconfig, threading, traceback, warnings, weakref
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -560,14 +560,25 @@ def _why_untraceable(e:Exception)->str|None:
         if 'SparseTensorImpl' in msg: return "it makes a sparse tensor (a `torch.sparse` op, or a sparse gradient), whose size the data decides; the planner plans dense tensors"
     return None
 
+def _ours(filename:str)->bool:
+    "Is `filename` PyTorch's, this package's or Python's own library's (installed packages other than PyTorch are the user's)?"
+    ours = tuple(str(Path(mod.__file__).parent) for mod in (torch, sys.modules[__name__.split('.')[0]]) if getattr(mod, '__file__', None))
+    stdlib = sysconfig.get_paths()['stdlib']
+    return filename.startswith(ours) or (filename.startswith(stdlib) and not any(d in filename for d in ('site-packages', 'dist-packages')))
+
+def _user_line(e:Exception)->str:
+    "' (at file:line: `code`)' for the last line of `e`'s traceback that is not ours (`_ours`): the user's line that failed; '' if none."
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not _ours(f.filename)]
+    return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno}: `{(frames[-1].line or '').strip()[:120]}`)" if frames else ''
+
 def _untraceable(e:Exception, tr:AllocationTracker, m:nn.Module)->UntraceableError|None:
-    "Failure `e` as an `UntraceableError` naming where it happened; None for other failures."
+    "Failure `e` as an `UntraceableError` naming where it happened, down to the user's line; None for other failures."
     if (why := _why_untraceable(e)) is None: return None
     name = tr.modules[-1] if tr.phase == 'forward' and tr.modules else None
     where = (f"layer `{name or type(m).__name__}` ({type(m.get_submodule(name) if name else m).__name__})" if name is not None
              else 'the loss' if tr.phase == 'loss' else 'the batch or the weights' if tr.phase == 'setup' else f"the {tr.phase} phase")
     return UntraceableError(
-        f"The planner cannot trace {where}: {why}. A plan runs the step on shapes alone, without data. Keep the step's shapes and "
+        f"The planner cannot trace {where}: {why}{_user_line(e)}. A plan runs the step on shapes alone, without data. Keep the step's shapes and "
         "branches independent of the values (log values after the step, branch with `torch.where`), "
         f"or size the batch by running real steps: `find_batch_size(model, batch, device)`. PyTorch said: {str(e).splitlines()[0][:300]}")
 
