@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_budget.ipynb #c003
 from __future__ import annotations
-import ast, contextlib, copy, ctypes, functools, gc, html, inspect, json, logging, math, os, platform, random, re, subprocess, sys, sysconfig, threading, traceback, warnings, weakref
+import ast, contextlib, copy, ctypes, functools, gc, html, inspect, json, linecache, logging, math, os, platform, random, re, subprocess, sys, sysconfig, threading, traceback, warnings, weakref
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -567,9 +567,16 @@ def _ours(filename:str)->bool:
     return filename.startswith(ours) or (filename.startswith(stdlib) and not any(d in filename for d in ('site-packages', 'dist-packages')))
 
 def _user_line(e:Exception)->str:
-    "' (at file:line: `code`)' for the last line of `e`'s traceback that is not ours (`_ours`): the user's line that failed; '' if none."
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if not _ours(f.filename)]
-    return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno}: `{(frames[-1].line or '').strip()[:120]}`)" if frames else ''
+    "' (at file:line: `code`)' for the user's line that failed: the last frame of `e`'s traceback in the step's own code, between the step (`_micro_step`, `_optimizer_phase`) and the tracker, that is not ours (`_ours`); '' if none."
+    frames = [f for f, _ in traceback.walk_tb(e.__traceback__)]
+    start = max((i for i, f in enumerate(frames) if f.f_code in (_micro_step.__code__, _optimizer_phase.__code__)), default=-1)
+    modes = {AllocationTracker.__torch_dispatch__.__code__, _PackedAtFullLength.__torch_function__.__code__}
+    end = next((i for i, f in enumerate(frames) if i > start and f.f_code in modes), len(frames))
+    mine = [f for f in frames[start + 1:end] if not _ours(f.f_code.co_filename)]
+    if not mine: return ''
+    f = mine[-1]
+    line = linecache.getline(f.f_code.co_filename, f.f_lineno).strip()  # none for some notebook cells
+    return f" (at {Path(f.f_code.co_filename).name}:{f.f_lineno}" + (f": `{line[:120]}`)" if line else ')')
 
 def _untraceable(e:Exception, tr:AllocationTracker, m:nn.Module)->UntraceableError|None:
     "Failure `e` as an `UntraceableError` naming where it happened, down to the user's line; None for other failures."
