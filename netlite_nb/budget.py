@@ -361,12 +361,20 @@ def _call(m:nn.Module, x):
     "Run `m` on inputs `x` as a training loop does: `m(**x)` for a dict, `m(*x)` for a tuple, `m(x)` for a tensor."
     return m(**x) if isinstance(x, Mapping) else m(*x) if isinstance(x, (tuple, list)) else m(x)
 
-def resize_batch(batch, # (x, y), x, or any nest of tensors whose first dimension is the batch
+def _per_sample(t:torch.Tensor, b:int)->bool:
+    "Does tensor `t` of a batch of `b` samples hold one row per sample? (A graph's edge list, a scalar, a table shared by the batch does not.)"
+    return t.dim() > 0 and t.shape[0] == b
+
+def _resized(t:torch.Tensor, b:int, n:int, device='meta')->torch.Tensor:
+    "`t` of a batch of `b` samples, data-less on `device`, in a batch of `n`: its first dimension `n` if it holds a row per sample, else as it is."
+    return torch.empty((n, *t.shape[1:]) if _per_sample(t, b) else t.shape, dtype=t.dtype, device=device)
+
+def resize_batch(batch, # (x, y), x, or any nest of tensors; those whose first dimension is the batch's are resized
                  n:int, # samples in the new batch
                 )->Any:
     "A batch of `n` samples shaped like `batch`, on the 'meta' device: shapes and dtypes, no memory (all the planner needs)."
-    r = lambda t: torch.empty((n, *t.shape[1:]), dtype=t.dtype, device='meta')
-    return tree_map_only(torch.Tensor, r, _as_dict(batch))
+    b = _batch_size(batch)
+    return tree_map_only(torch.Tensor, lambda t: _resized(t, b, n), _as_dict(batch))
 
 # %% ../nbs/01_budget.ipynb #c014b
 def default_loss(out, y):
@@ -690,8 +698,8 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
             params = [p for p in m.parameters() if p.requires_grad]
             if not params: raise NothingToTrainError(f"`{type(m).__name__}` has no parameter that requires a gradient, so a training step has nothing "
                 "to update (and PyTorch's optimizers refuse an empty list). Unfreeze what should train (`p.requires_grad_(True)`) and plan again.")
-            fake = lambda t: torch.empty((mb, *t.shape[1:]), dtype=t.dtype, device=dev)
-            xb, yb = tree_map_only(torch.Tensor, fake, x), tree_map_only(torch.Tensor, fake, y)
+            b = _first(x).shape[0]
+            xb, yb = (tree_map_only(torch.Tensor, lambda t: _resized(t, b, mb, dev), z) for z in (x, y))
             with tr:
                 for t in (*m.parameters(), *m.buffers(), *_tensor_attrs(m)): tr.track(t, 'weights')
                 for t in tree_flatten((xb, yb))[0]: tr.track(t, 'batch')
@@ -2149,6 +2157,13 @@ def _unmodelled_note(tr:AllocationTracker)->list[str]:
     return [f"not included: the scratch that {_op_counts(tr.unseen)} make inside the op (matrix functions, LAPACK), which no rule here models; check "
             "the batch on the device (`find_batch_size`) or keep room for it"]
 
+def _kept_inputs_note(batch)->list[str]:
+    "The plan's note on the batch's tensors without a row per sample (`_per_sample`): planned as given, whatever the batch size."
+    b = _batch_size(batch)
+    kept = [tuple(t.shape) for t in tree_flatten(_as_dict(batch))[0] if isinstance(t, torch.Tensor) and not _per_sample(t, b)]
+    return [f"the batch's tensors of shape {', '.join(map(str, kept))} have no row per sample (an edge list, a scalar, a shared table): "
+            "they are planned as given, at any batch size"] if kept else []
+
 def _bounded_note(tr:AllocationTracker)->list[str]:
     "The plan's note on ops it ran at their largest because the data decides their size (`_data_shaped`)."
     if not tr.bounded: return []
@@ -2209,7 +2224,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
                       total=reserved + terms.get('CUDA context', 0), breakdown={**_breakdown(tr), **terms},
                       peak_phase=rec.phase if rec else 'none', peak_module=rec.module if rec else '',
                       budget=budget if budget is not None else target.memory, by_module=_saved_by_module(tr), params=t.param_count,
-                      notes=_step_notes(precision, t.accum_steps, mb) + _bounded_note(tr) + _stand_in_note(tr) + _unmodelled_note(tr) + device_notes + _compiled_note(model))
+                      notes=_step_notes(precision, t.accum_steps, mb) + _kept_inputs_note(batch) + _bounded_note(tr) + _stand_in_note(tr) + _unmodelled_note(tr) + device_notes + _compiled_note(model))
 
 # %% ../nbs/01_budget.ipynb #mp24
 def _calibration_note(target:Target)->str:

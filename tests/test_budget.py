@@ -1364,3 +1364,17 @@ def test_layout_copies_ctc_and_fake_quant_scratch_hold_against_a_real_run():
         f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [_op_arg(a, 'meta') for a in args]
         m = (cpu_conv_scratch(f, xs, f(*xs)) + conv_layout_copies(f, xs)) if f in _CONVS else ctc_scratch(f, xs) + fake_quant_scratch(f, xs)
         assert abs(m - g) <= 0.05 * m + 2**18, (op, args, m, g)
+
+def test_a_graph_batch_keeps_its_edge_list_as_given():
+    "Node features have a row per sample (node); the edge list (2, E) does not, and is planned as given at every batch size."
+    class GCN(nn.Module):
+        def __init__(self): super().__init__(); self.l1, self.l2 = nn.Linear(16, 64), nn.Linear(64, 4)
+        def forward(self, x, edge_index):
+            h = self.l1(x); src, dst = edge_index
+            return self.l2(torch.zeros_like(h).index_add(0, dst, h[src]).relu())
+    batch = (dict(x=torch.randn(500, 16), edge_index=torch.randint(0, 500, (2, 2000))), torch.randint(0, 4, (500,)))
+    plan = plan_memory(GCN(), batch, device_or_gpu='cpu')
+    assert any('(2, 2000)' in n for n in plan.notes)
+    b = max_batch_size(GCN(), batch, budget=2**26, device_or_gpu='cpu')
+    assert 500 < b < 2**16 and plan_memory(GCN(), resize_batch(batch, b), device_or_gpu='cpu').peak <= 2**26
+    assert tuple(resize_batch(batch, b)[0]['edge_index'].shape) == (2, 2000)
