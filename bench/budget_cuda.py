@@ -3,6 +3,7 @@
     python bench/budget_cuda.py                     # every family at its two batch sizes, cudnn.benchmark off and on, on cuda:0
     python bench/budget_cuda.py --models resnet18 lstm --benchmark on    # a part
     python bench/budget_cuda.py --workspaces        # each convolution's cuDNN workspace and each RNN's saved bytes, next to the model
+    python bench/budget_cuda.py --set ninth         # the CPU bench's ninth round (CTC, double backward, LSQ...); --set seventh etc. likewise
     python bench/budget_cuda.py --dry-run           # no GPU needed: builds and plans every case for a catalogue GPU (--gpu 'rtx 3060')
 
 Each measured case runs in a fresh process (CUDA's caches, cuDNN's plan cache and the allocator's segments start empty, as in a
@@ -28,7 +29,10 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / 'bench'))
-from budget_accuracy import FAMILIES, make, _steps  # the same models, seeds, batches and training steps as the CPU bench
+import budget_accuracy as ba
+from budget_accuracy import ALL, FAMILIES, LOSSES, make, _loss, _steps  # the same models, seeds, batches, losses and training steps as the CPU bench
+SETS = {'families': FAMILIES, 'variants': ba.VARIANTS, 'unseen': ba.UNSEEN, 'brought': ba.BROUGHT, 'fourth': ba.FOURTH, 'fifth': ba.FIFTH,
+        'sixth': ba.SIXTH, 'seventh': ba.SEVENTH, 'eighth': ba.EIGHTH, 'ninth': ba.NINTH}  # --set: the CPU bench's rounds of models
 
 MODES = {'off': [False], 'on': [True], 'both': [False, True]}
 
@@ -38,7 +42,7 @@ def cuda_steps(name:str, bs:int, benchmark:bool=False, device:str='cuda', steps:
     model, (x, y) = make(name, bs)
     model, x, y = model.to(device), x.to(device), y.to(device)
     torch.cuda.reset_peak_memory_stats(device)
-    _steps(model, torch.optim.AdamW(model.parameters(), lr=1e-3), x, y, steps)
+    _steps(model, torch.optim.AdamW(model.parameters(), lr=1e-3), x, y, steps, _loss(name))
     torch.cuda.synchronize(device)
     return dict(reserved=torch.cuda.max_memory_reserved(device), allocated=torch.cuda.max_memory_allocated(device))
 
@@ -46,7 +50,7 @@ def planned(name:str, bs:int, benchmark:bool=False, device='cuda')->dict:
     "The planner's peak allocated and reserved bytes for the same step on `device` (the GPU that is present, or a catalogue name)."
     from netlite_nb.budget import plan_memory
     model, batch = make(name, bs)
-    p = plan_memory(model, batch, optimizer='adamw', device_or_gpu=device, strategy=SimpleNamespace(cudnn_benchmark=benchmark))
+    p = plan_memory(model, batch, LOSSES.get(name), optimizer='adamw', device_or_gpu=device, strategy=SimpleNamespace(cudnn_benchmark=benchmark))
     return dict(reserved=p.reserved, allocated=p.peak)
 
 def error(plan:int, measured:int)->float:
@@ -76,7 +80,7 @@ def accuracy(models, modes, dry_run:bool=False, gpu:str='rtx 3060', tolerance:fl
     print(f"{'model':<13}{'batch':>6}{'bench':>6}{'plan res.':>13}{'measured':>13}{'error':>9}{'plan alloc':>13}{'measured':>13}")
     errs = []
     for name in models:
-        for bs in FAMILIES[name][2]:
+        for bs in ALL[name][2]:
             for bm in modes:
                 p = planned(name, bs, bm, gpu if dry_run else 'cuda')
                 m = None if dry_run else measured(name, bs, bm)
@@ -156,7 +160,7 @@ def workspaces(models, dry_run:bool=False, gpu:str='rtx 3060'):
     print("Convolutions: MiB beyond the outputs (forward | backward); model: heuristics' engine and bound (with benchmark on, the first call's buffer)")
     print(f"{'family':<13}{'input':<22}{'w':<18}{'off fwd':>9}{'off bwd':>9}{'on fwd':>9}{'on bwd':>9}{'heur fwd':>9}{'heur bwd':>9}{'bound fwd':>10}{'bound bwd':>10}")
     for name in models:
-        specs = conv_specs(name, FAMILIES[name][2][0])
+        specs = conv_specs(name, ALL[name][2][0])
         if not specs: continue
         off = on = [[None, None]] * len(specs)
         if not dry_run: off, on = in_child('--conv-child', [specs, False]), in_child('--conv-child', [specs, True])
@@ -169,11 +173,11 @@ def workspaces(models, dry_run:bool=False, gpu:str='rtx 3060'):
     from netlite_nb.budget import plan_memory
     print("\nRNNs: MiB autograd saves for the RNN module (without its weights and input): measured on the card, and in the trace")
     for name in models:
-        model, batch = make(name, FAMILIES[name][2][0])
+        model, batch = make(name, ALL[name][2][0])
         rnn = next((n for n, m in model.named_modules() if isinstance(m, nn.RNNBase)), None)
         if rnn is None: continue
         traced = plan_memory(model, batch, device_or_gpu=gpu if dry_run else 'cuda').by_module.get(rnn, 0)
-        got = None if dry_run else in_child('--rnn-child', [name, FAMILIES[name][2][0]])
+        got = None if dry_run else in_child('--rnn-child', [name, ALL[name][2][0]])
         print(f"{name:<13}saved {'-' if got is None else mib(got['saved'])} (reserve space {'-' if got is None else mib(got['reserve'])}), traced {mib(traced)}")
 
 def main(argv=None)->int:
@@ -181,7 +185,8 @@ def main(argv=None)->int:
     ap.add_argument('--child', help=argparse.SUPPRESS)
     ap.add_argument('--conv-child', help=argparse.SUPPRESS)
     ap.add_argument('--rnn-child', help=argparse.SUPPRESS)
-    ap.add_argument('--models', nargs='+', default=list(FAMILIES), choices=list(FAMILIES), metavar='FAMILY', help=f"default: all of {', '.join(FAMILIES)}")
+    ap.add_argument('--set', choices=list(SETS), default='families', help="which of the CPU bench's rounds of models (default: the fourteen families)")
+    ap.add_argument('--models', nargs='+', metavar='MODEL', help="a part of the set (default: all of it)")
     ap.add_argument('--benchmark', choices=list(MODES), default='both', help='torch.backends.cudnn.benchmark for the measured runs and their plans')
     ap.add_argument('--workspaces', action='store_true', help="each convolution's cuDNN workspace and each RNN's saved bytes next to the model")
     ap.add_argument('--dry-run', action='store_true', help='no GPU: build and plan every case for --gpu, measure nothing')
@@ -189,6 +194,8 @@ def main(argv=None)->int:
     ap.add_argument('--tolerance', type=float, default=0.10, help='largest |error| of a case that passes')
     a = ap.parse_args(argv)
     if a.child: print(json.dumps(cuda_steps(*json.loads(a.child)))); return 0
+    a.models = a.models or list(SETS[a.set])
+    if unknown := [m for m in a.models if m not in SETS[a.set]]: ap.error(f"not in --set {a.set}: {', '.join(unknown)} (it has {', '.join(SETS[a.set])})")
     if a.conv_child: print(json.dumps(conv_child(*json.loads(a.conv_child)))); return 0
     if a.rnn_child: print(json.dumps(rnn_child(*json.loads(a.rnn_child)))); return 0
     if not a.dry_run and not torch.cuda.is_available():
