@@ -570,7 +570,7 @@ def _why_untraceable(e:Exception)->str|None:
 
 def _ours(filename:str)->bool:
     "Is `filename` PyTorch's, this package's or Python's own library's (installed packages other than PyTorch are the user's)?"
-    ours = tuple(str(Path(mod.__file__).parent) for mod in (torch, sys.modules[__name__.split('.')[0]]) if getattr(mod, '__file__', None))
+    ours = tuple(str(Path(mod.__file__).parent) + os.sep for mod in (torch, sys.modules[__name__.split('.')[0]]) if getattr(mod, '__file__', None))  # torchvision is not torch
     stdlib = sysconfig.get_paths()['stdlib']
     return filename.startswith(ours) or (filename.startswith(stdlib) and not any(d in filename for d in ('site-packages', 'dist-packages')))
 
