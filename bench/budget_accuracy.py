@@ -7,6 +7,7 @@
     python bench/budget_accuracy.py --variants      # the same on 14 variants of the families (one thing changed each), one batch size each
     python bench/budget_accuracy.py --fifth         # the same on a fifth round of 9 models brought last, and packed sequences at full length (--brought, --fourth: the earlier rounds)
     python bench/budget_accuracy.py --eighth        # the same on ten of autograd's shapes (a Function saving on ctx, in-place ops on views, orthogonal weights, cumprod...)
+    python bench/budget_accuracy.py --tenth         # the same on torchvision's segmentation (dict outputs, auxiliary heads), video, Swin and EfficientNetV2 models
     python bench/budget_accuracy.py --ninth         # the same on users' losses and tricks: an OCR net's CTC loss, a PINN's second derivatives, a WGAN-GP critic
     python bench/budget_accuracy.py --seventh       # the same on a seventh round of 13 models (images and per-pixel labels out, LMs, graphs, point clouds...; --sixth: the one before)
     python bench/budget_accuracy.py --optimizers    # 4 families trained by 15 optimizers users bring (fused, foreach, Adagrad, Adafactor, ASGD...)
@@ -999,8 +1000,26 @@ TARGETS.update({'crnn_ctc': lambda bs: torch.randint(1, 40, (bs, 12)), 'pinn': l
                 'beta_vae': lambda bs: torch.randn(bs, 3, 32, 32)})
 LOSSES.update({'crnn_ctc': ctc_loss})
 
-ALL = {**MODELS, **FAMILIES, **VARIANTS, **UNSEEN, **BROUGHT, **FOURTH, **FIFTH, **SIXTH, **SEVENTH, **EIGHTH, **NINTH}
-_SETS = (MODELS, FAMILIES, VARIANTS, UNSEEN, BROUGHT, FOURTH, FIFTH, SIXTH, SEVENTH, EIGHTH, NINTH)
+# a tenth round: torchvision's own models beyond classification, as a user downloads them (random weights here): segmentation
+# with a dict output and an auxiliary head, a video ResNet, Swin and EfficientNetV2 from the library; measured before any change
+def _tv_seg(name, **kw):
+    def f():
+        import torchvision.models.segmentation as seg
+        return getattr(seg, name)(weights=None, weights_backbone=None, num_classes=5, **kw)
+    f.__qualname__ = f'torchvision.models.segmentation.{name}'
+    return f
+
+def r3d_18():
+    import torchvision.models.video as video
+    return video.r3d_18(weights=None, num_classes=10)
+
+TENTH = {'fcn_resnet50': (_tv_seg('fcn_resnet50', aux_loss=True), (3, 128, 128), (4,)), 'deeplabv3_mbv3': (_tv_seg('deeplabv3_mobilenet_v3_large'), (3, 128, 128), (8,)),
+         'lraspp_mbv3': (_tv_seg('lraspp_mobilenet_v3_large'), (3, 128, 128), (8,)), 'r3d_18': (r3d_18, (3, 8, 64, 64), (4,)),
+         'swin_t': (_tv('swin_t'), (3, 64, 64), (16,)), 'efficientnet_v2_s': (_tv('efficientnet_v2_s'), (3, 64, 64), (16,))}
+TARGETS.update({k: (lambda bs: torch.randint(0, 5, (bs, 128, 128))) for k in ('fcn_resnet50', 'deeplabv3_mbv3', 'lraspp_mbv3')})  # a class per pixel
+
+ALL = {**MODELS, **FAMILIES, **VARIANTS, **UNSEEN, **BROUGHT, **FOURTH, **FIFTH, **SIXTH, **SEVENTH, **EIGHTH, **NINTH, **TENTH}
+_SETS = (MODELS, FAMILIES, VARIANTS, UNSEEN, BROUGHT, FOURTH, FIFTH, SIXTH, SEVENTH, EIGHTH, NINTH, TENTH)
 assert all(ALL[k] is d[k] or ALL[k][1:] == d[k][1:] and ALL[k][0].__qualname__ == d[k][0].__qualname__ != '<lambda>' for d in _SETS for k in d), \
     'two sets name different models alike: `make` would run one in place of the other'
 
@@ -1697,6 +1716,7 @@ if __name__ == '__main__':
     ap.add_argument('--sixth', action='store_true', help='accuracy table on SIXTH: a sixth round, brought after the fifth')
     ap.add_argument('--seventh', action='store_true', help='accuracy table on SEVENTH: a seventh round, brought after the sixth')
     ap.add_argument('--eighth', action='store_true', help="accuracy table on EIGHTH: a smaller round of autograd's shapes")
+    ap.add_argument('--tenth', action='store_true', help="accuracy table on TENTH: torchvision's segmentation, video, Swin and EfficientNetV2 models")
     ap.add_argument('--ninth', action='store_true', help="accuracy table on NINTH: users' losses and tricks (CTC, a PINN's double backward, a gradient penalty)")
     ap.add_argument('--optimizers', nargs='*', metavar='MODEL:BATCH', help='accuracy table with each optimizer of OPTIMIZERS (default cases: resnet18:16 gru:32 ln_mlp:64 tied_lm:16)')
     ap.add_argument('--calibrate', action='store_true', help='add a column: the plan calibrated on this machine (from an empty cache)')
@@ -1755,7 +1775,7 @@ if __name__ == '__main__':
     elif a.kernels: kernels_report()
     elif a.optimizers is not None:
         optimizers_table(list(OPTIMIZERS), [(c.split(':')[0], int(c.split(':')[1])) for c in a.optimizers or ['resnet18:16', 'gru:32', 'ln_mlp:64', 'tied_lm:16']])
-    elif (chosen := [m for flag, m in (('ninth', NINTH), ('eighth', EIGHTH), ('seventh', SEVENTH), ('sixth', SIXTH), ('fifth', FIFTH), ('fourth', FOURTH), ('brought', BROUGHT), ('unseen', UNSEEN), ('variants', VARIANTS), ('families', FAMILIES)) if getattr(a, flag)]):
+    elif (chosen := [m for flag, m in (('tenth', TENTH), ('ninth', NINTH), ('eighth', EIGHTH), ('seventh', SEVENTH), ('sixth', SIXTH), ('fifth', FIFTH), ('fourth', FOURTH), ('brought', BROUGHT), ('unseen', UNSEEN), ('variants', VARIANTS), ('families', FAMILIES)) if getattr(a, flag)]):
         models = {k: v for k, v in chosen[0].items() if not a.models or k in a.models}
         if a.budgets: budgets_table(list(models), a.gib, next_up=False)  # the margin leaves room for b+1
         else: accuracy_table(a.full_warmup, models, a.calibrate)
