@@ -210,6 +210,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._shaped_like': ('budget.html#_shaped_like', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._shapes': ('budget.html#_shapes', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._simulate_cuda': ('budget.html#_simulate_cuda', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._smallest_batch': ('budget.html#_smallest_batch', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._split_batch': ('budget.html#_split_batch', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._stand_in': ('budget.html#_stand_in', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._stand_in_note': ('budget.html#_stand_in_note', 'netlite_nb/budget.py'),

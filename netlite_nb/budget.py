@@ -537,6 +537,10 @@ def _shape_error(e:Exception, tr:AllocationTracker, m:nn.Module, x, y)->ShapeMis
     if tr.phase == 'forward' and tr.modules:
         name = tr.modules[-1]
         mod = m.get_submodule(name) if name else m
+        if 'more than 1 value per channel' in str(e):  # a batch of one through BatchNorm after global pooling
+            return ShapeMismatchError(f"Layer `{name or type(m).__name__}` ({type(mod).__name__}) normalises over the batch, and in training it needs "
+                f"more than one value per channel, but its input of shape {tr.inputs.get(name, '?')} has one: a batch of 1 cannot train "
+                f"this model. Use a batch of 2 or more. PyTorch said: {e}")
         return ShapeMismatchError(
             f"The model does not accept this batch: layer `{name or type(m).__name__}` ({type(mod).__name__}) failed on input of shape "
             f"{tr.inputs.get(name, '?')} but expects {_expects(mod)}. The batch's x has shape {_shapes(x)}. PyTorch said: {e}" + (
@@ -2267,8 +2271,10 @@ class BudgetTooSmallError(ValueError):
     "Not even one sample per step fits the memory budget."
 
 def _search(plan:Callable, # plan(b) -> MemoryPlan (cached: the search asks for some sizes twice)
-            budget:int, max_batch:int)->int:
-    "The largest batch b <= `max_batch` whose `plan(b)` fits, given that b = 1 fits."
+            budget:int, max_batch:int,
+            lo:int=1, # the smallest batch the model trains at, which fits
+           )->int:
+    "The largest batch b <= `max_batch` whose `plan(b)` fits, given that b = `lo` fits."
     # Memory grows almost linearly with the batch, but not exactly (allocator segments, kernels that change with shape),
     # so guesses come from traced sizes and only traces decide. To bracket the answer we extrapolate the allocated
     # peak, which is smooth even at tiny batches; inside the bracket we interpolate the total (reserved memory moves
@@ -2279,7 +2285,7 @@ def _search(plan:Callable, # plan(b) -> MemoryPlan (cached: the search asks for 
         slope = (key(pc) - key(pa)) / (c - a)
         return a * 2 if slope <= 0 else a + int((budget - pa.total) / slope)
     peak_of, total_of = (lambda p: p.peak), (lambda p: p.total)
-    lo, hi, prev, g, tries = 1, None, None, 2, 0
+    hi, prev, g, tries = None, None, lo + 1, 0
     while True:
         g = min(max(g, lo + 1), max_batch if hi is None else hi - 1)
         if plan(g).fits: prev, lo = lo, g
@@ -2346,17 +2352,29 @@ def max_batch_size(model:nn.Module, # the model to plan for
     def plan(b):
         if micro_of is None: return plan_memory(model, resize_batch(sample, b), device_or_gpu=target, budget=budget, **kw)
         return plan_memory(model, resize_batch(sample, micro_of), micro_batch=b, device_or_gpu=target, budget=budget, **kw)
-    if not plan(1).fits: raise BudgetTooSmallError(_too_small(model, sample, budget, target, plan(1), kw))
-    b = _search(plan, budget, max_batch)
+    lo = _smallest_batch(plan)
+    if not plan(lo).fits: raise BudgetTooSmallError(_too_small(model, sample, budget, target, plan(lo), kw, lo, suggest=micro_of is None))
+    b = _search(plan, budget, max_batch, lo)
     if b < max_batch: _warn_moving_threshold(target)  # the budget decided the batch, so how far off the plan can be matters
     if (note := _compiled_note(model)): warnings.warn(note[0], CompiledModelWarning, stacklevel=2)
     return b
 
-def _too_small(model, sample, budget, target, p1, kw)->str:
-    msg = (f"Even a batch of 1 needs {fmt_bytes(p1.total)} on {target.name}, more than the budget of {fmt_bytes(budget)} "
+def _smallest_batch(plan:Callable)->int:
+    "The smallest batch a model trains at: 1, or 2 where a batch of 1 cannot train (BatchNorm after global pooling sees one value per channel)."
+    try: plan(1); return 1
+    except ShapeMismatchError as e:
+        if 'a batch of 1 cannot train' not in str(e): raise
+    plan(2)
+    return 2
+
+def _too_small(model, sample, budget, target, p1, kw, b:int=1,
+               suggest:bool=True, # add what `fit_to_budget` would change (not for the micro-batch search it runs itself)
+              )->str:
+    msg = (f"Even a batch of {b} needs {fmt_bytes(p1.total)} on {target.name}, more than the budget of {fmt_bytes(budget)} "
            f"(weights {fmt_bytes(p1.breakdown['weights'])}, gradients {fmt_bytes(p1.breakdown['gradients'])}, "
            f"optimizer state {fmt_bytes(p1.breakdown['optimizer'])}).")
-    fixes = [c for c in fit_to_budget(model, resize_batch(sample, 1), budget=budget, device_or_gpu=target, **kw) if c.fits]
+    if not suggest: return msg
+    fixes = [c for c in fit_to_budget(model, resize_batch(sample, b), budget=budget, device_or_gpu=target, **kw) if c.fits]
     if fixes: return msg + " What would fit: " + '; '.join(f"{c.description} ({fmt_bytes(c.new_plan.total)})" for c in fixes)
     return msg + " None of the changes `fit_to_budget` knows makes it fit: use a smaller model or a bigger device."
 

@@ -1199,7 +1199,7 @@ def test_half_precision_details_from_review(monkeypatch):
     assert bwd([True, True, False]) >= 4 * w.numel() > bwd([True, False, False])   # a frozen layer's weights get no fp32 gradient buffer
     seen = []
     monkeypatch.setattr(B, 'plan_memory', lambda *a, budget=None, **kw: seen.append(budget) or SimpleNamespace(fits=True, total=0, peak=0))
-    monkeypatch.setattr(B, '_search', lambda plan, budget, max_batch: (plan(1), 1)[1])
+    monkeypatch.setattr(B, '_search', lambda plan, budget, max_batch, lo=1: (plan(lo), lo)[1])
     B.max_batch_size(mlp(), MNIST, strategy=SimpleNamespace(precision='bf16', budget_bytes=2**30, device='cpu'))
     assert seen[-1] == int(2**30 * (1 - PLAN_MARGIN[('cpu', 'bf16/fp16')]))
 
@@ -1380,3 +1380,14 @@ def test_a_graph_batch_keeps_its_edge_list_as_given():
     b = max_batch_size(GCN(), batch, budget=2**26, device_or_gpu='cpu')
     assert 500 < b < 2**16 and plan_memory(GCN(), resize_batch(batch, b), device_or_gpu='cpu').peak <= 2**26
     assert tuple(resize_batch(batch, b)[0]['edge_index'].shape) == (2, 2000)
+
+def test_a_model_that_cannot_train_at_batch_1_is_searched_from_2():
+    "BatchNorm after global pooling (DeepLabV3's image pooling) sees one value per channel at batch 1: a clear error there, and max_batch_size starts at 2."
+    from netlite_nb.budget import _smallest_batch
+    pooled = nn.Sequential(nn.Conv2d(1, 8, 3), nn.AdaptiveAvgPool2d(1), nn.BatchNorm2d(8), nn.Flatten(), nn.Linear(8, 10))
+    with pytest.raises(ShapeMismatchError, match='a batch of 1 cannot train'): plan_memory(pooled, resize_batch(MNIST, 1))
+    assert _smallest_batch(lambda b: plan_memory(pooled, resize_batch(MNIST, b))) == 2
+    assert _smallest_batch(lambda b: plan_memory(mlp(), resize_batch(MNIST, b))) == 1
+    b = max_batch_size(pooled, MNIST, budget=2**26, device_or_gpu='cpu')
+    assert b > 2 and plan_memory(pooled, resize_batch(MNIST, b), device_or_gpu='cpu').peak <= 2**26
+    with pytest.raises(BudgetTooSmallError, match='Even a batch of 2'): max_batch_size(pooled, MNIST, budget=2**10, device_or_gpu='cpu')
