@@ -145,8 +145,8 @@ def _longest_target(a:dict)->int:
     n = a['target_lengths']
     if isinstance(n, torch.Tensor) and not is_traced(n): n = n.tolist()
     if isinstance(n, (list, tuple)): return max(n, default=0)
-    t = a['targets']
-    return t.shape[1] if t.dim() == 2 else t.numel()  # padded (B, S), or every target end to end
+    t = a['targets']  # padded (B, S); or every target end to end, none longer than the input (else it has no alignment)
+    return t.shape[1] if t.dim() == 2 else min(t.numel(), a['log_probs'].shape[0])
 
 def _data_shaped(func, args:tuple, kwargs:dict):
     "Run `func` (in `_DATA_SHAPED`) as if the data made its output as large as it can be; NotImplemented where the data does not decide it."
@@ -388,9 +388,9 @@ def default_loss(out, y):
 
 # %% ../nbs/01_budget.ipynb #c014c
 def _tensor_attrs(model:nn.Module)->list[torch.Tensor]:
-    "Tensors the layers of `model` keep as plain attributes, neither parameters nor buffers: a user's constant (`self.scale = torch.ones(n)`), a pruned weight."
+    "Tensors the layers of `model` keep as plain attributes, neither parameters nor buffers: a user's constant (`self.scale = torch.ones(n)`), a pruned weight. Not scalars: they stay real, since a forward may read their value (`int(self.k)`)."
     return [v for mod in model.modules() for v in vars(mod).values()
-            if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter) and v.layout == torch.strided]
+            if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter) and v.layout == torch.strided and v.dim() > 0]
 
 def _fake_copy(model:nn.Module, fm:FakeTensorMode|None)->nn.Module:
     "Deep copy of `model` whose parameters, buffers and tensor attributes are fake CPU tensors (or meta tensors when `fm` is None): shapes and dtypes, no data."
@@ -401,9 +401,11 @@ def _fake_copy(model:nn.Module, fm:FakeTensorMode|None)->nn.Module:
     for p in model.parameters(): memo[id(p)] = nn.Parameter(fake(p.detach()), requires_grad=p.requires_grad)
     for b in model.buffers(): memo[id(b)] = fake(b)
     owner = {id(t.untyped_storage()): memo[id(t)] for t in (*model.parameters(), *model.buffers())}
-    for a in _tensor_attrs(model):  # a view of a weight stays a view of its copy; anything else gets a copy of its own
+    for a in _tensor_attrs(model):  # a view of a weight stays a view of its copy (where the copy holds it); anything else gets a copy of its own
         w = owner.get(id(a.untyped_storage()))
-        memo.setdefault(id(a), fake(a.detach()) if w is None else w.detach().as_strided(a.shape, a.stride(), a.storage_offset()))
+        reach = a.storage_offset() + sum((n - 1) * st for n, st in zip(a.shape, a.stride()))  # the last element it reads
+        inside = w is not None and w.element_size() == a.element_size() and reach < w.untyped_storage().nbytes() // a.element_size()
+        memo.setdefault(id(a), w.detach().view(a.dtype).as_strided(a.shape, a.stride(), a.storage_offset()) if inside else fake(a.detach()))
     return copy.deepcopy(model, memo)
 
 # %% ../nbs/01_budget.ipynb #c015
@@ -539,8 +541,8 @@ def _shape_error(e:Exception, tr:AllocationTracker, m:nn.Module, x, y)->ShapeMis
         mod = m.get_submodule(name) if name else m
         if 'more than 1 value per channel' in str(e):  # a batch of one through BatchNorm after global pooling
             return ShapeMismatchError(f"Layer `{name or type(m).__name__}` ({type(mod).__name__}) normalises over the batch, and in training it needs "
-                f"more than one value per channel, but its input of shape {tr.inputs.get(name, '?')} has one: a batch of 1 cannot train "
-                f"this model. Use a batch of 2 or more. PyTorch said: {e}")
+                f"more than one value per channel, but its input of shape {tr.inputs.get(name, '?')} has one: a batch (or micro-batch) of 1 "
+                f"cannot train this model. Use 2 or more. PyTorch said: {e}")
         return ShapeMismatchError(
             f"The model does not accept this batch: layer `{name or type(m).__name__}` ({type(mod).__name__}) failed on input of shape "
             f"{tr.inputs.get(name, '?')} but expects {_expects(mod)}. The batch's x has shape {_shapes(x)}. PyTorch said: {e}" + (
@@ -2353,6 +2355,7 @@ def max_batch_size(model:nn.Module, # the model to plan for
         if micro_of is None: return plan_memory(model, resize_batch(sample, b), device_or_gpu=target, budget=budget, **kw)
         return plan_memory(model, resize_batch(sample, micro_of), micro_batch=b, device_or_gpu=target, budget=budget, **kw)
     lo = _smallest_batch(plan)
+    if lo > max_batch: raise ValueError(f"The model cannot train at a batch of {max_batch} (a batch of 1 cannot train it; the smallest is {lo}): raise max_batch.")
     if not plan(lo).fits: raise BudgetTooSmallError(_too_small(model, sample, budget, target, plan(lo), kw, lo, suggest=micro_of is None))
     b = _search(plan, budget, max_batch, lo)
     if b < max_batch: _warn_moving_threshold(target)  # the budget decided the batch, so how far off the plan can be matters
@@ -2363,7 +2366,7 @@ def _smallest_batch(plan:Callable)->int:
     "The smallest batch a model trains at: 1, or 2 where a batch of 1 cannot train (BatchNorm after global pooling sees one value per channel)."
     try: plan(1); return 1
     except ShapeMismatchError as e:
-        if 'a batch of 1 cannot train' not in str(e): raise
+        if 'of 1 cannot train' not in str(e): raise
     plan(2)
     return 2
 
@@ -2491,8 +2494,10 @@ def _try_batch(model, sample, b, device, loss_fn=None, optimizer='adamw', precis
     params = [p for p in m.parameters() if p.requires_grad]
     opt = make_optimizer(optimizer, params)
     x, y = _split_batch(sample)
-    make = lambda t: (torch.randn((b, *t.shape[1:]), device=device).to(t.dtype) if t.is_floating_point()
-                      else torch.zeros((b, *t.shape[1:]), dtype=t.dtype, device=device))
+    n0 = _batch_size(sample)
+    shape = lambda t: (b, *t.shape[1:]) if _per_sample(t, n0) else t.shape  # a graph's edge list, a scalar: as given, as the plan has them
+    make = lambda t: (torch.randn(shape(t), device=device).to(t.dtype) if t.is_floating_point()
+                      else torch.zeros(shape(t), dtype=t.dtype, device=device))
     x, y = tree_map_only(torch.Tensor, make, x), tree_map_only(torch.Tensor, make, y)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == 'fp16')
     ac = dict(device_type=device.type, dtype=LOW_PRECISION.get(precision, torch.float32), enabled=precision in LOW_PRECISION)
@@ -2528,16 +2533,20 @@ def _fits(attempt:Callable, b:int, device:torch.device, verbose:bool=False)->boo
 # %% ../nbs/01_budget.ipynb #a0874ad3
 def _grow_until_oom(attempt:Callable, device:torch.device, verbose:bool=False, limit:int=2**16)->int:
     "The largest batch up to `limit` that `attempt` trains: doubling from 1 until one runs out of memory, then bisecting."
-    ok, bad = 0, None
+    ok, bad, first = 0, None, 1
     while bad is None and ok < limit:
-        b = min(limit, max(1, 2 * ok))
-        if _fits(attempt, b, device, verbose): ok = b
+        b = min(limit, max(first, 2 * ok))
+        try: fits = _fits(attempt, b, device, verbose)
+        except ValueError as e:
+            if b != 1 or 'more than 1 value per channel' not in str(e): raise
+            first = 2; continue  # BatchNorm after global pooling: a batch of 1 cannot train, so the search starts at 2
+        if fits: ok = b
         else: bad = b
+    if ok == 0: raise BudgetTooSmallError(f"Not even a batch of {first} trains on {device}: the model, gradients and optimizer state do not fit.")
     while bad is not None and bad - ok > 1:
         mid = (ok + bad) // 2
         if _fits(attempt, mid, device, verbose): ok = mid
         else: bad = mid
-    if ok == 0: raise BudgetTooSmallError(f"Not even a batch of 1 trains on {device}: the model, gradients and optimizer state do not fit.")
     return ok
 
 # %% ../nbs/01_budget.ipynb #fb21

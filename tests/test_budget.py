@@ -1320,7 +1320,13 @@ def test_tensor_attributes_and_pruned_weights_are_planned_as_the_models_memory()
         assert sum(r.nbytes for r in tr.allocs if r.category == 'weights') == 4 * (784 * 10 + 10 + 784)
     pruned = prune.l1_unstructured(nn.Conv2d(1, 8, 3), 'weight', 0.5)
     net = nn.Sequential(pruned, nn.Flatten(), nn.Linear(8 * 26 * 26, 10))
-    assert plan_memory(net, MNIST, device_or_gpu='cpu').peak > plan_memory(nn.Sequential(nn.Conv2d(1, 8, 3), nn.Flatten(), nn.Linear(8 * 26 * 26, 10)), MNIST, device_or_gpu='cpu').peak
+    weights = trace_step(net, MNIST).tracker
+    held = [*net.parameters(), *net.buffers(), pruned.weight]   # weight_orig and its mask, and the weight the hook computes from them
+    assert sum(r.nbytes for r in weights.allocs if r.category == 'weights') == sum(t.nbytes for t in held)
+    class Scalar(nn.Module):   # a 0-dim attribute whose value the forward reads stays real
+        def __init__(self): super().__init__(); self.lin, self.keep = nn.Linear(784, 10), torch.tensor(392)
+        def forward(self, x): return self.lin(torch.cat([x.flatten(1)[:, :int(self.keep)]] * 2, 1))
+    for path in ('fp32', 'bf16'): assert trace_step(Scalar(), MNIST, precision=path).tracker.peak > 0
 
 def test_ops_without_shape_only_kernels_are_planned_like_their_inputs():
     "Beta/Dirichlet/Gamma samplers, learnable fake quantization, a multi-margin loss and CTC: PyTorch has no meta kernel for them (or their gradients)."
@@ -1380,14 +1386,18 @@ def test_a_graph_batch_keeps_its_edge_list_as_given():
     b = max_batch_size(GCN(), batch, budget=2**26, device_or_gpu='cpu')
     assert 500 < b < 2**16 and plan_memory(GCN(), resize_batch(batch, b), device_or_gpu='cpu').peak <= 2**26
     assert tuple(resize_batch(batch, b)[0]['edge_index'].shape) == (2, 2000)
+    assert find_batch_size(GCN(), batch, device='cpu', start=64) == 64   # the real steps keep the edge list as the plan does
 
 def test_a_model_that_cannot_train_at_batch_1_is_searched_from_2():
     "BatchNorm after global pooling (DeepLabV3's image pooling) sees one value per channel at batch 1: a clear error there, and max_batch_size starts at 2."
     from netlite_nb.budget import _smallest_batch
     pooled = nn.Sequential(nn.Conv2d(1, 8, 3), nn.AdaptiveAvgPool2d(1), nn.BatchNorm2d(8), nn.Flatten(), nn.Linear(8, 10))
-    with pytest.raises(ShapeMismatchError, match='a batch of 1 cannot train'): plan_memory(pooled, resize_batch(MNIST, 1))
+    with pytest.raises(ShapeMismatchError, match='of 1 cannot train'): plan_memory(pooled, resize_batch(MNIST, 1))
     assert _smallest_batch(lambda b: plan_memory(pooled, resize_batch(MNIST, b))) == 2
     assert _smallest_batch(lambda b: plan_memory(mlp(), resize_batch(MNIST, b))) == 1
     b = max_batch_size(pooled, MNIST, budget=2**26, device_or_gpu='cpu')
     assert b > 2 and plan_memory(pooled, resize_batch(MNIST, b), device_or_gpu='cpu').peak <= 2**26
     with pytest.raises(BudgetTooSmallError, match='Even a batch of 2'): max_batch_size(pooled, MNIST, budget=2**10, device_or_gpu='cpu')
+    with pytest.raises(ValueError, match='raise max_batch'): max_batch_size(pooled, MNIST, budget=2**26, device_or_gpu='cpu', max_batch=1)
+    from netlite_nb.budget import _grow_until_oom, _try_batch
+    assert _grow_until_oom(lambda b: _try_batch(pooled, MNIST, b, torch.device('cpu')), torch.device('cpu'), limit=8) == 8   # real steps from 2
