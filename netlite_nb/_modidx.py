@@ -74,6 +74,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget.Target': ('budget.html#target', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.Trace': ('budget.html#trace', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.UntraceableError': ('budget.html#untraceableerror', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._BatchOfOneError': ('budget.html#_batchofoneerror', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._CudaPath': ('budget.html#_cudapath', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._CudaPath.__call__': ('budget.html#_cudapath.__call__', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._CudaPath.__init__': ('budget.html#_cudapath.__init__', 'netlite_nb/budget.py'),

@@ -166,11 +166,11 @@ def _data_shaped(func, args:tuple, kwargs:dict):
 
 # %% ../nbs/01_budget.ipynb #fb25c6b8
 _LIKE_INPUTS = {getattr(_A, n).default: ins for ins, names in (  # ops with no shape-only kernel -> the inputs their outputs are shaped like
-    ((1,), ('_ctc_loss_backward', 'multi_margin_loss_backward', 'multilabel_margin_loss_backward', 'fractional_max_pool3d_backward', '_masked_softmax_backward')),
+    ((1,), ('multi_margin_loss_backward', 'multilabel_margin_loss_backward', 'fractional_max_pool3d_backward', '_masked_softmax_backward')),
     ((0,), ('_sample_dirichlet', '_standard_gamma_grad', '_dirichlet_grad', 'binomial', '_masked_softmax',
             '_fake_quantize_learnable_per_tensor_affine', '_fake_quantize_learnable_per_channel_affine')),
     ((1, 2, 3), ('_fake_quantize_learnable_per_tensor_affine_backward', '_fake_quantize_learnable_per_channel_affine_backward'))) for n in names if hasattr(_A, n)}
-_LIKE_INPUTS[_A._ctc_loss_backward.Tensor] = (1,)
+_LIKE_INPUTS.update({op: (1,) for op in _CTC_BACKWARD})  # CTC's gradient, shaped like its log-probabilities
 _FQ = {_A._fake_quantize_learnable_per_tensor_affine.default, _A._fake_quantize_learnable_per_channel_affine.default}
 _FQ_BACKWARD = {_A._fake_quantize_learnable_per_tensor_affine_backward.default, _A._fake_quantize_learnable_per_channel_affine_backward.default}  # gradients in fp32
 
@@ -323,6 +323,11 @@ def _graph_census(loss)->tuple[int, int, int, int]:
 # %% ../nbs/01_budget.ipynb #c013
 class ShapeMismatchError(ValueError):
     "The model cannot run on the batch it was given."
+
+class _BatchOfOneError(ShapeMismatchError):
+    "A batch (or micro-batch) of 1 cannot train the model: BatchNorm after global pooling sees one value per channel."
+
+_BN_ONE = 'more than 1 value per channel'  # how PyTorch says so (`F.batch_norm` in training)
 
 def _shapes(xs)->str:
     ts = [tuple(t.shape) for t in tree_flatten(xs)[0] if isinstance(t, torch.Tensor)]
@@ -539,8 +544,8 @@ def _shape_error(e:Exception, tr:AllocationTracker, m:nn.Module, x, y)->ShapeMis
     if tr.phase == 'forward' and tr.modules:
         name = tr.modules[-1]
         mod = m.get_submodule(name) if name else m
-        if 'more than 1 value per channel' in str(e):  # a batch of one through BatchNorm after global pooling
-            return ShapeMismatchError(f"Layer `{name or type(m).__name__}` ({type(mod).__name__}) normalises over the batch, and in training it needs "
+        if _BN_ONE in str(e):  # a batch of one through BatchNorm after global pooling
+            return _BatchOfOneError(f"Layer `{name or type(m).__name__}` ({type(mod).__name__}) normalises over the batch, and in training it needs "
                 f"more than one value per channel, but its input of shape {tr.inputs.get(name, '?')} has one: a batch (or micro-batch) of 1 "
                 f"cannot train this model. Use 2 or more. PyTorch said: {e}")
         return ShapeMismatchError(
@@ -663,11 +668,8 @@ def _needs_closure(opt:torch.optim.Optimizer)->bool:
     return c is not None and c.default is inspect.Parameter.empty
 
 def _traced_optimizer(spec, params:list, cuda:bool, fm:FakeTensorMode|None)->torch.optim.Optimizer|None:
-    "`make_optimizer(spec)` for a trace (on 'meta' when `fm` is None): `_NeedsCpuTensors` if it refuses 'meta', `UntraceableError` if it needs a closure."
-    try: opt = make_optimizer(spec, params, foreach=cuda)  # CUDA's default multi-tensor kernels have temporaries spanning all parameters
-    except RuntimeError as e:
-        if fm is None and 'meta' in str(e): raise _NeedsCpuTensors() from e
-        raise
+    "`make_optimizer(spec)` for a trace (on 'meta' when `fm` is None): `_NeedsCpuTensors` if it is fused (its step refuses 'meta'), `UntraceableError` if it needs a closure."
+    opt = make_optimizer(spec, params, foreach=cuda)  # CUDA's default multi-tensor kernels have temporaries spanning all parameters
     if fm is None and opt is not None and opt.defaults.get('fused'): raise _NeedsCpuTensors()  # its first step checks the device
     if opt is not None and _needs_closure(opt):
         raise UntraceableError(f"The planner cannot trace `{type(opt).__name__}`: its step takes a closure that runs the forward and backward "
@@ -2365,8 +2367,7 @@ def max_batch_size(model:nn.Module, # the model to plan for
 def _smallest_batch(plan:Callable)->int:
     "The smallest batch a model trains at: 1, or 2 where a batch of 1 cannot train (BatchNorm after global pooling sees one value per channel)."
     try: plan(1); return 1
-    except ShapeMismatchError as e:
-        if 'of 1 cannot train' not in str(e): raise
+    except _BatchOfOneError: pass
     plan(2)
     return 2
 
@@ -2538,7 +2539,7 @@ def _grow_until_oom(attempt:Callable, device:torch.device, verbose:bool=False, l
         b = min(limit, max(first, 2 * ok))
         try: fits = _fits(attempt, b, device, verbose)
         except ValueError as e:
-            if b != 1 or 'more than 1 value per channel' not in str(e): raise
+            if b != 1 or _BN_ONE not in str(e): raise
             first = 2; continue  # BatchNorm after global pooling: a batch of 1 cannot train, so the search starts at 2
         if fits: ok = b
         else: bad = b
