@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_budget.ipynb #c003
 from __future__ import annotations
-import ast, contextlib, copy, ctypes, functools, gc, html, inspect, json, linecache, logging, math, os, platform, random, re, subprocess, sys, sysconfig, threading, traceback, warnings, weakref
+import ast, contextlib, copy, ctypes, functools, gc, html, importlib, inspect, json, linecache, logging, math, os, platform, random, re, subprocess, sys, sysconfig, threading, traceback, warnings, weakref
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,11 +27,11 @@ __all__ = ['AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'CUDA_CONTEXT_BYTE
            'CompiledModelWarning', 'Trace', 'trace_step', 'CachingAllocatorSim', 'cublas_workspace_bytes',
            'cublaslt_workspace_bytes', 'Target', 'resolve_target', 'cpu_workspace_bytes', 'cpu_conv_scratch',
            'conv_layout_copies', 'contiguous_copies', 'promotion_copies', 'attention_scratch', 'matrix_exp_scratch',
-           'ctc_scratch', 'fake_quant_scratch', 'fft_scratch', 'upsample_copies', 'cpu_kernel_path', 'calibration_file',
-           'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels', 'MemoryPlan', 'GlibcHeap',
-           'fix_glibc_thresholds', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels', 'cudnn_lstm_bytes',
-           'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size', 'Change',
-           'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
+           'ctc_scratch', 'fake_quant_scratch', 'deform_conv_scratch', 'fft_scratch', 'upsample_copies',
+           'cpu_kernel_path', 'calibration_file', 'clear_calibration', 'measure_conv_scratch', 'calibrate_kernels',
+           'MemoryPlan', 'GlibcHeap', 'fix_glibc_thresholds', 'cudnn_conv_workspace', 'CudaKernels', 'cuda_kernels',
+           'cudnn_lstm_bytes', 'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning',
+           'max_batch_size', 'Change', 'register_lever', 'fit_to_budget', 'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c007
 @dataclass(eq=False)
@@ -205,7 +205,7 @@ class _PackedAtFullLength(TorchFunctionMode):
         if name == '_pack_padded_sequence' and is_traced(args[0]): return self._pack(args[0], args[2])
         if name == '_pad_packed_sequence' and isinstance(args[1], torch.Tensor) and id(args[1]) in self.sizes: return self._pad(*args)
         if name == '__getitem__' and isinstance(args[0], torch.Tensor) and id(args[0]) in self.sizes and isinstance(args[1], int): return self.sizes[id(args[0])][2]  # batch_sizes[0], read in Python
-        if name == 'cpu' and self.sizes and args[0].device.type == 'meta' and args[0].dtype == torch.long and args[0].dim() == 1: return args[0]  # a packed sequence's order
+        if name == 'cpu' and isinstance(a, torch.Tensor) and a.device.type == 'meta': return a  # lengths read off the batch, a packed sequence's order: already where they would go
         return func(*args, **kwargs)
 
 # %% ../nbs/01_budget.ipynb #67c75e98
@@ -341,7 +341,7 @@ def _expects(m:nn.Module)->str:
     if isinstance(m, (nn.LayerNorm, nn.RMSNorm)): return f"trailing shape {tuple(m.normalized_shape)}"
     if isinstance(m, nn.Embedding): return f"integer indices below {m.num_embeddings}"
     ps = [f"{n} {tuple(p.shape)}" for n, p in m.named_parameters(recurse=False)]
-    return "parameters " + ', '.join(ps) if ps else "see its forward"
+    return "parameters " + ', '.join(ps) if ps else "an input its forward accepts (it has no parameters of its own to say more)"
 
 # %% ../nbs/01_budget.ipynb #c014
 def _as_dict(batch):
@@ -573,6 +573,8 @@ def _why_untraceable(e:Exception)->str|None:
         op = getattr(err, 'func', None) or next(iter(re.findall(r'aten::\w+|torch\.\w+\(\)', msg)), 'an op')
         if 'local_scalar_dense' in msg or 'item() cannot be called on meta' in msg:
             return "it reads a tensor's value in Python (`.item()`, `int(t)`, `float(t)`, or `if t:` on a tensor)"
+        if 'Cannot copy out of meta tensor' in msg or "convert meta device type tensor to numpy" in msg:
+            return "it copies a tensor's values out (`.tolist()`, `.numpy()`, `.to(other device)`)"
         if kind in ('DynamicOutputShapeException', 'DataDependentOutputException') or 'data-independent' in msg:
             return f"`{op}` makes an output whose size depends on the data"
         if kind == 'UnsupportedOperatorException' or 'no fake impl or Meta kernel' in msg: return f"PyTorch has no shape-only kernel for `{op}`"
@@ -1122,6 +1124,28 @@ def fake_quant_scratch(func, args)->int:
     if func not in _FQ_BACKWARD: return 0
     return args[1].numel() * 4 * (2 + 2 * (args[1].dtype == torch.bfloat16))
 
+# %% ../nbs/01_budget.ipynb #a06aa8f7
+def _deform_parallel(b:int)->int:
+    "Images torchvision's deformable convolution unfolds at once: the largest divisor of the batch up to 32 (`kMaxParallelImgs`)."
+    return next(k for k in range(min(b, 32), 0, -1) if b % k == 0)
+
+def _tv_op(func)->str:
+    "The name of a torchvision op (`torch.ops.torchvision.NAME`); '' for any other."
+    name = getattr(getattr(func, '_schema', None), 'name', '')
+    return name.split('::', 1)[1] if name.startswith('torchvision::') else ''
+
+def deform_conv_scratch(func, args)->int:
+    "Bytes torchvision's deformable convolution holds inside itself: a block's sampled `columns`; in forward a zeroed output and a block buffer the output's size each, in backward a permuted copy of the output's gradient; copies of inputs that are not contiguous."
+    name = _tv_op(func)
+    if name not in ('deform_conv2d', '_deform_conv2d_backward') or not args[0].shape[0]: return 0
+    bwd = name != 'deform_conv2d'
+    g, x, w, off, mask = (args[0], *args[1:5]) if bwd else (None, *args[:4])
+    b, positions = x.shape[0], off.shape[2] * off.shape[3]
+    columns = x.shape[1] * w.shape[2] * w.shape[3] * _deform_parallel(b) * positions
+    buffers = (1 if bwd else 2) * w.shape[0] * b * positions
+    copies = sum(t.numel() for t in (g, x, w, off, mask) if t is not None and not t.is_contiguous())
+    return (columns + buffers + copies) * x.element_size()
+
 # %% ../nbs/01_budget.ipynb #bf79aa0a
 _FFTS = (_A._fft_r2c.default, _A._fft_c2c.default, _A._fft_c2r.default)
 
@@ -1237,7 +1261,7 @@ def cpu_kernel_path(func, args, out,
         key, spec = _mm_key(_kernel(func, args))
         if key not in measured: missing.append(spec)
     if func not in _CONVS: return out, (contiguous_copies(func, args) + promotion_copies(func, args) + attention_scratch(func, args) + upsample_copies(func, args, out)
-                                        + fft_scratch(func, args) + matrix_exp_scratch(func, args) + ctc_scratch(func, args) + fake_quant_scratch(func, args))
+                                        + fft_scratch(func, args) + matrix_exp_scratch(func, args) + ctc_scratch(func, args) + fake_quant_scratch(func, args) + deform_conv_scratch(func, args))
     out = _as_laid_out(func, args, out)
     if measured is not None:
         key, spec = _conv_key(func, args)
@@ -1376,9 +1400,15 @@ def _op_arg(a, device:str='cpu'):
     if dt == torch.bool: return torch.rand(*a[1]) > 0.5
     return torch.randn(*a[1], dtype=dt) if dt.is_floating_point or dt.is_complex else torch.randint(0, 3, a[1], dtype=dt)
 
+def _op_func(op:str):
+    "The op named `op`: 'add.Tensor' from ATen, 'torchvision::deform_conv2d.default' from another library's namespace (imported first)."
+    ns, _, name = op.rpartition('::')
+    if ns and ns not in ('aten', 'torch'): importlib.import_module(f'{ns}.ops' if ns == 'torchvision' else ns)  # registers its ops
+    return functools.reduce(getattr, name.split('.'), getattr(torch.ops, ns or 'aten'))
+
 def _run_op(op:str, args:list)->int:
-    "Scratch bytes of one aten op ('add.Tensor') on random tensors: the high-water mark's rise beyond its outputs."
-    f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [_op_arg(a) for a in args]
+    "Scratch bytes of one op ('add.Tensor', or 'torchvision::deform_conv2d.default') on random tensors: the high-water mark's rise beyond its outputs."
+    f, xs = _op_func(op), [_op_arg(a) for a in args]
     grown, r = _hwm_growth(lambda: f(*xs))
     ins = {x.untyped_storage().data_ptr() for x in xs if isinstance(x, torch.Tensor)}  # an in-place op returns its input
     return grown - sum(t.nbytes for t in tree_flatten(r)[0] if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in ins)
@@ -2094,7 +2124,7 @@ class _CudaPath:
         if func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
             (T, B, _), H = args[0].shape, args[5].shape[-1]
             return out, cudnn_lstm_bytes(T, B, H, args[0].element_size())[1]
-        if func not in _CONVS: return out, contiguous_copies(func, args) + ctc_scratch(func, args) + fake_quant_scratch(func, args)
+        if func not in _CONVS: return out, contiguous_copies(func, args) + ctc_scratch(func, args) + fake_quant_scratch(func, args) + deform_conv_scratch(func, args)
         out = _as_laid_out(func, args, out)
         fwd = func is torch.ops.aten.convolution.default
         x, w, y = (args[0], args[1], out) if fwd else (args[1], args[2], args[0])

@@ -1401,3 +1401,37 @@ def test_a_model_that_cannot_train_at_batch_1_is_searched_from_2():
     with pytest.raises(ValueError, match='raise max_batch'): max_batch_size(pooled, MNIST, budget=2**26, device_or_gpu='cpu', max_batch=1)
     from netlite_nb.budget import _grow_until_oom, _try_batch
     assert _grow_until_oom(lambda b: _try_batch(pooled, MNIST, b, torch.device('cpu')), torch.device('cpu'), limit=8) == 8   # real steps from 2
+
+def test_deform_conv_scratch_holds_against_a_real_run():
+    "torchvision's deformable convolution, forward and backward, with and without a mask, blocks of 5 to 32 images, fp32 and fp64: the rule against the real kernel in a fresh process."
+    from netlite_nb.budget import _in_child, _op_arg, _op_func, deform_conv_scratch
+    t = lambda *shape, dt='float32': ['tensor', list(shape), dt]
+    def case(b, c, o, h, k, stride, mask, bwd, dt='float32'):
+        oh = (h + 2 * (k // 2) - k) // stride + 1
+        args = [t(b, c, h, h, dt=dt), t(o, c, k, k, dt=dt), t(b, 2 * k * k, oh, oh, dt=dt), t(b, k * k, oh, oh, dt=dt) if mask else t(b, 1, dt=dt), t(o, dt=dt),
+                stride, stride, k // 2, k // 2, 1, 1, 1, 1, bool(mask)]
+        return ['torchvision::_deform_conv2d_backward.default', [t(b, o, oh, oh, dt=dt), *args]] if bwd else ['torchvision::deform_conv2d.default', args]
+    ops = [case(*c, bwd) for c in [(5, 32, 64, 32, 3, 1, 0), (48, 16, 32, 32, 3, 1, 0), (16, 64, 32, 32, 3, 2, 1), (7, 8, 128, 40, 5, 1, 1), (64, 16, 16, 24, 3, 1, 0)]
+           for bwd in (0, 1)] + [case(12, 16, 32, 32, 3, 1, 0, 1, 'float64')]
+    got = [max(r) for r in zip(*(_in_child('_measure_ops', ops) for _ in range(2)))]
+    for (op, args), g in zip(ops, got):
+        m = deform_conv_scratch(_op_func(op), [_op_arg(a, 'meta') for a in args])
+        assert m > 2**20 and abs(m - g) <= 0.05 * m + 2**18, (op, args, m, g)
+
+def test_packed_lengths_read_off_the_batch_are_planned():
+    "Lengths computed from the ids inside forward and moved with `.cpu()`: planned at full length, like lengths given; copying values out is named."
+    class FromIds(nn.Module):
+        def __init__(self): super().__init__(); self.emb, self.rnn, self.out = nn.Embedding(100, 16, padding_idx=0), nn.LSTM(16, 32, batch_first=True), nn.Linear(32, 4)
+        def forward(self, ids):
+            lengths = (ids != 0).sum(1).clamp(min=1).cpu()
+            return self.out(self.rnn(nn.utils.rnn.pack_padded_sequence(self.emb(ids), lengths, batch_first=True, enforce_sorted=False))[1][0][-1])
+    padded, full = torch.randint(1, 100, (8, 20)), torch.randint(1, 100, (8, 20))
+    padded[:, 5:] = 0
+    plans = [plan_memory(FromIds(), (ids, torch.randint(0, 4, (8,))), device_or_gpu='cpu') for ids in (padded, full)]
+    assert plans[0].peak == plans[1].peak > 0   # the bound: every sequence at full length
+    assert any('pack_padded_sequence' in n for n in plans[0].notes)
+    class ToList(nn.Module):
+        def __init__(self): super().__init__(); self.l = nn.Linear(4, 4)
+        def forward(self, x): return self.l(x[:max(x[:, 0].long().tolist()) + 1])
+    from netlite_nb.budget import UntraceableError
+    with pytest.raises(UntraceableError, match=r"copies a tensor's values out.*test_budget.py"): plan_memory(ToList(), torch.randn(8, 4))
