@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_budget.ipynb #c003
 from __future__ import annotations
-import ast, contextlib, copy, ctypes, functools, gc, html, importlib, inspect, json, linecache, logging, math, os, platform, random, re, subprocess, sys, sysconfig, threading, traceback, warnings, weakref
+import ast, contextlib, copy, ctypes, functools, gc, html, inspect, json, linecache, logging, math, os, platform, random, re, subprocess, sys, sysconfig, threading, traceback, warnings, weakref
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -1401,9 +1401,9 @@ def _op_arg(a, device:str='cpu'):
     return torch.randn(*a[1], dtype=dt) if dt.is_floating_point or dt.is_complex else torch.randint(0, 3, a[1], dtype=dt)
 
 def _op_func(op:str):
-    "The op named `op`: 'add.Tensor' from ATen, 'torchvision::deform_conv2d.default' from another library's namespace (imported first)."
+    "The op named `op`: 'add.Tensor' from ATen, 'torchvision::deform_conv2d.default' from another library's namespace."
     ns, _, name = op.rpartition('::')
-    if ns and ns not in ('aten', 'torch'): importlib.import_module(f'{ns}.ops' if ns == 'torchvision' else ns)  # registers its ops
+    if ns == 'torchvision': import torchvision.ops  # registers its ops; another library's must be imported already
     return functools.reduce(getattr, name.split('.'), getattr(torch.ops, ns or 'aten'))
 
 def _run_op(op:str, args:list)->int:

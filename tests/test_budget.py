@@ -799,6 +799,8 @@ def test_cuda_bench_logic_runs_without_a_gpu(capsys):
     assert sum(l.startswith('encdec') for l in capsys.readouterr().out.splitlines()) == len(C.conv_specs('encdec', 8)) == 4
     assert C.main(['--dry-run', '--set', 'ninth', '--models', 'crnn_ctc']) == 0   # another round, with its own loss (CTC)
     assert sum(l.startswith('crnn_ctc') for l in capsys.readouterr().out.splitlines()) == 4
+    assert C.main(['--dry-run', '--set', 'eleventh', '--models', 'deform_conv']) == 0   # a torchvision op's scratch on the CUDA path
+    assert sum(l.startswith('deform_conv') for l in capsys.readouterr().out.splitlines()) == 2
     if not torch.cuda.is_available():
         assert C.main(['--models', 'lstm']) == 0 and 'No CUDA device' in capsys.readouterr().out
 
