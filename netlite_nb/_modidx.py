@@ -195,6 +195,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._per_sample': ('budget.html#_per_sample', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._plug_heap': ('budget.html#_plug_heap', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._precision_lever': ('budget.html#_precision_lever', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._rebind_hooks': ('budget.html#_rebind_hooks', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._rebound': ('budget.html#_rebound', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._replays': ('budget.html#_replays', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._resident_bytes': ('budget.html#_resident_bytes', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._resized': ('budget.html#_resized', 'netlite_nb/budget.py'),

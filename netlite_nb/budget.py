@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_budget.ipynb #c003
 from __future__ import annotations
-import ast, contextlib, copy, ctypes, functools, gc, html, inspect, json, linecache, logging, math, os, platform, random, re, subprocess, sys, sysconfig, threading, traceback, warnings, weakref
+import ast, contextlib, copy, ctypes, functools, gc, html, inspect, json, linecache, logging, math, os, platform, random, re, subprocess, sys, sysconfig, threading, traceback, types, warnings, weakref
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -411,7 +411,31 @@ def _fake_copy(model:nn.Module, fm:FakeTensorMode|None)->nn.Module:
         reach = a.storage_offset() + sum((n - 1) * st for n, st in zip(a.shape, a.stride()))  # the last element it reads
         inside = w is not None and w.element_size() == a.element_size() and reach < w.untyped_storage().nbytes() // a.element_size()
         memo.setdefault(id(a), w.detach().view(a.dtype).as_strided(a.shape, a.stride(), a.storage_offset()) if inside else fake(a.detach()))
-    return copy.deepcopy(model, memo)
+    ghost = copy.deepcopy(model, memo)
+    _rebind_hooks(ghost, memo)
+    return ghost
+
+# %% ../nbs/01_budget.ipynb #36b6b878
+_HOOK_DICTS = ('_forward_pre_hooks', '_forward_hooks', '_backward_pre_hooks', '_backward_hooks')
+
+def _rebound(f, memo:dict):
+    "`f`, or where it is a closure over objects `copy.deepcopy` copied (in `memo`), the same function closing over their copies."
+    cells = getattr(f, '__closure__', None)
+    if not isinstance(f, types.FunctionType) or not cells: return f
+    try: hit = [id(c.cell_contents) in memo for c in cells]
+    except ValueError: return f  # an empty cell: a name the closure has not bound yet
+    if not any(hit): return f
+    g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__,
+                           tuple(types.CellType(memo[id(c.cell_contents)]) if h else c for c, h in zip(cells, hit)))
+    g.__kwdefaults__, g.__dict__ = f.__kwdefaults__, dict(f.__dict__)
+    return g
+
+def _rebind_hooks(ghost:nn.Module, memo:dict):
+    "Give the hooks on the layers of `ghost`, a deep copy of a model made with `memo`, what they close over from the copy, not the original."
+    for mod in ghost.modules():
+        for name in _HOOK_DICTS:
+            hooks = getattr(mod, name, None) or {}
+            for k, f in list(hooks.items()): hooks[k] = _rebound(f, memo)
 
 # %% ../nbs/01_budget.ipynb #c015
 def _sgd(params, lr, weight_decay, foreach): return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay, foreach=foreach)

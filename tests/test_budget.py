@@ -1437,3 +1437,18 @@ def test_packed_lengths_read_off_the_batch_are_planned():
         def forward(self, x): return self.l(x[:max(x[:, 0].long().tolist()) + 1])
     from netlite_nb.budget import UntraceableError
     with pytest.raises(UntraceableError, match=r"copies a tensor's values out.*test_budget.py"): plan_memory(ToList(), torch.randn(8, 4))
+
+def test_a_hook_that_closes_over_the_model_runs_on_the_copy():
+    "A forward hook written as a closure over the model (features for a perceptual loss) fills the traced copy's list, costs what it keeps, and leaves the user's model alone."
+    class Feats(nn.Module):
+        def __init__(self, keep=True):
+            super().__init__(); self.body, self.head, self.feats, self.keep = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU()), nn.Linear(16, 10), [], keep
+            self.body[0].register_forward_hook(lambda m, i, o: self.feats.append(o if self.keep else o.shape))
+        def forward(self, x):
+            self.feats.clear()
+            h = self.body(x).mean((2, 3))
+            return self.head(h) + (0 * self.feats[0].mean() if self.keep else 0)
+    m = Feats()
+    batch = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    kept, dropped = plan_memory(m, batch), plan_memory(Feats(keep=False), batch)
+    assert m.feats == [] and kept.peak > dropped.peak   # the user's list untouched; the kept output is planned
