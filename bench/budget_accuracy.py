@@ -1114,6 +1114,13 @@ class CapsNet(nn.Module):
             bl = bl + (uh * v[:, None]).sum(-1)
         return v.norm(dim=-1)
 
+class PackedLong(nn.Module):
+    "An LSTM over long packed sequences of unequal lengths (1 000 steps down to 993): PyTorch's per-step kernels, not oneDNN's."
+    def __init__(s): super().__init__(); s.l = nn.LSTM(16, 32, batch_first=True); s.o = nn.Linear(32, 10)
+    def forward(s, x):
+        lengths = x.shape[1] - torch.arange(x.shape[0]) % 8
+        return s.o(s.l(nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))[1][0][-1])
+
 def margin_loss(v, y):
     t = F.one_hot(y, 10).float()
     return (t * F.relu(0.9 - v) ** 2 + 0.5 * (1 - t) * F.relu(v - 0.1) ** 2).sum(1).mean()
@@ -1123,7 +1130,7 @@ def _loss_is_output(out, y): return out  # the model returns its own loss
 ELEVENTH = {'deform_conv': (DeformNet, (3, 64, 64), (16,)), 'roi_head': (RoIHead, (3, 64, 64), (16,)), 'vq_vae': (VQVAE, (3, 32, 32), (64,)),
             'diffusion_unet': (DiffusionUNet, (3, 32, 32), (32,)), 'simclr': (SimCLR, (3, 32, 32), (32,)),
             'masked_seq2seq': (MaskedSeq2Seq, (48,), (32,)), 'packed_lengths': (PackedLengths, (64,), (32,)),
-            'part_frozen': (PartFrozen, (3, 64, 64), (32,)), 'capsnet': (CapsNet, (1, 28, 28), (64,))}
+            'part_frozen': (PartFrozen, (3, 64, 64), (32,)), 'capsnet': (CapsNet, (1, 28, 28), (64,)), 'packed_long': (PackedLong, (1000, 16), (8,))}
 TARGETS.update({'vq_vae': lambda bs: torch.randn(bs, 3, 32, 32)})
 TOKENS.update({'masked_seq2seq': (1000, 1000), 'packed_lengths': (2000, 10)})
 LOSSES.update({'diffusion_unet': _loss_is_output, 'simclr': _loss_is_output, 'masked_seq2seq': seq2seq_loss, 'capsnet': margin_loss})

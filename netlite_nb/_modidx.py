@@ -232,6 +232,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._transposed_scratch': ('budget.html#_transposed_scratch', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._try_batch': ('budget.html#_try_batch', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._tv_op': ('budget.html#_tv_op', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._two_packed_paths': ('budget.html#_two_packed_paths', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._uncompiled': ('budget.html#_uncompiled', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._unmodelled_note': ('budget.html#_unmodelled_note', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._unplannable': ('budget.html#_unplannable', 'netlite_nb/budget.py'),

@@ -183,17 +183,19 @@ def _shaped_like(func, args:tuple):
 
 # %% ../nbs/01_budget.ipynb #1529537d
 class _PackedAtFullLength(TorchFunctionMode):
-    "While a step is traced: plan packed sequences as if every one ran the full length (an upper bound), on the kernels PyTorch picks for them."
-    def __init__(self, tr:AllocationTracker|None=None): super().__init__(); self.tr, self.sizes = tr, {}
+    "While a step is traced: plan packed sequences as if every one ran the full length (an upper bound), on the kernels PyTorch picks for them; `ragged`: all but one, one step short."
+    def __init__(self, tr:AllocationTracker|None=None, ragged:bool=False): super().__init__(); self.tr, self.sizes, self.ragged = tr, {}, ragged
     def _pack(self, x, batch_first):
         if batch_first: x = x.transpose(0, 1)
         T, B = x.shape[:2]
-        with _disable_current_modes(): bs = torch.full((T,), B, dtype=torch.long)  # real, untracked: PyTorch's packed kernels read it
-        self.sizes[id(bs)] = (bs, T, B)  # holding `bs`: its id stays its own
+        cut = int(self.ragged and T > 1 and B > 1)  # one sequence a step short: the lengths of a batch that are not all equal
+        with _disable_current_modes(): bs = torch.full((T,), B, dtype=torch.long); bs[-1] -= cut  # real, untracked: PyTorch's packed kernels read it
+        self.sizes[id(bs)] = (bs, T, B, cut)  # holding `bs`: its id stays its own
         if self.tr is not None: self.tr.bounded.append('pack_padded_sequence')
-        return x.reshape(T * B, *x.shape[2:]), bs
+        return x.reshape(T * B, *x.shape[2:])[:T * B - cut], bs
     def _pad(self, data, bs, batch_first, value, total):
-        _, T, B = self.sizes[id(bs)]
+        _, T, B, cut = self.sizes[id(bs)]
+        if cut: data = torch.cat([data, data.new_full((cut, *data.shape[1:]), value)])
         out = data.view(T, B, *data.shape[1:])
         if total > T: out = torch.cat([out, out.new_full((total - T, *out.shape[1:]), value)])
         lengths = torch.full((B,), T, dtype=torch.long, device=data.device)  # where the data is: indexed by the (traced) order next
@@ -207,6 +209,11 @@ class _PackedAtFullLength(TorchFunctionMode):
         if name == '__getitem__' and isinstance(args[0], torch.Tensor) and id(args[0]) in self.sizes and isinstance(args[1], int): return self.sizes[id(args[0])][2]  # batch_sizes[0], read in Python
         if name == 'cpu' and isinstance(a, torch.Tensor) and a.device.type == 'meta': return a  # lengths read off the batch, a packed sequence's order: already where they would go
         return func(*args, **kwargs)
+
+# %% ../nbs/01_budget.ipynb #1837af9d
+def _two_packed_paths(model:nn.Module)->bool:
+    "Does `model` have layers whose packed sequences run on other CPU kernels when their lengths differ? An LSTM: oneDNN at equal lengths, per-step kernels otherwise."
+    return torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled and any(isinstance(m, nn.LSTM) for m in model.modules())
 
 # %% ../nbs/01_budget.ipynb #67c75e98
 def _stand_in(tr:AllocationTracker, t:torch.Tensor)->bool:
@@ -719,8 +726,8 @@ class Trace:
     accum_steps:int            # micro-batches a real step has
 
 def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn, optimizer, precision, cuda, steps, kernels,
-           measured:dict|None=None, missing:list|None=None)->AllocationTracker:
-    "Run `steps` steps of the fake copy `m` under a tracker (on FakeTensors of `fm`, else on 'meta')."
+           measured:dict|None=None, missing:list|None=None, ragged:bool=False)->AllocationTracker:
+    "Run `steps` steps of the fake copy `m` under a tracker (on FakeTensors of `fm`, else on 'meta'); `ragged`: packed sequences of unequal lengths (`_PackedAtFullLength`)."
     dev = 'cpu' if fm else 'meta'
     tr = AllocationTracker(dev)
     if kernels == 'cpu': tr.kernel_path = functools.partial(cpu_kernel_path, measured=measured, missing=missing)
@@ -728,7 +735,7 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
     tr.measured = measured
     if kernels == 'cpu': tr.graph = tuple((measured or {}).get(GRAPH_KEY, AUTOGRAD_GRAPH_BYTES))  # host heap: a CPU step's memory
     try:
-        with fm or contextlib.nullcontext(), _watch_modules(m, tr), _PackedAtFullLength(tr), _unvalidated_distributions():
+        with fm or contextlib.nullcontext(), _watch_modules(m, tr), _PackedAtFullLength(tr, ragged), _unvalidated_distributions():
             params = [p for p in m.parameters() if p.requires_grad]
             if not params: raise NothingToTrainError(f"`{type(m).__name__}` has no parameter that requires a gradient, so a training step has nothing "
                 "to update (and PyTorch's optimizers refuse an empty list). Unfreeze what should train (`p.requires_grad_(True)`) and plan again.")
@@ -799,6 +806,12 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
                 continue
             if cpu_path or kernels is None or not tr.decomposed: break
             cpu_path = True  # attention ran its reference path on 'meta': trace again on the CPU's dispatch (fused, as CUDA's is)
+        if kernels == 'cpu' and 'pack_padded_sequence' in tr.bounded and _two_packed_paths(model):  # the other kernels, where they hold more
+            m = _fake_copy(model, fm)
+            if transform is not None: m = transform(m)
+            m.train()
+            other = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, measured, missing, ragged=True)
+            if other.peak > tr.peak: tr = other
     finally: log.setLevel(level)
     return Trace(tr, sum(p.numel() for p in model.parameters()), accum)
 

@@ -1452,3 +1452,30 @@ def test_a_hook_that_closes_over_the_model_runs_on_the_copy():
     batch = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
     kept, dropped = plan_memory(m, batch), plan_memory(Feats(keep=False), batch)
     assert m.feats == [] and kept.peak > dropped.peak   # the user's list untouched; the kept output is planned
+
+def test_a_packed_lstm_is_planned_on_the_kernels_unequal_lengths_take(monkeypatch):
+    "Packed sequences of unequal lengths run PyTorch's per-step LSTM kernels, not oneDNN's: the plan's tensors follow a real step's, which oneDNN's path alone misses."
+    from netlite_nb import budget
+    class L(nn.Module):
+        def __init__(self): super().__init__(); self.l, self.o = nn.LSTM(16, 32, batch_first=True), nn.Linear(32, 10)
+        def forward(self, x):
+            lengths = x.shape[1] - torch.arange(x.shape[0]) % 4   # unequal, as packed batches are
+            return self.o(self.l(nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False))[1][0][-1])
+    torch.manual_seed(0)
+    m, x, y = L(), torch.randn(8, 300, 16), torch.randint(0, 10, (8,))
+    real = AllocationTracker('cpu')
+    with real:
+        real.phase = 'forward'; loss = budget.default_loss(m(x), y)
+        real.phase = 'backward'; loss.backward()
+    def tensors(tr):  # the most tensor bytes alive in forward and backward, beyond the weights and the batch
+        cur = best = 0
+        for d, r in tr.events:
+            if r.category in ('autograd graph', 'kernel scratch', 'weights', 'batch'): continue
+            cur += d * r.nbytes
+            if r.phase in ('forward', 'loss', 'backward'): best = max(best, cur)
+        return best
+    planned = tensors(trace_step(m, (x, y), kernels='cpu', steps=1, optimizer='sgd').tracker)
+    assert abs(planned - real.peak) <= 0.02 * real.peak, (planned, real.peak)
+    if not budget._two_packed_paths(m): return   # no oneDNN here: one path only
+    monkeypatch.setattr(budget, '_two_packed_paths', lambda model: False)   # oneDNN's path only, as at equal lengths
+    assert tensors(trace_step(m, (x, y), kernels="cpu", steps=1, optimizer="sgd").tracker) < 0.6 * real.peak   # 37 % of it here
