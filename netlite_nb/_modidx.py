@@ -122,6 +122,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._data_shaped': ('budget.html#_data_shaped', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._deform_parallel': ('budget.html#_deform_parallel', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._device_terms': ('budget.html#_device_terms', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._dtype_mismatch': ('budget.html#_dtype_mismatch', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._dtypes': ('budget.html#_dtypes', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._dynamo_wrappers': ('budget.html#_dynamo_wrappers', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._expects': ('budget.html#_expects', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._fake_copy': ('budget.html#_fake_copy', 'netlite_nb/budget.py'),

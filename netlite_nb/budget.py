@@ -62,6 +62,14 @@ def _kernel(func, args)->tuple:
     x = args[0] if func is torch.ops.aten.convolution.default else args[1]  # the input: its dtype decides the kernel too
     return (func.__name__, *(tuple(x.shape) if isinstance(x, torch.Tensor) else repr(x) for x in args), str(x.dtype))
 
+# %% ../nbs/01_budget.ipynb #5f0ba0b6
+def _dtype_mismatch(func, args)->str|None:
+    "PyTorch's complaint about matmul `func`'s tensor operands (and added term) when their dtypes differ, as its real kernels make it; None when they agree."
+    i = _MATMULS[func]
+    ts = [t for t in args[:i + 2] if isinstance(t, torch.Tensor)]
+    dts = list(dict.fromkeys(str(t.dtype).replace('torch.', '') for t in ts))
+    return None if len(dts) < 2 else f"expected the operands of {func.__name__} to have the same dtype, but got {' and '.join(dts)}"
+
 # %% ../nbs/01_budget.ipynb #at1
 class AllocationTracker(TorchDispatchMode):
     "Record every tensor storage that the ops under this mode create, and when each is freed; count the bytes alive."
@@ -229,6 +237,7 @@ def _item(tr:AllocationTracker, func, args)->float:
 @patch
 def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None):
     if func is _A._local_scalar_dense.default and _stand_in(self, args[0]): return _item(self, func, args)
+    if func in _MATMULS and (wrong := _dtype_mismatch(func, args)): raise RuntimeError(wrong)  # what the real kernel says
     if func in _MATMULS or func in _CONVS: self.kernels.append(_kernel(func, args))
     elif func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default: self.kernels.extend(_flash_gemms(args, kwargs or {}))  # oneDNN's primitives in half precision
     if func is torch.ops.aten._safe_softmax.default: self.decomposed = True
@@ -570,6 +579,13 @@ def _optimizer_phase(opt:torch.optim.Optimizer|None, params:list, tr:AllocationT
     opt.zero_grad(set_to_none=True)
 
 # %% ../nbs/01_budget.ipynb #tp18
+_DTYPE_WORDS = re.compile(r"same dtype|type \([\w:]+\) and \w+ type \([\w:]+\) should be the same|expected scalar type")
+
+def _dtypes(z)->str:
+    "The dtypes of the tensors in `z` (a layer's own parameters, or a batch), in words: 'float32', 'float64 and int64'."
+    ts = z.parameters(recurse=False) if isinstance(z, nn.Module) else (t for t in tree_flatten(z)[0] if isinstance(t, torch.Tensor))
+    return ' and '.join(dict.fromkeys(str(t.dtype).replace('torch.', '') for t in ts))
+
 def _shape_error(e:Exception, tr:AllocationTracker, m:nn.Module, x, y)->ShapeMismatchError|None:
     "The failure `e` explained with the layer (or the loss) that raised it and the shapes involved; None for other failures."
     if tr.phase == 'forward' and tr.modules:
@@ -579,6 +595,11 @@ def _shape_error(e:Exception, tr:AllocationTracker, m:nn.Module, x, y)->ShapeMis
             return _BatchOfOneError(f"Layer `{name or type(m).__name__}` ({type(mod).__name__}) normalises over the batch, and in training it needs "
                 f"more than one value per channel, but its input of shape {tr.inputs.get(name, '?')} has one: a batch (or micro-batch) of 1 "
                 f"cannot train this model. Use 2 or more. PyTorch said: {e}")
+        if _DTYPE_WORDS.search(str(e)):  # the shapes fit; the dtypes do not
+            return ShapeMismatchError(
+                f"The model does not accept this batch: layer `{name or type(m).__name__}` ({type(mod).__name__}) got an input whose dtype is not "
+                f"its weights' ({_dtypes(mod) or 'none of its own'}); the batch's x is {_dtypes(x)}. Convert the batch to the model's dtype "
+                f"(`x.float()`: NumPy arrays arrive as float64) or the model to the batch's. PyTorch said: {e}")
         return ShapeMismatchError(
             f"The model does not accept this batch: layer `{name or type(m).__name__}` ({type(mod).__name__}) failed on input of shape "
             f"{tr.inputs.get(name, '?')} but expects {_expects(mod)}. The batch's x has shape {_shapes(x)}. PyTorch said: {e}" + (

@@ -1479,3 +1479,15 @@ def test_a_packed_lstm_is_planned_on_the_kernels_unequal_lengths_take(monkeypatc
     if not budget._two_packed_paths(m): return   # no oneDNN here: one path only
     monkeypatch.setattr(budget, '_two_packed_paths', lambda model: False)   # oneDNN's path only, as at equal lengths
     assert tensors(trace_step(m, (x, y), kernels="cpu", steps=1, optimizer="sgd").tracker) < 0.6 * real.peak   # 37 % of it here
+
+def test_a_batch_in_another_dtype_is_refused_as_the_real_step_refuses_it():
+    "A float64 batch (NumPy's) or an integer one against a float32 model: the real kernels refuse it, so the plan does too, naming the dtypes and the fix."
+    batch_y = torch.randint(0, 10, (8,))
+    for model, x in ((nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 10)), torch.randn(8, 16, dtype=torch.float64)),
+                     (nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10)), torch.randn(8, 3, 6, 6, dtype=torch.float64)),
+                     (nn.Linear(16, 10), torch.randint(0, 5, (8, 16)))):
+        with pytest.raises(RuntimeError): model(x)   # the real step
+        for dev, prec in ((None, 'fp32'), ('cpu', 'fp32'), ('cpu', 'bf16')):
+            with pytest.raises(ShapeMismatchError, match=rf"dtype is not its weights' \(float32\); the batch's x is {str(x.dtype)[6:]}.*x.float\(\)"):
+                plan_memory(model, (x, batch_y), device_or_gpu=dev, precision=prec)
+        assert plan_memory(model.double() if x.is_floating_point() else model, (x if x.is_floating_point() else x.float(), batch_y)).peak > 0   # made to agree, it plans
