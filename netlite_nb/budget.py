@@ -63,8 +63,11 @@ def _kernel(func, args)->tuple:
     return (func.__name__, *(tuple(x.shape) if isinstance(x, torch.Tensor) else repr(x) for x in args), str(x.dtype))
 
 # %% ../nbs/01_budget.ipynb #5f0ba0b6
-def _dtype_mismatch(func, args)->str|None:
-    "PyTorch's complaint about matmul `func`'s tensor operands (and added term) when their dtypes differ, as its real kernels make it; None when they agree."
+_CUDA_CASTS_ONLY = {torch.ops.aten.mv.default, torch.ops.aten.addmv.default}  # CUDA's autocast casts them to half precision, the CPU's (which the trace runs) does not
+
+def _dtype_mismatch(func, args, cuda_autocast:bool=False)->str|None:
+    "PyTorch's complaint about matmul `func`'s tensor operands (and added term) when their dtypes differ, as its real kernels make it; None when they agree. `cuda_autocast`: the step may run under CUDA's autocast, which casts what the CPU's leaves."
+    if func in _CUDA_CASTS_ONLY and cuda_autocast: return None
     i = _MATMULS[func]
     ts = [t for t in args[:i + 2] if isinstance(t, torch.Tensor)]
     dts = list(dict.fromkeys(str(t.dtype).replace('torch.', '') for t in ts))
@@ -84,6 +87,7 @@ class AllocationTracker(TorchDispatchMode):
         self.phase, self.step, self.modules = 'setup', 0, []
         self.inputs:dict[str,str] = {}  # module name -> shapes of its last input (strings: holding tensors would keep them alive)
         self.kernels:list[tuple] = []   # every matmul and convolution, in order (`_kernel`)
+        self.cuda_autocast = False  # the step may run under CUDA's autocast (`_dtype_mismatch`)
         self.kernel_path:Callable|None = None  # kernel_path(func, args, out) -> (out, scratch bytes): a device's kernels (set by `trace_step`)
         self.decomposed = False  # saw an op that only a reference decomposition runs (attention's math path on 'meta')
         self.bounded:list[str] = []  # ops whose output's size depends on the data, run at their largest (`_data_shaped`)
@@ -216,6 +220,9 @@ class _PackedAtFullLength(TorchFunctionMode):
         if name == '_pad_packed_sequence' and isinstance(args[1], torch.Tensor) and id(args[1]) in self.sizes: return self._pad(*args)
         if name == '__getitem__' and isinstance(args[0], torch.Tensor) and id(args[0]) in self.sizes and isinstance(args[1], int): return self.sizes[id(args[0])][2]  # batch_sizes[0], read in Python
         if name == 'cpu' and isinstance(a, torch.Tensor) and a.device.type == 'meta': return a  # lengths read off the batch, a packed sequence's order: already where they would go
+        if name == 'to' and isinstance(a, torch.Tensor) and a.device.type == 'meta' and str(torch._C._nn._parse_to(*args[1:], **kwargs)[0]) == 'cpu':
+            dtype = torch._C._nn._parse_to(*args[1:], **kwargs)[1]
+            return a if dtype in (None, a.dtype) else a.to(dtype)  # `.to('cpu')` likewise
         return func(*args, **kwargs)
 
 # %% ../nbs/01_budget.ipynb #1837af9d
@@ -237,7 +244,7 @@ def _item(tr:AllocationTracker, func, args)->float:
 @patch
 def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None):
     if func is _A._local_scalar_dense.default and _stand_in(self, args[0]): return _item(self, func, args)
-    if func in _MATMULS and (wrong := _dtype_mismatch(func, args)): raise RuntimeError(wrong)  # what the real kernel says
+    if func in _MATMULS and (wrong := _dtype_mismatch(func, args, self.cuda_autocast)): raise RuntimeError(wrong)  # what the real kernel says
     if func in _MATMULS or func in _CONVS: self.kernels.append(_kernel(func, args))
     elif func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default: self.kernels.extend(_flash_gemms(args, kwargs or {}))  # oneDNN's primitives in half precision
     if func is torch.ops.aten._safe_softmax.default: self.decomposed = True
@@ -434,24 +441,28 @@ def _fake_copy(model:nn.Module, fm:FakeTensorMode|None)->nn.Module:
 # %% ../nbs/01_budget.ipynb #36b6b878
 _HOOK_DICTS = ('_forward_pre_hooks', '_forward_hooks', '_backward_pre_hooks', '_backward_hooks')
 
-def _rebound(f, memo:dict):
-    "`f`, or where it is a closure over objects `copy.deepcopy` copied (in `memo`), the same function closing over their copies."
-    cells = getattr(f, '__closure__', None)
-    if not isinstance(f, types.FunctionType) or not cells: return f
-    try: hit = [id(c.cell_contents) in memo for c in cells]
-    except ValueError: return f  # an empty cell: a name the closure has not bound yet
-    if not any(hit): return f
-    g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__,
-                           tuple(types.CellType(memo[id(c.cell_contents)]) if h else c for c, h in zip(cells, hit)))
+def _rebound(f, memo:dict, cells:dict):
+    "`f`, or where it is a closure (or a `partial` of one) over objects `copy.deepcopy` copied (in `memo`), the same function closing over their copies; `cells`: the new cell for each old one, shared by every hook that shares it (`nonlocal`)."
+    if isinstance(f, functools.partial): return functools.partial(_rebound(f.func, memo, cells), *f.args, **f.keywords)  # its arguments were deep-copied
+    old = getattr(f, '__closure__', None)
+    if not isinstance(f, types.FunctionType) or not old: return f
+    def full(c):
+        try: c.cell_contents; return True
+        except ValueError: return False  # a name the closure has not bound yet
+    if not any(full(c) and id(c.cell_contents) in memo for c in old): return f
+    for c in old:
+        if id(c) not in cells: cells[id(c)] = (c, types.CellType(memo.get(id(c.cell_contents), c.cell_contents)) if full(c) else types.CellType())
+    g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, tuple(cells[id(c)][1] for c in old))
     g.__kwdefaults__, g.__dict__ = f.__kwdefaults__, dict(f.__dict__)
     return g
 
 def _rebind_hooks(ghost:nn.Module, memo:dict):
     "Give the hooks on the layers of `ghost`, a deep copy of a model made with `memo`, what they close over from the copy, not the original."
+    cells = {}  # id(old cell) -> (old cell, kept alive so ids stay unique; new cell)
     for mod in ghost.modules():
         for name in _HOOK_DICTS:
             hooks = getattr(mod, name, None) or {}
-            for k, f in list(hooks.items()): hooks[k] = _rebound(f, memo)
+            for k, f in list(hooks.items()): hooks[k] = _rebound(f, memo, cells)
 
 # %% ../nbs/01_budget.ipynb #c015
 def _sgd(params, lr, weight_decay, foreach): return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay, foreach=foreach)
@@ -579,7 +590,7 @@ def _optimizer_phase(opt:torch.optim.Optimizer|None, params:list, tr:AllocationT
     opt.zero_grad(set_to_none=True)
 
 # %% ../nbs/01_budget.ipynb #tp18
-_DTYPE_WORDS = re.compile(r"same dtype|type \([\w:]+\) and \w+ type \([\w:]+\) should be the same|expected scalar type")
+_DTYPE_WORDS = re.compile(r"same dtype|type \([\w:]+\) and \w+ type \([\w:]+\) should be the same|expected scalar type|does not match weight dtype|dtype .* does not match")
 
 def _dtypes(z)->str:
     "The dtypes of the tensors in `z` (a layer's own parameters, or a batch), in words: 'float32', 'float64 and int64'."
@@ -599,7 +610,8 @@ def _shape_error(e:Exception, tr:AllocationTracker, m:nn.Module, x, y)->ShapeMis
             return ShapeMismatchError(
                 f"The model does not accept this batch: layer `{name or type(m).__name__}` ({type(mod).__name__}) got an input whose dtype is not "
                 f"its weights' ({_dtypes(mod) or 'none of its own'}); the batch's x is {_dtypes(x)}. Convert the batch to the model's dtype "
-                f"(`x.float()`: NumPy arrays arrive as float64) or the model to the batch's. PyTorch said: {e}")
+                f"(`x.float()`: NumPy arrays arrive as float64) or the model to the batch's; if they agree, a tensor made inside the model "
+                f"(a constant, a buffer) has another dtype. PyTorch said: {e}")
         return ShapeMismatchError(
             f"The model does not accept this batch: layer `{name or type(m).__name__}` ({type(mod).__name__}) failed on input of shape "
             f"{tr.inputs.get(name, '?')} but expects {_expects(mod)}. The batch's x has shape {_shapes(x)}. PyTorch said: {e}" + (
@@ -751,6 +763,7 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
     "Run `steps` steps of the fake copy `m` under a tracker (on FakeTensors of `fm`, else on 'meta'); `ragged`: packed sequences of unequal lengths (`_PackedAtFullLength`)."
     dev = 'cpu' if fm else 'meta'
     tr = AllocationTracker(dev)
+    tr.cuda_autocast = precision in LOW_PRECISION and kernels != 'cpu'  # a CUDA target, or none named: CUDA's autocast may cast more
     if kernels == 'cpu': tr.kernel_path = functools.partial(cpu_kernel_path, measured=measured, missing=missing)
     elif callable(kernels): tr.kernel_path = kernels(tr)  # another device's kernels, e.g. CUDA's (`CudaKernels`)
     tr.measured = measured
@@ -831,8 +844,9 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
             m = _fake_copy(model, fm)
             if transform is not None: m = transform(m)
             m.train()
-            other = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, measured, missing, ragged=True)
-            if other.peak > tr.peak: tr = other
+            with contextlib.suppress(ShapeMismatchError, UntraceableError):  # the lengths' other kernels: a plan without them rather than none
+                other = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, measured, missing, ragged=True)
+                if other.peak > tr.peak: tr = other
     finally: log.setLevel(level)
     return Trace(tr, sum(p.numel() for p in model.parameters()), accum)
 

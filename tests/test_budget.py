@@ -1491,3 +1491,46 @@ def test_a_batch_in_another_dtype_is_refused_as_the_real_step_refuses_it():
             with pytest.raises(ShapeMismatchError, match=rf"dtype is not its weights' \(float32\); the batch's x is {str(x.dtype)[6:]}.*x.float\(\)"):
                 plan_memory(model, (x, batch_y), device_or_gpu=dev, precision=prec)
         assert plan_memory(model.double() if x.is_floating_point() else model, (x if x.is_floating_point() else x.float(), batch_y)).peak > 0   # made to agree, it plans
+
+def test_hooks_sharing_state_and_partials_are_rebound_too():
+    "Two hooks sharing a `nonlocal` keep sharing it on the copy; a `functools.partial` over a closure writes to the copy, not the user's model."
+    class Shared(nn.Module):
+        def __init__(self):
+            super().__init__(); self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+            cur = self.a
+            def pre(m, i):
+                nonlocal cur; cur = m
+            def post(m, i, o): assert cur is m, 'the pre-hook state is not seen'
+            for l in (self.a, self.b): l.register_forward_pre_hook(pre); l.register_forward_hook(post)
+        def forward(self, x): return self.b(self.a(x))
+    class Partial(nn.Module):
+        def __init__(self):
+            super().__init__(); self.l, self.feats = nn.Linear(4, 4), []
+            def save(name, m, i, o): self.feats.append((name, o))
+            self.l.register_forward_hook(functools.partial(save, 'l'))
+        def forward(self, x): return self.l(x)
+    assert plan_memory(Shared(), torch.randn(8, 4)).peak > 0
+    m = Partial()
+    assert plan_memory(m, torch.randn(8, 4)).peak > 0 and m.feats == []
+
+def test_dtype_checks_follow_the_targets_autocast_and_name_rnn_inputs():
+    "CUDA's autocast casts mv, the CPU's does not: planned for a GPU it runs, for the CPU in bf16 it is refused as the real step is; an LSTM fed float64 is named as a dtype problem."
+    class MV(nn.Module):
+        def __init__(self): super().__init__(); self.l, self.v, self.o = nn.Linear(16, 16), nn.Parameter(torch.randn(16)), nn.Linear(1, 10)
+        def forward(self, x): return self.o(torch.mv(self.l(x), self.v)[:, None])
+    batch = torch.randn(8, 16), torch.randint(0, 10, (8,))
+    assert plan_memory(MV(), batch, device_or_gpu='rtx 3090', precision='fp16').peak > 0
+    with torch.autocast('cpu', dtype=torch.bfloat16), pytest.raises(RuntimeError): MV()(batch[0])   # the real CPU step
+    with pytest.raises(ShapeMismatchError, match='dtype is not its weights'): plan_memory(MV(), batch, device_or_gpu='cpu', precision='bf16')
+    with pytest.raises(ShapeMismatchError, match=r"\(LSTM\) got an input whose dtype is not its weights' \(float32\); the batch's x is float64"):
+        plan_memory(nn.LSTM(8, 16, batch_first=True), (torch.randn(4, 5, 8, dtype=torch.float64), torch.randn(4, 5, 16)), device_or_gpu='cpu')
+
+def test_lengths_moved_with_to_cpu_are_planned_like_cpu():
+    "`lengths.to('cpu')` of a data-less tensor, as `.cpu()`: planned on the reference kernels too."
+    class L(nn.Module):
+        def __init__(self): super().__init__(); self.e, self.r = nn.Embedding(50, 8), nn.GRU(8, 16, batch_first=True)
+        def forward(self, ids):
+            lengths = (ids != 0).sum(1).clamp(min=1).to('cpu')
+            return self.r(nn.utils.rnn.pack_padded_sequence(self.e(ids), lengths, batch_first=True, enforce_sorted=False))[1][0]
+    ids = torch.randint(1, 50, (4, 7))
+    assert plan_memory(L(), ids).peak > 0 and plan_memory(L(), ids, device_or_gpu='cpu').peak > 0
