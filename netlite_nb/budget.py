@@ -220,9 +220,9 @@ class _PackedAtFullLength(TorchFunctionMode):
         if name == '_pad_packed_sequence' and isinstance(args[1], torch.Tensor) and id(args[1]) in self.sizes: return self._pad(*args)
         if name == '__getitem__' and isinstance(args[0], torch.Tensor) and id(args[0]) in self.sizes and isinstance(args[1], int): return self.sizes[id(args[0])][2]  # batch_sizes[0], read in Python
         if name == 'cpu' and isinstance(a, torch.Tensor) and a.device.type == 'meta': return a  # lengths read off the batch, a packed sequence's order: already where they would go
-        if name == 'to' and isinstance(a, torch.Tensor) and a.device.type == 'meta' and str(torch._C._nn._parse_to(*args[1:], **kwargs)[0]) == 'cpu':
-            dtype = torch._C._nn._parse_to(*args[1:], **kwargs)[1]
-            return a if dtype in (None, a.dtype) else a.to(dtype)  # `.to('cpu')` likewise
+        if name == 'to' and isinstance(a, torch.Tensor) and a.device.type == 'meta':
+            dev, dtype = torch._C._nn._parse_to(*args[1:], **kwargs)[:2]
+            if str(dev) == 'cpu': return a if dtype in (None, a.dtype) else a.to(dtype)  # `.to('cpu')` likewise
         return func(*args, **kwargs)
 
 # %% ../nbs/01_budget.ipynb #1837af9d
@@ -393,9 +393,13 @@ def _per_sample(t:torch.Tensor, b:int)->bool:
     "Does tensor `t` of a batch of `b` samples hold one row per sample? (A graph's edge list, a scalar, a table shared by the batch does not.)"
     return t.dim() > 0 and t.shape[0] == b
 
+def _resized_shape(t:torch.Tensor, b:int, n:int)->tuple:
+    "The shape of `t`, of a batch of `b` samples, in a batch of `n`: its first dimension `n` if it holds a row per sample, else as it is."
+    return (n, *t.shape[1:]) if _per_sample(t, b) else tuple(t.shape)
+
 def _resized(t:torch.Tensor, b:int, n:int, device='meta')->torch.Tensor:
-    "`t` of a batch of `b` samples, data-less on `device`, in a batch of `n`: its first dimension `n` if it holds a row per sample, else as it is."
-    return torch.empty((n, *t.shape[1:]) if _per_sample(t, b) else t.shape, dtype=t.dtype, device=device)
+    "`t` of a batch of `b` samples, data-less on `device`, in a batch of `n` (`_resized_shape`)."
+    return torch.empty(_resized_shape(t, b, n), dtype=t.dtype, device=device)
 
 def resize_batch(batch, # (x, y), x, or any nest of tensors; those whose first dimension is the batch's are resized
                  n:int, # samples in the new batch
@@ -824,14 +828,16 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
     log = logging.getLogger('torch._subclasses.fake_tensor')
     level = log.level
     log.setLevel(logging.CRITICAL)  # a shape error is ours to explain, not a traceback in the log
+    def copy_of(fm):  # the data-less copy a trace runs, transformed, in training mode
+        m = _fake_copy(model, fm)
+        if transform is not None:
+            m = transform(m)
+            if (err := _unplannable(m)) is not None: raise err  # what the transform left or added
+        return m.train()
     try:
         while True:
             fm = FakeTensorMode(allow_non_fake_inputs=True) if cpu_path else None  # a real tensor the forward reads (a global) is a constant
-            m = _fake_copy(model, fm)
-            if transform is not None:
-                m = transform(m)
-                if (err := _unplannable(m)) is not None: raise err  # what the transform left or added
-            m.train()
+            m = copy_of(fm)
             try: tr = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, measured, missing)
             except _NeedsCpuTensors: cpu_path = True; continue  # e.g. a fused optimizer, which checks its parameters' device
             except (ShapeMismatchError, UntraceableError) as e:
@@ -841,11 +847,8 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
             if cpu_path or kernels is None or not tr.decomposed: break
             cpu_path = True  # attention ran its reference path on 'meta': trace again on the CPU's dispatch (fused, as CUDA's is)
         if kernels == 'cpu' and 'pack_padded_sequence' in tr.bounded and _two_packed_paths(model):  # the other kernels, where they hold more
-            m = _fake_copy(model, fm)
-            if transform is not None: m = transform(m)
-            m.train()
             with contextlib.suppress(ShapeMismatchError, UntraceableError):  # the lengths' other kernels: a plan without them rather than none
-                other = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, measured, missing, ragged=True)
+                other = _trace(copy_of(fm), x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, measured, missing, ragged=True)
                 if other.peak > tr.peak: tr = other
     finally: log.setLevel(level)
     return Trace(tr, sum(p.numel() for p in model.parameters()), accum)
@@ -1218,6 +1221,10 @@ def deform_conv_scratch(func, args)->int:
     copies = sum(t.numel() for t in (g, x, w, off, mask) if t is not None and not t.is_contiguous())
     return (columns + buffers + copies) * x.element_size()
 
+def _op_scratch(func, args)->int:
+    "The scratch of ops whose kernels hold the same on the CPU and on CUDA: CTC's backward, learnable fake quantization, the deformable convolution."
+    return ctc_scratch(func, args) + fake_quant_scratch(func, args) + deform_conv_scratch(func, args)
+
 # %% ../nbs/01_budget.ipynb #bf79aa0a
 _FFTS = (_A._fft_r2c.default, _A._fft_c2c.default, _A._fft_c2r.default)
 
@@ -1333,7 +1340,7 @@ def cpu_kernel_path(func, args, out,
         key, spec = _mm_key(_kernel(func, args))
         if key not in measured: missing.append(spec)
     if func not in _CONVS: return out, (contiguous_copies(func, args) + promotion_copies(func, args) + attention_scratch(func, args) + upsample_copies(func, args, out)
-                                        + fft_scratch(func, args) + matrix_exp_scratch(func, args) + ctc_scratch(func, args) + fake_quant_scratch(func, args) + deform_conv_scratch(func, args))
+                                        + fft_scratch(func, args) + matrix_exp_scratch(func, args) + _op_scratch(func, args))
     out = _as_laid_out(func, args, out)
     if measured is not None:
         key, spec = _conv_key(func, args)
@@ -2196,7 +2203,7 @@ class _CudaPath:
         if func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
             (T, B, _), H = args[0].shape, args[5].shape[-1]
             return out, cudnn_lstm_bytes(T, B, H, args[0].element_size())[1]
-        if func not in _CONVS: return out, contiguous_copies(func, args) + ctc_scratch(func, args) + fake_quant_scratch(func, args) + deform_conv_scratch(func, args)
+        if func not in _CONVS: return out, contiguous_copies(func, args) + _op_scratch(func, args)
         out = _as_laid_out(func, args, out)
         fwd = func is torch.ops.aten.convolution.default
         x, w, y = (args[0], args[1], out) if fwd else (args[1], args[2], args[0])
@@ -2598,7 +2605,7 @@ def _try_batch(model, sample, b, device, loss_fn=None, optimizer='adamw', precis
     opt = make_optimizer(optimizer, params)
     x, y = _split_batch(sample)
     n0 = _batch_size(sample)
-    shape = lambda t: (b, *t.shape[1:]) if _per_sample(t, n0) else t.shape  # a graph's edge list, a scalar: as given, as the plan has them
+    shape = lambda t: _resized_shape(t, n0, b)  # a graph's edge list, a scalar: as given, as the plan has them
     make = lambda t: (torch.randn(shape(t), device=device).to(t.dtype) if t.is_floating_point()
                       else torch.zeros(shape(t), dtype=t.dtype, device=device))
     x, y = tree_map_only(torch.Tensor, make, x), tree_map_only(torch.Tensor, make, y)
