@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 from . import __version__
 from .probe import UnknownGPUError, gpu_catalogue, probe
-from .budget import BudgetTooSmallError, fit_to_budget, max_batch_size, plan_memory, resize_batch
+from .budget import BudgetTooSmallError, fit_to_budget, max_batch_size, plan_memory
+from .memory.trace import resize_batch
 from .layers import memory_transform
 from .data import make_loaders, mnist_sample
 from .models import UnknownModelError, create_model, list_models

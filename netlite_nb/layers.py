@@ -11,7 +11,8 @@ from typing import Callable
 import torch, torch.nn as nn, torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 from fastcore.basics import patch
-from .budget import AllocationTracker, register_lever
+from .budget import register_lever
+from .memory.trace import AllocationTracker
 
 # %% auto #0
 __all__ = ['saved_bytes', 'StepMeasurement', 'measure_step', 'MemoryComparison', 'compare_steps', 'ChunkedFFN',

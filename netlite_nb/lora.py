@@ -15,7 +15,8 @@ from torch.nn.utils import parametrize
 import safetensors.torch as st
 from fastcore.basics import patch
 from .probe import rows_html, rows_text
-from .budget import AllocationTracker, default_loss, is_traced, make_optimizer, plan_memory, register_lever
+from .budget import plan_memory, register_lever
+from .memory.trace import AllocationTracker, default_loss, is_traced, make_optimizer
 from .data import LabeledTensors, make_loaders, mnist_sample
 from .checkpoint import find_checkpoint, read_run_config
 from .train import Trainer

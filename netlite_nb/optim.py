@@ -10,7 +10,8 @@ from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 import torch
 from fastcore.basics import patch
-from .budget import is_traced, make_optimizer, register_lever, register_optimizer
+from .budget import register_lever
+from .memory.trace import is_traced, make_optimizer, register_optimizer
 
 # %% auto #0
 __all__ = ['dynamic_map', 'quantize_blockwise', 'dequantize_blockwise', 'AdamW8bit', 'state_bytes', 'adamw8bit_backend']

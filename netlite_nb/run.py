@@ -11,7 +11,7 @@ from torch import nn
 from fastcore.basics import patch
 import yaml
 from .probe import device_memory, fmt_bytes, probe, rows_html, rows_text
-from .budget import resize_batch
+from .memory.trace import resize_batch
 from .data import image_folder, load_dataset, make_loaders, mnist_sample, mnist_sample_loaders
 from .models import MODELS, UnknownModelError, create_model
 from .strategies import ConfigError, RunConfig, did_you_mean, load_config, load_yaml, pick_strategy, short_repr, size_config

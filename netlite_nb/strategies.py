@@ -12,7 +12,8 @@ from pathlib import Path
 import torch, yaml
 from fastcore.basics import patch
 from .probe import GPUInfo, GPUSpec, HardwareProfile, UnknownGPUError, find_gpu, fmt_bytes, lookup_gpu, probe, rows_html, rows_text
-from .budget import OPTIMIZERS, BudgetTooSmallError, max_batch_size, plan_memory, resize_batch
+from .budget import BudgetTooSmallError, max_batch_size, plan_memory
+from .memory.trace import OPTIMIZERS, resize_batch
 from .layers import memory_transform
 from . import optim as _optim  # importing chapter 03 adds 'adamw8bit' to the optimizer names (OPTIMIZERS) profiles use
 

@@ -15,7 +15,8 @@ from fastcore.basics import patch
 from . import __version__
 from .probe import (LOW_PRECISION, MemoryReading, bf16_is_native, device_memory, fmt_bytes, fp16_is_fast, free_memory,
                               frontend, in_notebook, is_oom, probe, rows_html, rows_text)
-from .budget import fit_to_budget, make_optimizer, plan_memory, resize_batch
+from .budget import fit_to_budget, plan_memory
+from .memory.trace import make_optimizer, resize_batch
 from .layers import CheckpointedSequential, memory_transform
 import netlite_nb.optim  # registers 'adamw8bit' with `make_optimizer`
 from .strategies import apply_allocator_settings, load_strategy, pick_strategy, save_config

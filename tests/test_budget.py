@@ -6,9 +6,11 @@ from pathlib import Path
 import pytest, torch
 from torch.utils._pytree import tree_flatten
 from torch import nn
-from netlite_nb.budget import (_ONEDNN_MATMUL_STATE, _on_onednn, attention_scratch, promotion_copies, upsample_copies, AUTOGRAD_GRAPH_BYTES, GRAPH_KEY, _MALLOC_ENV, _on_glibc, AllocationTracker, BudgetTooSmallError, _saved_for_backward, CUDA_CONTEXT_BYTES, _MKL_BLOCKING, LEVERS, PLAN_MARGIN, ShapeMismatchError,
-                               _calibrated, _lstm_workspace, _mkl_isa, _mkl_panel, _mm_key, calibration_file, clear_calibration, cpu_workspace_bytes,
-                               find_batch_size, fit_to_budget, max_batch_size, plan_memory, register_lever, resize_batch, trace_step)
+from netlite_nb.budget import BudgetTooSmallError, LEVERS, PLAN_MARGIN, find_batch_size, fit_to_budget, max_batch_size, plan_memory, register_lever
+from netlite_nb.memory.trace import AUTOGRAD_GRAPH_BYTES, GRAPH_KEY, AllocationTracker, _saved_for_backward, ShapeMismatchError, resize_batch, trace_step
+from netlite_nb.memory.heap import _on_glibc
+from netlite_nb.memory.cpu import _ONEDNN_MATMUL_STATE, _on_onednn, attention_scratch, promotion_copies, upsample_copies, _MALLOC_ENV, _MKL_BLOCKING, _calibrated, _lstm_workspace, _mkl_isa, _mkl_panel, _mm_key, calibration_file, clear_calibration, cpu_workspace_bytes
+from netlite_nb.memory.cuda import CUDA_CONTEXT_BYTES
 from netlite_nb.probe import UnknownGPUError, lookup_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -337,7 +339,8 @@ _GRAPH_CHILD = """
 import gc, ctypes, json, sys, torch
 sys.path.insert(0, sys.argv[1])
 from test_budget import _Chain
-from netlite_nb.budget import _heap_in_use, _graph_census
+from netlite_nb.memory.trace import _graph_census
+from netlite_nb.memory.cpu import _heap_in_use
 torch.manual_seed(0)
 m, x = _Chain(), torch.randn(4, 16)
 m(x).mean().backward()
@@ -376,7 +379,7 @@ def test_autograd_graph_is_placed_in_time():
 
 def test_glibc_heap_maps_blocks_at_the_threshold():
     "glibc maps a 64-byte aligned block at or above its threshold with whole pages, header and slack included; below it, the heap."
-    from netlite_nb.budget import GlibcHeap
+    from netlite_nb.memory.heap import GlibcHeap
     def grows(n, threshold=65536, page=4096):
         h = GlibcHeap(threshold, page=page)
         h.malloc(n, 64)
@@ -412,7 +415,7 @@ print(json.dumps([x - node0 for x in (saved, node1, grad, smaller)]))
 def test_glibc_heap_places_a_recurrent_backward_as_glibc_does():
     """The rule behind the heap's holes, on this machine's glibc and in the model: a freed tensor between two live objects does not take
     a tensor of its own size (posix_memalign asks for 96 bytes more, rounded up), and takes one 128 bytes smaller."""
-    from netlite_nb.budget import GlibcHeap, _on_glibc
+    from netlite_nb.memory.heap import GlibcHeap, _on_glibc
     if not _on_glibc() or not hasattr(ctypes.CDLL(None), 'mallinfo2'): pytest.skip('glibc 2.33 or later only (mallinfo2)')
     r = subprocess.run([sys.executable, '-c', _PLACEMENT_CHILD], capture_output=True, text=True, env={**os.environ, **_MALLOC_ENV}, check=True)
     saved, node1, grad, smaller = json.loads(r.stdout)
@@ -427,7 +430,7 @@ def test_glibc_heap_places_a_recurrent_backward_as_glibc_does():
 def test_glibc_heap_trims_when_a_free_reaches_the_top():
     """glibc's free() adds the whole top chunk to a chunk it merges into it, and a merge of 64 KiB or more trims the heap's end back to
     top + top_pad (systrim), even when the freed chunk itself is small."""
-    from netlite_nb.budget import GlibcHeap
+    from netlite_nb.memory.heap import GlibcHeap
     h = GlibcHeap(65536, trim_threshold=128 * 1024)
     h.malloc(24)
     blocks = [h.malloc(40000) for _ in range(4)]
@@ -470,14 +473,14 @@ _ALIGNED = 20 * _MiB + 4096 - 48   # the chunk of a mapped posix_memalign(64, 20
 def test_glibc_heap_raises_its_threshold_as_glibc_does(env, ops, expect, monkeypatch):
     """With none of its settings given, glibc raises the mmap threshold to a freed mapped block's chunk (below 32 MiB), so a smaller block
     after it comes from the heap; any accepted MALLOC_*_ setting or malloc tunable fixes the threshold. Real glibc, then the model."""
-    from netlite_nb import budget
-    if not budget._on_glibc() or not hasattr(ctypes.CDLL(None), 'mallinfo2'): pytest.skip('glibc 2.33 or later only (mallinfo2)')
+    from netlite_nb.memory import heap
+    if not heap._on_glibc() or not hasattr(ctypes.CDLL(None), 'mallinfo2'): pytest.skip('glibc 2.33 or later only (mallinfo2)')
     clean = {k: v for k, v in os.environ.items() if not k.startswith('MALLOC_') and k != 'GLIBC_TUNABLES'}
     r = subprocess.run([sys.executable, '-c', _DYNAMIC_CHILD, json.dumps(ops)], capture_output=True, text=True, env={**clean, **env}, check=True)
     assert json.loads(r.stdout) == expect   # real glibc
     for k in [k for k in os.environ if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES']: monkeypatch.delenv(k)
     for k, v in env.items(): monkeypatch.setenv(k, v)
-    h, blocks, mapped = budget.GlibcHeap(**budget._glibc_settings()), [], []
+    h, blocks, mapped = heap.GlibcHeap(**heap._glibc_settings()), [], []
     for op, n, align in ops:
         if op == 'f': h.free(blocks[n]); continue
         blocks.append(h.malloc(n, align)); mapped.append(blocks[-1] < 0)
@@ -486,43 +489,43 @@ def test_glibc_heap_raises_its_threshold_as_glibc_does(env, ops, expect, monkeyp
 
 def test_glibc_replay_of_a_trace(monkeypatch):
     "The trace replayed through the model: never less than the live bytes at its peak, pages for the mapped blocks; nothing off glibc."
-    from netlite_nb import budget
+    from netlite_nb.memory import heap
     m, batch = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)), (torch.empty(64, 64, device='meta'), torch.empty(64, dtype=torch.long, device='meta'))
     monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '65536')
     tr = trace_step(m, batch, kernels='cpu').tracker
     mapped = sum(1 for r in tr.allocs if r.nbytes >= 65536 and r.category != 'autograd graph')  # the hidden layer's 64 KiB tensors, the weight and its state
     heap = sum(r.nbytes + 160 for r in tr.allocs if r.nbytes < 65536)  # every smaller block, with its chunk's header and alignment slack
     monkeypatch.setattr(budget, '_on_glibc', lambda: True)
-    live, at, extra = budget._glibc_replay(tr)
+    live, at, extra = heap._glibc_replay(tr)
     assert mapped and 4096 <= extra <= 4096 * mapped + heap   # at least one mapped block's page; never more than every page and chunk
     assert live <= tr.peak and 0 <= at < len(tr.events)       # the peak as glibc holds it: never more tensor bytes than the tensors' own peak
     monkeypatch.setattr(budget, '_on_glibc', lambda: False)
-    assert budget._glibc_replay(tr) == (tr.peak, tr.peak_at, 0)
+    assert heap._glibc_replay(tr) == (tr.peak, tr.peak_at, 0)
 
 
 def test_heap_blocks_cut_two_ways_hold_the_same_bytes():
     """The graph's bytes cut as its objects come hold what node-size blocks hold, for the default graph bytes and for odd calibrated ones;
     a saved tensor's share starts with a tensor's objects only where it is bigger than them."""
     from types import SimpleNamespace
-    from netlite_nb import budget
-    for graph in [budget.AUTOGRAD_GRAPH_BYTES, (603, 355, 50), (100, 150, 48), (20, 10, 5), (0, 0, 0)]:
+    from netlite_nb.memory import heap
+    for graph in [AUTOGRAD_GRAPH_BYTES, (603, 355, 50), (100, 150, 48), (20, 10, 5), (0, 0, 0)]:
         node, saved, value = graph
         for nbytes in {saved, node, 7 * node + 3 * value, 1821 * node + 900 * value, 1}:
             rec = SimpleNamespace(nbytes=nbytes, category='autograd graph')
-            whole, cut = budget._heap_blocks(rec, graph), budget._heap_blocks(rec, graph, cut=True)
+            whole, cut = heap._heap_blocks(rec, graph), heap._heap_blocks(rec, graph, cut=True)
             assert sum(n for n, _ in cut) == sum(n for n, _ in whole) <= nbytes and all(n > 0 for n, _ in cut), (graph, nbytes, cut)
             assert nbytes - sum(n for n, _ in whole) <= max(len(whole) - 1, 0)   # k node-size blocks lose less than k bytes to rounding
-        share = budget._heap_blocks(SimpleNamespace(nbytes=saved, category='autograd graph'), graph, cut=True)
-        assert ([n for n, _ in share[:2]] == list(budget._TENSOR_OBJECTS)) == (saved > sum(budget._TENSOR_OBJECTS)), (graph, share)
+        share = heap._heap_blocks(SimpleNamespace(nbytes=saved, category='autograd graph'), graph, cut=True)
+        assert ([n for n, _ in share[:2]] == list(heap._TENSOR_OBJECTS)) == (saved > sum(heap._TENSOR_OBJECTS)), (graph, share)
     tensor = SimpleNamespace(nbytes=4096, category='activations')
-    assert budget._heap_blocks(tensor, None, cut=True) == budget._heap_blocks(tensor, None) == [(4096, 64)]
+    assert heap._heap_blocks(tensor, None, cut=True) == heap._heap_blocks(tensor, None) == [(4096, 64)]
 
 
 def test_plan_keeps_the_heap_history_that_holds_most(monkeypatch):
     """A step that lives in the heap (a GRU at batch 32: 16-48 KiB tensors among the graph's objects) lands in different layouts when a few
     small blocks went into the heap first; the plan replays it from `_HEAP_HISTORIES` such heaps, each the same every time, with the graph's bytes
     cut two ways, and keeps the highest."""
-    from netlite_nb import budget
+    from netlite_nb.memory import heap
     monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '65536'); monkeypatch.setenv('MALLOC_TRIM_THRESHOLD_', '0')
     monkeypatch.delenv('GLIBC_TUNABLES', raising=False)
     monkeypatch.setattr(budget, '_on_glibc', lambda: True)
@@ -530,10 +533,10 @@ def test_plan_keeps_the_heap_history_that_holds_most(monkeypatch):
         def __init__(self): super().__init__(); self.rnn, self.head = nn.GRU(64, 128, num_layers=2, batch_first=True), nn.Linear(128, 10)
         def forward(self, x): return self.head(self.rnn(x)[0][:, -1])
     tr = trace_step(GRUNet(), (torch.empty(32, 64, 64, device='meta'), torch.empty(32, dtype=torch.long, device='meta')), kernels='cpu').tracker
-    peaks = [budget._glibc_peak(tr, s, cut)[0] for s, cut in budget._replays()]
-    live, at, extra = budget._glibc_replay(tr)
+    peaks = [heap._glibc_peak(tr, s, cut)[0] for s, cut in heap._replays()]
+    live, at, extra = heap._glibc_replay(tr)
     assert live + extra == max(peaks) > min(peaks) + 2**20 and min(peaks) >= tr.peak, peaks   # two layouts, more than a MiB apart
-    sizes = lambda s: budget._heap_history(lambda n: n, s)
+    sizes = lambda s: heap._heap_history(lambda n: n, s)
     assert sizes(0) == [] and sizes(3) == sizes(3) and all(16 <= n < 600 for n in sizes(3))
 
 
@@ -680,7 +683,8 @@ _, status = os.waitpid(pid, 0); sys.exit(os.waitstatus_to_exitcode(status))
 
 # --- CUDA kernel workspaces (cuDNN, cuBLAS/cuBLASLt) and bench/budget_cuda.py: no GPU needed ---
 from types import SimpleNamespace
-from netlite_nb.budget import CudaKernels, cublaslt_workspace_bytes, cuda_kernels, cudnn_conv_workspace, cudnn_lstm_bytes, resolve_target
+from netlite_nb.memory.trace import resolve_target
+from netlite_nb.memory.cuda import CudaKernels, cublaslt_workspace_bytes, cuda_kernels, cudnn_conv_workspace, cudnn_lstm_bytes
 
 def convnet(): return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
                                     nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
@@ -807,28 +811,28 @@ def test_cuda_bench_logic_runs_without_a_gpu(capsys):
 
 _FIX_LATE_CHILD = r"""
 import ctypes, json, os, torch
-from netlite_nb import budget
+from netlite_nb.memory import heap
 def rss(): return int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
 def kept(n):  # resident bytes an n-float tensor leaves behind once freed
     r = rss(); t = torch.ones(n); del t; return rss() - r
-pins = budget._messy_heap(seed=1, n=200)  # glibc's own settings: big tensors on the heap as its threshold rises, small ones kept between
+pins = heap._messy_heap(seed=1, n=200)  # glibc's own settings: big tensors on the heap as its threshold rises, small ones kept between
 ctypes.CDLL(None).malloc_trim(0)
 before = [kept(2**k) for k in range(15, 21)]        # 128 KiB to 4 MiB
 libc = ctypes.CDLL(None); libc.mallopt(-3, 65536); libc.mallopt(-1, 0); libc.malloc_trim(0)
 set_only = [kept(2**k) for k in range(15, 21)]      # the thresholds set, the heap's free chunks left as they were
-settings = budget.fix_glibc_thresholds()
+settings = heap.fix_glibc_thresholds()
 after = [kept(2**k) for k in range(15, 21)]
-libc = budget._libc(); p = libc.malloc(65536); mapped = bool(ctypes.c_size_t.from_address(p - ctypes.sizeof(ctypes.c_size_t)).value & 2); libc.free(p)
-print(json.dumps(dict(before=before, set_only=set_only, after=after, mapped=mapped, plugs=len(budget._PLUGS), settings=settings)))
+libc = heap._libc(); p = libc.malloc(65536); mapped = bool(ctypes.c_size_t.from_address(p - ctypes.sizeof(ctypes.c_size_t)).value & 2); libc.free(p)
+print(json.dumps(dict(before=before, set_only=set_only, after=after, mapped=mapped, plugs=len(heap._PLUGS), settings=settings)))
 """
 
 _NO_MAPPING_CHILD = r"""
 import ctypes, resource
-from netlite_nb import budget
-pins = budget._messy_heap(seed=2, n=100)
+from netlite_nb.memory import heap
+pins = heap._messy_heap(seed=2, n=100)
 resource.setrlimit(resource.RLIMIT_AS, (8 * 2**30, 8 * 2**30))  # were the fill to grow the heap without end, it would stop here
 ctypes.CDLL(None).mallopt(-4, 0)  # M_MMAP_MAX 0, as a library might set it: glibc maps nothing more
-try: budget.fix_glibc_thresholds()
+try: heap.fix_glibc_thresholds()
 except RuntimeError as e: print('refused:', e)
 """
 
@@ -860,12 +864,12 @@ def test_fix_glibc_thresholds_stops_where_glibc_maps_nothing():
 
 
 def test_max_batch_size_warns_where_glibc_moves_its_threshold(monkeypatch):
-    from netlite_nb import budget
+    from netlite_nb.memory import heap
     from netlite_nb.budget import MovingThresholdWarning
     import warnings
     for k in [k for k in os.environ if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES']: monkeypatch.delenv(k)
     monkeypatch.setattr(budget, '_started_with', lambda: {k: v for k, v in os.environ.items() if k.startswith('MALLOC_')})
-    if budget._on_glibc() and not budget._MALLOPT:
+    if heap._on_glibc() and not heap._MALLOPT:
         with pytest.warns(MovingThresholdWarning, match='fix_glibc_thresholds'):
             assert max_batch_size(mlp(), MNIST, budget=2**27, device_or_gpu='cpu') < 2**16   # the budget decides the batch
         with warnings.catch_warnings():
@@ -876,7 +880,7 @@ def test_max_batch_size_warns_where_glibc_moves_its_threshold(monkeypatch):
         warnings.simplefilter('error', MovingThresholdWarning)
         max_batch_size(mlp(), MNIST, budget=2**27, device_or_gpu='cpu')   # a fixed threshold: nothing to warn of
         max_batch_size(mlp(), MNIST, budget=2**27)                        # tensors only: no model of glibc
-    if budget._on_glibc() and not budget._MALLOPT:
+    if heap._on_glibc() and not heap._MALLOPT:
         monkeypatch.setattr(budget, '_started_with', lambda: {})                        # set after start: glibc never read it
         with pytest.warns(MovingThresholdWarning, match='changed after this process started'):
             max_batch_size(mlp(), MNIST, budget=2**27, device_or_gpu='cpu')
@@ -932,7 +936,7 @@ def test_real_steps_under_the_tracker_run_the_real_ops():
 @pytest.mark.parametrize('rnn', [False, True], ids=['meta', 'cpu-fake'])
 @pytest.mark.parametrize('how', ['item', 'if'])
 def test_a_model_that_reads_a_value_gets_a_clear_error(how, rnn):
-    from netlite_nb.budget import UntraceableError
+    from netlite_nb.memory.trace import UntraceableError
     with pytest.raises(UntraceableError, match=r"layer `_Select`.*reads a tensor's value.*find_batch_size"):
         plan_memory(_Select(how, rnn), SEQ, device_or_gpu='cpu')
     with pytest.raises(UntraceableError): max_batch_size(_Select(how, rnn), SEQ, budget=2**30, device_or_gpu='cpu')
@@ -942,7 +946,7 @@ def test_packed_sequences_are_planned_at_full_length():
     """`pack_padded_sequence` used to stop the trace: a packed RNN reads its batch sizes in C++. The plan now runs every sequence at full
     length (an upper bound, noted), for a GRU and a bidirectional two-layer LSTM read back with `pad_packed_sequence`, on the CPU and for a GPU;
     on real tensors, packing as the trace packs gives what PyTorch's packed layer gives."""
-    from netlite_nb.budget import _PackedAtFullLength
+    from netlite_nb.memory.trace import _PackedAtFullLength
     class Packed(nn.Module):
         def __init__(self, rnn): super().__init__(); self.rnn, self.head = rnn, nn.Linear(rnn.hidden_size * (1 + rnn.bidirectional), 10)
         def forward(self, x):
@@ -998,7 +1002,7 @@ def test_contiguous_copies_are_planned():
 
 _COPY_CHILD = r'''
 import json, sys, torch
-from netlite_nb.budget import _hwm_growth
+from netlite_nb.memory.cpu import _hwm_growth
 x = torch.randn(16, 64, 32, 32).permute(0, 2, 3, 1)
 ln = torch.nn.LayerNorm(64)
 ln(x); x.softmax(-1)  # loads the code
@@ -1012,7 +1016,7 @@ print(json.dumps(out))
 
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason="Linux's high-water mark")
 def test_contiguous_copies_hold_against_a_real_run():
-    from netlite_nb.budget import contiguous_copies
+    from netlite_nb.memory.cpu import contiguous_copies
     r = subprocess.run([sys.executable, '-c', _COPY_CHILD], env={**os.environ, **_MALLOC_ENV, 'OMP_NUM_THREADS': '1'}, capture_output=True, text=True, check=True)
     got = json.loads(r.stdout.strip().splitlines()[-1])
     A, xp = torch.ops.aten, torch.empty(16, 64, 32, 32, device='meta').permute(0, 2, 3, 1)
@@ -1075,7 +1079,7 @@ def test_lstm_workspace_model_holds_against_a_real_run(monkeypatch):
     and, on a CPU with bf16 instructions, on the reference kernels oneDNN takes without them."""
     shapes = [[64, 32, 64, 128, False], [64, 128, 64, 128, False], [64, 32, 64, 128, True], [64, 32, 256, 64, False], [32, 16, 64, 384, False],
               [40, 48, 200, 96, True], [100, 16, 32, 256, False], [20, 200, 64, 64, False], [16, 256, 96, 320, False]]
-    from netlite_nb.budget import _in_child, _lstm_brgemm, _onednn_lowp
+    from netlite_nb.memory.cpu import _in_child, _lstm_brgemm, _onednn_lowp
     torch.set_num_threads(1)
     bf16 = [[64, 32, 64, 128, False], [64, 128, 64, 128, True], [40, 48, 200, 96, False], [16, 256, 96, 320, False], [50, 24, 512, 128, False]]
     def check(rows, dt):   # the kernels `_lstm_brgemm` says this CPU (and its oneDNN ISA cap) takes
@@ -1118,7 +1122,7 @@ DTYPE_OPS = [['add.Tensor', [T(16, 128, 256), T(16, 128, 256, dt='bfloat16')]], 
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason="Linux's high-water mark")
 def test_dtype_temporaries_hold_against_a_real_run():
     "Mixed-dtype elementwise ops, a bf16 mean, dropout's mask, fused attention's accumulators and upsampling's copies, measured in a fresh process next to the model."
-    from netlite_nb.budget import _in_child, _op_arg
+    from netlite_nb.memory.cpu import _in_child, _op_arg
     torch.set_num_threads(1)
     got = _in_child('_measure_ops', DTYPE_OPS)
     model = []
@@ -1159,7 +1163,7 @@ def test_onednn_matmul_primitives_are_kept_per_shape_and_layout():
 @pytest.mark.skipif(not sys.platform.startswith('linux') or os.confstr('CS_GNU_LIBC_VERSION') is None, reason="glibc's mallinfo2")
 def test_onednn_primitive_state_holds_against_a_real_run():
     "Each new bf16 primitive's heap, measured in a fresh process, next to the model's constant for this CPU."
-    from netlite_nb.budget import _in_child, _mm_key
+    from netlite_nb.memory.cpu import _in_child, _mm_key
     specs = [['onednn_matmul', 1, 2048, 256, 768, 'bfloat16', 'NT+'], ['onednn_matmul', 1, 2048, 768, 256, 'bfloat16', 'NN'],
              ['onednn_matmul', 1, 768, 2048, 256, 'bfloat16', 'TN'], ['onednn_matmul', 64, 128, 64, 128, 'bfloat16', 'NT']]
     how = _on_onednn(('matmul', *specs[0][1:5], 'torch.bfloat16'))
@@ -1186,7 +1190,8 @@ def test_calibration_measures_onednn_primitives(tmp_path, monkeypatch):
 def test_half_precision_details_from_review(monkeypatch):
     "A build without oneDNN plans on the CPU; a strategy's bf16 sets max_batch_size's margin; matrix-vector products and strided operands; frozen bf16 weights."
     import netlite_nb.budget as B
-    from netlite_nb.budget import _kernel, cpu_conv_scratch
+    from netlite_nb.memory.trace import _kernel
+    from netlite_nb.memory.cpu import cpu_conv_scratch
     A = torch.ops.aten
     monkeypatch.setattr(torch.backends.mkldnn, 'is_available', lambda: False)   # as in a PyTorch built without oneDNN
     assert B._onednn_lowp('torch.bfloat16') is None
@@ -1213,7 +1218,7 @@ def test_flash_attention_backward_primitives_are_counted_as_oneDNN_creates_them(
     (ONEDNN_VERBOSE, on creation): tail blocks, other lengths, other heads, a causal mask, an unscaled softmax, a batch that changes nothing."""
     code = r'''
 import json, sys, torch, torch.nn.functional as F
-from netlite_nb.budget import _flash_gemms
+from netlite_nb.memory.cpu import _flash_gemms
 torch.set_num_threads(1)
 a = torch.randn(64, 64, dtype=torch.bfloat16)
 with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON_CREATION): a @ a.t()   # does this build print what it creates?
@@ -1246,7 +1251,7 @@ for *s, causal, scale in json.loads(sys.argv[1]):
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason="Linux's high-water mark")
 def test_fft_and_complex_abs_scratch_hold_against_a_real_run():
     "MKL's FFT copies and a complex abs's temporary, measured in a fresh process on shapes the rules were not read off (the rules are MKL's: 0 without it)."
-    from netlite_nb.budget import _in_child, _op_arg, fft_scratch, promotion_copies
+    from netlite_nb.memory.cpu import _in_child, _op_arg, fft_scratch, promotion_copies
     t = lambda *shape, dt='complex64': ['tensor', list(shape), dt]
     ops = [['_fft_c2r.default', [t(8, 24, 48, 25), [2, 3], 0, 48]], ['_fft_c2r.default', [t(8, 24, 48, 25), [3], 0, 48]],
            ['_fft_c2r.default', [t(4, 12, 20, 24, 13), [2, 3, 4], 0, 24]], ['_fft_r2c.default', [t(8, 24, 48, 48, dt='float32'), [1], 0, True]],
@@ -1263,7 +1268,8 @@ def test_fft_and_complex_abs_scratch_hold_against_a_real_run():
 
 
 def test_models_a_trace_cannot_take_are_refused_by_layer_and_sized_by_real_steps():
-    from netlite_nb.budget import UntraceableError, find_batch_size
+    from netlite_nb.budget import find_batch_size
+    from netlite_nb.memory.trace import UntraceableError
     mnist = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
     cases = {'TorchScript': nn.Sequential(nn.Flatten(), torch.jit.script(nn.Linear(784, 10))), 'sparse=True': nn.Sequential(nn.Embedding(50, 8, sparse=True), nn.Flatten(), nn.Linear(8 * 784, 10)),
              'lazy layer': nn.Sequential(nn.Flatten(), nn.LazyLinear(10)), 'nothing': nn.Sequential(nn.Flatten(), nn.Linear(784, 10)).requires_grad_(False)}
@@ -1277,7 +1283,8 @@ def test_models_a_trace_cannot_take_are_refused_by_layer_and_sized_by_real_steps
 def test_compiled_model_is_planned_as_its_eager_step():
     "torch.compile's wrapper: the plan traces the module it wraps (no dynamo on fake tensors), says so, and max_batch_size warns."
     import warnings
-    from netlite_nb.budget import CompiledModelWarning, max_batch_size, plan_memory
+    from netlite_nb.budget import max_batch_size, plan_memory
+    from netlite_nb.memory.trace import CompiledModelWarning
     m = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
     c = torch.compile(m)
     batch = (torch.randn(8, 64), torch.randint(0, 10, (8,)))
@@ -1293,7 +1300,7 @@ def test_compiled_model_is_planned_as_its_eager_step():
 def test_optimizers_users_bring_are_traced_as_a_real_step_keeps_them():
     "Fused AdamW (refuses 'meta'), Adafactor and ASGD (read numbers with .item()), NAdam (a FakeTensor constant), on the meta and the FakeTensor paths; LBFGS refused, and run by find_batch_size."
     import copy
-    from netlite_nb.budget import UntraceableError
+    from netlite_nb.memory.trace import UntraceableError
     class Rnn(nn.Module):  # an RNN puts the CPU trace on FakeTensors
         def __init__(self): super().__init__(); self.rnn, self.head = nn.GRU(16, 32, batch_first=True), nn.Linear(32, 10)
         def forward(self, x): return self.head(self.rnn(x)[0][:, -1])
@@ -1361,7 +1368,8 @@ def test_ops_without_shape_only_kernels_are_planned_like_their_inputs():
 
 def test_layout_copies_ctc_and_fake_quant_scratch_hold_against_a_real_run():
     "A convolution's copies of transposed tensors, CTC's log_beta and learnable fake quantization's buffers, measured in a fresh process on shapes the rules were not read off."
-    from netlite_nb.budget import _CONVS, _in_child, _op_arg, conv_layout_copies, cpu_conv_scratch, ctc_scratch, fake_quant_scratch
+    from netlite_nb.memory.trace import _CONVS
+    from netlite_nb.memory.cpu import _in_child, _op_arg, conv_layout_copies, cpu_conv_scratch, ctc_scratch, fake_quant_scratch
     t = lambda *shape, dt='float32': ['tensor', list(shape), dt]
     conv = lambda x, w: ['convolution.default', [x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1]]
     T, B, C, S = 120, 16, 60, 30
@@ -1406,7 +1414,7 @@ def test_a_model_that_cannot_train_at_batch_1_is_searched_from_2():
 
 def test_deform_conv_scratch_holds_against_a_real_run():
     "torchvision's deformable convolution, forward and backward, with and without a mask, blocks of 5 to 32 images, fp32 and fp64: the rule against the real kernel in a fresh process."
-    from netlite_nb.budget import _in_child, _op_arg, _op_func, deform_conv_scratch
+    from netlite_nb.memory.cpu import _in_child, _op_arg, _op_func, deform_conv_scratch
     t = lambda *shape, dt='float32': ['tensor', list(shape), dt]
     def case(b, c, o, h, k, stride, mask, bwd, dt='float32'):
         oh = (h + 2 * (k // 2) - k) // stride + 1
@@ -1435,7 +1443,7 @@ def test_packed_lengths_read_off_the_batch_are_planned():
     class ToList(nn.Module):
         def __init__(self): super().__init__(); self.l = nn.Linear(4, 4)
         def forward(self, x): return self.l(x[:max(x[:, 0].long().tolist()) + 1])
-    from netlite_nb.budget import UntraceableError
+    from netlite_nb.memory.trace import UntraceableError
     with pytest.raises(UntraceableError, match=r"copies a tensor's values out.*test_budget.py"): plan_memory(ToList(), torch.randn(8, 4))
 
 def test_a_hook_that_closes_over_the_model_runs_on_the_copy():
@@ -1455,7 +1463,7 @@ def test_a_hook_that_closes_over_the_model_runs_on_the_copy():
 
 def test_a_packed_lstm_is_planned_on_the_kernels_unequal_lengths_take(monkeypatch):
     "Packed sequences of unequal lengths run PyTorch's per-step LSTM kernels, not oneDNN's: the plan's tensors follow a real step's, which oneDNN's path alone misses."
-    from netlite_nb import budget
+    from netlite_nb.memory import heap
     class L(nn.Module):
         def __init__(self): super().__init__(); self.l, self.o = nn.LSTM(16, 32, batch_first=True), nn.Linear(32, 10)
         def forward(self, x):
@@ -1465,7 +1473,7 @@ def test_a_packed_lstm_is_planned_on_the_kernels_unequal_lengths_take(monkeypatc
     m, x, y = L(), torch.randn(8, 300, 16), torch.randint(0, 10, (8,))
     real = AllocationTracker('cpu')
     with real:
-        real.phase = 'forward'; loss = budget.default_loss(m(x), y)
+        real.phase = 'forward'; loss = default_loss(m(x), y)
         real.phase = 'backward'; loss.backward()
     def tensors(tr):  # the most tensor bytes alive in forward and backward, beyond the weights and the batch
         cur = best = 0
@@ -1476,7 +1484,7 @@ def test_a_packed_lstm_is_planned_on_the_kernels_unequal_lengths_take(monkeypatc
         return best
     planned = tensors(trace_step(m, (x, y), kernels='cpu', steps=1, optimizer='sgd').tracker)
     assert abs(planned - real.peak) <= 0.02 * real.peak, (planned, real.peak)
-    if not budget._two_packed_paths(m): return   # no oneDNN here: one path only
+    if not _two_packed_paths(m): return   # no oneDNN here: one path only
     monkeypatch.setattr(budget, '_two_packed_paths', lambda model: False)   # oneDNN's path only, as at equal lengths
     assert tensors(trace_step(m, (x, y), kernels="cpu", steps=1, optimizer="sgd").tracker) < 0.6 * real.peak   # 37 % of it here
 

@@ -1,7 +1,8 @@
 "Chapter 02 (layers): cross-checks against plain PyTorch that are heavier than the notebook's, and ONNX export."
 import copy
 import pytest, torch, torch.nn as nn, torch.nn.functional as F
-from netlite_nb.budget import AllocationTracker, fit_to_budget, plan_memory
+from netlite_nb.budget import fit_to_budget, plan_memory
+from netlite_nb.memory.trace import AllocationTracker
 from netlite_nb.layers import (ChunkedFFN, ChunkedLinearCrossEntropy, BitReLU, BitDropout, CheckpointedSequential,
                                chunked_linear_cross_entropy, memory_transform, checkpoint_every, convert_model, saved_bytes, _ChunkedFFNFn)
 

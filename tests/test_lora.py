@@ -4,7 +4,8 @@ from functools import partial
 import pytest, torch
 from torch import nn
 from torch.utils.data import DataLoader
-from netlite_nb.budget import fit_to_budget, plan_memory, trace_step
+from netlite_nb.budget import fit_to_budget, plan_memory
+from netlite_nb.memory.trace import trace_step
 from netlite_nb.checkpoint import find_checkpoint
 from netlite_nb.fixtures import blobs, mlp
 from netlite_nb.layers import saved_bytes

@@ -2,7 +2,7 @@
 import copy, io, os
 import pytest, torch, torch.nn as nn, torch.nn.functional as F
 from netlite_nb.budget import fit_to_budget, plan_memory
-from netlite_nb.budget import make_optimizer
+from netlite_nb.memory.trace import make_optimizer
 from netlite_nb.optim import AdamW8bit, adamw8bit_backend, dynamic_map, quantize_blockwise, dequantize_blockwise, state_bytes
 from netlite_nb.optim import _code_and_mids_lists, _nearest_code
 

@@ -154,7 +154,7 @@ def test_the_1050_ti_keeps_its_8bit_optimizer_state():
 
 
 def test_optimizer_names_are_chapter_01_s():
-    from netlite_nb.budget import OPTIMIZERS
+    from netlite_nb.memory.trace import OPTIMIZERS
     assert {'adamw', 'adamw8bit', 'sgd'} <= set(OPTIMIZERS)          # chapter 03 registered its 8-bit AdamW
     with pytest.raises(ConfigError, match='optimizer must be one of'): load_strategy('cpu', optimizer='lion')
     with pytest.raises(ConfigError, match='checkpointing is null'): Strategy('x', checkpointing=True)
