@@ -29,8 +29,8 @@ from .memory.cpu import _calibrated, calibrate_kernels, calibration_file, cpu_te
 from .memory.cuda import cuda_kernels, cuda_terms
 
 # %% auto #0
-__all__ = ['TENSOR_TERMS', 'DEVICE_TERMS', 'COLORS', 'PLAN_MARGIN', 'LEVERS', 'MemoryPlan', 'plan_memory', 'plot_plans',
-           'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size', 'Change', 'register_lever',
+__all__ = ['TENSOR_TERMS', 'DEVICE_TERMS', 'COLORS', 'PLAN_MARGIN', 'LEVERS', 'MemoryPlan', 'TrainingStep', 'plan_memory',
+           'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size', 'Change', 'register_lever',
            'fit_to_budget', 'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c029
@@ -185,6 +185,20 @@ def _strategy_defaults(s, precision, optimizer, micro_batch, transform, device_o
             device_or_gpu if device_or_gpu is not None else (g('gpu') or (g('device') if g('device') in ('cpu', 'cuda') else None)),
             budget if budget is not None else g('budget_bytes'))
 
+# %% ../nbs/01_budget.ipynb #394bcb50
+@dataclass
+class TrainingStep:
+    "What one training step does that costs memory: the Trainer runs it, `plan_memory(step=...)` plans it."
+    optimizer:Any='adamw'         # 'sgd', 'adamw', 'adamw8bit', an optimizer class, or a callable params -> optimizer
+    precision:str='fp32'          # 'fp32', 'fp16' or 'bf16' (autocast mixed precision, fp32 weights)
+    micro_batch:int|None=None     # samples per forward/backward (gradient accumulation); None: the whole batch
+    transform:Callable|None=None  # model -> model: the conversions the run applies (layers, checkpointing, LoRA, freezing)
+    ema:bool=False                # an averaged copy of every weight and buffer, kept on the device (`AveragedModel(use_buffers=True)`)
+    loss_fn:Callable|None=None    # loss_fn(output, y); None: `default_loss`
+    def plan_kwargs(self)->dict:
+        "The step as `plan_memory`'s arguments."
+        return dict(optimizer=self.optimizer, precision=self.precision, micro_batch=self.micro_batch, transform=self.transform, ema=self.ema, loss_fn=self.loss_fn)
+
 # %% ../nbs/01_budget.ipynb #mp23
 def plan_memory(model:nn.Module, # the model to plan for; never run, moved or changed
                 batch, # (x, y), x, or a dict the model takes as keywords (labels too), a real batch or one on the 'meta' device; its first dimension is the batch size
@@ -197,8 +211,11 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
                 transform:Callable|None=None, # model -> model applied to the traced copy (chapter 02: layers, checkpointing)
                 strategy=None, # a chapter 06 `Strategy`: fills in the arguments above that were left at their defaults
                 calibrate:bool=False, # on the CPU: measure the kernels' scratch on this machine first (cached; `calibrate_kernels`)
+                ema:bool=False, # the run keeps an averaged copy of the weights (chapter 07's `ema=`)
+                step:TrainingStep|None=None, # the whole step at once (chapter 07's `Trainer.training_step()`): replaces the six arguments it holds
                )->MemoryPlan:
     "Predict the peak memory of a training step of `model` on `batch` by tracing it on fake tensors."
+    if step is not None: optimizer, precision, micro_batch, transform, ema, loss_fn = (step.optimizer, step.precision, step.micro_batch, step.transform, step.ema, step.loss_fn)
     if strategy is not None:
         precision, optimizer, micro_batch, transform, device_or_gpu, budget = _strategy_defaults(
             strategy, precision, optimizer, micro_batch, transform, device_or_gpu, budget)
@@ -207,7 +224,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
     mb = min(micro_batch or b, b)
     kernels = 'cpu' if target.kind == 'cpu' else cuda_kernels(target, strategy) if target.kind == 'cuda' else None
     measured, missing = (_calibrated(), []) if calibrate and kernels == 'cpu' else (None, None)
-    trace = functools.partial(trace_step, model, batch, loss_fn, optimizer, precision, micro_batch, transform, cuda=target.kind == 'cuda', kernels=kernels)
+    trace = functools.partial(trace_step, model, batch, loss_fn, optimizer, precision, micro_batch, transform, cuda=target.kind == 'cuda', kernels=kernels, ema=ema)
     t = trace(measured=measured, missing=missing)
     if missing or (measured is not None and GRAPH_KEY not in measured): t = trace(measured=calibrate_kernels(missing))
     tr = t.tracker
@@ -451,14 +468,17 @@ def fit_to_budget(model:nn.Module, # the model to plan for
                   levers:list|tuple=(), # more (description, plan_memory overrides, slowdown) to consider
                   strategy=None, # a chapter 06 `Strategy` supplying what is left at its default
                   finetune:bool=False, # the model's weights are trained and being adapted: also levers that freeze them (LoRA)
+                  ema:bool=False, # the run keeps an averaged copy of the weights
+                  step:TrainingStep|None=None, # the whole step (its micro-batch aside: `batch` is per optimizer step); replaces the arguments it holds
                  )->list[Change]:
     "Changes that make a training step fit `budget`, each re-planned: those that fit first, cheapest (least slowdown) first."
+    if step is not None: optimizer, precision, transform, ema, loss_fn = step.optimizer, step.precision, step.transform, step.ema, step.loss_fn
     if strategy is not None:
         precision, optimizer, _, transform, device_or_gpu, budget = _strategy_defaults(
             strategy, precision, optimizer, None, transform, device_or_gpu, budget)
     target = resolve_target(device_or_gpu)
     budget = budget if budget is not None else target.memory
-    kw = dict(loss_fn=loss_fn, optimizer=optimizer, precision=precision, transform=transform)
+    kw = dict(loss_fn=loss_fn, optimizer=optimizer, precision=precision, transform=transform, ema=ema)
     base = plan_memory(model, batch, device_or_gpu=target, budget=budget, **kw)
     def change(desc, over, slow):
         full = _changed(kw, over)

@@ -11,6 +11,8 @@ from netlite_nb.memory.trace import AUTOGRAD_GRAPH_BYTES, GRAPH_KEY, AllocationT
 from netlite_nb.memory.heap import _on_glibc
 from netlite_nb.memory.cpu import _ONEDNN_MATMUL_STATE, _on_onednn, attention_scratch, promotion_copies, upsample_copies, _MALLOC_ENV, _MKL_BLOCKING, _calibrated, _lstm_workspace, _mkl_isa, _mkl_panel, _mm_key, calibration_file, clear_calibration, cpu_workspace_bytes
 from netlite_nb.memory.cuda import CUDA_CONTEXT_BYTES
+from netlite_nb.memory.cpu import _onednn_lowp
+import netlite_nb.budget as planner, netlite_nb.memory.trace as tracer  # modules whose functions some tests replace
 from netlite_nb.probe import UnknownGPUError, lookup_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,7 +221,7 @@ def test_calibrated_matmuls_keep_what_was_measured_and_reuse_buffers():
 @pytest.mark.skipif(not sys.platform.startswith('linux') or __import__('platform').machine() not in ('x86_64', 'AMD64'), reason="oneDNN's x86 kernels; Linux's high-water mark")
 def test_conv_scratch_model_holds_against_a_real_run():
     "The convolution scratch model, plain and transposed, next to the same convolutions measured in a fresh process: never much below (a plan must not be low), not far above."
-    import netlite_nb.budget as B
+    import netlite_nb.memory.cpu as B
     A, cases = torch.ops.aten, [(8, 64, 32, 64, 3, 1, 1), (8, 64, 32, 128, 3, 2, 1), (8, 64, 32, 128, 1, 2, 1),   # plain, strided (brgconv_strided), downsampling 1x1
                                 (8, 64, 32, 64, 3, 2, 64), (8, 128, 16, 128, 3, 2, 4), (8, 256, 4, 256, 3, 1, 1)]  # depthwise, grouped, weights-dominated
     specs, model = [], []
@@ -284,7 +286,7 @@ def test_calibration_measures_caches_and_can_be_cleared(tmp_path, monkeypatch):
 
 def test_calibration_of_several_plans_shares_one_child(tmp_path, monkeypatch):
     "Shapes from plans at different batch sizes: one child process measures them all, each convolution at the largest batch no line serves."
-    import netlite_nb.budget as B
+    import netlite_nb.memory.cpu as B
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
     _calibrated.cache_clear()
     calls = []
@@ -495,11 +497,11 @@ def test_glibc_replay_of_a_trace(monkeypatch):
     tr = trace_step(m, batch, kernels='cpu').tracker
     mapped = sum(1 for r in tr.allocs if r.nbytes >= 65536 and r.category != 'autograd graph')  # the hidden layer's 64 KiB tensors, the weight and its state
     heap = sum(r.nbytes + 160 for r in tr.allocs if r.nbytes < 65536)  # every smaller block, with its chunk's header and alignment slack
-    monkeypatch.setattr(budget, '_on_glibc', lambda: True)
+    monkeypatch.setattr(heap, '_on_glibc', lambda: True)
     live, at, extra = heap._glibc_replay(tr)
     assert mapped and 4096 <= extra <= 4096 * mapped + heap   # at least one mapped block's page; never more than every page and chunk
     assert live <= tr.peak and 0 <= at < len(tr.events)       # the peak as glibc holds it: never more tensor bytes than the tensors' own peak
-    monkeypatch.setattr(budget, '_on_glibc', lambda: False)
+    monkeypatch.setattr(heap, '_on_glibc', lambda: False)
     assert heap._glibc_replay(tr) == (tr.peak, tr.peak_at, 0)
 
 
@@ -528,7 +530,7 @@ def test_plan_keeps_the_heap_history_that_holds_most(monkeypatch):
     from netlite_nb.memory import heap
     monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '65536'); monkeypatch.setenv('MALLOC_TRIM_THRESHOLD_', '0')
     monkeypatch.delenv('GLIBC_TUNABLES', raising=False)
-    monkeypatch.setattr(budget, '_on_glibc', lambda: True)
+    monkeypatch.setattr(heap, '_on_glibc', lambda: True)
     class GRUNet(nn.Module):
         def __init__(self): super().__init__(); self.rnn, self.head = nn.GRU(64, 128, num_layers=2, batch_first=True), nn.Linear(128, 10)
         def forward(self, x): return self.head(self.rnn(x)[0][:, -1])
@@ -868,7 +870,7 @@ def test_max_batch_size_warns_where_glibc_moves_its_threshold(monkeypatch):
     from netlite_nb.budget import MovingThresholdWarning
     import warnings
     for k in [k for k in os.environ if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES']: monkeypatch.delenv(k)
-    monkeypatch.setattr(budget, '_started_with', lambda: {k: v for k, v in os.environ.items() if k.startswith('MALLOC_')})
+    monkeypatch.setattr(planner, '_started_with', lambda: {k: v for k, v in os.environ.items() if k.startswith('MALLOC_')})
     if heap._on_glibc() and not heap._MALLOPT:
         with pytest.warns(MovingThresholdWarning, match='fix_glibc_thresholds'):
             assert max_batch_size(mlp(), MNIST, budget=2**27, device_or_gpu='cpu') < 2**16   # the budget decides the batch
@@ -881,7 +883,7 @@ def test_max_batch_size_warns_where_glibc_moves_its_threshold(monkeypatch):
         max_batch_size(mlp(), MNIST, budget=2**27, device_or_gpu='cpu')   # a fixed threshold: nothing to warn of
         max_batch_size(mlp(), MNIST, budget=2**27)                        # tensors only: no model of glibc
     if heap._on_glibc() and not heap._MALLOPT:
-        monkeypatch.setattr(budget, '_started_with', lambda: {})                        # set after start: glibc never read it
+        monkeypatch.setattr(planner, '_started_with', lambda: {})                        # set after start: glibc never read it
         with pytest.warns(MovingThresholdWarning, match='changed after this process started'):
             max_batch_size(mlp(), MNIST, budget=2**27, device_or_gpu='cpu')
 
@@ -988,7 +990,6 @@ def test_tensors_a_model_makes_without_a_device_are_traced():
 
 
 def test_contiguous_copies_are_planned():
-    import netlite_nb.budget as B
     class LN2d(nn.Module):  # ConvNeXt's: LayerNorm over channels through a permuted view
         def __init__(self): super().__init__(); self.ln, self.head = nn.LayerNorm(64), nn.Linear(64, 10)
         def forward(self, x): return self.head(self.ln(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).mean((2, 3)))
@@ -1028,7 +1029,7 @@ def test_contiguous_copies_hold_against_a_real_run():
 
 
 def test_channels_last_convolutions_keep_their_layout_in_the_trace(monkeypatch):
-    import netlite_nb.budget as B
+    import netlite_nb.memory.cpu as B
     class CL(nn.Module):  # ConvNeXt's way: a permuted view hands the next convolution channels-last memory
         def __init__(self):
             super().__init__()
@@ -1194,7 +1195,7 @@ def test_half_precision_details_from_review(monkeypatch):
     from netlite_nb.memory.cpu import cpu_conv_scratch
     A = torch.ops.aten
     monkeypatch.setattr(torch.backends.mkldnn, 'is_available', lambda: False)   # as in a PyTorch built without oneDNN
-    assert B._onednn_lowp('torch.bfloat16') is None
+    assert _onednn_lowp('torch.bfloat16') is None
     assert plan_memory(mlp(), MNIST, device_or_gpu='cpu').peak > 0
     monkeypatch.undo()
     assert _kernel(A.mv.default, (torch.empty(64, 128), torch.empty(128)))[2:5] == (64, 128, 1)
@@ -1212,7 +1213,7 @@ def test_half_precision_details_from_review(monkeypatch):
 
 
 @pytest.mark.skipif(not sys.platform.startswith('linux') or __import__('platform').machine() not in ('x86_64', 'AMD64')
-                    or __import__('netlite_nb.budget', fromlist=['_onednn_lowp'])._onednn_lowp('torch.bfloat16') is None, reason="oneDNN's x86 bf16 matmuls")
+                    or _onednn_lowp('torch.bfloat16') is None, reason="oneDNN's x86 bf16 matmuls")
 def test_flash_attention_backward_primitives_are_counted_as_oneDNN_creates_them():
     """Each bf16 fused attention backward creates the oneDNN matmul primitives `_flash_gemms` lists that the process has not seen
     (ONEDNN_VERBOSE, on creation): tail blocks, other lengths, other heads, a causal mask, an unscaled softmax, a batch that changes nothing."""
@@ -1485,7 +1486,7 @@ def test_a_packed_lstm_is_planned_on_the_kernels_unequal_lengths_take(monkeypatc
     planned = tensors(trace_step(m, (x, y), kernels='cpu', steps=1, optimizer='sgd').tracker)
     assert abs(planned - real.peak) <= 0.02 * real.peak, (planned, real.peak)
     if not _two_packed_paths(m): return   # no oneDNN here: one path only
-    monkeypatch.setattr(budget, '_two_packed_paths', lambda model: False)   # oneDNN's path only, as at equal lengths
+    monkeypatch.setattr(tracer, '_two_packed_paths', lambda model: False)   # oneDNN's path only, as at equal lengths
     assert tensors(trace_step(m, (x, y), kernels="cpu", steps=1, optimizer="sgd").tracker) < 0.6 * real.peak   # 37 % of it here
 
 def test_a_batch_in_another_dtype_is_refused_as_the_real_step_refuses_it():

@@ -783,7 +783,7 @@ class Trace:
     accum_steps:int            # micro-batches a real step has
 
 def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn, optimizer, precision, cuda, steps, kernels,
-           ragged:bool=False)->AllocationTracker:
+           ragged:bool=False, ema:bool=False)->AllocationTracker:
     "Run `steps` steps of the fake copy `m` under a tracker (on FakeTensors of `fm`, else on 'meta'); `ragged`: packed sequences of unequal lengths (`_PackedAtFullLength`)."
     dev = 'cpu' if fm else 'meta'
     tr = AllocationTracker(dev)
@@ -796,8 +796,10 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
                 "to update (and PyTorch's optimizers refuse an empty list). Unfreeze what should train (`p.requires_grad_(True)`) and plan again.")
             b = _first(x).shape[0]
             xb, yb = (tree_map_only(torch.Tensor, lambda t: _resized(t, b, mb, dev), z) for z in (x, y))
+            ema_copy = [torch.empty_like(t, requires_grad=False) for t in (*m.parameters(), *m.buffers())] if ema else []  # AveragedModel(use_buffers=True): kept all run
             with tr:
                 for t in (*m.parameters(), *m.buffers(), *_tensor_attrs(m)): tr.track(t, 'weights')
+                for t in ema_copy: tr.track(t, 'EMA weights')
                 for t in tree_flatten((xb, yb))[0]: tr.track(t, 'batch')
                 opt = _traced_optimizer(optimizer, params, cuda, fm)
                 scale = torch.full((), 2.0**16, device=dev) if precision == 'fp16' else None  # GradScaler's scale: one float
@@ -830,6 +832,7 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
                kernels=None, # a `DeviceKernels` or a registered name ('cpu': the CPU's kernels); a `CudaKernels`: cuDNN's workspace; None: PyTorch's reference ops
                measured:dict|None=None, # kernels measured on this machine, by key (`calibrate_kernels`)
                missing:list|None=None, # collects the convolutions and matmuls `measured` has no entry for
+               ema:bool=False, # keep an averaged copy of every weight and buffer, as `AveragedModel(use_buffers=True)` does
               )->Trace:
     "Run `steps` training steps of `model` on fake tensors and record every allocation and free."
     if precision not in ('fp32', *LOW_PRECISION): raise ValueError(f"precision must be 'fp32', 'fp16' or 'bf16', not {precision!r}")
@@ -856,7 +859,7 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
         while True:
             fm = FakeTensorMode(allow_non_fake_inputs=True) if cpu_path else None  # a real tensor the forward reads (a global) is a constant
             m = copy_of(fm)
-            try: tr = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels)
+            try: tr = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, ema=ema)
             except _NeedsCpuTensors: cpu_path = True; continue  # e.g. a fused optimizer, which checks its parameters' device
             except (ShapeMismatchError, UntraceableError) as e:
                 if cpu_path or not _made_on_cpu(e.__cause__): raise
@@ -866,7 +869,7 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
             cpu_path = True  # attention ran its reference path on 'meta': trace again on the CPU's dispatch (fused, as CUDA's is)
         if getattr(kernels, 'ragged_retrace', False) and 'pack_padded_sequence' in tr.bounded and _two_packed_paths(model):  # the other kernels, where they hold more
             with contextlib.suppress(ShapeMismatchError, UntraceableError):  # the lengths' other kernels: a plan without them rather than none
-                other = _trace(copy_of(fm), x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, ragged=True)
+                other = _trace(copy_of(fm), x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, ragged=True, ema=ema)
                 if other.peak > tr.peak: tr = other
     finally: log.setLevel(level)
     return Trace(tr, sum(p.numel() for p in model.parameters()), accum)
