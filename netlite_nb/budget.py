@@ -185,7 +185,7 @@ def _strategy_defaults(s, precision, optimizer, micro_batch, transform, device_o
             device_or_gpu if device_or_gpu is not None else (g('gpu') or (g('device') if g('device') in ('cpu', 'cuda') else None)),
             budget if budget is not None else g('budget_bytes'))
 
-# %% ../nbs/01_budget.ipynb #394bcb50
+# %% ../nbs/01_budget.ipynb #8c99c71a
 @dataclass
 class TrainingStep:
     "What one training step does that costs memory: the Trainer runs it, `plan_memory(step=...)` plans it."

@@ -23,12 +23,13 @@ from .strategies import apply_allocator_settings, load_strategy, pick_strategy, 
 from .checkpoint import (find_checkpoint, load_checkpoint, loader_generators, read_state, rng_state, save_checkpoint,
                                    seed_everything, set_rng_state, read_run_config, write_metrics)
 from .data import DataCheckError, check_dataset
+from .lr_find import LRFinder, _check_range_test, range_test
 
 # %% auto #0
 __all__ = ['NOTEBOOK_PROGRESS', 'PrecisionPolicy', 'choose_precision', 'micro_batches', 'Callback', 'ProgressBar',
            'register_notebook_progress', 'TensorBoardLogger', 'EarlyStopping', 'OOMReport', 'InjectOOM',
            'SimulatedMemoryLimit', 'warmup_cosine', 'one_cycle', 'TrainOptions', 'TrainState', 'Trainer',
-           'NonFiniteError', 'smooth_losses', 'suggest_lr', 'LRFinder']
+           'NonFiniteError']
 
 # %% ../nbs/07_train.ipynb #c009
 @dataclass
@@ -336,6 +337,7 @@ class TrainOptions:
     keep_best:bool=True                # keep the best checkpoint by `monitor` beside the latest (with a `run_dir`)
     check_data:bool=True               # chapter 04's `check_dataset` on the data at the start of `fit` (sampled when large)
 
+# %% ../nbs/07_train.ipynb #op02
 def _positive_int(v)->bool: return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1
 
 def _check_options(o:TrainOptions)->TrainOptions:
@@ -365,6 +367,7 @@ def _metric_fns(metrics)->dict:
                        f"metrics takes named functions fn(output, target) -> mean value, or a dict name -> fn (for a lambda), not {f!r}.")
     return {f.__name__: f for f in fs}
 
+# %% ../nbs/07_train.ipynb #op04
 def _resolve_options(kw:dict, s)->TrainOptions:
     "The `TrainOptions` the keyword arguments `kw` set, with what they left open filled from strategy `s` (chapter 06), else the defaults."
     names = [f.name for f in fields(TrainOptions)]
@@ -1279,73 +1282,6 @@ def _epoch_line(self:Trainer)->str:
     m = ', '.join(f"{k} {100 * v:.2f}%" if k == 'accuracy' else f"{k} {v:.4f}" for k, v in self.last_metrics.items())
     return f"epoch {self.epoch}: {m} (step {self.step}/{self.total_steps}, {self._elapsed_now():.1f} s)"
 
-# %% ../nbs/07_train.ipynb #lr01a
-def smooth_losses(lrs, # the learning rates of a range test
-                  losses, # each step's loss
-                  width:float=0.25, # σ of the Gaussian window, in decades of learning rate
-                 )->np.ndarray:
-    "`losses` smoothed without lag: at each rate, a Gaussian-weighted mean over log10(lr) on both sides (of log(loss) if all are > 0)."
-    x, l = np.log10(np.asarray(lrs, dtype=float)), np.asarray(losses, dtype=float)
-    log = bool(np.all(l > 0))  # a sweep's losses span decades: on a log scale a tenfold fall weighs the same wherever it happens
-    w = np.exp(-0.5 * ((x[:, None] - x[None, :]) / width) ** 2)
-    s = w @ (np.log(l) if log else l) / w.sum(1)
-    return np.exp(s) if log else s
-
-# %% ../nbs/07_train.ipynb #lr01
-_RULES = {'steepest>=min/10': 'where the smoothed loss falls fastest, but not below a tenth of the lr at its lowest',
-          'min/10': 'a tenth of the lr at the lowest smoothed loss', 'steepest': 'where the smoothed loss falls fastest'}
-
-def suggest_lr(lrs, # the learning rates of a range test
-               smoothed, # its smoothed losses
-               rule:str='steepest>=min/10', # 'steepest>=min/10', 'min/10' or 'steepest' (see `_RULES`)
-              )->float:
-    "The learning rate `rule` reads off a range test's smoothed loss curve."
-    _need(rule in _RULES, f"rule must be one of {', '.join(map(repr, _RULES))}, not {rule!r}.")
-    lrs, sm = np.asarray(lrs, dtype=float), np.asarray(smoothed, dtype=float)
-    i = int(np.argmin(sm))
-    if rule == 'min/10' or i < 2: return float(lrs[i] / 10)  # fewer than 3 points before the minimum have no slope to read
-    steep = float(lrs[int(np.argmin(np.gradient(sm[:i + 1], np.log(lrs[:i + 1]))))])
-    return steep if rule == 'steepest' else max(steep, float(lrs[i] / 10))
-
-# %% ../nbs/07_train.ipynb #lr06
-@dataclass
-class LRFinder:
-    "A learning-rate range test: the rates tried, the losses, the suggested lr and the rule that chose it."
-    lrs:list         # the learning rate of each step, rising exponentially
-    losses:list      # each step's training loss
-    smoothed:list    # the losses smoothed without lag (`smooth_losses`)
-    suggestion:float # what `rule` reads off the smoothed curve
-    rule:str         # a key of `_RULES`
-    stopped:str      # why the sweep ended
-
-    def summary(self)->dict:
-        "The result as plain data (what config.yaml records)."
-        return {'suggestion': self.suggestion, 'rule': f"{self.rule}: {_RULES[self.rule]}", 'steps': len(self.lrs),
-                'lr_range': [self.lrs[0], self.lrs[-1]], 'stopped': self.stopped}
-    def __repr__(self):
-        return (f"lr_find: suggested lr {self.suggestion:.3g} ({_RULES[self.rule]}); {len(self.lrs)} steps "
-                f"from {self.lrs[0]:.1g} to {self.lrs[-1]:.2g}, {self.stopped}")
-
-# %% ../nbs/07_train.ipynb #lr07
-@patch
-def plot(self:LRFinder):
-    "Loss against learning rate, the suggestion marked: a matplotlib `Figure`."
-    from matplotlib.figure import Figure  # drawing is for notebooks: a terminal run never imports matplotlib
-    fig = Figure(figsize=(6, 3.2), dpi=80); ax = fig.subplots()
-    ax.plot(self.lrs, self.losses, color='C0', alpha=0.3, label='loss')
-    ax.plot(self.lrs, self.smoothed, color='C0', label='smoothed')
-    ax.axvline(self.suggestion, color='C3', ls='--', label=f"suggestion {self.suggestion:.2g} ({self.rule})")
-    lo, hi = min(self.smoothed), max(self.smoothed[0], min(self.smoothed)) * 1.3
-    steep = lo > 0 and hi > 13 * lo  # a fall of more than tenfold (a new head on a trained network) reads on a log axis
-    ax.set(xscale='log', xlabel='learning rate', ylabel='training loss', title='lr_find', yscale='log' if steep else 'linear',
-           ylim=(lo / 1.3, hi) if steep else (lo - 0.1 * (hi - lo), hi))
-    ax.legend(loc='lower left', fontsize=8); fig.tight_layout()
-    return fig
-
-@patch
-def _repr_png_(self:LRFinder)->bytes:
-    buf = io.BytesIO(); self.plot().savefig(buf, format='png'); return buf.getvalue()
-
 # %% ../nbs/07_train.ipynb #lr09
 def _cpu(o):
     "A copy of `o` (tensors, and dicts/lists of them) on the CPU."
@@ -1373,48 +1309,39 @@ def _restore(self:Trainer, snap:dict):
     self.model.train(snap['training'])
     for k, v in snap['attrs'].items(): setattr(self, k, v)
 
-# %% ../nbs/07_train.ipynb #lr10
+# %% ../nbs/07_train.ipynb #lf02
 @patch
-def _sweep(self:Trainer, lrs, width:float, diverge:float)->tuple[list, list, str]:
-    "One optimizer step per learning rate in `lrs` until the smoothed loss diverges: (losses, smoothed losses, why it stopped)."
+def _lr_step(self:Trainer):
+    "`range_test`'s step on this trainer: one window of batches at the rate asked for (the loader restarted when it runs short); nan if not finite."
     ratios = [b / self._base_lrs[0] for b in self._base_lrs]  # parameter groups keep their proportions
-    it, losses, smooth = iter(self.train_data), [], []
-    self.model.train()
-    for i, lr in enumerate(lrs):
-        for g, r in zip(self.opt.param_groups, ratios): g['lr'] = float(lr) * r
+    it = iter(self.train_data); self.model.train()
+    def step(lr:float)->float:
+        nonlocal it
+        for g, r in zip(self.opt.param_groups, ratios): g['lr'] = lr * r
         batches = list(itertools.islice(it, self.window))
         if len(batches) < self.window: it = iter(self.train_data); batches = list(itertools.islice(it, self.window))  # full windows only
         _need(len(batches) > 0, "lr_find needs training batches, and the training data gave none.")
-        try: loss = self._train_window(batches)[0].item()
-        except NonFiniteError: loss = math.nan
-        if not math.isfinite(loss): return losses, smooth, f"stopped at lr {lr:.2g}: the loss became nan or inf"
-        losses.append(loss); smooth = smooth_losses(lrs[:i + 1], losses, width).tolist()  # the newest point: half a window, late by ~σ
-        if smooth[-1] > diverge * min(smooth): return losses, smooth, f"stopped at lr {lr:.2g}: the smoothed loss passed {diverge:g}× its lowest"
-    return losses, smooth, "reached the end of the range"
+        try: return self._train_window(batches)[0].item()
+        except NonFiniteError: return math.nan
+    return step
 
-# %% ../nbs/07_train.ipynb #lr11
+# %% ../nbs/07_train.ipynb #lf03
 @patch
 def lr_find(self:Trainer, start_lr:float=1e-7, end_lr:float=10.0, num_steps:int=100,
             width:float=0.25, # smoothing: σ of `smooth_losses`' centred window, in decades of learning rate
             diverge:float=4.0, # stop once the smoothed loss is this many times its lowest
-            rule:str='steepest>=min/10', # how the suggestion is read off the curve: a key of `_RULES`
+            rule:str='steepest>=min/10', # how the suggestion is read off the curve (chapter 06c)
            )->LRFinder:
-    "The learning-rate range test on this trainer's model and data, read by `rule` off the loss smoothed without lag; the trainer is left exactly as it was."
-    _need(0 < start_lr < end_lr and _positive_int(num_steps) and num_steps >= 5 and width > 0,
-          f"lr_find needs 0 < start_lr < end_lr, num_steps >= 5 and width > 0; got {start_lr}, {end_lr}, {num_steps}, {width}.")
-    _need(rule in _RULES, f"rule must be one of {', '.join(map(repr, _RULES))}, not {rule!r}.")
+    "Chapter 06c's `range_test` on this trainer's model, optimizer and data; the trainer is left exactly as it was."
+    _check_range_test(start_lr, end_lr, num_steps, width, rule)
     self._resolve_sizes()
-    lrs, snap = np.geomspace(start_lr, end_lr, num_steps), self._snapshot()
+    snap = self._snapshot()
     self._hooks, self.opts = _hooks([]), replace(self.opts, on_nonfinite='stop')  # the sweep is not part of the run
-    try: losses, smooth, stopped = self._sweep(lrs, width, diverge)
+    try: return range_test(self._lr_step(), start_lr, end_lr, num_steps, width, diverge, rule)
     finally:
         mb = self.state.micro_batch
         self._restore(snap)
         self.state.micro_batch = mb  # an out-of-memory error in the sweep halved it: that holds for the run too
-    _need(len(smooth) >= 2, f"lr_find: the loss was nan or inf from the first steps ({stopped}): check the data and the model's "
-          "output first (nan inputs, labels out of range), or start the sweep lower (start_lr).")
-    lrs = [float(x) for x in lrs[:len(smooth)]]
-    return LRFinder(lrs, losses, smooth, suggest_lr(lrs, smooth, rule), rule, stopped)
 
 # %% ../nbs/07_train.ipynb #lr16
 @patch

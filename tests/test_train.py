@@ -271,7 +271,8 @@ def test_run_description_names_the_schedule_it_uses():
 
 import copy, json, random
 import numpy as np
-from netlite_nb.train import EarlyStopping, LRFinder, one_cycle
+from netlite_nb.train import EarlyStopping, one_cycle
+from netlite_nb.lr_find import LRFinder, range_test
 from netlite_nb.checkpoint import loader_generators, rng_state
 
 
@@ -319,7 +320,7 @@ def test_lr_find_leaves_the_trainer_bit_for_bit():
 def test_lr_find_sweep_without_the_restore_would_be_seen():
     "The comparison above can fail: the sweep itself moves every piece it checks."
     t = _bn_trainer(); t.fit(steps=5); before = _everything(t)
-    t._sweep(np.geomspace(1e-6, 1, 10), 0.25, 4.0)
+    range_test(t._lr_step(), 1e-6, 1, 10)
     after = _everything(t)
     for k in ('model', 'opt', 'gens'): assert not _same(after[k], before[k]), k
 
@@ -361,7 +362,7 @@ def _curve_trainer(lowest, start, seed=0):
                                                          (0.3, 25.0, 100, 3), (1e-3, 25.0, 300, 4), (1e-2, 5.0, 40, 5)])
 def test_lr_find_after_a_steep_fall_suggests_a_tenth_of_the_true_minimum(lowest, start, num_steps, seed):
     "A loss far above its floor that falls tenfold within a decade, then diverges: min/10 is a tenth of where it is lowest."
-    from netlite_nb.train import suggest_lr
+    from netlite_nb.lr_find import suggest_lr
     f = _curve_trainer(lowest, start, seed).lr_find(num_steps=num_steps, rule='min/10')
     step = 8 / (num_steps - 1)                            # decades between two rates of the sweep
     assert abs(np.log10(f.suggestion) - (np.log10(lowest) - 1)) <= max(step, 0.1) + 1e-9, f
@@ -371,7 +372,7 @@ def test_lr_find_after_a_steep_fall_suggests_a_tenth_of_the_true_minimum(lowest,
 
 
 def test_smooth_losses_is_centred_and_scaled_in_decades():
-    from netlite_nb.train import smooth_losses
+    from netlite_nb.lr_find import smooth_losses
     for n in (50, 400):                                   # more steps per decade: the same curve, the same minimum
         lrs = np.geomspace(1e-7, 10, n)
         sm = smooth_losses(lrs, _made_up_loss(lrs, 1e-3))
