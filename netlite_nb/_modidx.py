@@ -1303,6 +1303,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'netlite_nb.train.Trainer.predict': ('train.html#trainer.predict', 'netlite_nb/train.py'),
                                   'netlite_nb.train.Trainer.resolved_config': ('train.html#trainer.resolved_config', 'netlite_nb/train.py'),
                                   'netlite_nb.train.Trainer.save_checkpoint': ('train.html#trainer.save_checkpoint', 'netlite_nb/train.py'),
+                                  'netlite_nb.train.Trainer.training_step': ('train.html#trainer.training_step', 'netlite_nb/train.py'),
                                   'netlite_nb.train.Trainer.validate': ('train.html#trainer.validate', 'netlite_nb/train.py'),
                                   'netlite_nb.train._GracefulInterrupt': ('train.html#_gracefulinterrupt', 'netlite_nb/train.py'),
                                   'netlite_nb.train._GracefulInterrupt.__enter__': ( 'train.html#_gracefulinterrupt.__enter__',

@@ -15,7 +15,7 @@ from fastcore.basics import patch
 from . import __version__
 from .probe import (LOW_PRECISION, MemoryReading, bf16_is_native, device_memory, fmt_bytes, fp16_is_fast, free_memory,
                               frontend, in_notebook, is_oom, probe, rows_html, rows_text)
-from .budget import fit_to_budget, plan_memory
+from .budget import TrainingStep, fit_to_budget, plan_memory
 from .memory.trace import make_optimizer, resize_batch
 from .layers import CheckpointedSequential, memory_transform
 import netlite_nb.optim  # registers 'adamw8bit' with `make_optimizer`
@@ -634,17 +634,23 @@ def _meta_batch(self:Trainer, n:int):
 
 # %% ../nbs/07_train.ipynb #d035
 @patch
-def _plan_and_suggest(self:Trainer, micro_batch:int, suggest:bool=False)->tuple[object, list, list]:
-    "Chapter 01's `MemoryPlan` for this configuration (and `fit_to_budget`'s suggestions), or the reason there is none."
+def training_step(self:Trainer, micro_batch:int|None=None, # samples per forward/backward; default: the run's
+                 )->TrainingStep:
+    "Chapter 01's `TrainingStep`: everything this run's step does that costs memory, as the planner plans it."
     opt = self.opt_spec if isinstance(self.opt_spec, str) else type(self.opt)
-    target = self.device.type if self.device.type in ('cpu', 'cuda') else None
-    kw = dict(loss_fn=self.loss_fn, optimizer=opt, precision=self.precision.name, device_or_gpu=target, transform=self._transform)
+    return TrainingStep(optimizer=opt, precision=self.precision.name, micro_batch=micro_batch or self.micro_batch,
+                        transform=self._transform, ema=self.ema is not None, loss_fn=self.loss_fn)
+
+@patch
+def _plan_and_suggest(self:Trainer, micro_batch:int, suggest:bool=False)->tuple[object, list, list]:
+    "Chapter 01's `MemoryPlan` of this run's `training_step` (and `fit_to_budget`'s suggestions), or the reason there is none."
+    step, target = self.training_step(micro_batch), self.device.type if self.device.type in ('cpu', 'cuda') else None
     try:  # the planner takes the batch per optimizer step
-        plan = plan_memory(self.model, self._meta_batch(self.effective_batch), micro_batch=micro_batch, budget=self._budget_bytes(), **kw)
+        plan = plan_memory(self.model, self._meta_batch(self.effective_batch), step=step, device_or_gpu=target, budget=self._budget_bytes())
     except Exception as e: return None, [], [f"the planner could not plan this configuration: {type(e).__name__}: {e}"]
     sugg, notes = [], []
     if suggest:
-        try: sugg = [(c.description, c.saving) for c in fit_to_budget(self.model, self._meta_batch(micro_batch), budget=self._budget_bytes(), **kw)[:3]]
+        try: sugg = [(c.description, c.saving) for c in fit_to_budget(self.model, self._meta_batch(micro_batch), budget=self._budget_bytes(), device_or_gpu=target, step=step)[:3]]
         except Exception as e: notes.append(f"no suggestions: {type(e).__name__}: {e}")
     return plan, sugg, notes
 

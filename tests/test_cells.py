@@ -23,9 +23,7 @@ def test_the_check_sees_a_long_cell(tmp_path):
     assert [f.split(':')[0] for f in long_export_cells(p)] == ['cell 1']
 
 
-_REWRITE = pytest.mark.xfail(strict=True, reason="chapter 01 is being rewritten; remove this mark when its cells are split")
-
-@pytest.mark.parametrize('nb', [pytest.param(p, id=p.name, marks=[_REWRITE] if p.name == '01_budget.ipynb' else [])
+@pytest.mark.parametrize('nb', [pytest.param(p, id=p.name)
                                 for p in sorted((ROOT / 'nbs').glob('[0-9]*.ipynb'))])
 def test_no_exported_cell_is_over_60_lines(nb):
     long = long_export_cells(nb)

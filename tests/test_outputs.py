@@ -98,10 +98,7 @@ def test_leaks_finds_what_the_book_must_not_show(tmp_path):
 
 
 NOTEBOOKS = sorted(p for p in (ROOT / 'nbs').rglob('*.ipynb') if '.ipynb_checkpoints' not in p.parts)
-_REWRITE = pytest.mark.xfail(strict=True, reason="chapter 01 is being rewritten: re-run it with `python tools/run_chapters.py "
-                             "nbs/01_budget.ipynb`, then remove this mark")
-
-@pytest.mark.parametrize('nb', [pytest.param(p, id=p.name, marks=[_REWRITE] if p.name == '01_budget.ipynb' else [])
+@pytest.mark.parametrize('nb', [pytest.param(p, id=p.name)
                                 for p in NOTEBOOKS])
 def test_stored_outputs_show_no_machine(nb):
     found = leaks(nb)
