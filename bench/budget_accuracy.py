@@ -211,7 +211,8 @@ def machine()->dict:
     except OSError: info = ''
     field = lambda k: next((l.split(':', 1)[1].strip() for l in info.splitlines() if l.split(':')[0].strip() == k), '')
     flags = set(field('flags').split())
-    isa = 'AMX' if 'amx_tile' in flags else 'AVX-512' if 'avx512f' in flags else 'AVX2' if 'avx2' in flags else platform.machine()
+    cap = torch.backends.cpu.get_cpu_capability()  # the vector ISA PyTorch's kernels run on (AMX shows in isa_flags)
+    isa = {'AVX512': 'AVX-512', 'DEFAULT': platform.machine()}.get(cap, cap)
     gpu = driver = None
     if torch.cuda.is_available():
         gpu = torch.cuda.get_device_name(0)
@@ -220,7 +221,7 @@ def machine()->dict:
     return dict(cpu=field('model name') or platform.processor() or platform.machine(),
                 cpu_vendor={'GenuineIntel': 'Intel', 'AuthenticAMD': 'AMD'}.get(field('vendor_id'), field('vendor_id') or None), isa=isa,
                 isa_flags=sorted(f for f in flags if f in ('avx2', 'avx512f', 'avx512_bf16', 'avx512_vnni', 'avx512_fp16', 'amx_tile', 'amx_bf16', 'amx_int8')),
-                torch_cpu_capability=torch.backends.cpu.get_cpu_capability(), cores=os.cpu_count(), gpu=gpu, gpu_driver=driver)
+                torch_cpu_capability=cap, cores=os.cpu_count(), gpu=gpu, gpu_driver=driver)
 
 def _git(*args)->str:
     out = subprocess.run(['git', *args], cwd=ROOT, capture_output=True, text=True)
