@@ -1,6 +1,7 @@
 """How close is `plan_memory` to a real step? Predicted peak (on the 'cpu' target) vs. the measured peak of a fresh process.
 
     python bench/budget_accuracy.py                 # accuracy table: 3 models x 3 batch sizes
+    python bench/budget_accuracy.py --set families  # any set of bench/sets/ (default, families, variants, ... eleventh); rows stored in bench/results/budget_accuracy/
     python bench/budget_accuracy.py --families      # the same on 14 model families the package does not ship, 2 batch sizes each
                                                     # (--models lstm mha to run a part; --calibrate adds the calibrated plan)
     python bench/budget_accuracy.py --unseen        # the same on 5 models none of the planner was built or checked on
