@@ -31,8 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / 'bench'))
 import budget_accuracy as ba
 from budget_accuracy import ALL, FAMILIES, LOSSES, make, _loss, _steps  # the same models, seeds, batches, losses and training steps as the CPU bench
-SETS = {'families': FAMILIES, 'variants': ba.VARIANTS, 'unseen': ba.UNSEEN, 'brought': ba.BROUGHT, 'fourth': ba.FOURTH, 'fifth': ba.FIFTH,
-        'sixth': ba.SIXTH, 'seventh': ba.SEVENTH, 'eighth': ba.EIGHTH, 'ninth': ba.NINTH, 'tenth': ba.TENTH, 'eleventh': ba.ELEVENTH}  # --set: the CPU bench's rounds of models
+SETS = ba.SETS  # --set: the CPU bench's rounds of models
 
 MODES = {'off': [False], 'on': [True], 'both': [False, True]}
 

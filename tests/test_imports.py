@@ -42,7 +42,7 @@ def test_imports_point_backwards():
     order = chapter_order()
     bad = []
     for mod, chap in order.items():
-        src = (ROOT / PKG / f'{mod}.py').read_text()
+        src = (ROOT / PKG / f"{mod.replace('.', '/')}.py").read_text()
         for ln, target in imported_modules(ast.parse(src), mod):
             if target == '<dynamic>': bad.append(f"{mod}.py:{ln} imports a module whose name is computed at run time"); continue
             name = target[len(PKG) + 1:].split('.')[0] if target != PKG else ''

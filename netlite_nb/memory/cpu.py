@@ -349,7 +349,7 @@ def upsample_copies(func, args, out)->int:
     if not ((_channels_last(x) and x.shape[1] > 3) or out.shape[-2] + out.shape[-1] <= 128): return 0  # the generic kernel: no copies
     return (0 if _channels_last(x) else x.numel() * x.element_size()) + (0 if _channels_last(out) else out.numel() * out.element_size())
 
-# %% ../../nbs/01c_cpu.ipynb #ac5d7b45
+# %% ../../nbs/01c_cpu.ipynb #514f1c41
 _LSTM_GATES = 4  # input, forget, cell and output gate: oneDNN keeps each one's value per step for backward
 
 def _good_ld(d:int, itemsize:int)->int:
@@ -392,7 +392,7 @@ def _segment(entry:list|None, b:int)->list|None:
     "The line of a convolution's calibration `entry` that serves batch `b`: one measured from b1 to b2 serves b1/2 to 2*b2."
     return min((g for g in _lines(entry) if g[2] / 2 <= b <= 2 * g[3]), key=lambda g: abs(math.log(b / g[3])), default=None)
 
-# %% ../../nbs/01c_cpu.ipynb #20b391dc
+# %% ../../nbs/01c_cpu.ipynb #dd0414ba
 def cpu_kernel_path(func, args, out,
                     measured:dict|None=None, # kernels measured on this machine (`calibrate_kernels`); None: the model
                     missing:list|None=None, # collects the convolutions and matmuls `measured` lacks
@@ -510,7 +510,7 @@ def _measure_convs(specs:list, batches:tuple)->list:
     for s in specs: _run_conv(s, 1)  # loads every kernel's code and what the library keeps once: neither is scratch
     return [[min(_run_conv(s, b), _run_conv(s, b)) for b in batches] for s in specs]
 
-# %% ../../nbs/01c_cpu.ipynb #1781a7d3
+# %% ../../nbs/01c_cpu.ipynb #f6bb380b
 @functools.cache
 def _mkl_lib():
     "libtorch's bundled MKL, for its memory-manager calls (None without one, e.g. on ARM)."
@@ -569,7 +569,7 @@ def _op_func(op:str):
     if ns == 'torchvision': import torchvision.ops  # registers its ops; another library's must be imported already
     return functools.reduce(getattr, name.split('.'), getattr(torch.ops, ns or 'aten'))
 
-# %% ../../nbs/01c_cpu.ipynb #cb764c85
+# %% ../../nbs/01c_cpu.ipynb #0b54350f
 def _run_op(op:str, args:list)->int:
     "Scratch bytes of one op ('add.Tensor', or 'torchvision::deform_conv2d.default') on random tensors: the high-water mark's rise beyond its outputs."
     f, xs = _op_func(op), [_op_arg(a) for a in args]

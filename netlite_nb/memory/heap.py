@@ -226,7 +226,7 @@ def malloc(self:GlibcHeap, n:int, # bytes asked for
     if (s := self.size[a]) > nb + _MINSIZE: self._drop(a); self._new(a, nb); self._new(a + nb, s - nb); self.free(a + nb)
     return a
 
-# %% ../../nbs/01b_heap.ipynb #2eb48063
+# %% ../../nbs/01b_heap.ipynb #3caf89bc
 def _on_glibc()->bool:
     "Linux with glibc, its malloc the one in use (no jemalloc or tcmalloc preloaded): what `GlibcHeap` models."
     return platform.system() == 'Linux' and platform.libc_ver()[0] == 'glibc' and _glibc_malloc()
@@ -285,7 +285,7 @@ def _heap_blocks(rec:Allocation, graph:tuple|None, # the trace's `AUTOGRAD_GRAPH
         return [(n - 16, 16), (16, 16)] * k if cut and n > 32 else [(n, 16)] * k
     return [(rec.nbytes, 64)]  # c10's CPU allocator, and oneDNN's for its scratch: posix_memalign(64)
 
-# %% ../../nbs/01b_heap.ipynb #842169e9
+# %% ../../nbs/01b_heap.ipynb #908fb78e
 _HEAP_HISTORIES = 8  # the plan replays a step from this many heaps: an empty one, and ones up to 40 small blocks went into first
 
 def _heap_history(malloc:Callable, seed:int):
