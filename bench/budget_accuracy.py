@@ -56,7 +56,7 @@ ENV = dict(MALLOC_MMAP_THRESHOLD_='65536', MALLOC_ARENA_MAX='1', MALLOC_TRIM_THR
 GLIBC = {  # glibc settings a process can run with: the bench's; glibc's own (a user's process); the threshold fixed at glibc's 32 MiB limit, never trimmed
     'bench': {k: v for k, v in ENV.items() if k.startswith('MALLOC_')}, 'defaults': {},
     'heap': dict(MALLOC_MMAP_THRESHOLD_=str(32 * 2**20), MALLOC_TRIM_THRESHOLD_=str(2**40), MALLOC_ARENA_MAX='1'),
-    'fixed-late': dict(BENCH_FIX_LATE='1'),  # glibc's own at start, a messy heap made under them (`_messy_heap`), then `fix_glibc_thresholds()`
+    'fixed-late': dict(BENCH_FIX_LATE='1'),  # glibc's own at start, a messy heap made under them (`messy_heap`), then `fix_glibc_thresholds()`
     'set-late': dict(BENCH_FIX_LATE='thresholds')}  # ... then only the thresholds set (mallopt) and the free heap handed back: the heap's free chunks stay
 HOLES = False  # --warmup-holes: measure as before the autograd graph was planned (the warm-up's freed heap left in place)
 
@@ -75,10 +75,10 @@ def make(name, bs, seed=0):
 
 def _loss(name):
     "The loss the measured steps and the plans use: the model's own (LOSSES) or the planner's default (cross-entropy, MSE for images)."
-    from netlite_nb.budget import default_loss
+    from netlite_nb.memory.trace import default_loss
     return LOSSES.get(name, default_loss)
 
-def _rss()->int:
+def process_rss()->int:
     with open('/proc/self/statm') as f: return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
 
 def _hwm()->int:
@@ -123,23 +123,23 @@ def _steps(model, opt, x, y, n=2, loss_fn=F.cross_entropy):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-from netlite_nb.budget import _free_blas_buffers  # hands MKL's cached matmul buffers back (mkl_free_buffers)
+from netlite_nb.memory.cpu import free_blas_buffers  # hands MKL's cached matmul buffers back (mkl_free_buffers)
 
-_KEPT = []  # the small tensors `_messy_heap` keeps: they pin its holes in place, as a notebook's losses and results do
+_KEPT = []  # the small tensors `messy_heap` keeps: they pin its holes in place, as a notebook's losses and results do
 
 def _fix_late():
     "In a `--glibc fixed-late` child: a notebook's process, its heap made under glibc's own settings, then the thresholds fixed in it."
     how = os.environ.get('BENCH_FIX_LATE')
     if not how: return
-    from netlite_nb import budget
-    _KEPT.extend(budget._messy_heap())
-    if how == 'thresholds': budget._plug_heap = lambda threshold: 0  # what fix_glibc_thresholds does, less filling the free chunks
-    budget.fix_glibc_thresholds()
+    from netlite_nb.memory import heap
+    _KEPT.extend(heap.messy_heap())
+    if how == 'thresholds': heap.plug_heap = lambda threshold: 0  # what fix_glibc_thresholds does, less filling the free chunks
+    heap.fix_glibc_thresholds()
 
 def measure(name, bs, full_warmup=False, holes=False, history=0)->int:
     """Run in a fresh process: the measured peak bytes of two AdamW training steps (full_warmup: what kernels keep is already there;
     holes: the warm-up's freed heap is left in place, where the measured steps' small objects reuse it instead of growing the heap;
-    history: the planner's `_heap_history(seed)`, up to 40 small blocks left alive in the heap just before the steps)."""
+    history: the planner's `heap_history(seed)`, up to 40 small blocks left alive in the heap just before the steps)."""
     import ctypes, gc
     torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', '1')))
     _fix_late()
@@ -152,14 +152,14 @@ def measure(name, bs, full_warmup=False, holes=False, history=0)->int:
     torch.manual_seed(1)
     opt = _optimizer()(model.parameters())
     gc.collect()
-    if not full_warmup: _free_blas_buffers()  # the warm-up's small GEMMs left buffers; a real run's first step is full-size
+    if not full_warmup: free_blas_buffers()  # the warm-up's small GEMMs left buffers; a real run's first step is full-size
     if not holes: ctypes.CDLL(None).malloc_trim(0)  # a real first step finds no freed heap of an earlier step to put its graph in
     if history:
-        from netlite_nb.budget import _heap_history, _libc
-        _heap_history(_libc().malloc, history)  # never freed: they stay in the heap through the steps
+        from netlite_nb.memory.heap import heap_history, libc_handle
+        heap_history(libc_handle().malloc, history)  # never freed: they stay in the heap through the steps
     state = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]  # Adagrad's, made by its constructor
     alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y, *state])
-    base, code = _rss(), _file_backed()
+    base, code = process_rss(), _file_backed()
     with open('/proc/self/clear_refs', 'w') as f: f.write('5')  # reset the RSS high-water mark
     _steps(model, opt, x, y, 2, _loss(name))
     _CODE_PAGES.append(_file_backed() - code)  # what of the growth is code the steps faulted in (`--code-pages`)
@@ -262,7 +262,7 @@ def accuracy_table(full_warmup=False, models=MODELS, calibrate=False, set_name=N
     and with calibrate: the plan calibrated on this machine, from an empty cache filled first by `calibrate_all`.
     With set_name, the rows are also stored (`result_path`), rewritten after each row: complete is true once every case ran."""
     import tempfile
-    from netlite_nb import budget
+    from netlite_nb.memory import cpu
     t0 = time.time()
     if set_name:
         result = new_result(set_name, {**(options or {}), 'full_warmup': full_warmup, 'calibrate': calibrate})
@@ -270,7 +270,7 @@ def accuracy_table(full_warmup=False, models=MODELS, calibrate=False, set_name=N
     if calibrate:  # an empty cache of our own: what a first calibrated plan costs on this machine
         torch.set_num_threads(int(ENV['OMP_NUM_THREADS']))  # calibration measures at the asking process's thread count: the measured ones'
         os.environ['XDG_CACHE_HOME'] = tempfile.mkdtemp()
-        budget._calibrated.cache_clear()
+        cpu.calibration_cache.cache_clear()
         calibrate_all(models)
     w = max([13, *(len(k) + 1 for k in models)])  # the name column
     print(f"{'model':<{w}}{'batch':>6}{'predicted':>12}{'measured':>12}{'error':>8}  {'tensors only: error':>20}" + ('  calibrated: error' if calibrate else ''))
@@ -314,7 +314,8 @@ def calibration_lines(name, bs):
     """Each convolution of one case, measured and read off the lines calibration draws: at the batch, the line through a quarter and a
     half of it (what calibration did before) next to the measurement; at twice the batch, the furthest a measurement now serves,
     the line through half and all of it (what it does) next to the measurement. Rows where either line is 256 KiB off."""
-    from netlite_nb.budget import measure_conv_scratch, trace_step
+    from netlite_nb.memory.trace import trace_step
+    from netlite_nb.memory.cpu import measure_conv_scratch
     model, batch = make(name, bs)
     specs = []
     trace_step(model, batch, LOSSES.get(name), optimizer='adamw', kernels='cpu', measured={}, missing=specs, steps=1)
@@ -337,12 +338,13 @@ def calibration_lines(name, bs):
 def calibrate_all(models):
     """Measure every kernel shape the calibrated plans of `models` need, in one child process (one torch import, not one a plan):
     trace one step of each case to collect the shapes the cache lacks, then `calibrate_kernels` on all of them. Prints what it cost."""
-    from netlite_nb.budget import trace_step, calibrate_kernels, _calibrated
+    from netlite_nb.memory.trace import trace_step
+    from netlite_nb.memory.cpu import calibrate_kernels, calibration_cache
     t0, specs = time.time(), []
     for name, (_, _, sizes) in models.items():
         for bs in sizes:
             model, batch = make(name, bs)
-            trace_step(model, batch, LOSSES.get(name), optimizer='adamw', kernels='cpu', measured=_calibrated(), missing=specs, steps=1)  # step 2 runs the same shapes
+            trace_step(model, batch, LOSSES.get(name), optimizer='adamw', kernels='cpu', measured=calibration_cache(), missing=specs, steps=1)  # step 2 runs the same shapes
     t1 = time.time()
     table = calibrate_kernels(specs)
     print(f"calibration from an empty cache: {len(table)} kernel shapes measured in one child process in {time.time() - t1:.0f} s, "
@@ -356,23 +358,23 @@ def kernels_child(specs:list, threads:int=1)->list:
     torch.randn(8, 8) @ torch.randn(8, 8)
     for k, g in ((3, 1), (1, 1), (3, 4)):  # plain, pointwise and depthwise convolutions have kernels of their own
         F.conv2d(torch.randn(2, 4, 8, 8, requires_grad=True), torch.randn(4, 4 // g, k, k, requires_grad=True), padding=k // 2, groups=g).sum().backward()
-    _free_blas_buffers()
+    free_blas_buffers()
     out = []
     for kind, *shape in specs:
         if kind == 'mm':
             M, K, N = shape
             a, b = torch.randn(M, K), torch.randn(K, N)
-            r0 = _rss(); c = a @ b
-            out.append(_rss() - r0 - c.nbytes)
+            r0 = process_rss(); c = a @ b
+            out.append(process_rss() - r0 - c.nbytes)
             del a, b, c
         else:  # 'conv': batch, channels, size, out channels, kernel size, groups; forward, then backward
             B, C, H, O, k, g = shape
             x, w = torch.randn(B, C, H, H, requires_grad=True), torch.randn(O, C // g, k, k, requires_grad=True)
-            r0 = _rss(); y = F.conv2d(x, w, padding=k // 2, groups=g)
-            out.append(_rss() - r0 - y.nbytes)
+            r0 = process_rss(); y = F.conv2d(x, w, padding=k // 2, groups=g)
+            out.append(process_rss() - r0 - y.nbytes)
             # a scalar's backward, as in training (backward(gradient=...) imports modules the first time: megabytes of Python objects)
-            r0 = _rss(); y.sum().backward()
-            out.append(_rss() - r0 - x.grad.nbytes - w.grad.nbytes)
+            r0 = process_rss(); y.sum().backward()
+            out.append(process_rss() - r0 - x.grad.nbytes - w.grad.nbytes)
             del x, w, y
     return out
 
@@ -383,13 +385,13 @@ def run_kernels(specs, threads=1)->list:
 
 def gemm_report():
     "Measure what the CPU workspace model of `plan_memory` rests on, each number next to the model's."
-    from netlite_nb.budget import cpu_workspace_bytes, _MKL_BLOCKING
+    from netlite_nb.memory.cpu import cpu_workspace_bytes, MKL_BLOCKING
     mi = lambda n: f"{n/2**20:6.2f}"
     mm = lambda M, K, N: ('matmul', 1, M, K, N, 'torch.float32')
-    from netlite_nb.budget import _in_child, _mkl_isa
+    from netlite_nb.memory.cpu import run_in_child, mkl_isa
     isa = torch.backends.cpu.get_cpu_capability()
     print(f"1. One fp32 matmul (M x K) @ (K x N), MKL's buffers handed back before each: resident MiB beyond its output "
-          f"(this CPU: {isa}; model: the {_mkl_isa()} row)")
+          f"(this CPU: {isa}; model: the {mkl_isa()} row)")
     print(f"{'M':>6}{'K':>6}{'N':>7}  measured  model")
     shapes = [(256, 4096, 4096), (384, 4096, 4096), (392, 4096, 4096), (1024, 4096, 4096), (4096, 4096, 4096),
               (1, 4096, 4096), (2, 4096, 4096), (4, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096), (128, 4096, 4096), (300, 4096, 4096),
@@ -398,7 +400,7 @@ def gemm_report():
               (1024, 4096, 10), (1024, 4096, 32), (1024, 4096, 64), (1024, 4096, 128), (1024, 4096, 176), (1024, 4096, 192), (1024, 4096, 1024),
               (1024, 4096, 6144), (1024, 4096, 6400), (1024, 4096, 6656), (1024, 4096, 8192), (1024, 4096, 16384),
               (32, 128, 384), (384, 2048, 64), (2048, 64, 384), (2048, 256, 2000), (128, 128, 128)]
-    got = _in_child('_measure_matmuls', [['matmul', 1, M, K, N, 'float32'] for M, K, N in shapes])
+    got = run_in_child('_measure_matmuls', [['matmul', 1, M, K, N, 'float32'] for M, K, N in shapes])
     for (M, K, N), g in zip(shapes, got):
         print(f"{M:>6}{K:>6}{N:>7}  {mi(g)}    {mi(cpu_workspace_bytes([mm(M, K, N)]))}", flush=True)
     big, small = [1024, 4096, 4096], [1024, 4096, 1024]
@@ -414,32 +416,32 @@ def gemm_report():
     skinny = [[256, 4096, 10], [512, 4096, 10], [10, 1024, 4096], [10, 512, 1024], [128, 256, 256], [256, 784, 1024], [64, 1024, 1024], [96, 512, 2048]]
     got = run_kernels([['conv', *c] for c in convs] + [['mm', *s] for s in skinny])
     nc, ns = 2 * len(convs), len(skinny)
-    g = _MKL_BLOCKING[_mkl_isa()]
+    g = MKL_BLOCKING[mkl_isa()]
     print(f"4. Kernel state per shape: {len(convs)} convolutions (forward and backward: {nc} kernels) add {mi(sum(got[:nc]))} MiB: "
           f"{sum(got[:nc])/nc/2**10:.0f} KiB per kernel (model {g['state']/2**10:.0f} KiB); {ns} smaller matmuls add {mi(sum(got[nc:]))} MiB "
           f"(model {mi(cpu_workspace_bytes([mm(*s) for s in skinny]))}); all together {sum(got)/(nc+ns)/2**10:.0f} KiB per kernel")
     one, two = run_kernels([['mm', *big]], 1)[0], run_kernels([['mm', *big]], 2)[0]
     print(f"5. Threads (not modelled): the 1024x4096 @ 4096x4096 matmul adds {mi(one)} MiB with one thread, {mi(two)} with two")
-    from netlite_nb.budget import _ONEDNN_MATMUL_STATE, _onednn_lowp
-    how = _onednn_lowp('torch.bfloat16')
+    from netlite_nb.memory.cpu import ONEDNN_MATMUL_STATE, onednn_lowp
+    how = onednn_lowp('torch.bfloat16')
     if how is None: print("6. bf16 matmuls do not run on oneDNN here (MKL's rule above)"); return
     specs = [['onednn_matmul', 1, M, K, N, 'bfloat16', lay] for M, K, N in [(2048, 256, 768), (2048, 1024, 256), (256, 2048, 1024), (16, 256, 10), (8192, 512, 512), (128, 4096, 1000)]
              for lay in ('NT+', 'NN', 'TN')] + [['onednn_matmul', 64, 128, 64, 128, 'bfloat16', 'NN'], ['onednn_matmul', 64, 128, 128, 64, 'bfloat16', 'NT']]
-    if _onednn_lowp('torch.float16'):  # fp16 on oneDNN too (AMX-FP16, AVX512_FP16): the same rule
+    if onednn_lowp('torch.float16'):  # fp16 on oneDNN too (AMX-FP16, AVX512_FP16): the same rule
         specs += [['onednn_matmul', 1, 2048, 256, 768, 'float16', 'NT+'], ['onednn_matmul', 1, 768, 2048, 256, 'float16', 'TN']]
-    got = _in_child('_measure_onednn', specs)
-    print(f"6. bf16 matmuls run on oneDNN ({how}): heap KiB each new primitive keeps (shape, layout; + a bias), model {_ONEDNN_MATMUL_STATE[how] // 1024}:")
+    got = run_in_child('_measure_onednn', specs)
+    print(f"6. bf16 matmuls run on oneDNN ({how}): heap KiB each new primitive keeps (shape, layout; + a bias), model {ONEDNN_MATMUL_STATE[how] // 1024}:")
     print('  ' + '; '.join(f"{'x'.join(map(str, s[2:5]))}{'' if s[1] == 1 else f' (batch {s[1]})'}{' fp16' if s[5] == 'float16' else ''} {s[6]}: {g // 1024}" for s, g in zip(specs, got)))
     print(f"  median {sorted(got)[len(got) // 2] // 1024} KiB, {min(got) // 1024}-{max(got) // 1024}")
 
 def _conv_rows(rows):
     "Each (label, forward args, output, backward args) measured in fresh processes, one per batch size, printed next to the model."
-    from netlite_nb.budget import _conv_key, cpu_conv_scratch, measure_conv_scratch
+    from netlite_nb.memory.cpu import conv_key, cpu_conv_scratch, measure_conv_scratch
     mi = lambda n: f"{n/2**20:7.2f}"
     specs, model = [], []
     for _, fa, y, ba in rows:
         for f, a, o in ((torch.ops.aten.convolution.default, fa, y), (torch.ops.aten.convolution_backward.default, ba, None)):
-            specs.append(_conv_key(f, a)[1]); model.append(cpu_conv_scratch(f, a, o))
+            specs.append(conv_key(f, a)[1]); model.append(cpu_conv_scratch(f, a, o))
     got = {}
     for B in {sp[-1] for sp in specs}:
         mine = [i for i, sp in enumerate(specs) if sp[-1] == B]
@@ -449,7 +451,7 @@ def _conv_rows(rows):
 
 def kernels_report():
     "Each kernel family's scratch measured in fresh processes, next to the planner's model; shapes the model was not read off included."
-    from netlite_nb.budget import _in_child, _lstm_brgemm, _lstm_workspace, _onednn_lowp
+    from netlite_nb.memory.cpu import run_in_child, lstm_brgemm, lstm_workspace, onednn_lowp
     mi = lambda n: f"{n/2**20:7.2f}"
     print("1. Convolutions (oneDNN blocked copies; im2col for PyTorch's fallback): scratch MiB beyond the outputs, forward | backward")
     print(f"{'batch x in x size -> out, kernel, stride, groups':<52}{'measured':>18}{'model':>18}")
@@ -503,15 +505,16 @@ def kernels_report():
     print("2. LSTM layers (oneDNN's op): MiB of workspace resident after forward (mincore), forward scratch, backward scratch")
     shapes = [[64, 32, 64, 128], [128, 32, 64, 128], [64, 32, 64, 256], [64, 32, 256, 128], [100, 64, 32, 100], [64, 128, 64, 128],
               [64, 32, 512, 128], [64, 32, 64, 128, 'reverse'], [64, 32, 256, 128, 'reverse']]  # wider inputs; a bidirectional layer's second direction
-    if _onednn_lowp('torch.bfloat16'):  # where oneDNN runs no bf16, PyTorch takes its own kernels
+    if onednn_lowp('torch.bfloat16'):  # where oneDNN runs no bf16, PyTorch takes its own kernels
         shapes += [[64, 32, 64, 128, 'bf16'], [64, 128, 64, 128, 'bf16'], [64, 32, 256, 128, 'bf16'], [64, 32, 64, 128, 'reverse', 'bf16'], [32, 16, 64, 384, 'bf16']]
-    res = _in_child('_measure_lstms', [['lstm', T, B, I, H, 'reverse' in rest, 'bfloat16' if 'bf16' in rest else 'float32'] for T, B, I, H, *rest in shapes])
+    res = run_in_child('_measure_lstms', [['lstm', T, B, I, H, 'reverse' in rest, 'bfloat16' if 'bf16' in rest else 'float32'] for T, B, I, H, *rest in shapes])
     for sh, r in zip(shapes, res):
         rev, bf = 'reverse' in sh[4:], 'bf16' in sh[4:]
-        m = _lstm_workspace(*sh[:2], sh[3], sh[2], reverse=rev, itemsize=2 if bf else 4, brgemm=bf and _lstm_brgemm(torch.bfloat16))
+        m = lstm_workspace(*sh[:2], sh[3], sh[2], reverse=rev, itemsize=2 if bf else 4, brgemm=bf and lstm_brgemm(torch.bfloat16))
         print(f"  steps {sh[0]}, batch {sh[1]}, {sh[2]} -> {sh[3]}{', reversed' if rev else ''}{', bf16' if bf else ''}: measured " + ' '.join(mi(v) for v in r) + "   model " + ' '.join(mi(v) for v in m), flush=True)
     print("3. Temporaries of dtypes (inputs brought to the common dtype, a half-precision mean, a bool or integer sum's int64 copy, dropout's mask), matrix_exp's buffers, F.fold/F.unfold's contiguous copies, convolutions of tensors in other layouts (with the convolution's own scratch), fused attention's accumulators, upsampling's channels-last copies, MKL's FFT copies, complex abs/angle: scratch MiB")
-    from netlite_nb.budget import _CONVS, _op_arg, attention_scratch, contiguous_copies, conv_layout_copies, cpu_conv_scratch, fft_scratch, matrix_exp_scratch, promotion_copies, upsample_copies
+    from netlite_nb.memory.trace import CONVS
+    from netlite_nb.memory.cpu import op_arg, attention_scratch, contiguous_copies, conv_layout_copies, cpu_conv_scratch, fft_scratch, matrix_exp_scratch, promotion_copies, upsample_copies
     t = lambda *shape, dt='float32': ['tensor', list(shape), dt]
     ops = [['add.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]], ['add_.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bfloat16')]],
            ['mul.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='bool')]], ['mul.Tensor', [t(32, 128, 512), t(32, 128, 512, dt='int64')]],
@@ -542,11 +545,11 @@ def kernels_report():
                 ['_fft_c2r.default', [t(B, C, H, H // 2 + 1, dt='complex64'), [3], 0, H]], ['_fft_c2r.default', [t(B, C, H, H // 2 + 1, dt='complex64'), [2], 0, H]],
                 ['_fft_c2r.default', [t(B, C, H, H // 2 + 1, dt='complex64'), [2, 3], 0, H]], ['_fft_c2r.default', [t(B, C, H, H // 2 + 1, dt='complex64'), [1, 2, 3], 0, H]],
                 ['_fft_c2r.default', [t(B, C, H // 2 + 1, H, dt='complex64'), [3, 2], 0, H]], ['_fft_c2r.default', [t(B, C, H // 2 + 1, H, dt='complex64'), [1, 2], 0, H]]]
-    for (op, args), g in zip(ops, _in_child('_measure_ops', ops)):
-        f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [_op_arg(a, 'meta') for a in args]
+    for (op, args), g in zip(ops, run_in_child('_measure_ops', ops)):
+        f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [op_arg(a, 'meta') for a in args]
         label = op.split('.')[0].replace('_scaled_dot_product_flash_attention_for_cpu', 'flash attention') + ' ' + ', '.join(f"{'x'.join(map(str, a[1]))} {a[2]}" for a in args if isinstance(a, list) and a[:1] == ['tensor'])[:60]
         dims = f' dims {args[1]}' if op.startswith('_fft') else ''
-        print(f"  {label + dims:<78} measured {mi(g)}   model {mi(promotion_copies(f, xs) + attention_scratch(f, xs) + upsample_copies(f, xs, f(*xs)) + fft_scratch(f, xs) + contiguous_copies(f, xs) + matrix_exp_scratch(f, xs) + (cpu_conv_scratch(f, xs, f(*xs)) + conv_layout_copies(f, xs) if f in _CONVS else 0))}", flush=True)
+        print(f"  {label + dims:<78} measured {mi(g)}   model {mi(promotion_copies(f, xs) + attention_scratch(f, xs) + upsample_copies(f, xs, f(*xs)) + fft_scratch(f, xs) + contiguous_copies(f, xs) + matrix_exp_scratch(f, xs) + (cpu_conv_scratch(f, xs, f(*xs)) + conv_layout_copies(f, xs) if f in CONVS else 0))}", flush=True)
 
 def run_child(flag, arg)->list:
     out = subprocess.run([sys.executable, __file__, flag, json.dumps(arg)], env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)},
@@ -573,7 +576,7 @@ def budgets_table(models=tuple(MODELS), budgets=(0.5, 1, 2), next_up=True):
                 line += f"{m1/2**20:>12.1f}Mi{(p1 - p0)/2**20:>10.3f}Mi"
             print(f"{line}  {ok}  ({time.time() - t0:.0f} s)", flush=True)
 
-def _libc():
+def libc_handle():
     import ctypes
     libc = ctypes.CDLL(None)
     libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
@@ -584,10 +587,10 @@ def replay_child(calls:list)->list:
     """Run in a fresh process: replay [bytes, align] (an allocation: posix_memalign when align > 16, else malloc; written) or [-1 - index]
     (a free) through glibc; the resident high-water mark's growth."""
     import ctypes
-    libc, ptrs = _libc(), {}
+    libc, ptrs = libc_handle(), {}
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.malloc_trim(0)  # the free heap the import left would take allocations without growing the resident set
-    base = _rss()
+    base = process_rss()
     with open('/proc/self/clear_refs', 'w') as f: f.write('5')
     for i, (n, *align) in enumerate(calls):
         if n < 0: libc.free(ptrs.pop(-n - 1)); continue
@@ -597,22 +600,22 @@ def replay_child(calls:list)->list:
     return [_hwm() - base]
 
 def _calls(tr, with_graph=True)->list:
-    "The trace's allocations as the planner replays them (`_heap_blocks`), for replay_child and `_model_peak`: [bytes, align] or [-1 - index]."
-    from netlite_nb.budget import _heap_blocks
+    "The trace's allocations as the planner replays them (`heap_blocks`), for replay_child and `_model_peak`: [bytes, align] or [-1 - index]."
+    from netlite_nb.memory.heap import heap_blocks
     index, calls = {}, []
     for sign, rec in tr.events:
         if rec.category == 'autograd graph' and not with_graph: continue
         if sign < 0: calls.extend([-j - 1] for j in index.pop(id(rec), ()))
         else:
-            blocks = _heap_blocks(rec, tr.graph)
+            blocks = heap_blocks(rec, tr.graph)
             index[id(rec)] = range(len(calls), len(calls) + len(blocks))
             calls.extend([n, align] for n, align in blocks)
     return calls
 
 def _residency(calls)->list[int]:
     "Calls ([bytes, align] or [-1 - index], as `_calls` writes them) through the planner's model of glibc, with the bench's settings: the bytes resident after each."
-    from netlite_nb.budget import GlibcHeap, _glibc_settings
-    with _as_measured(): h, keys, out = GlibcHeap(**_glibc_settings()), {}, []
+    from netlite_nb.memory.heap import GlibcHeap, glibc_settings
+    with _as_measured(): h, keys, out = GlibcHeap(**glibc_settings()), {}, []
     for i, (n, *align) in enumerate(calls):
         if n < 0: h.free(keys.pop(-n - 1))
         else: keys[i] = h.malloc(n, align[0])
@@ -631,7 +634,7 @@ def _replayed(calls)->int:
 def heap_report(name, bs):
     """Where a step's memory beyond its tensors sits: the trace's allocations replayed through glibc and through the planner's model of it
     (tensors alone, then with the autograd graph's objects among them), the graph itself, and what the warm-up's freed heap hides."""
-    from netlite_nb.budget import GRAPH_KEY, trace_step
+    from netlite_nb.memory.trace import GRAPH_KEY, trace_step
     model, batch = make(name, bs)
     tr = trace_step(model, batch, LOSSES.get(name), optimizer='adamw', kernels='cpu').tracker
     mi = lambda n: f"{n/2**20:.2f} MiB"
@@ -661,7 +664,7 @@ def phases_child(name, bs, out=None)->list:
     for p in model.parameters(): p.grad = None
     torch.manual_seed(1)
     opt = _optimizer()(model.parameters())
-    gc.collect(); _free_blas_buffers(); lib.malloc_trim(0)
+    gc.collect(); free_blas_buffers(); lib.malloc_trim(0)
     state = [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]  # Adagrad's, made by its constructor
     alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y, *state])
     if out:  # the tracer's buffer is touched before the baseline
@@ -669,7 +672,7 @@ def phases_child(name, bs, out=None)->list:
         if lib.mt_open(str(out).encode()) < 0: sys.exit(f"the tracer could not open {out}")
         lib.mt_on()
     calls = (lambda: int(lib.mt_n())) if out else (lambda: 0)
-    base, hwm, marks = _rss(), [], []
+    base, hwm, marks = process_rss(), [], []
     def phase(f):
         with open('/proc/self/clear_refs', 'w') as fh: fh.write('5')
         first = calls(); r = f(); marks.append((first, calls()))
@@ -687,14 +690,16 @@ def phases_child(name, bs, out=None)->list:
 
 def _plan_phases(name, bs):
     "The plan of one case, and per (step, phase) its live bytes and their replay through `GlibcHeap` from the heap the plan replays from."
-    from netlite_nb.budget import _glibc_peak, _glibc_resident, _replays, plan_memory, trace_step
+    from netlite_nb.budget import plan_memory
+    from netlite_nb.memory.trace import trace_step
+    from netlite_nb.memory.heap import glibc_peak, glibc_resident, heap_replays
     model, batch = make(name, bs)
     tr = trace_step(model, batch, LOSSES.get(name), optimizer='adamw', precision=_precision(), kernels='cpu').tracker
     best, heap = {}, {}
     with _as_measured():
         p = plan_memory(model, batch, LOSSES.get(name), optimizer='adamw', precision=_precision(), device_or_gpu='cpu')
-        worst = max(_replays(), key=lambda r: _glibc_peak(tr, *r)[0])  # the replay the plan keeps
-        for i, live, resident in _glibc_resident(tr, *worst):
+        worst = max(heap_replays(), key=lambda r: glibc_peak(tr, *r)[0])  # the replay the plan keeps
+        for i, live, resident in glibc_resident(tr, *worst):
             sign, rec = tr.events[i]
             if sign > 0: ph = (rec.step, 'forward' if rec.phase == 'loss' else rec.phase)
             best[ph], heap[ph] = max(best.get(ph, 0), live), max(heap.get(ph, 0), resident)
@@ -760,17 +765,19 @@ def malloc_trace_report(name, bs):
         print(f"  step {step + 1} {phase:<9} {meta['hwm'][i]/2**20:8.2f} | {real[i]/2**20:8.2f} | {heap.get((step, phase), 0)/2**20:8.2f}")
 
 def histories_report(name, bs, n):
-    """How much a few small blocks in the heap before a step move its peak: measured with each of the planner's `_heap_history(seed)`
+    """How much a few small blocks in the heap before a step move its peak: measured with each of the planner's `heap_history(seed)`
     left alive before the steps, next to the plan's replay from the same history; the plan keeps the highest of its first ones."""
-    from netlite_nb.budget import _HEAP_HISTORIES, _glibc_peak, plan_memory, trace_step
+    from netlite_nb.budget import plan_memory
+    from netlite_nb.memory.trace import trace_step
+    from netlite_nb.memory.heap import HEAP_HISTORIES, glibc_peak
     model, batch = make(name, bs)
     with _as_measured():
         p = plan_memory(model, batch, LOSSES.get(name), optimizer='adamw', device_or_gpu='cpu')
         tr = trace_step(model, batch, LOSSES.get(name), optimizer='adamw', kernels='cpu').tracker
         kept = p.breakdown['CPU kernel workspace']
-        rows = [(measured(name, bs, history=s), max(_glibc_peak(tr, s, cut)[0] for cut in (False, True)) + kept) for s in range(n)]
+        rows = [(measured(name, bs, history=s), max(glibc_peak(tr, s, cut)[0] for cut in (False, True)) + kept) for s in range(n)]
     mi = lambda v: f"{v/2**20:.2f}"
-    print(f"{name} at batch {bs}: plan {mi(p.peak)} MiB, the highest of the replays from histories 0-{_HEAP_HISTORIES - 1}")
+    print(f"{name} at batch {bs}: plan {mi(p.peak)} MiB, the highest of the replays from histories 0-{HEAP_HISTORIES - 1}")
     print("  history   measured   replayed (MiB)")
     for s, (m, r) in enumerate(rows): print(f"  {s:>7} {mi(m):>10} {mi(r):>10}")
     ms = [m for m, _ in rows]
@@ -876,7 +883,7 @@ if __name__ == '__main__':
         for k in [k for k in os.environ if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES']: del os.environ[k]
         ENV.update(GLIBC[a.glibc])
     if a.glibc in ('fixed-late', 'set-late') and not a.measure:  # the plans are made in a process that fixed its thresholds too
-        from netlite_nb.budget import fix_glibc_thresholds
+        from netlite_nb.memory.heap import fix_glibc_thresholds
         fix_glibc_thresholds()
     if a.measure: print(measure(a.measure[0], int(a.measure[1]), 'full' in a.measure[2:], 'holes' in a.measure[2:],
                                 int(next((m[8:] for m in a.measure[2:] if m.startswith('history=')), 0))))

@@ -110,7 +110,7 @@ def _conv(s:dict)->nn.Module:
 
 def conv_model(s:dict)->dict:
     "`cudnn_conv_workspace` for spec `s`: forward, and the larger of its backward directions, as (heuristics, bound)."
-    from netlite_nb.budget import cudnn_conv_workspace
+    from netlite_nb.memory.cuda import cudnn_conv_workspace
     y = list(_conv(s).to('meta')(torch.empty(s['x'], device='meta')).shape)
     w = [s['c_out'], s['c_in'] // s['groups'], *s['kernel']]
     ws = lambda d: cudnn_conv_workspace(s['x'], w, y, s['stride'], s['padding'], s['dilation'], s['groups'], 4, d)

@@ -28,7 +28,7 @@ def child(name:str, bs:int, mode:str)->int:
     gc.collect(); ctypes.CDLL(None).malloc_trim(0)
     alive = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers(), x, y,
                                                       *(v for s in opt.state.values() for v in s.values() if torch.is_tensor(v))])
-    base = ba._rss()
+    base = ba.process_rss()
     with open('/proc/self/clear_refs', 'w') as f: f.write('5')
     ba._steps(run, opt, x, y, 2, loss_fn)
     return ba._hwm() - base + alive

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's netlite_nb, not whichever one i
 sys.path.insert(0, str(ROOT / 'bench'))
 import budget_accuracy  # the fresh-process RSS measurement of chapter 01's accuracy bench
 from netlite_nb.budget import plan_memory
-from netlite_nb.lora import LowRank, _digit_loaders, _fine_tune, add_lora
+from netlite_nb.lora import LowRank, digit_loaders, fine_tune, add_lora
 from netlite_nb.models import create_model
 from netlite_nb.train import Trainer
 
@@ -98,17 +98,17 @@ def accuracy(arms:dict, seeds:int, epochs:int)->dict:
     "spec -> one (accuracy %, lr used, trainable, total, loss on the training set) per seed."
     res = {s: [] for s in arms}
     for seed in range(seeds):
-        first, second = _digit_loaders([0, 1, 2, 3, 4], seed=seed), _digit_loaders([5, 6, 7, 8, 9], seed=seed)
+        first, second = digit_loaders([0, 1, 2, 3, 4], seed=seed), digit_loaders([5, 6, 7, 8, 9], seed=seed)
         torch.manual_seed(seed)
         base = digits_mlp()
-        base_acc = _fine_tune(base, first, 2, 1e-3)['accuracy']
+        base_acc = fine_tune(base, first, 2, 1e-3)['accuracy']
         print(f"seed {seed}: base {base_acc:.2f}% on 0-4", flush=True)
         for s, a in arms.items():
             torch.manual_seed(1000 + seed)  # every arm's adapters start from the same random A: arms differ by their settings alone
             m, t0 = adapt(copy.deepcopy(base), a), time.time()
             n = (sum(p.numel() for p in m.parameters() if p.requires_grad), sum(p.numel() for p in m.parameters()))
             lr = a['lr'] if a['lr'] != 'steepest' else Trainer(m, second, device='cpu', progress=False, verbose=False, plan=False).lr_find(rule='steepest').suggestion
-            r = _fine_tune(m, second, int(a['epochs']) or epochs, lr)  # lr_find leaves model and data as they were: the run starts as any other
+            r = fine_tune(m, second, int(a['epochs']) or epochs, lr)  # lr_find leaves model and data as they were: the run starts as any other
             res[s].append((r['accuracy'], r['lr'], *n, r['train_loss']))
             print(f"  {s:<28} {r['accuracy']:6.2f}% on 5-9, training loss {r['train_loss']:.4f} (lr {r['lr']:.3g}; {time.time() - t0:.0f} s)", flush=True)
     return res

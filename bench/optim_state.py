@@ -104,18 +104,18 @@ def _bnb_adamw8bit():
 
 
 class _PlainAdamW8bit(AdamW8bit):
-    "AdamW8bit stepping the plain way (chapter 03's `_adamw_8bit_reference`: whole tensor, fresh temporaries), for comparison."
+    "AdamW8bit stepping the plain way (chapter 03's `adamw_8bit_reference`: whole tensor, fresh temporaries), for comparison."
     def _update_8bit(self, p, st, group, step_size, bc2_sqrt, decay=1.0):
-        p.mul_(decay); optim._adamw_8bit_reference(p, st, group, step_size, bc2_sqrt)
+        p.mul_(decay); optim.adamw_8bit_reference(p, st, group, step_size, bc2_sqrt)
 
 
 class _ChunkedAdamW8bit(AdamW8bit):
     "AdamW8bit with its chunk forced to `chunk` values, for the sweep."
     def __init__(self, params, chunk, **kw): super().__init__(params, **kw); self.chunk = chunk
     def step(self, closure=None):
-        sized, optim._chunk_values = optim._chunk_values, lambda device, block_size: self.chunk
+        sized, optim.chunk_values = optim.chunk_values, lambda device, block_size: self.chunk
         try: return super().step(closure)
-        finally: optim._chunk_values = sized
+        finally: optim.chunk_values = sized
 
 
 def _faults():
@@ -167,7 +167,7 @@ def step_time(repeats=15, size=2048):
     load0 = os.getloadavg()[0]
     stats = step_stats(repeats, size)
     out = [f"step on one {size}x{size} fp32 weight ({size * size / 1e6:.1f}M parameters), {repeats} interleaved rounds, "
-           f"{torch.get_num_threads()} thread(s), chunk {optim._chunk_values(torch.device('cpu'), 256)} values, "
+           f"{torch.get_num_threads()} thread(s), chunk {optim.chunk_values(torch.device('cpu'), 256)} values, "
            f"load average {load0:.1f} -> {os.getloadavg()[0]:.1f}:",
            f"{'optimizer':32s} {'median ms':>9s} {'q1–q3 ms':>13s} {'faults/step':>11s} {'× AdamW':>8s} {'quartiles':>11s} {'CPU ms':>7s} {'CPU ×':>6s} {'state B/param':>13s}"]
     for n, r in stats.items():
@@ -208,7 +208,7 @@ def chunk_sweep(repeats=7, size=2048, chunks=tuple(2**k for k in range(12, 23, 2
     makers.update({c: (lambda c: lambda p, lr: _ChunkedAdamW8bit(p, c, lr=lr, weight_decay=0.01))(c) for c in chunks})
     times = _paired(makers, repeats, size)[0]
     out = [f"AdamW8bit's step by chunk size, one {size}x{size} weight, {repeats} interleaved rounds, {torch.get_num_threads()} thread(s) "
-           f"(chosen here: {optim._chunk_values(torch.device('cpu'), 256)}):",
+           f"(chosen here: {optim.chunk_values(torch.device('cpu'), 256)}):",
            f"{'chunk (values, KiB touched)':32s} {'median ms':>9s} {'× AdamW':>8s} {'quartiles':>11s}"]
     for c in chunks:
         out.append(f"{f'{c} ({c * optim._CHUNK_BYTES_PER_VALUE // 1024} KiB)':32s} {_ratio_cols(times[c], times['torch.optim.AdamW'])}")

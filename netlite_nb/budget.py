@@ -24,14 +24,14 @@ from .memory.trace import (
     _BN_ONE, _BatchOfOneError, _as_dict, _batch_size, _call, _compiled_note, _needs_closure, _optimizer_name,
     _per_sample, _resized_shape, _split_batch, _stand_in_note, default_loss, make_optimizer, resize_batch,
     resolve_target, trace_step)
-from .memory.heap import GlibcHeap, _MALLOPT, _glibc_settings, _on_glibc
-from .memory.cpu import _calibrated, calibrate_kernels, calibration_file, cpu_terms
+from .memory.heap import GlibcHeap, MALLOPT, glibc_settings, on_glibc
+from .memory.cpu import calibration_cache, calibrate_kernels, calibration_file, cpu_terms
 from .memory.cuda import cuda_kernels, cuda_terms
 
 # %% auto #0
 __all__ = ['TENSOR_TERMS', 'DEVICE_TERMS', 'COLORS', 'PLAN_MARGIN', 'LEVERS', 'MemoryPlan', 'TrainingStep', 'plan_memory',
-           'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size', 'Change', 'register_lever',
-           'fit_to_budget', 'find_batch_size', 'budget_widget']
+           'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size', 'smallest_batch', 'Change',
+           'register_lever', 'fit_to_budget', 'try_batch_once', 'grow_until_oom', 'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c029
 TENSOR_TERMS = ('weights', 'weight copies', 'gradients', 'optimizer', 'activations', 'temporaries', 'batch')
@@ -223,7 +223,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
     b = _batch_size(batch)
     mb = min(micro_batch or b, b)
     kernels = 'cpu' if target.kind == 'cpu' else cuda_kernels(target, strategy) if target.kind == 'cuda' else None
-    measured, missing = (_calibrated(), []) if calibrate and kernels == 'cpu' else (None, None)
+    measured, missing = (calibration_cache(), []) if calibrate and kernels == 'cpu' else (None, None)
     trace = functools.partial(trace_step, model, batch, loss_fn, optimizer, precision, micro_batch, transform, cuda=target.kind == 'cuda', kernels=kernels, ema=ema)
     t = trace(measured=measured, missing=missing)
     if missing or (measured is not None and GRAPH_KEY not in measured): t = trace(measured=calibrate_kernels(missing))
@@ -325,10 +325,10 @@ def _started_with()->dict|None:
 
 def _warn_moving_threshold(target):
     "Warn where a CPU plan's model of glibc is not this process's glibc: its thresholds still move, or the environment changed after start."
-    if target.kind != 'cpu' or not _on_glibc(): return
+    if target.kind != 'cpu' or not on_glibc(): return
     start = _started_with()
-    late = start is not None and _malloc_vars(os.environ.items()) != start and not _MALLOPT
-    if GlibcHeap(**_glibc_settings()).dynamic or late:
+    late = start is not None and _malloc_vars(os.environ.items()) != start and not MALLOPT
+    if GlibcHeap(**glibc_settings()).dynamic or late:
         warnings.warn(("MALLOC_*/GLIBC_TUNABLES were changed after this process started (glibc read them at start), so the plan models "
                        "settings this process does not have" if late else "this process's glibc raises its mmap threshold as blocks are "
                        "freed (no MALLOC_* setting fixes it)") + ": a step's resident set then depends on what the process did before it "
@@ -360,7 +360,7 @@ def max_batch_size(model:nn.Module, # the model to plan for
     def plan(b):
         if micro_of is None: return plan_memory(model, resize_batch(sample, b), device_or_gpu=target, budget=budget, **kw)
         return plan_memory(model, resize_batch(sample, micro_of), micro_batch=b, device_or_gpu=target, budget=budget, **kw)
-    lo = _smallest_batch(plan)
+    lo = smallest_batch(plan)
     if lo > max_batch: raise ValueError(f"The model cannot train at a batch of {max_batch} (a batch of 1 cannot train it; the smallest is {lo}): raise max_batch.")
     if not plan(lo).fits: raise BudgetTooSmallError(_too_small(model, sample, budget, target, plan(lo), kw, lo, suggest=micro_of is None))
     b = _search(plan, budget, max_batch, lo)
@@ -368,7 +368,7 @@ def max_batch_size(model:nn.Module, # the model to plan for
     if (note := _compiled_note(model)): warnings.warn(note[0], CompiledModelWarning, stacklevel=2)
     return b
 
-def _smallest_batch(plan:Callable)->int:
+def smallest_batch(plan:Callable)->int:
     "The smallest batch a model trains at: 1, or 2 where a batch of 1 cannot train (BatchNorm after global pooling sees one value per channel)."
     try: plan(1); return 1
     except _BatchOfOneError: pass
@@ -495,7 +495,7 @@ def fit_to_budget(model:nn.Module, # the model to plan for
     return sorted(out, key=lambda c: (not c.fits, c.slowdown if c.fits else -c.saving))
 
 # %% ../nbs/01_budget.ipynb #c062
-def _try_batch(model, sample, b, device, loss_fn=None, optimizer='adamw', precision='fp32', transform=None, steps=2):
+def try_batch_once(model, sample, b, device, loss_fn=None, optimizer='adamw', precision='fp32', transform=None, steps=2):
     "Train `steps` steps and evaluate once at batch size `b` on `device`, on a copy of the model; raises on OOM."
     m = copy.deepcopy(model)
     m = (transform(m) if transform is not None else m).to(device)
@@ -539,7 +539,7 @@ def _fits(attempt:Callable, b:int, device:torch.device, verbose:bool=False)->boo
     return False
 
 # %% ../nbs/01_budget.ipynb #a0874ad3
-def _grow_until_oom(attempt:Callable, device:torch.device, verbose:bool=False, limit:int=2**16)->int:
+def grow_until_oom(attempt:Callable, device:torch.device, verbose:bool=False, limit:int=2**16)->int:
     "The largest batch up to `limit` that `attempt` trains: doubling from 1 until one runs out of memory, then bisecting."
     ok, bad, first = 0, None, 1
     while bad is None and ok < limit:
@@ -573,7 +573,7 @@ def find_batch_size(model:nn.Module, # the model; a copy is moved to `device`
         raise ValueError("On the CPU an allocation that does not fit swaps or gets the process killed instead of raising, "
                          "so find_batch_size cannot back off there: pass start= (e.g. from max_batch_size with a budget).")
     kw = dict(loss_fn=loss_fn, optimizer=optimizer, precision=precision, transform=transform)
-    attempt = try_batch or (lambda b: _try_batch(model, sample, b, device, **kw))
+    attempt = try_batch or (lambda b: try_batch_once(model, sample, b, device, **kw))
     if start is None:
         try:
             with warnings.catch_warnings():
@@ -582,7 +582,7 @@ def find_batch_size(model:nn.Module, # the model; a copy is moved to `device`
         except UntraceableError as e:  # no plan to start from: real steps alone (but nothing to train fails those too)
             if isinstance(e, NothingToTrainError): raise
             if verbose: print(f"no plan to start from ({str(e).split(':')[0]}): doubling from batch 1")
-            return _grow_until_oom(attempt, device, verbose)
+            return grow_until_oom(attempt, device, verbose)
     b = start
     while b >= 1:
         if _fits(attempt, b, device, verbose): return b

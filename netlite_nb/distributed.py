@@ -21,8 +21,8 @@ from .train import Callback, Trainer
 
 # %% auto #0
 __all__ = ['RANK_ZERO_ONLY', 'dist_env', 'launched', 'pick_backend', 'free_port', 'init_distributed', 'ShardedLoader',
-           'DataParallel', 'distribute', 'DistributedError', 'launch', 'distributed_run', 'bucket_bytes',
-           'plan_per_process']
+           'DataParallel', 'distribute', 'openmp_survives_fork', 'DistributedError', 'launch', 'distributed_run',
+           'bucket_bytes', 'plan_per_process']
 
 # %% ../nbs/08a_distributed.ipynb #c007
 def dist_env()->tuple[int, int, int]:
@@ -183,14 +183,14 @@ def distribute(trainer:Trainer, # a trainer that has not started `fit`
     return t
 
 # %% ../nbs/08a_distributed.ipynb #c036a
-def _openmp_survives_fork()->bool:
+def openmp_survives_fork()->bool:
     "False where PyTorch runs on GNU OpenMP (Linux wheels): its pool is gone in a forked process, which hangs at its first parallel op with more than one thread."
     try: return 'libgomp' not in Path('/proc/self/maps').read_text()
     except OSError: return True  # no /proc: not Linux, so not GNU OpenMP (macOS wheels ship LLVM's libomp, which forks safely)
 
 def _fork_threads(threads:int|None, nproc:int)->int:
     "PyTorch threads for each process `launch` runs: what fork allows, `threads` if given."
-    if _openmp_survives_fork(): return threads or max(1, torch.get_num_threads() // nproc)
+    if openmp_survives_fork(): return threads or max(1, torch.get_num_threads() // nproc)
     if threads not in (None, 1):
         raise ValueError(f"threads={threads}: a process forked from this one can run PyTorch on one thread only here, because GNU "
                          "OpenMP (PyTorch's CPU threads on Linux) does not survive a fork: it would hang at its first parallel "

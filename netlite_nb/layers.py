@@ -15,7 +15,7 @@ from .budget import register_lever
 from .memory.trace import AllocationTracker
 
 # %% auto #0
-__all__ = ['saved_bytes', 'StepMeasurement', 'measure_step', 'MemoryComparison', 'compare_steps', 'ChunkedFFN',
+__all__ = ['saved_bytes', 'StepMeasurement', 'measure_step', 'MemoryComparison', 'compare_steps', 'ChunkedFFNFn', 'ChunkedFFN',
            'chunked_linear_cross_entropy', 'ChunkedLinearCrossEntropy', 'pack_bits', 'unpack_bits', 'BitReLU',
            'BitDropout', 'checkpoint_segment', 'CheckpointedSequential', 'checkpoint_every', 'ConversionSummary',
            'convert_model', 'memory_transform']
@@ -158,7 +158,7 @@ def _call_act(act, h:torch.Tensor)->torch.Tensor:
     return act(h)
 
 # %% ../nbs/02_layers.ipynb #ff8
-class _ChunkedFFNFn(torch.autograd.Function):
+class ChunkedFFNFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, b1, w2, b2, act, chunk):
         out = x.new_empty(x.shape[0], w2.shape[0])
@@ -222,7 +222,7 @@ class ChunkedFFN(nn.Sequential):
         # a fixed chunk_size is an upper bound: a strategy sets one for every model, and the last batch of an epoch is small
         chunk = _auto_ffn_chunk(x2.shape[0], fc1.in_features, fc1.out_features) if self.chunk_size is None else min(self.chunk_size, x2.shape[0])
         args = _autocast_cast(x, x2, fc1.weight, fc1.bias, fc2.weight, fc2.bias)
-        with _autocast_off(x): y = _ChunkedFFNFn.apply(*args, act, chunk)
+        with _autocast_off(x): y = ChunkedFFNFn.apply(*args, act, chunk)
         return y.view(*x.shape[:-1], y.shape[-1])
 
     def extra_repr(self): return f"chunk_size={self.chunk_size}"

@@ -23,8 +23,8 @@ from .train import Trainer
 
 # %% auto #0
 __all__ = ['LowRank', 'LoRALayer', 'LoRALinear', 'LoRAConv', 'LoRAParametrization', 'LoRASummary', 'add_lora', 'is_lora',
-           'merge_lora', 'measured_step_peak', 'AdaptationResult', 'compare_adaptation', 'merged', 'with_lora',
-           'model_for_export']
+           'merge_lora', 'measured_step_peak', 'digit_loaders', 'AdaptationResult', 'fine_tune', 'compare_adaptation',
+           'merged', 'with_lora', 'model_for_export']
 
 # %% ../nbs/09a_lora.ipynb #l006
 class LowRank(nn.Module):
@@ -271,7 +271,7 @@ def _lora_lever(target, kw:dict, model:nn.Module)->list:
              dict(transform=partial(add_lora, rank=8)), 0.0)]
 
 # %% ../nbs/09a_lora.ipynb #l055
-def _digit_loaders(labels, batch_size:int=64, seed:int=0):
+def digit_loaders(labels, batch_size:int=64, seed:int=0):
     "Chapter 04 loaders of the embedded MNIST sample, only the digits in `labels` (labels kept: 5 stays 5)."
     tr, va = mnist_sample()
     pick = lambda d: LabeledTensors(d.x[torch.isin(d.y, torch.tensor(labels))], d.y[torch.isin(d.y, torch.tensor(labels))], d.classes)
@@ -298,7 +298,7 @@ def __str__(self:AdaptationResult):
 def __repr__(self:AdaptationResult): return str(self)  # the table, not the dataclass fields (they hold the models)
 
 # %% ../nbs/09a_lora.ipynb #l058
-def _fine_tune(model, dls, epochs:int, lr)->dict:
+def fine_tune(model, dls, epochs:int, lr)->dict:
     "Train `model` with chapter 07's Trainer on the CPU (`lr` a rate or 'auto'): validation accuracy %, training-set loss, seconds, lr used."
     t = Trainer(model, dls, device='cpu', lr=lr, progress=False, verbose=False, plan=False).fit(epochs)
     r = dict(accuracy=100 * t.last_metrics['accuracy'], seconds=t.state.elapsed, lr=t.opt.defaults['lr'])
@@ -317,7 +317,7 @@ def compare_adaptation(base:nn.Module, # a model trained on the first task (not 
         m = copy.deepcopy(base) if kind == 'full' else add_lora(copy.deepcopy(base), **lora_kw)
         planned, measured = plan_memory(m, batch).peak, measured_step_peak(m, batch)
         trainable, total = sum(p.numel() for p in m.parameters() if p.requires_grad), sum(p.numel() for p in m.parameters())
-        rows[kind] = _fine_tune(m, dls, epochs, lr) | dict(trainable=trainable, total=total, planned=planned, measured=measured, model=m)
+        rows[kind] = fine_tune(m, dls, epochs, lr) | dict(trainable=trainable, total=total, planned=planned, measured=measured, model=m)
     return AdaptationResult(rows, base_acc)
 
 # %% ../nbs/09a_lora.ipynb #l066b

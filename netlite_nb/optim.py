@@ -14,7 +14,8 @@ from .budget import register_lever
 from .memory.trace import is_traced, make_optimizer, register_optimizer
 
 # %% auto #0
-__all__ = ['dynamic_map', 'quantize_blockwise', 'dequantize_blockwise', 'AdamW8bit', 'state_bytes', 'adamw8bit_backend']
+__all__ = ['dynamic_map', 'code_and_mids_lists', 'nearest_code', 'quantize_blockwise', 'dequantize_blockwise', 'AdamW8bit',
+           'adamw_8bit_reference', 'chunk_values', 'quant_table', 'quantize_into', 'state_bytes', 'adamw8bit_backend']
 
 # %% ../nbs/03_optim.ipynb #c007
 @lru_cache(None)
@@ -46,7 +47,7 @@ def dynamic_map(signed:bool=True, # signed (for the first moment) or unsigned (f
 
 # %% ../nbs/03_optim.ipynb #c011
 @lru_cache(None)
-def _code_and_mids_lists(signed:bool)->tuple[list, list]:
+def code_and_mids_lists(signed:bool)->tuple[list, list]:
     code = torch.tensor(_dynamic_map_list(signed), dtype=torch.float32)
     return code.tolist(), ((code[1:] + code[:-1]) / 2).tolist()  # float32 values, exactly representable as Python floats
 
@@ -61,7 +62,7 @@ def _bucket_ends()->tuple[torch.Tensor, torch.Tensor]:
 @lru_cache(None)
 def _lookup_lists(signed:bool)->tuple[list, list]:
     "Per bucket: the code index of its smallest value, and the midpoint above which a value takes the next code."
-    mids = torch.tensor(_code_and_mids_lists(signed)[1])
+    mids = torch.tensor(code_and_mids_lists(signed)[1])
     a, b = _bucket_ends()
     base = torch.searchsorted(mids, a)
     if not signed: base = torch.where(a > 0, base.clamp_min(1), base)  # v > 0 never becomes 0
@@ -82,11 +83,11 @@ def _tables(signed:bool, like:torch.Tensor)->tuple[torch.Tensor, torch.Tensor, t
     k = (signed, like.device)
     if k not in _TABLES:
         base, inside = _lookup_lists(signed)
-        _TABLES[k] = (torch.tensor(_code_and_mids_lists(signed)[0], device=like.device),
+        _TABLES[k] = (torch.tensor(code_and_mids_lists(signed)[0], device=like.device),
                       torch.tensor(base, dtype=torch.uint8, device=like.device), torch.tensor(inside, device=like.device))
     return _TABLES[k]
 
-def _nearest_code(x:torch.Tensor, signed:bool)->torch.Tensor:
+def nearest_code(x:torch.Tensor, signed:bool)->torch.Tensor:
     "uint8 index of the code nearest to each value of flat fp32 `x` (ties to the lower code), as a search would find it."
     _, base, inside = _tables(signed, x)
     key = (x.view(torch.int32) >> 16) & 0xFFFF  # the top 16 bits: which bucket
@@ -103,7 +104,7 @@ def quantize_blockwise(x:torch.Tensor, # any shape; flattened
     blocks = flat.view(-1, block_size)
     absmax = blocks.abs().amax(1)
     normed = blocks / absmax.clamp_min(torch.finfo(torch.float32).tiny)[:, None]
-    return _nearest_code(normed.view(-1), signed), absmax
+    return nearest_code(normed.view(-1), signed), absmax
 
 # %% ../nbs/03_optim.ipynb #c011c
 def dequantize_blockwise(codes:torch.Tensor, # uint8 from `quantize_blockwise`
@@ -182,7 +183,7 @@ def _adamw_fp32(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
     p.add_((m / ((v.sqrt() / bc2_sqrt).add_(group['eps']))).to(p.dtype), alpha=-step_size)
 
 # %% ../nbs/03_optim.ipynb #ad10b
-def _adamw_8bit_reference(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float):
+def adamw_8bit_reference(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float):
     "AdamW's update with block-quantized moments, the plain way: dequantize the whole tensor, update in fp32, quantize again."
     (b1, b2), bs, n = group['betas'], group['block_size'], p.numel()
     g = p.grad.reshape(-1).float()
@@ -222,7 +223,7 @@ def _cache_per_core()->int|None:
     except (OSError, ValueError, subprocess.SubprocessError): pass
     return None
 
-def _chunk_values(device:torch.device, block_size:int)->int:
+def chunk_values(device:torch.device, block_size:int)->int:
     "Values the 8-bit step updates at once on `device`, in whole blocks (on a CPU: see the text above)."
     chunk = _CHUNK
     if device.type == 'cpu': chunk = min(max((_cache_per_core() or 2**21) // _CHUNK_BYTES_PER_VALUE, _MIN_CHUNK), _CHUNK)
@@ -261,7 +262,7 @@ def _quant_list(signed:bool)->list:
 for _signed in (True, False): _quant_list(_signed)  # at import, as the lookup lists
 _QUANT = {}  # (signed, device) -> _quant_list as int32, real tensors only
 
-def _quant_table(signed:bool, like:torch.Tensor)->torch.Tensor:
+def quant_table(signed:bool, like:torch.Tensor)->torch.Tensor:
     "The one-read quantization table of a map on `like`'s device (an empty one in a planner's trace)."
     if is_traced(like): return torch.empty(2**16, dtype=torch.int32, device=like.device)
     k = (signed, like.device)
@@ -276,14 +277,14 @@ def _dequantize_into(q:torch.Tensor, absmax:torch.Tensor, code:torch.Tensor, out
     torch.index_select(code, 0, w['i'].copy_(q), out=out)
     out.view(-1, bs).mul_(absmax)
 
-def _quantize_into(x:torch.Tensor, q:torch.Tensor, absmax:torch.Tensor, table:torch.Tensor, w:dict, bs:int, signed:bool=True):
+def quantize_into(x:torch.Tensor, q:torch.Tensor, absmax:torch.Tensor, table:torch.Tensor, w:dict, bs:int, signed:bool=True):
     "`quantize_blockwise` of fp32 `x` (whole blocks; overwritten; never negative if not `signed`) into the codes `q` and the (blocks, 1) scales `absmax`, one table read per value."
     bits = x.view(torch.int32)
     mag = torch.abs(x, out=w['t']) if signed else x  # v, a sum of squares, is its own magnitude (or NaN, which amax keeps)
     torch.amax(mag.view(-1, bs), 1, keepdim=True, out=absmax)
     x.view(-1, bs).div_(absmax.clamp_min(_TINY))
     if signed:
-        key = torch.bitwise_right_shift(bits, 16, out=w['i']).bitwise_and_(0xFFFF)  # as in _nearest_code
+        key = torch.bitwise_right_shift(bits, 16, out=w['i']).bitwise_and_(0xFFFF)  # as in nearest_code
         z = torch.abs(bits, out=w['t'].view(torch.int32))  # -0.0's bits are INT_MIN, their own |b| modulo 2**32, as the sum needs
         e = torch.index_select(table, 0, key, out=bits)
     else:  # clearing the sign bit changes only -0.0 and NaNs (to +0.0 and NaNs of the same code) and leaves the key below 2**15
@@ -294,10 +295,10 @@ def _quantize_into(x:torch.Tensor, q:torch.Tensor, absmax:torch.Tensor, table:to
 # %% ../nbs/03_optim.ipynb #fs9
 def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float, sc:dict, chunk:int, part:int=0, parts:int=1,
                 decay:float=1.0): # the weight decay factor, applied to each chunk of `p` before its update
-    "`_adamw_8bit_reference`'s update, `chunk` values at a time in the buffers `sc` (chunks `part`, `part + parts`, ...), bias correction folded into two scalars."
+    "`adamw_8bit_reference`'s update, `chunk` values at a time in the buffers `sc` (chunks `part`, `part + parts`, ...), bias correction folded into two scalars."
     (b1, b2), bs, eight = group['betas'], group['block_size'], 'exp_avg_q' in st
     signed, unsigned = _tables(True, p), _tables(False, p)
-    table_s, table_u = _quant_table(True, p), _quant_table(False, p)
+    table_s, table_u = quant_table(True, p), quant_table(False, p)
     lr_c, eps_c = step_size * bc2_sqrt, group['eps'] * bc2_sqrt
     scales = lambda a: a.view(-1, 1).split(chunk // bs)
     pieces = zip(p.view(-1).split(chunk), p.grad.reshape(-1).split(chunk), (st['exp_avg_q'] if eight else st['exp_avg']).split(chunk),
@@ -315,9 +316,9 @@ def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
         if p.dtype == torch.float32: pc.addcdiv_(mk, d, value=-lr_c)
         else: pc.add_(torch.div(mk, d, out=d).to(p.dtype), alpha=-lr_c)
         if k < m.numel(): m[k:].zero_(); v[k:].zero_()  # the padding of the last block, as the reference pads
-        if eight: _quantize_into(m, qm, am, table_s, w, bs)
+        if eight: quantize_into(m, qm, am, table_s, w, bs)
         else: qm.copy_(mk)
-        _quantize_into(v, qv, av, table_u, w, bs, signed=False)
+        quantize_into(v, qv, av, table_u, w, bs, signed=False)
 
 # %% ../nbs/03_optim.ipynb #fs14
 _POOLS = {}  # (process id, number of threads) -> ThreadPoolExecutor; a forked child has none of its parent's threads
@@ -341,7 +342,7 @@ def _in_threads(fn, n:int):
 def _update_8bit(self:AdamW8bit, p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float, decay:float=1.0):
     "The 8-bit update of `p`: on a CPU on one intra-op thread, split over the pool when it is large enough; elsewhere as it is."
     bs, n = group['block_size'], st['exp_avg_sq_q'].numel()
-    chunk, threads, cpu = _chunk_values(p.device, bs), 1, p.device.type == 'cpu' and not is_traced(p)
+    chunk, threads, cpu = chunk_values(p.device, bs), 1, p.device.type == 'cpu' and not is_traced(p)
     if cpu:  # at least _MIN_CHUNK values per thread; a parameter smaller than a chunk per thread is cut into one piece per thread
         threads = max(1, min(torch.get_num_threads(), n // _MIN_CHUNK))
         chunk = min(chunk, math.ceil(n / threads / bs) * bs)

@@ -12,10 +12,10 @@ import psutil, torch
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['LOW_PRECISION', 'GPUSpec', 'gpu_catalogue', 'UnknownGPUError', 'lookup_gpu', 'find_gpu', 'fp16_is_fast',
-           'bf16_is_native', 'fmt_bytes', 'GPUInfo', 'CPUInfo', 'SystemMemory', 'TorchBuild', 'FakeNVML',
-           'HardwareProfile', 'probe', 'rows_text', 'rows_html', 'MemoryReading', 'device_memory', 'frontend',
-           'in_notebook', 'is_oom', 'free_memory']
+__all__ = ['PROCESS', 'LOW_PRECISION', 'GPUSpec', 'gpu_catalogue', 'words_of', 'UnknownGPUError', 'lookup_gpu', 'find_gpu',
+           'fp16_is_fast', 'bf16_is_native', 'fmt_bytes', 'GPUInfo', 'CPUInfo', 'SystemMemory', 'TorchBuild',
+           'FakeNVML', 'parse_smi_csv', 'check_usable', 'HardwareProfile', 'probe', 'rows_text', 'rows_html',
+           'MemoryReading', 'process_rss', 'device_memory', 'frontend', 'in_notebook', 'is_oom', 'free_memory']
 
 # %% ../nbs/00_probe.ipynb #c007
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def gpu_catalogue()->tuple[GPUSpec, ...]:
 # %% ../nbs/00_probe.ipynb #c010
 _NOISE = {'nvidia','geforce','amd','radeon','intel','r','tm','graphics','gpu','apple','with','max-q','design','(r)','(tm)'}
 
-def _words(name:str)->list[str]:
+def words_of(name:str)->list[str]:
     "Normalised words of a GPU name: 'RTX3060 Ti' -> ['rtx', '3060', 'ti']."
     s = re.sub(r'\(r\)|\(tm\)|®|™|max-q', ' ', name.lower())
     s = re.sub(r'(\d)([a-z])|([a-z])(\d)', lambda m: f"{m[1] or m[3]} {m[2] or m[4]}", s)
@@ -84,14 +84,14 @@ def _scored(q:list[str])->list[tuple[int, GPUSpec]]:
     "(score, entry) for every catalogue entry the query words `q` may mean, most specific first."
     scored, cat = [], [g for g in gpu_catalogue() if not _other_memory(q, g)]
     for g in cat:
-        w = _words(g.name)
+        w = words_of(g.name)
         req = [x for x in w if x not in _SERIES]
         extra = [x for x in q if x not in w]
         if q and all(x in q for x in req) and not _unexplained(extra):  # an RTX 4070 Super is not an RTX 4070, a typo is no card
             scored.append((100*len(req) - len(extra), g))
     if not scored:  # the name leaves out only a memory size: 'GTX 1060' -> 3 GB or 6 GB, ambiguous; never 'Ti', 'Super', 'Laptop'
         for g in cat:
-            w = _words(g.name)
+            w = words_of(g.name)
             missing = {x for x in w if x not in q} - _SERIES
             if q and all(x in w for x in q) and missing <= _memory_words(w): scored.append((-len(missing), g))
     return sorted(scored, key=lambda t: -t[0])
@@ -99,13 +99,13 @@ def _scored(q:list[str])->list[tuple[int, GPUSpec]]:
 # %% ../nbs/00_probe.ipynb #c010i
 def lookup_gpu(name:str)->GPUSpec:
     "The catalogue entry for a loosely written GPU `name`; raises `UnknownGPUError` listing the closest names."
-    q = _words(name)
+    q = words_of(name)
     scored = _scored(q)
     if scored and (len(scored) == 1 or scored[0][0] > scored[1][0]): return scored[0][1]
     names = [g.name for g in gpu_catalogue()]
     if scored: close = [g.name for s, g in scored if s == scored[0][0]]
     else:
-        keys = {' '.join(_words(n)): n for n in names}
+        keys = {' '.join(words_of(n)): n for n in names}
         close = [keys[k] for k in difflib.get_close_matches(' '.join(q), list(keys), n=5, cutoff=0.3)] or names[:5]
     what = 'is ambiguous' if scored else 'is not in the catalogue'
     raise UnknownGPUError(f"GPU name {name!r} {what}. Closest: {', '.join(close)}. "
@@ -284,7 +284,7 @@ class FakeNVML:
 # %% ../nbs/00_probe.ipynb #c024
 _SMI_FIELDS = 'index,name,memory.total,memory.free,driver_version,compute_cap'
 
-def _parse_smi_csv(text:str)->list[GPUInfo]:
+def parse_smi_csv(text:str)->list[GPUInfo]:
     "GPUs from `nvidia-smi --query-gpu=index,name,memory.total,memory.free,driver_version,compute_cap --format=csv,noheader,nounits`."
     gpus = []
     for line in text.strip().splitlines():
@@ -310,7 +310,7 @@ def _smi_gpus(run=subprocess.run, which=shutil.which)->tuple[list[GPUInfo], list
                 capture_output=True, text=True, timeout=15)
     except Exception as e: return [], [f"nvidia-smi failed: {type(e).__name__}: {e}"]
     if r.returncode != 0: return [], [f"nvidia-smi exited with {r.returncode}: {(r.stderr or r.stdout).strip()[:200]}"]
-    return _parse_smi_csv(r.stdout), []
+    return parse_smi_csv(r.stdout), []
 
 # %% ../nbs/00_probe.ipynb #c026
 def _torch_build()->TorchBuild:
@@ -408,7 +408,7 @@ def _install_line(g:GPUInfo, system:str|None=None)->str:
     return f"{new}; CUDA 13 needs an NVIDIA driver >= 580, with an older one use {_PRE_TURING}"
 
 # %% ../nbs/00_probe.ipynb #c030
-def _check_usable(g:GPUInfo, build:TorchBuild, system:str|None=None)->str|None:
+def check_usable(g:GPUInfo, build:TorchBuild, system:str|None=None)->str|None:
     "Why this torch build cannot train on `g` (with the install line for it on `system`), or None when it can."
     if g.vendor == 'nvidia':
         if not build.cuda: return (f"{g.name}: this PyTorch ({build.version}) is a CPU-only build. Replace it with a CUDA build: "
@@ -484,7 +484,7 @@ def probe(nvml=None, # an NVML module (default: `pynvml`); tests pass a fake one
         g, n = f(build); gpus += g; notes += n
     gpus += _mps_gpus(build)
     for g in gpus:
-        why = _check_usable(g, build)
+        why = check_usable(g, build)
         if why: g.usable = False; notes.append(why)
     cpu = _cpu_info()
     device, reason = _recommend(gpus, cpu)
@@ -560,17 +560,17 @@ def peak(self:MemoryReading)->int|None:
     return self.peak_reserved if self.peak_reserved is not None else self.peak_used
 
 # %% ../nbs/00_probe.ipynb #c042f
-_PROCESS = {}
+PROCESS = {}
 
 def _this_process()->dict:
     "This process's psutil handle, the machine's RAM and (Linux) an open /proc/self/statm, set up once per process."
-    if _PROCESS.get('pid') != os.getpid():  # a forked worker is another process
+    if PROCESS.get('pid') != os.getpid():  # a forked worker is another process
         try: statm = os.open('/proc/self/statm', os.O_RDONLY)  # a Trainer reads memory every few steps: no open() each time
         except OSError: statm = None
-        _PROCESS.update(pid=os.getpid(), proc=psutil.Process(), ram=psutil.virtual_memory().total, statm=statm)
-    return _PROCESS
+        PROCESS.update(pid=os.getpid(), proc=psutil.Process(), ram=psutil.virtual_memory().total, statm=statm)
+    return PROCESS
 
-def _rss()->int:
+def process_rss()->int:
     "Resident memory of this process in bytes (/proc/self/statm's second field on Linux, else psutil)."
     p = _this_process()
     if p['statm'] is not None:
@@ -621,7 +621,7 @@ def device_memory(device='cpu', # a torch device or its name: 'cpu', 'cuda', 'cu
         i = d.index or 0
         return MemoryReading(str(d), torch.xpu.memory_allocated(i), torch.xpu.memory_reserved(i), torch.xpu.max_memory_allocated(i),
             torch.xpu.max_memory_reserved(i), total=torch.xpu.get_device_properties(i).total_memory, source='torch.xpu')
-    return MemoryReading('cpu', used=_rss(), peak_used=_peak_rss(), total=_this_process()['ram'], source='process RSS')
+    return MemoryReading('cpu', used=process_rss(), peak_used=_peak_rss(), total=_this_process()['ram'], source='process RSS')
 
 # %% ../nbs/00_probe.ipynb #e001
 LOW_PRECISION = {'fp16': torch.float16, 'bf16': torch.bfloat16}  # precision name -> autocast dtype; 'fp32' means no autocast

@@ -7,11 +7,11 @@ import pytest, torch
 from torch.utils._pytree import tree_flatten
 from torch import nn
 from netlite_nb.budget import BudgetTooSmallError, LEVERS, PLAN_MARGIN, find_batch_size, fit_to_budget, max_batch_size, plan_memory, register_lever
-from netlite_nb.memory.trace import AUTOGRAD_GRAPH_BYTES, GRAPH_KEY, AllocationTracker, _saved_for_backward, ShapeMismatchError, resize_batch, trace_step
-from netlite_nb.memory.heap import _on_glibc
-from netlite_nb.memory.cpu import _ONEDNN_MATMUL_STATE, _on_onednn, attention_scratch, promotion_copies, upsample_copies, _MALLOC_ENV, _MKL_BLOCKING, _calibrated, _lstm_workspace, _mkl_isa, _mkl_panel, _mm_key, calibration_file, clear_calibration, cpu_workspace_bytes
+from netlite_nb.memory.trace import AUTOGRAD_GRAPH_BYTES, GRAPH_KEY, AllocationTracker, saved_for_backward, ShapeMismatchError, resize_batch, trace_step
+from netlite_nb.memory.heap import on_glibc
+from netlite_nb.memory.cpu import ONEDNN_MATMUL_STATE, on_onednn, attention_scratch, promotion_copies, upsample_copies, MALLOC_ENV, MKL_BLOCKING, calibration_cache, lstm_workspace, mkl_isa, mkl_panel, mm_key, calibration_file, clear_calibration, cpu_workspace_bytes
 from netlite_nb.memory.cuda import CUDA_CONTEXT_BYTES
-from netlite_nb.memory.cpu import _onednn_lowp
+from netlite_nb.memory.cpu import onednn_lowp
 import netlite_nb.budget as planner, netlite_nb.memory.trace as tracer  # modules whose functions some tests replace
 from netlite_nb.probe import UnknownGPUError, lookup_gpu
 
@@ -83,7 +83,7 @@ def test_cpu_plan_adds_the_kernel_workspace_as_its_own_line(monkeypatch):
     cpu = plan_memory(m, batch, device_or_gpu='cpu', budget=2**30)
     tensors, gpu = plan_memory(m, batch), plan_memory(m, batch, device_or_gpu='gtx 1050 ti')
     ws = cpu.breakdown['CPU kernel workspace']
-    assert ws == cpu_workspace_bytes(trace_step(m, batch).tracker.kernels) > _MKL_BLOCKING[_mkl_isa()]['state']  # the 1024-row products are packed
+    assert ws == cpu_workspace_bytes(trace_step(m, batch).tracker.kernels) > MKL_BLOCKING[mkl_isa()]['state']  # the 1024-row products are packed
     graph = cpu.breakdown['autograd graph']   # host heap: the CPU's plan only
     assert 0 < graph < 0.01 * cpu.peak and 'autograd graph' not in tensors.breakdown and 'autograd graph' not in gpu.breakdown
     rounding = cpu.breakdown['allocator rounding']   # glibc's whole pages for blocks above its mmap threshold: 4 KiB at most a block
@@ -98,7 +98,7 @@ def test_cpu_workspace_model_follows_the_measured_rules():
     "What bench/budget_accuracy.py --gemm measured on an AVX-512 Xeon: the panel of one product, reuse by smaller ones, new buffers for larger ones, state per shape."
     mm = lambda M, K, N, dt='torch.float32': ('matmul', 1, M, K, N, dt)
     ws = lambda ks: cpu_workspace_bytes(ks, 'AVX512')
-    state = _MKL_BLOCKING['AVX512']['state']
+    state = MKL_BLOCKING['AVX512']['state']
     big, small = mm(1024, 4096, 4096), mm(1024, 4096, 1024)
     assert ws([big]) == 4 * 384 * (4096 + 648)
     assert ws([big] * 3) == ws([big])         # kept, not allocated again
@@ -106,7 +106,7 @@ def test_cpu_workspace_model_follows_the_measured_rules():
     assert ws([small, big]) == ws([small]) + ws([big])  # a larger one adds its own
     assert ws([mm(384, 4096, 4096)]) == ws([mm(1024, 4096, 176)]) == state  # not packed
     bf16 = mm(1024, 4096, 4096, 'torch.bfloat16')
-    assert ws([bf16]) == (_ONEDNN_MATMUL_STATE[_on_onednn(bf16)] if _on_onednn(bf16) else state)  # oneDNN's primitive where bf16 runs on oneDNN
+    assert ws([bf16]) == (ONEDNN_MATMUL_STATE[on_onednn(bf16)] if on_onednn(bf16) else state)  # oneDNN's primitive where bf16 runs on oneDNN
     kernels = trace_step(cnn(), MNIST).tracker.kernels
     shapes = {k for k in kernels if k[0] != 'matmul'}
     assert len(shapes) == 6   # three convolutions, forward and backward; the second step repeats them
@@ -122,19 +122,19 @@ def test_cpu_workspace_model_on_avx2():
     assert ws([mm(1024, 300, 4096)]) == 4 * 150 * (4096 + 384)        # K in (192, 384]: two halves
     assert ws([mm(1024, 4096, 20000)]) == 4 * 192 * (6400 + 384)      # at most 6400 columns
     assert ws([mm(1024, 4096, 10), mm(2, 4096, 4096)]) == 0           # not packed, and nothing kept
-    assert ws([mm(1024, 4096, 1024), mm(1024, 4096, 4096)]) == _mkl_panel(1024, 4096, 1024, 'AVX2') + _mkl_panel(1024, 4096, 4096, 'AVX2')
+    assert ws([mm(1024, 4096, 1024), mm(1024, 4096, 4096)]) == mkl_panel(1024, 4096, 1024, 'AVX2') + mkl_panel(1024, 4096, 4096, 'AVX2')
     kernels = trace_step(cnn(), MNIST).tracker.kernels
-    assert ws(kernels) == 6 * _MKL_BLOCKING['AVX2']['state']  # the convolutions' state; the head's products are too small to pack
-    assert _mkl_isa('AVX2') == 'AVX2' and _mkl_isa('SVE256') == _mkl_isa('DEFAULT') == 'AVX512'  # unmeasured ISAs: the larger buffers
+    assert ws(kernels) == 6 * MKL_BLOCKING['AVX2']['state']  # the convolutions' state; the head's products are too small to pack
+    assert mkl_isa('AVX2') == 'AVX2' and mkl_isa('SVE256') == mkl_isa('DEFAULT') == 'AVX512'  # unmeasured ISAs: the larger buffers
 
 
 def test_measured_matmul_buffers_replace_the_model():
     "A calibrated plan takes each matmul's kept bytes from the measurement, by shape; sizes past MKL's blocking share one key."
     k = ('matmul', 1, 4096, 4096, 4096, 'torch.float32')
-    key, spec = _mm_key(k)
-    assert spec == ['matmul', 1, 1024, 1024, 4096, 'float32'] and _mm_key(('matmul', 1, 2048, 2048, 4096, 'torch.float32'))[0] == key
+    key, spec = mm_key(k)
+    assert spec == ['matmul', 1, 1024, 1024, 4096, 'float32'] and mm_key(('matmul', 1, 2048, 2048, 4096, 'torch.float32'))[0] == key
     assert cpu_workspace_bytes([k], 'AVX2', measured={key: [12345, 0]}) == 12345
-    assert cpu_workspace_bytes([k], 'AVX2', measured={}) == _mkl_panel(4096, 4096, 4096, 'AVX2')  # not measured: the model
+    assert cpu_workspace_bytes([k], 'AVX2', measured={}) == mkl_panel(4096, 4096, 4096, 'AVX2')  # not measured: the model
 
 
 def test_max_batch_size_on_cpu_leaves_room_for_the_kernel_workspace():
@@ -161,7 +161,7 @@ def test_max_batch_size_keeps_the_stated_margin_on_the_cpu(monkeypatch):
 def _saved_sizes(model, x, y)->list:
     "Sizes of the storages autograd saves in a real CPU forward and loss, labelled as the planner's trace labels them."
     tr = AllocationTracker('cpu')
-    with tr, _saved_for_backward(tr):
+    with tr, saved_for_backward(tr):
         tr.track(x, 'batch'); tr.track(y, 'batch')
         loss = torch.nn.functional.cross_entropy(model(x), y)
         return sorted(r.nbytes for r in tr.allocs if r.category == 'activations')
@@ -187,7 +187,7 @@ def test_trace_saves_what_the_real_cpu_kernels_save(family):
     traced = sorted(r.nbytes for r in tr.allocs if r.category == 'activations')
     if family == 'lstm':
         # the real kernel allocates its whole workspace; the trace counts the part forward writes, which is what becomes resident
-        ws = Counter(_lstm_workspace(12, 8, 32, i)[0] for i in (16, 32))
+        ws = Counter(lstm_workspace(12, 8, 32, i)[0] for i in (16, 32))
         assert Counter(traced) - Counter(real) == ws and len(real) == len(traced)
         real, traced = sorted((Counter(real) - (Counter(real) - Counter(traced))).elements()), sorted((Counter(traced) - ws).elements())
     assert traced == real
@@ -212,10 +212,10 @@ def test_cpu_kernel_scratch_is_placed_at_its_op():
 def test_calibrated_matmuls_keep_what_was_measured_and_reuse_buffers():
     "A measured product keeps what it was measured to keep, its state included (no per-shape constant on top), under the same reuse rule as the model's."
     skinny, big = ('matmul', 1, 10, 1024, 4096, 'torch.float32'), ('matmul', 1, 1024, 4096, 4096, 'torch.float32')
-    mm = {_mm_key(k)[0]: [n, 0] for k, n in ((skinny, 16 * 1024), (big, 6 * 2**20))}
+    mm = {mm_key(k)[0]: [n, 0] for k, n in ((skinny, 16 * 1024), (big, 6 * 2**20))}
     assert cpu_workspace_bytes([skinny, skinny, big], 'AVX512', measured=mm) == 16 * 1024 + 6 * 2**20
     assert cpu_workspace_bytes([big, skinny], 'AVX512', measured=mm) == 6 * 2**20   # the smaller one reuses the larger one's buffers
-    assert cpu_workspace_bytes([skinny, skinny, big], 'AVX512') == _MKL_BLOCKING['AVX512']['mm_state'] + cpu_workspace_bytes([big], 'AVX512')   # the model: a constant per shape
+    assert cpu_workspace_bytes([skinny, skinny, big], 'AVX512') == MKL_BLOCKING['AVX512']['mm_state'] + cpu_workspace_bytes([big], 'AVX512')   # the model: a constant per shape
 
 
 @pytest.mark.skipif(not sys.platform.startswith('linux') or __import__('platform').machine() not in ('x86_64', 'AMD64'), reason="oneDNN's x86 kernels; Linux's high-water mark")
@@ -230,31 +230,31 @@ def test_conv_scratch_model_holds_against_a_real_run():
         fa = (x, w, None, [st, st], [k // 2] * 2, [1, 1], False, [0, 0], g)
         y = A.convolution(*fa)
         ba = (y, x, w, [o], [st, st], [k // 2] * 2, [1, 1], False, [0, 0], g, [True, True, False])
-        if B._conv_backend(tuple(x.shape), tuple(w.shape), (st, st), (k // 2,) * 2, (1, 1), False, g, torch.float32, torch.get_num_threads()) != 'Mkldnn': continue
+        if B.conv_backend(tuple(x.shape), tuple(w.shape), (st, st), (k // 2,) * 2, (1, 1), False, g, torch.float32, torch.get_num_threads()) != 'Mkldnn': continue
         for f, a, out in ((A.convolution.default, fa, y), (A.convolution_backward.default, ba, None)):
-            specs.append(B._conv_key(f, a)[1]); model.append(B.cpu_conv_scratch(f, a, out))
+            specs.append(B.conv_key(f, a)[1]); model.append(B.cpu_conv_scratch(f, a, out))
     for b, c, s, o, k, st, op, g in [(8, 64, 16, 32, 4, 2, 0, 1), (8, 32, 16, 16, 3, 2, 1, 1), (8, 64, 16, 64, 4, 2, 0, 64), (8, 32, 32, 3, 4, 2, 0, 1)]:
         x, w = torch.empty(b, c, s, s, device='meta'), torch.empty(c, o // g, k, k, device='meta')  # transposed: up, odd, depthwise, to RGB
         fa = (x, w, None, [st, st], [1, 1], [1, 1], True, [op, op], g)
         y = A.convolution(*fa)
         ba = (y, x, w, [o], [st, st], [1, 1], [1, 1], True, [op, op], g, [True, True, False])
-        assert B._conv_backend(tuple(x.shape), tuple(w.shape), (st, st), (1, 1), (1, 1), True, g, torch.float32, torch.get_num_threads()) == 'MkldnnTranspose'
+        assert B.conv_backend(tuple(x.shape), tuple(w.shape), (st, st), (1, 1), (1, 1), True, g, torch.float32, torch.get_num_threads()) == 'MkldnnTranspose'
         for f, a, out in ((A.convolution.default, fa, y), (A.convolution_backward.default, ba, None)):
-            specs.append(B._conv_key(f, a)[1]); model.append(B.cpu_conv_scratch(f, a, out))
+            specs.append(B.conv_key(f, a)[1]); model.append(B.cpu_conv_scratch(f, a, out))
     for b, c, s, o, k, st, g, fmt in [(8, 64, 16, 64, 7, 1, 64, torch.channels_last), (8, 64, 16, 64, 3, 1, 1, torch.channels_last),  # wide depthwise, plain
                                       (8, 3, 32, 32, 4, 4, 1, torch.contiguous_format), (8, 256, 32, 10, 1, 1, 1, torch.contiguous_format)]:  # an RGB stem; a 1x1 head (Slow2d with one thread, oneDNN with more)
         x, w = torch.empty(b, c, s, s, device='meta').contiguous(memory_format=fmt), torch.empty(o, c // g, k, k, device='meta')
         fa = (x, w, None, [st, st], [k // 2 if st == 1 else 0] * 2, [1, 1], False, [0, 0], g)
-        y = B._as_laid_out(A.convolution.default, fa, A.convolution(*fa))
+        y = B.as_laid_out(A.convolution.default, fa, A.convolution(*fa))
         ba = (y, x, w, [o], fa[3], fa[4], [1, 1], False, [0, 0], g, [c > 3, True, False])
         for f, a, out in ((A.convolution.default, fa, y), (A.convolution_backward.default, ba, None)):
-            specs.append(B._conv_key(f, a)[1]); model.append(B.cpu_conv_scratch(f, a, out))
+            specs.append(B.conv_key(f, a)[1]); model.append(B.cpu_conv_scratch(f, a, out))
     for c, s_, o in [(96, 64, 32), (32, 64, 64), (64, 32, 64)]:  # bf16: the destination accumulated in fp32
         x, w = torch.empty(8, c, s_, s_, device='meta', dtype=torch.bfloat16), torch.empty(o, c, 3, 3, device='meta', dtype=torch.bfloat16)
         fa = (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
         y = A.convolution(*fa)
         for f, a, out in ((A.convolution.default, fa, y), (A.convolution_backward.default, (y, x, w, [o], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False]), None)):
-            specs.append(B._conv_key(f, a)[1]); model.append(B.cpu_conv_scratch(f, a, out))
+            specs.append(B.conv_key(f, a)[1]); model.append(B.cpu_conv_scratch(f, a, out))
     assert len(specs) >= 30
     got = [r[0] for r in B.measure_conv_scratch(specs, (8,))]
     for spec, m, g in zip(specs, model, got):
@@ -265,14 +265,14 @@ def test_calibration_measures_caches_and_can_be_cleared(tmp_path, monkeypatch):
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
     monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '65536')  # a fixed threshold: with glibc's moving one a few bytes move the heap's layout
     monkeypatch.delenv('GLIBC_TUNABLES', raising=False)
-    _calibrated.cache_clear()
+    calibration_cache.cache_clear()
     m = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 32 * 32, 10))
     batch = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
     p = plan_memory(m, batch, device_or_gpu='cpu', calibrate=True)
     f = calibration_file()
     assert f.exists() and str(tmp_path) in str(f) and torch.__version__ in f.name
     table = json.loads(f.read_text())
-    mms = {_mm_key(k)[0] for k in trace_step(m, batch).tracker.kernels if k[0] == 'matmul'}
+    mms = {mm_key(k)[0] for k in trace_step(m, batch).tracker.kernels if k[0] == 'matmul'}
     assert len(mms) == 3 and mms <= set(table)   # the head's forward, its weight's and its input's gradients
     assert len(table) == 2 + len(mms) + 1   # and one convolution: forward and backward; and the autograd graph's bytes
     assert GRAPH_KEY in table and len(table[GRAPH_KEY]) == 3 and table[GRAPH_KEY][0] > 0
@@ -288,15 +288,15 @@ def test_calibration_of_several_plans_shares_one_child(tmp_path, monkeypatch):
     "Shapes from plans at different batch sizes: one child process measures them all, each convolution at the largest batch no line serves."
     import netlite_nb.memory.cpu as B
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
-    _calibrated.cache_clear()
+    calibration_cache.cache_clear()
     calls = []
     def fake_child(fn, convs, batches, mms, graph, dnn):  # scratch of 1000 bytes + 10 per sample; 7 bytes kept per matmul
         calls.append((fn, [c[-1] for c in convs], batches))
         return [[[1000 + 10 * b for b in bs] for bs in batches], [7] * len(mms), [600, 300, 40] if graph else None, [5000] * len(dnn)]
-    monkeypatch.setattr(B, '_in_child', fake_child)
+    monkeypatch.setattr(B, 'run_in_child', fake_child)
     specs = []
     for m, b in ((cnn(), 8), (cnn(), 32), (nn.Sequential(nn.Conv2d(1, 4, 5), nn.Flatten(), nn.Linear(2304, 10)), 32)):
-        trace_step(m, resize_batch(MNIST, b), kernels='cpu', measured=_calibrated(), missing=specs)
+        trace_step(m, resize_batch(MNIST, b), kernels='cpu', measured=calibration_cache(), missing=specs)
     table = B.calibrate_kernels(specs)
     assert len(calls) == 1   # one child for every plan
     fn, conv_batches, batches = calls[0]
@@ -308,15 +308,15 @@ def test_calibration_of_several_plans_shares_one_child(tmp_path, monkeypatch):
     wide = [[*s[:-1], 128] if s[0] != 'matmul' else s for s in specs]   # a batch search that went 4x further than measured
     B.calibrate_kernels(wide)
     assert len(calls) == 1 and set(calls[0][1]) == {128}
-    lines = [v for k, v in _calibrated().items() if not k.startswith('["matmul"') and k != GRAPH_KEY]
+    lines = [v for k, v in calibration_cache().items() if not k.startswith('["matmul"') and k != GRAPH_KEY]
     assert all([g[2:] for g in v] == [[16, 32], [64, 128]] for v in lines)   # a second line, the first one kept
     calls.clear()
     B.calibrate_kernels(specs + wide)
     assert not calls   # both served: no plan measures the other's shapes again
-    assert B._segment(lines[0], 8)[3] == 32 and B._segment(lines[0], 200)[3] == 128 and B._segment(lines[0], 300) is None
-    assert B._segment([1000, 10], 8) is None   # an old cache's entry serves nothing: measured again
+    assert B.calibration_segment(lines[0], 8)[3] == 32 and B.calibration_segment(lines[0], 200)[3] == 128 and B.calibration_segment(lines[0], 300) is None
+    assert B.calibration_segment([1000, 10], 8) is None   # an old cache's entry serves nothing: measured again
     assert calibration_file().exists()
-    _calibrated.cache_clear()
+    calibration_cache.cache_clear()
 
 
 class _Chain(nn.Module):
@@ -341,16 +341,16 @@ _GRAPH_CHILD = """
 import gc, ctypes, json, sys, torch
 sys.path.insert(0, sys.argv[1])
 from test_budget import _Chain
-from netlite_nb.memory.trace import _graph_census
-from netlite_nb.memory.cpu import _heap_in_use
+from netlite_nb.memory.trace import graph_census
+from netlite_nb.memory.cpu import heap_in_use
 torch.manual_seed(0)
 m, x = _Chain(), torch.randn(4, 16)
 m(x).mean().backward()
 gc.collect(); ctypes.CDLL(None).malloc_trim(0)
-h0 = _heap_in_use()
+h0 = heap_in_use()
 loss = m(x).mean()
-grown = _heap_in_use() - h0
-nodes, _, _, data = _graph_census(loss)
+grown = heap_in_use() - h0
+nodes, _, _, data = graph_census(loss)
 print(json.dumps([nodes, grown - data]))
 """
 
@@ -358,7 +358,7 @@ def test_autograd_graph_bytes_match_a_measured_chain():
     "The plan's graph bytes at the end of forward vs glibc's heap in use after a real forward, on a chain no constant was fitted to."
     tr = trace_step(_Chain(), torch.empty(4, 16, device='meta'), kernels='cpu').tracker
     planned = max(a for ph, a in _graph_alive(tr) if ph in ('forward', 'loss'))
-    r = subprocess.run([sys.executable, '-c', _GRAPH_CHILD, str(Path(__file__).parent)], env={**os.environ, **_MALLOC_ENV},
+    r = subprocess.run([sys.executable, '-c', _GRAPH_CHILD, str(Path(__file__).parent)], env={**os.environ, **MALLOC_ENV},
                        capture_output=True, text=True, check=True)
     nodes, measured = json.loads(r.stdout.strip().splitlines()[-1])
     assert nodes >= 4 * 150   # four nodes a link: a graph the size of a recurrent net's
@@ -417,9 +417,9 @@ print(json.dumps([x - node0 for x in (saved, node1, grad, smaller)]))
 def test_glibc_heap_places_a_recurrent_backward_as_glibc_does():
     """The rule behind the heap's holes, on this machine's glibc and in the model: a freed tensor between two live objects does not take
     a tensor of its own size (posix_memalign asks for 96 bytes more, rounded up), and takes one 128 bytes smaller."""
-    from netlite_nb.memory.heap import GlibcHeap, _on_glibc
-    if not _on_glibc() or not hasattr(ctypes.CDLL(None), 'mallinfo2'): pytest.skip('glibc 2.33 or later only (mallinfo2)')
-    r = subprocess.run([sys.executable, '-c', _PLACEMENT_CHILD], capture_output=True, text=True, env={**os.environ, **_MALLOC_ENV}, check=True)
+    from netlite_nb.memory.heap import GlibcHeap, on_glibc
+    if not on_glibc() or not hasattr(ctypes.CDLL(None), 'mallinfo2'): pytest.skip('glibc 2.33 or later only (mallinfo2)')
+    r = subprocess.run([sys.executable, '-c', _PLACEMENT_CHILD], capture_output=True, text=True, env={**os.environ, **MALLOC_ENV}, check=True)
     saved, node1, grad, smaller = json.loads(r.stdout)
     assert grad > node1 and saved <= smaller < node1, (saved, node1, grad, smaller)   # real glibc
     h = GlibcHeap(65536, 0)
@@ -476,13 +476,13 @@ def test_glibc_heap_raises_its_threshold_as_glibc_does(env, ops, expect, monkeyp
     """With none of its settings given, glibc raises the mmap threshold to a freed mapped block's chunk (below 32 MiB), so a smaller block
     after it comes from the heap; any accepted MALLOC_*_ setting or malloc tunable fixes the threshold. Real glibc, then the model."""
     from netlite_nb.memory import heap
-    if not heap._on_glibc() or not hasattr(ctypes.CDLL(None), 'mallinfo2'): pytest.skip('glibc 2.33 or later only (mallinfo2)')
+    if not heap.on_glibc() or not hasattr(ctypes.CDLL(None), 'mallinfo2'): pytest.skip('glibc 2.33 or later only (mallinfo2)')
     clean = {k: v for k, v in os.environ.items() if not k.startswith('MALLOC_') and k != 'GLIBC_TUNABLES'}
     r = subprocess.run([sys.executable, '-c', _DYNAMIC_CHILD, json.dumps(ops)], capture_output=True, text=True, env={**clean, **env}, check=True)
     assert json.loads(r.stdout) == expect   # real glibc
     for k in [k for k in os.environ if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES']: monkeypatch.delenv(k)
     for k, v in env.items(): monkeypatch.setenv(k, v)
-    h, blocks, mapped = heap.GlibcHeap(**heap._glibc_settings()), [], []
+    h, blocks, mapped = heap.GlibcHeap(**heap.glibc_settings()), [], []
     for op, n, align in ops:
         if op == 'f': h.free(blocks[n]); continue
         blocks.append(h.malloc(n, align)); mapped.append(blocks[-1] < 0)
@@ -497,12 +497,12 @@ def test_glibc_replay_of_a_trace(monkeypatch):
     tr = trace_step(m, batch, kernels='cpu').tracker
     mapped = sum(1 for r in tr.allocs if r.nbytes >= 65536 and r.category != 'autograd graph')  # the hidden layer's 64 KiB tensors, the weight and its state
     heap = sum(r.nbytes + 160 for r in tr.allocs if r.nbytes < 65536)  # every smaller block, with its chunk's header and alignment slack
-    monkeypatch.setattr(heap, '_on_glibc', lambda: True)
-    live, at, extra = heap._glibc_replay(tr)
+    monkeypatch.setattr(heap, 'on_glibc', lambda: True)
+    live, at, extra = heap.glibc_replay(tr)
     assert mapped and 4096 <= extra <= 4096 * mapped + heap   # at least one mapped block's page; never more than every page and chunk
     assert live <= tr.peak and 0 <= at < len(tr.events)       # the peak as glibc holds it: never more tensor bytes than the tensors' own peak
-    monkeypatch.setattr(heap, '_on_glibc', lambda: False)
-    assert heap._glibc_replay(tr) == (tr.peak, tr.peak_at, 0)
+    monkeypatch.setattr(heap, 'on_glibc', lambda: False)
+    assert heap.glibc_replay(tr) == (tr.peak, tr.peak_at, 0)
 
 
 def test_heap_blocks_cut_two_ways_hold_the_same_bytes():
@@ -514,31 +514,31 @@ def test_heap_blocks_cut_two_ways_hold_the_same_bytes():
         node, saved, value = graph
         for nbytes in {saved, node, 7 * node + 3 * value, 1821 * node + 900 * value, 1}:
             rec = SimpleNamespace(nbytes=nbytes, category='autograd graph')
-            whole, cut = heap._heap_blocks(rec, graph), heap._heap_blocks(rec, graph, cut=True)
+            whole, cut = heap.heap_blocks(rec, graph), heap.heap_blocks(rec, graph, cut=True)
             assert sum(n for n, _ in cut) == sum(n for n, _ in whole) <= nbytes and all(n > 0 for n, _ in cut), (graph, nbytes, cut)
             assert nbytes - sum(n for n, _ in whole) <= max(len(whole) - 1, 0)   # k node-size blocks lose less than k bytes to rounding
-        share = heap._heap_blocks(SimpleNamespace(nbytes=saved, category='autograd graph'), graph, cut=True)
-        assert ([n for n, _ in share[:2]] == list(heap._TENSOR_OBJECTS)) == (saved > sum(heap._TENSOR_OBJECTS)), (graph, share)
+        share = heap.heap_blocks(SimpleNamespace(nbytes=saved, category='autograd graph'), graph, cut=True)
+        assert ([n for n, _ in share[:2]] == list(heap.TENSOR_OBJECTS)) == (saved > sum(heap.TENSOR_OBJECTS)), (graph, share)
     tensor = SimpleNamespace(nbytes=4096, category='activations')
-    assert heap._heap_blocks(tensor, None, cut=True) == heap._heap_blocks(tensor, None) == [(4096, 64)]
+    assert heap.heap_blocks(tensor, None, cut=True) == heap.heap_blocks(tensor, None) == [(4096, 64)]
 
 
 def test_plan_keeps_the_heap_history_that_holds_most(monkeypatch):
     """A step that lives in the heap (a GRU at batch 32: 16-48 KiB tensors among the graph's objects) lands in different layouts when a few
-    small blocks went into the heap first; the plan replays it from `_HEAP_HISTORIES` such heaps, each the same every time, with the graph's bytes
+    small blocks went into the heap first; the plan replays it from `HEAP_HISTORIES` such heaps, each the same every time, with the graph's bytes
     cut two ways, and keeps the highest."""
     from netlite_nb.memory import heap
     monkeypatch.setenv('MALLOC_MMAP_THRESHOLD_', '65536'); monkeypatch.setenv('MALLOC_TRIM_THRESHOLD_', '0')
     monkeypatch.delenv('GLIBC_TUNABLES', raising=False)
-    monkeypatch.setattr(heap, '_on_glibc', lambda: True)
+    monkeypatch.setattr(heap, 'on_glibc', lambda: True)
     class GRUNet(nn.Module):
         def __init__(self): super().__init__(); self.rnn, self.head = nn.GRU(64, 128, num_layers=2, batch_first=True), nn.Linear(128, 10)
         def forward(self, x): return self.head(self.rnn(x)[0][:, -1])
     tr = trace_step(GRUNet(), (torch.empty(32, 64, 64, device='meta'), torch.empty(32, dtype=torch.long, device='meta')), kernels='cpu').tracker
-    peaks = [heap._glibc_peak(tr, s, cut)[0] for s, cut in heap._replays()]
-    live, at, extra = heap._glibc_replay(tr)
+    peaks = [heap.glibc_peak(tr, s, cut)[0] for s, cut in heap.heap_replays()]
+    live, at, extra = heap.glibc_replay(tr)
     assert live + extra == max(peaks) > min(peaks) + 2**20 and min(peaks) >= tr.peak, peaks   # two layouts, more than a MiB apart
-    sizes = lambda s: heap._heap_history(lambda n: n, s)
+    sizes = lambda s: heap.heap_history(lambda n: n, s)
     assert sizes(0) == [] and sizes(3) == sizes(3) and all(16 <= n < 600 for n in sizes(3))
 
 
@@ -817,21 +817,21 @@ from netlite_nb.memory import heap
 def rss(): return int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
 def kept(n):  # resident bytes an n-float tensor leaves behind once freed
     r = rss(); t = torch.ones(n); del t; return rss() - r
-pins = heap._messy_heap(seed=1, n=200)  # glibc's own settings: big tensors on the heap as its threshold rises, small ones kept between
+pins = heap.messy_heap(seed=1, n=200)  # glibc's own settings: big tensors on the heap as its threshold rises, small ones kept between
 ctypes.CDLL(None).malloc_trim(0)
 before = [kept(2**k) for k in range(15, 21)]        # 128 KiB to 4 MiB
 libc = ctypes.CDLL(None); libc.mallopt(-3, 65536); libc.mallopt(-1, 0); libc.malloc_trim(0)
 set_only = [kept(2**k) for k in range(15, 21)]      # the thresholds set, the heap's free chunks left as they were
 settings = heap.fix_glibc_thresholds()
 after = [kept(2**k) for k in range(15, 21)]
-libc = heap._libc(); p = libc.malloc(65536); mapped = bool(ctypes.c_size_t.from_address(p - ctypes.sizeof(ctypes.c_size_t)).value & 2); libc.free(p)
-print(json.dumps(dict(before=before, set_only=set_only, after=after, mapped=mapped, plugs=len(heap._PLUGS), settings=settings)))
+libc = heap.libc_handle(); p = libc.malloc(65536); mapped = bool(ctypes.c_size_t.from_address(p - ctypes.sizeof(ctypes.c_size_t)).value & 2); libc.free(p)
+print(json.dumps(dict(before=before, set_only=set_only, after=after, mapped=mapped, plugs=len(heap.PLUGS), settings=settings)))
 """
 
 _NO_MAPPING_CHILD = r"""
 import ctypes, resource
 from netlite_nb.memory import heap
-pins = heap._messy_heap(seed=2, n=100)
+pins = heap.messy_heap(seed=2, n=100)
 resource.setrlimit(resource.RLIMIT_AS, (8 * 2**30, 8 * 2**30))  # were the fill to grow the heap without end, it would stop here
 ctypes.CDLL(None).mallopt(-4, 0)  # M_MMAP_MAX 0, as a library might set it: glibc maps nothing more
 try: heap.fix_glibc_thresholds()
@@ -844,7 +844,7 @@ def _glibc_child(src):
     assert r.returncode == 0, r.stderr[-3000:]
     return r.stdout
 
-@pytest.mark.skipif(not _on_glibc(), reason="glibc's malloc only")
+@pytest.mark.skipif(not on_glibc(), reason="glibc's malloc only")
 def test_fix_glibc_thresholds_late_makes_big_blocks_go_back():
     """In a process whose heap was made under glibc's moving threshold, setting the thresholds is not enough: a big tensor still lands in
     a free chunk. `fix_glibc_thresholds` (mallopt, malloc_trim and the free chunks filled) leaves none: every tensor of 128 KiB or more
@@ -858,7 +858,7 @@ def test_fix_glibc_thresholds_late_makes_big_blocks_go_back():
     assert (out['settings']['mmap_threshold'], out['settings']['trim_threshold']) == (65536, 0)
 
 
-@pytest.mark.skipif(not _on_glibc(), reason="glibc's malloc only")
+@pytest.mark.skipif(not on_glibc(), reason="glibc's malloc only")
 def test_fix_glibc_thresholds_stops_where_glibc_maps_nothing():
     "With mapping switched off behind its back, the fill would take the whole address space: it stops at the first block that grows the heap."
     out = _glibc_child(_NO_MAPPING_CHILD)
@@ -871,7 +871,7 @@ def test_max_batch_size_warns_where_glibc_moves_its_threshold(monkeypatch):
     import warnings
     for k in [k for k in os.environ if k.startswith('MALLOC_') or k == 'GLIBC_TUNABLES']: monkeypatch.delenv(k)
     monkeypatch.setattr(planner, '_started_with', lambda: {k: v for k, v in os.environ.items() if k.startswith('MALLOC_')})
-    if heap._on_glibc() and not heap._MALLOPT:
+    if heap.on_glibc() and not heap.MALLOPT:
         with pytest.warns(MovingThresholdWarning, match='fix_glibc_thresholds'):
             assert max_batch_size(mlp(), MNIST, budget=2**27, device_or_gpu='cpu') < 2**16   # the budget decides the batch
         with warnings.catch_warnings():
@@ -882,7 +882,7 @@ def test_max_batch_size_warns_where_glibc_moves_its_threshold(monkeypatch):
         warnings.simplefilter('error', MovingThresholdWarning)
         max_batch_size(mlp(), MNIST, budget=2**27, device_or_gpu='cpu')   # a fixed threshold: nothing to warn of
         max_batch_size(mlp(), MNIST, budget=2**27)                        # tensors only: no model of glibc
-    if heap._on_glibc() and not heap._MALLOPT:
+    if heap.on_glibc() and not heap.MALLOPT:
         monkeypatch.setattr(planner, '_started_with', lambda: {})                        # set after start: glibc never read it
         with pytest.warns(MovingThresholdWarning, match='changed after this process started'):
             max_batch_size(mlp(), MNIST, budget=2**27, device_or_gpu='cpu')
@@ -948,7 +948,7 @@ def test_packed_sequences_are_planned_at_full_length():
     """`pack_padded_sequence` used to stop the trace: a packed RNN reads its batch sizes in C++. The plan now runs every sequence at full
     length (an upper bound, noted), for a GRU and a bidirectional two-layer LSTM read back with `pad_packed_sequence`, on the CPU and for a GPU;
     on real tensors, packing as the trace packs gives what PyTorch's packed layer gives."""
-    from netlite_nb.memory.trace import _PackedAtFullLength
+    from netlite_nb.memory.trace import PackedAtFullLength
     class Packed(nn.Module):
         def __init__(self, rnn): super().__init__(); self.rnn, self.head = rnn, nn.Linear(rnn.hidden_size * (1 + rnn.bidirectional), 10)
         def forward(self, x):
@@ -964,7 +964,7 @@ def test_packed_sequences_are_planned_at_full_length():
         def forward(self, x): return self.head(self.rnn(x)[0].mean(1))
     gru = nn.GRU(16, 32, batch_first=True)
     assert plan_memory(Packed(gru), SEQ, device_or_gpu='cpu').peak >= plan_memory(Padded(gru), SEQ, device_or_gpu='cpu').peak
-    class Full(_PackedAtFullLength):   # the stand-in on real tensors: packing at full length, as the trace packs
+    class Full(PackedAtFullLength):   # the stand-in on real tensors: packing at full length, as the trace packs
         def __torch_function__(self, func, types, args=(), kwargs=None):
             if getattr(func, '__name__', '') == '_pack_padded_sequence': return self._pack(args[0], args[2])
             return super().__torch_function__(func, types, args, kwargs)
@@ -1003,14 +1003,14 @@ def test_contiguous_copies_are_planned():
 
 _COPY_CHILD = r'''
 import json, sys, torch
-from netlite_nb.memory.cpu import _hwm_growth
+from netlite_nb.memory.cpu import hwm_growth
 x = torch.randn(16, 64, 32, 32).permute(0, 2, 3, 1)
 ln = torch.nn.LayerNorm(64)
 ln(x); x.softmax(-1)  # loads the code
 out = []
 for f in (ln, lambda t: t.softmax(-1), lambda t: t.log_softmax(-1), ln, lambda t: t.softmax(-1)):
     inp = x if len(out) < 3 else x.contiguous()
-    grown, y = _hwm_growth(lambda: f(inp))
+    grown, y = hwm_growth(lambda: f(inp))
     out.append(grown - y.nbytes)
 print(json.dumps(out))
 '''
@@ -1018,7 +1018,7 @@ print(json.dumps(out))
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason="Linux's high-water mark")
 def test_contiguous_copies_hold_against_a_real_run():
     from netlite_nb.memory.cpu import contiguous_copies
-    r = subprocess.run([sys.executable, '-c', _COPY_CHILD], env={**os.environ, **_MALLOC_ENV, 'OMP_NUM_THREADS': '1'}, capture_output=True, text=True, check=True)
+    r = subprocess.run([sys.executable, '-c', _COPY_CHILD], env={**os.environ, **MALLOC_ENV, 'OMP_NUM_THREADS': '1'}, capture_output=True, text=True, check=True)
     got = json.loads(r.stdout.strip().splitlines()[-1])
     A, xp = torch.ops.aten, torch.empty(16, 64, 32, 32, device='meta').permute(0, 2, 3, 1)
     w = torch.empty(64, device='meta')
@@ -1039,14 +1039,14 @@ def test_channels_last_convolutions_keep_their_layout_in_the_trace(monkeypatch):
         def forward(self, x): return self.h(self.dw2(self.dw(self.mid(x))).mean((2, 3)))
     batch = torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,))
     m = CL()
-    real = [B._channels_last(t) for t in (m.a(batch[0]), m.dw(m.mid(batch[0])), m.dw2(m.dw(m.mid(batch[0]))))]
+    real = [B.is_channels_last(t) for t in (m.a(batch[0]), m.dw(m.mid(batch[0])), m.dw2(m.dw(m.mid(batch[0]))))]
     assert real == [False, True, True]
-    outs, orig = [], B._as_laid_out
-    monkeypatch.setattr(B, '_as_laid_out', lambda func, args, out: (r := orig(func, args, out), outs.append((func, r)))[0])
+    outs, orig = [], B.as_laid_out
+    monkeypatch.setattr(B, 'as_laid_out', lambda func, args, out: (r := orig(func, args, out), outs.append((func, r)))[0])
     scratch = lambda t: sum(r.nbytes for r in t.tracker.allocs if r.category == 'kernel scratch')
     laid_out = scratch(trace_step(m, batch, kernels='cpu', steps=1))
-    assert [B._channels_last(r) for f, r in outs if f is torch.ops.aten.convolution.default] == real   # the trace writes them as the kernels do
-    monkeypatch.setattr(B, '_as_laid_out', lambda func, args, out: out)   # as 'meta' writes them: the second depthwise layer's blocked copies
+    assert [B.is_channels_last(r) for f, r in outs if f is torch.ops.aten.convolution.default] == real   # the trace writes them as the kernels do
+    monkeypatch.setattr(B, 'as_laid_out', lambda func, args, out: out)   # as 'meta' writes them: the second depthwise layer's blocked copies
     assert scratch(trace_step(m, batch, kernels='cpu', steps=1)) != laid_out
 
 
@@ -1075,31 +1075,31 @@ def test_dict_batches_and_outputs_are_planned():
 
 @pytest.mark.skipif(not sys.platform.startswith('linux') or __import__('platform').machine() not in ('x86_64', 'AMD64'), reason="oneDNN's x86 LSTM; Linux's mincore")
 def test_lstm_workspace_model_holds_against_a_real_run(monkeypatch):
-    """oneDNN's LSTM layer measured in a fresh process next to `_lstm_workspace`: batch 32 and 128 (one step's projection at a time), a reversed
+    """oneDNN's LSTM layer measured in a fresh process next to `lstm_workspace`: batch 32 and 128 (one step's projection at a time), a reversed
     direction, inputs wider and narrower than the state, a wide state, shapes the model was not read off; bf16 on the kernels this CPU takes
     and, on a CPU with bf16 instructions, on the reference kernels oneDNN takes without them."""
     shapes = [[64, 32, 64, 128, False], [64, 128, 64, 128, False], [64, 32, 64, 128, True], [64, 32, 256, 64, False], [32, 16, 64, 384, False],
               [40, 48, 200, 96, True], [100, 16, 32, 256, False], [20, 200, 64, 64, False], [16, 256, 96, 320, False]]
-    from netlite_nb.memory.cpu import _in_child, _lstm_brgemm, _onednn_lowp
+    from netlite_nb.memory.cpu import run_in_child, lstm_brgemm, onednn_lowp
     torch.set_num_threads(1)
     bf16 = [[64, 32, 64, 128, False], [64, 128, 64, 128, True], [40, 48, 200, 96, False], [16, 256, 96, 320, False], [50, 24, 512, 128, False]]
-    def check(rows, dt):   # the kernels `_lstm_brgemm` says this CPU (and its oneDNN ISA cap) takes
-        for (T, B, I, H, rev), got in zip(rows, _in_child('_measure_lstms', [['lstm', *s, dt] for s in rows])):
-            model = _lstm_workspace(T, B, H, I, reverse=rev, itemsize=getattr(torch, dt).itemsize, brgemm=_lstm_brgemm(getattr(torch, dt)))
+    def check(rows, dt):   # the kernels `lstm_brgemm` says this CPU (and its oneDNN ISA cap) takes
+        for (T, B, I, H, rev), got in zip(rows, run_in_child('_measure_lstms', [['lstm', *s, dt] for s in rows])):
+            model = lstm_workspace(T, B, H, I, reverse=rev, itemsize=getattr(torch, dt).itemsize, brgemm=lstm_brgemm(getattr(torch, dt)))
             for m, g, what in zip(model, got, ('workspace', 'forward scratch', 'backward scratch')):   # the weights' part of backward: 0.5-2x them measured, 2x modelled
-                assert 0.9 * g - 2**18 <= m <= 1.1 * g + 2**20 + (16 * H * (I + H) if what == 'backward scratch' else 0), ((T, B, I, H, rev, dt, _lstm_brgemm(getattr(torch, dt))), what, m / 2**20, g / 2**20)
+                assert 0.9 * g - 2**18 <= m <= 1.1 * g + 2**20 + (16 * H * (I + H) if what == 'backward scratch' else 0), ((T, B, I, H, rev, dt, lstm_brgemm(getattr(torch, dt))), what, m / 2**20, g / 2**20)
     check(shapes, 'float32')
-    if _onednn_lowp('torch.bfloat16'): check(bf16, 'bfloat16')   # where oneDNN runs no bf16, PyTorch takes its own kernels
-    if _onednn_lowp('torch.bfloat16') == 'native':   # the same CPU held to AVX-512 without bf16: oneDNN's reference kernels
+    if onednn_lowp('torch.bfloat16'): check(bf16, 'bfloat16')   # where oneDNN runs no bf16, PyTorch takes its own kernels
+    if onednn_lowp('torch.bfloat16') == 'native':   # the same CPU held to AVX-512 without bf16: oneDNN's reference kernels
         monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'AVX512_CORE')
-        assert not _lstm_brgemm(torch.bfloat16)
+        assert not lstm_brgemm(torch.bfloat16)
         check(bf16, 'bfloat16')
 
 
 def test_calibration_keeps_the_lstm_model(tmp_path, monkeypatch):
     "Measured one layer at a time, LSTMs planned 4 % low (a bidirectional one, `--brought --calibrate`): calibration leaves them to the model."
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
-    _calibrated.cache_clear()
+    calibration_cache.cache_clear()
     class Head(nn.Module):
         def __init__(self): super().__init__(); self.rnn, self.out = nn.LSTM(16, 32, batch_first=True, bidirectional=True), nn.Linear(64, 10)
         def forward(self, x): return self.out(self.rnn(x)[0][:, -1])
@@ -1123,12 +1123,12 @@ DTYPE_OPS = [['add.Tensor', [T(16, 128, 256), T(16, 128, 256, dt='bfloat16')]], 
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason="Linux's high-water mark")
 def test_dtype_temporaries_hold_against_a_real_run():
     "Mixed-dtype elementwise ops, a bf16 mean, dropout's mask, fused attention's accumulators and upsampling's copies, measured in a fresh process next to the model."
-    from netlite_nb.memory.cpu import _in_child, _op_arg
+    from netlite_nb.memory.cpu import run_in_child, op_arg
     torch.set_num_threads(1)
-    got = _in_child('_measure_ops', DTYPE_OPS)
+    got = run_in_child('_measure_ops', DTYPE_OPS)
     model = []
     for op, args in DTYPE_OPS:
-        f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [_op_arg(a, 'meta') for a in args]
+        f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [op_arg(a, 'meta') for a in args]
         model.append(promotion_copies(f, xs) + attention_scratch(f, xs) + upsample_copies(f, xs, f(*xs)))
     assert model[0] == 2 * 2**20 and model[3] == 0
     for m_, g in zip(model, got): assert 0.9 * g - 2**18 <= m_ <= 1.1 * g + 2**18, (model, got)
@@ -1148,15 +1148,15 @@ def test_promotion_copies_are_planned():
 def test_onednn_matmul_primitives_are_kept_per_shape_and_layout():
     "bf16 products on oneDNN: one primitive per shape, layout and added term, each kept; an MLP's step builds one per product (forward, input and weight gradients)."
     k = ('matmul', 1, 256, 784, 4096, 'torch.bfloat16', 'NT+')
-    how = _on_onednn(k)
+    how = on_onednn(k)
     if how is None:  # this CPU's PyTorch does not run bf16 matmuls on oneDNN: MKL's rule, and nothing measured
-        assert cpu_workspace_bytes([k], 'AVX512') == _MKL_BLOCKING['AVX512']['mm_state']
+        assert cpu_workspace_bytes([k], 'AVX512') == MKL_BLOCKING['AVX512']['mm_state']
         return
-    per = _ONEDNN_MATMUL_STATE[how]
+    per = ONEDNN_MATMUL_STATE[how]
     assert cpu_workspace_bytes([k, k]) == per and cpu_workspace_bytes([k, k[:6] + ('NN',)]) == 2 * per
-    assert _on_onednn(('matmul', 1, 16, 16, 16, 'torch.bfloat16', 'NN')) is None   # 16**3 multiply-adds: PyTorch keeps it off oneDNN
+    assert on_onednn(('matmul', 1, 16, 16, 16, 'torch.bfloat16', 'NN')) is None   # 16**3 multiply-adds: PyTorch keeps it off oneDNN
     kernels = trace_step(mlp(), MNIST, precision='bf16').tracker.kernels
-    prims = {x for x in kernels if x[0] == 'matmul' and _on_onednn(x)}
+    prims = {x for x in kernels if x[0] == 'matmul' and on_onednn(x)}
     assert len(prims) == 3 + 2 + 3   # three layers forward, the input gradient of the two above the first, three weight gradients
     assert plan_memory(mlp(), MNIST, precision='bf16', device_or_gpu='cpu').breakdown['CPU kernel workspace'] == 8 * per
 
@@ -1164,22 +1164,22 @@ def test_onednn_matmul_primitives_are_kept_per_shape_and_layout():
 @pytest.mark.skipif(not sys.platform.startswith('linux') or os.confstr('CS_GNU_LIBC_VERSION') is None, reason="glibc's mallinfo2")
 def test_onednn_primitive_state_holds_against_a_real_run():
     "Each new bf16 primitive's heap, measured in a fresh process, next to the model's constant for this CPU."
-    from netlite_nb.memory.cpu import _in_child, _mm_key
+    from netlite_nb.memory.cpu import run_in_child, mm_key
     specs = [['onednn_matmul', 1, 2048, 256, 768, 'bfloat16', 'NT+'], ['onednn_matmul', 1, 2048, 768, 256, 'bfloat16', 'NN'],
              ['onednn_matmul', 1, 768, 2048, 256, 'bfloat16', 'TN'], ['onednn_matmul', 64, 128, 64, 128, 'bfloat16', 'NT']]
-    how = _on_onednn(('matmul', *specs[0][1:5], 'torch.bfloat16'))
+    how = on_onednn(('matmul', *specs[0][1:5], 'torch.bfloat16'))
     if how is None: pytest.skip("bf16 matmuls do not run on oneDNN here")
-    assert _mm_key(('matmul', 1, 2048, 256, 768, 'torch.bfloat16', 'NT+'))[1] == [*specs[0][:2], 1024, *specs[0][3:]]   # clipped as MKL's keys are
-    got = _in_child('_measure_onednn', specs)
-    per = _ONEDNN_MATMUL_STATE[how]
+    assert mm_key(('matmul', 1, 2048, 256, 768, 'torch.bfloat16', 'NT+'))[1] == [*specs[0][:2], 1024, *specs[0][3:]]   # clipped as MKL's keys are
+    got = run_in_child('_measure_onednn', specs)
+    per = ONEDNN_MATMUL_STATE[how]
     for g in got: assert 0.6 * per <= g <= 1.7 * per, (got, per)   # 541-610 KiB over 150 shapes on the AVX-512 Xeon it was read off
 
 
 def test_calibration_measures_onednn_primitives(tmp_path, monkeypatch):
     "A calibrated bf16 plan measures each oneDNN primitive of the step once, caches it by shape and layout, and plans with what it measured."
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
-    _calibrated.cache_clear()
-    if _on_onednn(('matmul', 1, 32, 784, 256, 'torch.bfloat16')) is None: pytest.skip("bf16 matmuls do not run on oneDNN here")
+    calibration_cache.cache_clear()
+    if on_onednn(('matmul', 1, 32, 784, 256, 'torch.bfloat16')) is None: pytest.skip("bf16 matmuls do not run on oneDNN here")
     p = plan_memory(mlp(), MNIST, precision='bf16', device_or_gpu='cpu', calibrate=True)
     table = json.loads(calibration_file().read_text())
     prims = {k: v for k, v in table.items() if k.startswith('["onednn_matmul"')}
@@ -1191,16 +1191,16 @@ def test_calibration_measures_onednn_primitives(tmp_path, monkeypatch):
 def test_half_precision_details_from_review(monkeypatch):
     "A build without oneDNN plans on the CPU; a strategy's bf16 sets max_batch_size's margin; matrix-vector products and strided operands; frozen bf16 weights."
     import netlite_nb.budget as B
-    from netlite_nb.memory.trace import _kernel
+    from netlite_nb.memory.trace import kernel_spec
     from netlite_nb.memory.cpu import cpu_conv_scratch
     A = torch.ops.aten
     monkeypatch.setattr(torch.backends.mkldnn, 'is_available', lambda: False)   # as in a PyTorch built without oneDNN
-    assert _onednn_lowp('torch.bfloat16') is None
+    assert onednn_lowp('torch.bfloat16') is None
     assert plan_memory(mlp(), MNIST, device_or_gpu='cpu').peak > 0
     monkeypatch.undo()
-    assert _kernel(A.mv.default, (torch.empty(64, 128), torch.empty(128)))[2:5] == (64, 128, 1)
+    assert kernel_spec(A.mv.default, (torch.empty(64, 128), torch.empty(128)))[2:5] == (64, 128, 1)
     a = torch.empty(64, 256)[:, ::2]   # strided, not transposed: copied to contiguous first
-    assert _kernel(A.mm.default, (a, torch.empty(128, 32)))[-1] == 'NN' and _kernel(A.mm.default, (torch.empty(128, 64).t(), torch.empty(128, 32)))[-1] == 'TN'
+    assert kernel_spec(A.mm.default, (a, torch.empty(128, 32)))[-1] == 'NN' and kernel_spec(A.mm.default, (torch.empty(128, 64).t(), torch.empty(128, 32)))[-1] == 'TN'
     x, w = torch.empty(8, 512, 4, 4, dtype=torch.bfloat16, device='meta'), torch.empty(512, 512, 3, 3, dtype=torch.bfloat16, device='meta')
     y = A.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
     bwd = lambda mask: cpu_conv_scratch(A.convolution_backward.default, (y, x, w, [512], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask), None)
@@ -1213,13 +1213,13 @@ def test_half_precision_details_from_review(monkeypatch):
 
 
 @pytest.mark.skipif(not sys.platform.startswith('linux') or __import__('platform').machine() not in ('x86_64', 'AMD64')
-                    or _onednn_lowp('torch.bfloat16') is None, reason="oneDNN's x86 bf16 matmuls")
+                    or onednn_lowp('torch.bfloat16') is None, reason="oneDNN's x86 bf16 matmuls")
 def test_flash_attention_backward_primitives_are_counted_as_oneDNN_creates_them():
-    """Each bf16 fused attention backward creates the oneDNN matmul primitives `_flash_gemms` lists that the process has not seen
+    """Each bf16 fused attention backward creates the oneDNN matmul primitives `flash_gemms` lists that the process has not seen
     (ONEDNN_VERBOSE, on creation): tail blocks, other lengths, other heads, a causal mask, an unscaled softmax, a batch that changes nothing."""
     code = r'''
 import json, sys, torch, torch.nn.functional as F
-from netlite_nb.memory.cpu import _flash_gemms
+from netlite_nb.memory.cpu import flash_gemms
 torch.set_num_threads(1)
 a = torch.randn(64, 64, dtype=torch.bfloat16)
 with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON_CREATION): a @ a.t()   # does this build print what it creates?
@@ -1228,7 +1228,7 @@ seen = set()
 for *s, causal, scale in json.loads(sys.argv[1]):
     q, k, v = (torch.randn(*s, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-    new = set(_flash_gemms((o, q, k, v, o, None, 0.0, causal), {'scale': scale})) - seen
+    new = set(flash_gemms((o, q, k, v, o, None, 0.0, causal), {'scale': scale})) - seen
     seen |= new
     print('SHAPE', len(new), flush=True)
     with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON_CREATION): o.sum().backward()
@@ -1252,7 +1252,7 @@ for *s, causal, scale in json.loads(sys.argv[1]):
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason="Linux's high-water mark")
 def test_fft_and_complex_abs_scratch_hold_against_a_real_run():
     "MKL's FFT copies and a complex abs's temporary, measured in a fresh process on shapes the rules were not read off (the rules are MKL's: 0 without it)."
-    from netlite_nb.memory.cpu import _in_child, _op_arg, fft_scratch, promotion_copies
+    from netlite_nb.memory.cpu import run_in_child, op_arg, fft_scratch, promotion_copies
     t = lambda *shape, dt='complex64': ['tensor', list(shape), dt]
     ops = [['_fft_c2r.default', [t(8, 24, 48, 25), [2, 3], 0, 48]], ['_fft_c2r.default', [t(8, 24, 48, 25), [3], 0, 48]],
            ['_fft_c2r.default', [t(4, 12, 20, 24, 13), [2, 3, 4], 0, 24]], ['_fft_r2c.default', [t(8, 24, 48, 48, dt='float32'), [1], 0, True]],
@@ -1260,9 +1260,9 @@ def test_fft_and_complex_abs_scratch_hold_against_a_real_run():
            ['abs.default', [t(8, 100, 300)]]]
     # Linux updates its resident-set counters in batches, so one high-water mark can come out a few hundred KiB short,
     # never long: the most of three fresh processes is the measurement
-    got = [max(r) for r in zip(*(_in_child('_measure_ops', ops) for _ in range(3)))]
+    got = [max(r) for r in zip(*(run_in_child('_measure_ops', ops) for _ in range(3)))]
     for (op, args), g in zip(ops, got):
-        f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [_op_arg(a, 'meta') for a in args]
+        f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [op_arg(a, 'meta') for a in args]
         m = fft_scratch(f, xs) + promotion_copies(f, xs)
         if not torch.backends.mkl.is_available() and op.startswith('_fft'): assert m == 0; continue
         assert abs(m - g) <= 0.05 * m + 2**18, (op, args, m, g)   # the rule holds what is measured, within 5 % and 256 KiB
@@ -1369,8 +1369,8 @@ def test_ops_without_shape_only_kernels_are_planned_like_their_inputs():
 
 def test_layout_copies_ctc_and_fake_quant_scratch_hold_against_a_real_run():
     "A convolution's copies of transposed tensors, CTC's log_beta and learnable fake quantization's buffers, measured in a fresh process on shapes the rules were not read off."
-    from netlite_nb.memory.trace import _CONVS
-    from netlite_nb.memory.cpu import _in_child, _op_arg, conv_layout_copies, cpu_conv_scratch, ctc_scratch, fake_quant_scratch
+    from netlite_nb.memory.trace import CONVS
+    from netlite_nb.memory.cpu import run_in_child, op_arg, conv_layout_copies, cpu_conv_scratch, ctc_scratch, fake_quant_scratch
     t = lambda *shape, dt='float32': ['tensor', list(shape), dt]
     conv = lambda x, w: ['convolution.default', [x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1]]
     T, B, C, S = 120, 16, 60, 30
@@ -1378,10 +1378,10 @@ def test_layout_copies_ctc_and_fake_quant_scratch_hold_against_a_real_run():
            ['_ctc_loss_backward.default', [t(B), t(T, B, C), t(B, S, dt='int64'), [T] * B, [S] * B, t(B), t(B, T, 2 * S + 1), 0]],
            ['_fake_quantize_learnable_per_channel_affine_backward.default', [t(24, 48, 40, 40), t(24, 48, 40, 40), t(48), t(48), 1, -128, 127, 1.0]],
            ['_fake_quantize_learnable_per_channel_affine_backward.default', [t(24, 48, 40, 40, dt='bfloat16'), t(24, 48, 40, 40, dt='bfloat16'), t(48), t(48), 1, -128, 127, 1.0]]]
-    got = [max(r) for r in zip(*(_in_child('_measure_ops', ops) for _ in range(3)))]  # the most of three processes (see the FFT test)
+    got = [max(r) for r in zip(*(run_in_child('_measure_ops', ops) for _ in range(3)))]  # the most of three processes (see the FFT test)
     for (op, args), g in zip(ops, got):
-        f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [_op_arg(a, 'meta') for a in args]
-        m = (cpu_conv_scratch(f, xs, f(*xs)) + conv_layout_copies(f, xs)) if f in _CONVS else ctc_scratch(f, xs) + fake_quant_scratch(f, xs)
+        f, xs = functools.reduce(getattr, op.split('.'), torch.ops.aten), [op_arg(a, 'meta') for a in args]
+        m = (cpu_conv_scratch(f, xs, f(*xs)) + conv_layout_copies(f, xs)) if f in CONVS else ctc_scratch(f, xs) + fake_quant_scratch(f, xs)
         assert abs(m - g) <= 0.05 * m + 2**18, (op, args, m, g)
 
 def test_a_graph_batch_keeps_its_edge_list_as_given():
@@ -1401,21 +1401,21 @@ def test_a_graph_batch_keeps_its_edge_list_as_given():
 
 def test_a_model_that_cannot_train_at_batch_1_is_searched_from_2():
     "BatchNorm after global pooling (DeepLabV3's image pooling) sees one value per channel at batch 1: a clear error there, and max_batch_size starts at 2."
-    from netlite_nb.budget import _smallest_batch
+    from netlite_nb.budget import smallest_batch
     pooled = nn.Sequential(nn.Conv2d(1, 8, 3), nn.AdaptiveAvgPool2d(1), nn.BatchNorm2d(8), nn.Flatten(), nn.Linear(8, 10))
     with pytest.raises(ShapeMismatchError, match='of 1 cannot train'): plan_memory(pooled, resize_batch(MNIST, 1))
-    assert _smallest_batch(lambda b: plan_memory(pooled, resize_batch(MNIST, b))) == 2
-    assert _smallest_batch(lambda b: plan_memory(mlp(), resize_batch(MNIST, b))) == 1
+    assert smallest_batch(lambda b: plan_memory(pooled, resize_batch(MNIST, b))) == 2
+    assert smallest_batch(lambda b: plan_memory(mlp(), resize_batch(MNIST, b))) == 1
     b = max_batch_size(pooled, MNIST, budget=2**26, device_or_gpu='cpu')
     assert b > 2 and plan_memory(pooled, resize_batch(MNIST, b), device_or_gpu='cpu').peak <= 2**26
     with pytest.raises(BudgetTooSmallError, match='Even a batch of 2'): max_batch_size(pooled, MNIST, budget=2**10, device_or_gpu='cpu')
     with pytest.raises(ValueError, match='raise max_batch'): max_batch_size(pooled, MNIST, budget=2**26, device_or_gpu='cpu', max_batch=1)
-    from netlite_nb.budget import _grow_until_oom, _try_batch
-    assert _grow_until_oom(lambda b: _try_batch(pooled, MNIST, b, torch.device('cpu')), torch.device('cpu'), limit=8) == 8   # real steps from 2
+    from netlite_nb.budget import grow_until_oom, try_batch_once
+    assert grow_until_oom(lambda b: try_batch_once(pooled, MNIST, b, torch.device('cpu')), torch.device('cpu'), limit=8) == 8   # real steps from 2
 
 def test_deform_conv_scratch_holds_against_a_real_run():
     "torchvision's deformable convolution, forward and backward, with and without a mask, blocks of 5 to 32 images, fp32 and fp64: the rule against the real kernel in a fresh process."
-    from netlite_nb.memory.cpu import _in_child, _op_arg, _op_func, deform_conv_scratch
+    from netlite_nb.memory.cpu import run_in_child, op_arg, op_func, deform_conv_scratch
     t = lambda *shape, dt='float32': ['tensor', list(shape), dt]
     def case(b, c, o, h, k, stride, mask, bwd, dt='float32'):
         oh = (h + 2 * (k // 2) - k) // stride + 1
@@ -1424,9 +1424,9 @@ def test_deform_conv_scratch_holds_against_a_real_run():
         return ['torchvision::_deform_conv2d_backward.default', [t(b, o, oh, oh, dt=dt), *args]] if bwd else ['torchvision::deform_conv2d.default', args]
     ops = [case(*c, bwd) for c in [(5, 32, 64, 32, 3, 1, 0), (48, 16, 32, 32, 3, 1, 0), (16, 64, 32, 32, 3, 2, 1), (7, 8, 128, 40, 5, 1, 1), (64, 16, 16, 24, 3, 1, 0)]
            for bwd in (0, 1)] + [case(12, 16, 32, 32, 3, 1, 0, 1, 'float64')]
-    got = [max(r) for r in zip(*(_in_child('_measure_ops', ops) for _ in range(2)))]
+    got = [max(r) for r in zip(*(run_in_child('_measure_ops', ops) for _ in range(2)))]
     for (op, args), g in zip(ops, got):
-        m = deform_conv_scratch(_op_func(op), [_op_arg(a, 'meta') for a in args])
+        m = deform_conv_scratch(op_func(op), [op_arg(a, 'meta') for a in args])
         assert m > 2**20 and abs(m - g) <= 0.05 * m + 2**18, (op, args, m, g)
 
 def test_packed_lengths_read_off_the_batch_are_planned():

@@ -173,7 +173,7 @@ def _parallel_op_threads():
 
 
 def test_launch_after_parallel_ops_gives_forked_processes_threads_they_can_use():
-    from netlite_nb.distributed import _openmp_survives_fork
+    from netlite_nb.distributed import openmp_survives_fork
     saved = torch.get_num_threads()
     torch.set_num_threads(4)  # as on a 4-core machine: the old default gave each of 2 forked processes 2 threads
     try:
@@ -181,7 +181,7 @@ def test_launch_after_parallel_ops_gives_forked_processes_threads_they_can_use()
         t0 = time.time()
         threads = launch(_parallel_op_threads, nproc=2, timeout=30)
         assert time.time() - t0 < 30
-        if not _openmp_survives_fork():
+        if not openmp_survives_fork():
             assert threads == 1
             with pytest.raises(ValueError, match='one thread only'): launch(_parallel_op_threads, nproc=2, threads=2)
         assert torch.get_num_threads() == 4  # launch restores this process's threads

@@ -4,7 +4,7 @@ import pytest, torch, torch.nn as nn, torch.nn.functional as F
 from netlite_nb.budget import fit_to_budget, plan_memory
 from netlite_nb.memory.trace import AllocationTracker
 from netlite_nb.layers import (ChunkedFFN, ChunkedLinearCrossEntropy, BitReLU, BitDropout, CheckpointedSequential,
-                               chunked_linear_cross_entropy, memory_transform, checkpoint_every, convert_model, saved_bytes, _ChunkedFFNFn)
+                               chunked_linear_cross_entropy, memory_transform, checkpoint_every, convert_model, saved_bytes, ChunkedFFNFn)
 
 torch.set_num_threads(1)
 
@@ -18,7 +18,7 @@ def test_chunked_ffn_gradcheck_and_plain_equivalence():
     torch.manual_seed(0)
     f = ChunkedFFN(6, 24, act='gelu').double()
     x = torch.randn(11, 6, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x, *p: _ChunkedFFNFn.apply(x, *p, f[1], 4), (x, *f.parameters()))
+    assert torch.autograd.gradcheck(lambda x, *p: ChunkedFFNFn.apply(x, *p, f[1], 4), (x, *f.parameters()))
     x = torch.randn(4, 9, 6, dtype=torch.float64, requires_grad=True)
     f.chunk_size = 5
     (f(x) ** 2).sum().backward()

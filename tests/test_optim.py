@@ -4,7 +4,7 @@ import pytest, torch, torch.nn as nn, torch.nn.functional as F
 from netlite_nb.budget import fit_to_budget, plan_memory
 from netlite_nb.memory.trace import make_optimizer
 from netlite_nb.optim import AdamW8bit, adamw8bit_backend, dynamic_map, quantize_blockwise, dequantize_blockwise, state_bytes
-from netlite_nb.optim import _code_and_mids_lists, _nearest_code
+from netlite_nb.optim import code_and_mids_lists, nearest_code
 
 torch.set_num_threads(1)
 DEVICES = ['cpu'] + (['cuda'] if torch.cuda.is_available() else []) + \
@@ -188,7 +188,7 @@ def test_8bit_map_survives_fake_tensor_traces():
 @pytest.mark.parametrize('signed', [True, False])
 def test_table_lookup_rounds_like_the_binary_search(signed):
     "The lookup tables give the nearest code exactly as torch.searchsorted over the midpoints (plus v > 0 never becomes 0)."
-    mids = torch.tensor(_code_and_mids_lists(signed)[1])
+    mids = torch.tensor(code_and_mids_lists(signed)[1])
     g = torch.Generator().manual_seed(0)
     bits = torch.randint(0, 2**31, (2_000_000,), generator=g, dtype=torch.int64).to(torch.int32)  # any positive float32 bit pattern
     x = torch.cat([bits.view(torch.float32), -bits.view(torch.float32), mids, mids.nextafter(torch.tensor(2.)),
@@ -196,14 +196,14 @@ def test_table_lookup_rounds_like_the_binary_search(signed):
     x = x[x.abs() <= 1]
     want = torch.searchsorted(mids, x)
     if not signed: want = torch.where(x > 0, want.clamp_min(1), want)
-    assert torch.equal(_nearest_code(x, signed).long(), want)
+    assert torch.equal(nearest_code(x, signed).long(), want)
 
 
 @pytest.mark.parametrize('signed', [True, False])
 def test_one_read_quantizer_rounds_like_the_lookup_tables(signed):
-    "The step's quantizer (one int32 read and integer arithmetic) gives `_nearest_code`'s codes: random bit patterns, midpoints, NaNs of both signs, -0.0."
-    from netlite_nb.optim import _quant_table, _quantize_into
-    mids = torch.tensor(_code_and_mids_lists(signed)[1])
+    "The step's quantizer (one int32 read and integer arithmetic) gives `nearest_code`'s codes: random bit patterns, midpoints, NaNs of both signs, -0.0."
+    from netlite_nb.optim import quant_table, quantize_into
+    mids = torch.tensor(code_and_mids_lists(signed)[1])
     g = torch.Generator().manual_seed(1)
     bits = torch.randint(0, 2**31, (1_000_000,), generator=g, dtype=torch.int64).to(torch.int32)
     x = torch.cat([bits.view(torch.float32), -bits.view(torch.float32), mids, mids.nextafter(torch.tensor(2.)),
@@ -214,8 +214,8 @@ def test_one_read_quantizer_rounds_like_the_lookup_tables(signed):
     x = torch.cat([torch.cat([x, torch.ones(len(x), 1)], 1).view(-1), torch.tensor([float('nan'), -float('nan')]).repeat(128)])  # absmax 1: unchanged
     q, absmax = torch.empty(x.numel(), dtype=torch.uint8), torch.empty(x.numel() // 256, 1)
     w = {'t': torch.empty_like(x), 'i': torch.empty(x.numel(), dtype=torch.int32)}
-    _quantize_into(x.clone(), q, absmax, _quant_table(signed, x), w, 256, signed)
-    assert torch.equal(q, _nearest_code(x, signed))
+    quantize_into(x.clone(), q, absmax, quant_table(signed, x), w, 256, signed)
+    assert torch.equal(q, nearest_code(x, signed))
 
 
 def test_adamw8bit_name_builds_ours_on_cpu_and_for_the_planner():
@@ -273,7 +273,7 @@ def test_bitsandbytes_state_is_refused_with_a_sentence():
 
 def _one_step_each_way(p, opt, chunk=None, threads=1, decay=1.0):
     "From the same parameter and state, one step by the plain reference and one by the optimizer's own chunked update (decay first)."
-    from netlite_nb.optim import _adamw_8bit_reference, _chunk_values
+    from netlite_nb.optim import adamw_8bit_reference, chunk_values
     import netlite_nb.optim as optim
     group, st = opt.param_groups[0], opt.state[p]
     if not st: opt._init_state(p, group, st)
@@ -281,14 +281,14 @@ def _one_step_each_way(p, opt, chunk=None, threads=1, decay=1.0):
     ref.grad = p.grad
     t = st['step'] = st['step'] + 1
     step_size, bc2_sqrt = group['lr'] / (1 - group['betas'][0] ** t), (1 - group['betas'][1] ** t) ** 0.5
-    sized, threads_before = optim._chunk_values, torch.get_num_threads()
+    sized, threads_before = optim.chunk_values, torch.get_num_threads()
     try:
-        if chunk: optim._chunk_values = lambda device, block_size: chunk
+        if chunk: optim.chunk_values = lambda device, block_size: chunk
         torch.set_num_threads(threads)
         with torch.no_grad():
-            _adamw_8bit_reference(ref.mul_(decay), st_ref, group, step_size, bc2_sqrt)
+            adamw_8bit_reference(ref.mul_(decay), st_ref, group, step_size, bc2_sqrt)
             opt._update_8bit(p, st, group, step_size, bc2_sqrt, decay)
-    finally: optim._chunk_values = sized; torch.set_num_threads(threads_before)
+    finally: optim.chunk_values = sized; torch.set_num_threads(threads_before)
     return before, p.detach().clone(), ref, {k: st[k] for k in st_ref}, st_ref
 
 

@@ -2,7 +2,7 @@
 import json, re, shutil, subprocess, sys
 from pathlib import Path
 import pynvml, pytest, torch
-from netlite_nb.probe import (FakeNVML, HardwareProfile, UnknownGPUError, _parse_smi_csv, _words, device_memory, gpu_catalogue,
+from netlite_nb.probe import (FakeNVML, HardwareProfile, UnknownGPUError, parse_smi_csv, words_of, device_memory, gpu_catalogue,
                               lookup_gpu, probe)
 
 FIXTURES = Path(__file__).parent / 'fixtures'
@@ -66,7 +66,7 @@ def test_no_permission_on_one_device_keeps_the_others():
 
 def test_nvidia_smi_fallback_from_captured_csv():
     text = (FIXTURES / 'nvidia_smi_query.csv').read_text()
-    gpus = _parse_smi_csv(text)
+    gpus = parse_smi_csv(text)
     assert [g.name for g in gpus] == ['NVIDIA GeForce GTX 1050 Ti', 'NVIDIA GeForce RTX 3060']
     assert gpus[0].total_memory == 4096 * 2**20 and gpus[0].compute_capability == '6.1' and not gpus[0].fp16_fast
     assert gpus[1].bf16_native and gpus[1].free_memory == 11815 * 2**20 and gpus[1].driver_version == '560.35.03'
@@ -110,7 +110,7 @@ def smi_name(g)->str:
 
 def short_forms(g)->set[str]:
     "How people write `g`: without vendor words ('rtx 2080 ti'), without the series ('2080 ti'), run together ('rtx2080ti')."
-    w = _words(g.name)
+    w = words_of(g.name)
     spaced = ' '.join(w)
     return {spaced, ' '.join(x for x in w if x not in {'gtx', 'rtx', 'rx', 'arc', 'tesla'}), re.sub(r'(?<=[a-z]) (?=\d)|(?<=\d) (?=[a-z])', '', spaced)}
 
@@ -193,8 +193,8 @@ def _touched_mapping(n:int):
 
 def test_cpu_rss_reading_agrees_with_psutil_and_follows_allocations():
     import psutil
-    from netlite_nb.probe import _rss, device_memory
-    assert abs(_rss() - psutil.Process().memory_info().rss) < 2**20
+    from netlite_nb.probe import process_rss, device_memory
+    assert abs(process_rss() - psutil.Process().memory_info().rss) < 2**20
     before = device_memory('cpu').used
     block = _touched_mapping(64 * 2**20)
     after = device_memory('cpu').used
@@ -204,8 +204,8 @@ def test_cpu_rss_reading_agrees_with_psutil_and_follows_allocations():
 
 def test_cpu_rss_reading_in_a_forked_child_is_the_childs():
     import multiprocessing as mp, os
-    from netlite_nb.probe import _rss
-    _rss()                                            # the parent opens its /proc/self/statm first
+    from netlite_nb.probe import process_rss
+    process_rss()                                            # the parent opens its /proc/self/statm first
     with mp.get_context('fork').Pool(1) as pool: pid, reopened_for, rss, psutil_rss = pool.apply(_child_reading)
     assert pid != os.getpid() and reopened_for == pid
     assert abs(rss - psutil_rss) < 2**20, (rss, psutil_rss)   # the parent's file would miss the child's 128 MiB
@@ -213,9 +213,9 @@ def test_cpu_rss_reading_in_a_forked_child_is_the_childs():
 
 def _child_reading():
     import os, psutil
-    from netlite_nb.probe import _rss, _PROCESS
+    from netlite_nb.probe import process_rss, PROCESS
     block = _touched_mapping(128 * 2**20)             # only the child holds this
-    return os.getpid(), _PROCESS['pid'] if _rss() else None, _rss(), psutil.Process().memory_info().rss
+    return os.getpid(), PROCESS['pid'] if process_rss() else None, process_rss(), psutil.Process().memory_info().rss
 
 
 def _readme_lines():
@@ -230,9 +230,9 @@ def _readme_lines():
 def test_check_usable_names_the_readme_s_install_line(card, cuda, system, expect):
     "A torch build that cannot use the card names the README's line for it: cu126 below 7.5, PyPI (cu130 on Windows) above."
     import dataclasses
-    from netlite_nb.probe import GPUInfo, TorchBuild, _check_usable
+    from netlite_nb.probe import GPUInfo, TorchBuild, check_usable
     b = TorchBuild('2.14.1', cuda, None, ['sm_75', 'sm_80', 'sm_90'] if cuda else [], {'cuda': bool(cuda), 'rocm': False, 'mps': False, 'xpu': False, 'cpu': True})
-    why = _check_usable(GPUInfo.from_spec(card), b, system)
+    why = check_usable(GPUInfo.from_spec(card), b, system)
     advice = why.split('supports it: ')[-1].split('then ')[-1].split(';')[0].split(' (')[0]
     if expect: assert f"`{advice}`" in _readme_lines()[expect], (advice, _readme_lines()[expect])
     else: assert advice == 'pip install torch torchvision' and "PyPI's default" in why and 'cu130' not in why.split(';')[0]

@@ -8,7 +8,7 @@ from netlite_nb.budget import plan_memory
 from netlite_nb.layers import convert_model
 from netlite_nb.strategies import load_strategy
 from netlite_nb.checkpoint import find_checkpoint
-from netlite_nb.fixtures import blobs, mlp, max_param_diff, _accum_run
+from netlite_nb.fixtures import blobs, mlp, max_param_diff, accum_run
 from train_helpers import KW, loaders, losses, Sigint, StepCounter
 
 
@@ -218,9 +218,9 @@ def test_fp16_clips_after_unscaling_and_checkpoints_the_scaler(tmp_path):
 
 
 def test_accumulation_matches_big_batch_with_partial_window():
-    big, small = _accum_run(128, 1, steps=12, trainer=Trainer), _accum_run(16, 8, steps=12, trainer=Trainer)
+    big, small = accum_run(128, 1, steps=12, trainer=Trainer), accum_run(16, 8, steps=12, trainer=Trainer)
     assert max_param_diff(big.model, small.model) <= 1e-10
-    assert max_param_diff(_accum_run(64, 1, steps=12, trainer=Trainer).model, _accum_run(16, 4, steps=12, trainer=Trainer).model) <= 1e-10
+    assert max_param_diff(accum_run(64, 1, steps=12, trainer=Trainer).model, accum_run(16, 4, steps=12, trainer=Trainer).model) <= 1e-10
     assert big.samples == small.samples
 
 

@@ -20,40 +20,43 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from fastcore.basics import patch
 from ..probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes, free_memory, gpu_catalogue, in_notebook, is_oom, lookup_gpu
 from .trace import (
-    AUTOGRAD_GRAPH_BYTES, AllocationTracker, DeviceKernels, GRAPH_KEY, Target, _A, _CONVS, _CTC_BACKWARD, _FQ,
-    _FQ_BACKWARD, _MATMULS, _graph_census, _kernel, register_kernels)
-from .heap import _glibc_note, _glibc_replay, _on_glibc
+    AUTOGRAD_GRAPH_BYTES, AllocationTracker, DeviceKernels, GRAPH_KEY, Target, _A, CONVS, _CTC_BACKWARD, _FQ,
+    _FQ_BACKWARD, _MATMULS, graph_census, kernel_spec, register_kernels)
+from .heap import _glibc_note, glibc_replay, on_glibc
 
 # %% auto #0
-__all__ = ['cpu_workspace_bytes', 'cpu_conv_scratch', 'conv_layout_copies', 'contiguous_copies', 'promotion_copies',
-           'attention_scratch', 'matrix_exp_scratch', 'ctc_scratch', 'fake_quant_scratch', 'deform_conv_scratch',
-           'fft_scratch', 'upsample_copies', 'cpu_kernel_path', 'CpuKernels', 'calibration_file', 'clear_calibration',
-           'measure_conv_scratch', 'calibrate_kernels', 'cpu_terms']
+__all__ = ['MKL_BLOCKING', 'ONEDNN_MATMUL_STATE', 'MALLOC_ENV', 'mkl_isa', 'mkl_panel', 'onednn_lowp', 'on_onednn',
+           'cpu_workspace_bytes', 'conv_backend', 'is_channels_last', 'as_laid_out', 'cpu_conv_scratch',
+           'conv_layout_copies', 'contiguous_copies', 'promotion_copies', 'attention_scratch', 'matrix_exp_scratch',
+           'ctc_scratch', 'fake_quant_scratch', 'deform_conv_scratch', 'fft_scratch', 'flash_gemms', 'upsample_copies',
+           'lstm_workspace', 'lstm_brgemm', 'calibration_segment', 'cpu_kernel_path', 'CpuKernels', 'calibration_file',
+           'calibration_cache', 'clear_calibration', 'conv_key', 'mm_key', 'hwm_growth', 'free_blas_buffers', 'op_arg',
+           'op_func', 'heap_in_use', 'run_in_child', 'measure_conv_scratch', 'calibrate_kernels', 'cpu_terms']
 
 # %% ../../nbs/01c_cpu.ipynb #c073
 # MKL's fp32 matmul packing on each ISA, read off `python bench/budget_accuracy.py --gemm` (torch 2.14.1's MKL, one thread):
 # kc rows of B (the K dimension) are packed at a time (a K up to 2 kc in two halves), at most n_max of its columns, and
 # m_block rows of A: the whole block whatever M is on AVX-512, min(M, m_block) rows on AVX2. Products with fewer than min_m
 # rows or min_n columns are not packed. state / mm_state: bytes kept per distinct oneDNN convolution / unpacked matmul shape.
-_MKL_BLOCKING = {
+MKL_BLOCKING = {
     'AVX512': dict(kc=384, n_max=9984, m_block=648, whole_block=True, min_m=385, min_n=192, state=136*1024, mm_state=136*1024), # a Xeon
     'AVX2': dict(kc=192, n_max=6400, m_block=384, whole_block=False, min_m=4, min_n=64, state=122*1024, mm_state=0)}  # an AMD EPYC
 # oneDNN's bf16/fp16 matmul primitives: heap bytes kept per primitive (`--gemm` part 6, glibc's mallinfo2), with bf16/fp16
 # instructions (AVX512_BF16, AMX) and where oneDNN converts with plain AVX-512 (the median with ONEDNN_MAX_CPU_ISA=AVX512_CORE)
-_ONEDNN_MATMUL_STATE = {'native': 560 * 1024, 'emulated': 44 * 1024}
+ONEDNN_MATMUL_STATE = {'native': 560 * 1024, 'emulated': 44 * 1024}
 
-def _mkl_isa(isa:str|None=None)->str:
-    "The measured row of `_MKL_BLOCKING` for `isa` (default: this CPU's); an ISA not measured yet gets AVX-512's larger buffers."
+def mkl_isa(isa:str|None=None)->str:
+    "The measured row of `MKL_BLOCKING` for `isa` (default: this CPU's); an ISA not measured yet gets AVX-512's larger buffers."
     return 'AVX2' if (isa or torch.backends.cpu.get_cpu_capability()) == 'AVX2' else 'AVX512'
 
-def _mkl_panel(M:int, K:int, N:int, isa:str|None=None)->int:
+def mkl_panel(M:int, K:int, N:int, isa:str|None=None)->int:
     "Resident bytes of MKL's packing buffers for one fp32 (M x K) @ (K x N) product; 0 for a product it does not pack."
-    g = _MKL_BLOCKING[_mkl_isa(isa)]
+    g = MKL_BLOCKING[mkl_isa(isa)]
     if M < g['min_m'] or N < g['min_n']: return 0
     kc = K if K <= g['kc'] else math.ceil(K / 2) if K <= 2 * g['kc'] else g['kc']
     return 4 * kc * (min(N, g['n_max']) + (g['m_block'] if g['whole_block'] else min(M, g['m_block'])))
 
-def _onednn_lowp(dtype:str)->str|None:
+def onednn_lowp(dtype:str)->str|None:
     "How this CPU's PyTorch runs a matmul in `dtype`: on oneDNN with bf16/fp16 instructions ('native'), on oneDNN converting ('emulated'), or not on oneDNN (None)."
     if dtype not in ('torch.bfloat16', 'torch.float16') or not torch.backends.mkldnn.enabled: return None
     bf16 = dtype == 'torch.bfloat16'
@@ -64,19 +67,19 @@ def _onednn_lowp(dtype:str)->str|None:
     has = getattr(torch.cpu, '_is_avx512_bf16_supported', lambda: False)() or getattr(torch.cpu, '_is_amx_tile_supported', lambda: False)()
     return 'native' if has and (cap in ('ALL', 'DEFAULT') or any(i in cap for i in ('BF16', 'FP16', 'AMX', 'AVX10'))) else 'emulated'
 
-def _on_onednn(k:tuple)->str|None:
-    "Does matmul `k` (`_kernel`) run on oneDNN here ('native' or 'emulated', `_onednn_lowp`): low precision and more than 16**3 multiply-adds."
+def on_onednn(k:tuple)->str|None:
+    "Does matmul `k` (`kernel_spec`) run on oneDNN here ('native' or 'emulated', `onednn_lowp`): low precision and more than 16**3 multiply-adds."
     _, b, M, K, N, dt = k[:6]
-    return _onednn_lowp(dt) if b * M * K * N > 16**3 else None
+    return onednn_lowp(dt) if b * M * K * N > 16**3 else None
 
 def _keeps_state(k:tuple)->bool:
-    "Does kernel `k` (`_kernel`) keep per-shape state? Small matmuls and oneDNN's convolutions do; PyTorch's fallback convolution does not."
+    "Does kernel `k` (`kernel_spec`) keep per-shape state? Small matmuls and oneDNN's convolutions do; PyTorch's fallback convolution does not."
     if k[0] == 'matmul': return True
     fwd = k[0] == 'convolution.default'
     x, w = (k[1], k[2]) if fwd else (k[2], k[3])
     stride, padding, dilation, transposed, _, groups = (ast.literal_eval(a) for a in (k[4:10] if fwd else k[5:11]))
     dtype = getattr(torch, k[-1].split('.')[-1]) if str(k[-1]).startswith('torch.') else torch.float32  # bf16 convolutions always go to oneDNN
-    return _conv_backend(x, w, tuple(stride), tuple(padding), tuple(dilation), transposed, groups, dtype, torch.get_num_threads()) in ('Mkldnn', 'MkldnnTranspose')
+    return conv_backend(x, w, tuple(stride), tuple(padding), tuple(dilation), transposed, groups, dtype, torch.get_num_threads()) in ('Mkldnn', 'MkldnnTranspose')
 
 # %% ../../nbs/01c_cpu.ipynb #c073b
 def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls and convolutions in the order they ran
@@ -84,12 +87,12 @@ def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls
                         measured:dict|None=None, # matmul buffers measured on this machine, by key (`calibrate_kernels`); None: the model
                        )->int:
     "Memory the CPU math libraries keep for a step's kernels: MKL's matmul packing buffers, oneDNN's low-precision matmul primitives, per-shape kernel state."
-    g = _MKL_BLOCKING[_mkl_isa(isa)]
+    g = MKL_BLOCKING[mkl_isa(isa)]
     total = held = 0
     seen = set()
     for k in kernels:
-        if k[0] == 'matmul' and (how := _on_onednn(k)):  # oneDNN keeps a primitive per shape, layout and added term
-            if k not in seen: total += measured[key][0] if measured and (key := _mm_key(k)[0]) in measured else _ONEDNN_MATMUL_STATE[how]
+        if k[0] == 'matmul' and (how := on_onednn(k)):  # oneDNN keeps a primitive per shape, layout and added term
+            if k not in seen: total += measured[key][0] if measured and (key := mm_key(k)[0]) in measured else ONEDNN_MATMUL_STATE[how]
             seen.add(k)
             continue
         k = k[:6] if k[0] == 'matmul' else k  # MKL keeps the same whatever the operands' layout
@@ -98,9 +101,9 @@ def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls
         if k[0] != 'matmul':
             if new and _keeps_state(k): total += g['state']
             continue
-        key = _mm_key(k)[0] if measured else None
+        key = mm_key(k)[0] if measured else None
         known = key in (measured or {})  # measured: what it keeps, state included (with more threads, small products pack too)
-        panel = measured[key][0] if known else _mkl_panel(*k[2:5], isa) if k[5] == 'torch.float32' else 0
+        panel = measured[key][0] if known else mkl_panel(*k[2:5], isa) if k[5] == 'torch.float32' else 0
         if panel > held: total, held = total + panel, panel  # a bigger product gets new buffers; the smaller ones stay cached
         elif panel == 0 and new and not known: total += g['mm_state']
     return total
@@ -120,7 +123,7 @@ def _blocked_weights(shape, groups:int, itemsize:int)->int:
     return itemsize * groups * pad(o) * (i if i < _CPU_BLOCK else pad(i)) * math.prod(shape[2:])  # a first layer's few inputs as they are
 
 @functools.cache
-def _conv_backend(x_shape, w_shape, stride, padding, dilation, transposed, groups, dtype, threads)->str:
+def conv_backend(x_shape, w_shape, stride, padding, dilation, transposed, groups, dtype, threads)->str:
     "The kernel PyTorch's CPU dispatch picks for this convolution ('Mkldnn', 'Slow2d', ...), asked on data-less CPU tensors."
     with _disable_current_modes(), FakeTensorMode():
         x, w = torch.empty(x_shape, dtype=dtype), torch.empty(w_shape, dtype=dtype)
@@ -131,7 +134,7 @@ def _conv_backend(x_shape, w_shape, stride, padding, dilation, transposed, group
 # %% ../../nbs/01c_cpu.ipynb #3d1b4d78
 _CL_FORMAT = {4: torch.channels_last, 5: torch.channels_last_3d}  # channels-last, by the tensor's number of dimensions
 
-def _channels_last(t:torch.Tensor)->bool:
+def is_channels_last(t:torch.Tensor)->bool:
     "Is `t` laid out channels-last (NHWC or NDHWC) rather than contiguous? oneDNN and cuDNN then work on it as it is."
     fmt = _CL_FORMAT.get(t.dim())
     return fmt is not None and not t.is_contiguous() and t.is_contiguous(memory_format=fmt)
@@ -140,11 +143,11 @@ def _cl_weights(w:torch.Tensor)->bool:
     "Are convolution weights `w` already channels-last, so that ATen need not copy them for a channels-last convolution? (1x1 and depthwise weights are both layouts at once.)"
     return w.is_contiguous(memory_format=_CL_FORMAT[w.dim()])
 
-def _as_laid_out(func, args, out):
+def as_laid_out(func, args, out):
     "A convolution's outputs as the real kernel lays them out: channels-last when its input or weights are ('meta' writes them contiguous)."
     fwd = func is torch.ops.aten.convolution.default
     x, w = (args[0], args[1]) if fwd else (args[1], args[2])
-    if x.device.type != 'meta' or not (_channels_last(x) or _channels_last(w)): return out
+    if x.device.type != 'meta' or not (is_channels_last(x) or is_channels_last(w)): return out
     fmt = _CL_FORMAT[x.dim()]
     cl = lambda t: t.contiguous(memory_format=fmt) if isinstance(t, torch.Tensor) and t.dim() == x.dim() else t
     return cl(out) if fwd else tuple(cl(t) for t in out)
@@ -168,9 +171,9 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
     x, w, y = (args[0], args[1], out) if fwd else (args[1], args[2], args[0])  # y: the output, or its gradient
     stride, padding, dilation, transposed = args[3:7] if fwd else args[4:8]
     groups, n = args[8] if fwd else args[9], x.element_size()
-    be = _conv_backend(tuple(x.shape), tuple(w.shape), tuple(stride), tuple(padding), tuple(dilation), transposed, groups, x.dtype, torch.get_num_threads())
+    be = conv_backend(tuple(x.shape), tuple(w.shape), tuple(stride), tuple(padding), tuple(dilation), transposed, groups, x.dtype, torch.get_num_threads())
     if be == 'MkldnnTranspose': return _transposed_scratch(fwd, x, w, y, groups, stride, None if fwd else args[10])
-    if be == 'Mkldnn' and (_channels_last(x) or _channels_last(w)): return _channels_last_scratch(fwd, w, groups, n)
+    if be == 'Mkldnn' and (is_channels_last(x) or is_channels_last(w)): return _channels_last_scratch(fwd, w, groups, n)
     if be == 'Mkldnn':
         src, dst, wts = _blocked(x.shape, n), _blocked(y.shape, n), _blocked_weights(w.shape, groups, n)
         one_by_one = all(k == 1 for k in w.shape[2:])
@@ -195,7 +198,7 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
 def conv_layout_copies(func, args)->int:
     "Bytes of the copies ATen makes of a convolution's input, weights and (backward) output gradient that are neither contiguous nor channels-last, held while it runs."
     ts = [t for t in (args[:2] if func is _A.convolution.default else args[:3]) if t is not None]
-    if func not in _CONVS or any(_channels_last(t) for t in ts): return 0  # channels-last: its weights' copy is in `_channels_last_scratch`
+    if func not in CONVS or any(is_channels_last(t) for t in ts): return 0  # channels-last: its weights' copy is in `_channels_last_scratch`
     return sum(t.numel() * t.element_size() for t in ts if not t.is_contiguous())
 
 # %% ../../nbs/01c_cpu.ipynb #8c36fd61
@@ -322,10 +325,10 @@ def fft_scratch(func, args)->int:
     return n + n * max(_fft_copies(shape, strides, dims[:-1]), _fft_copies(shape, temp, dims[-1:]))
 
 # %% ../../nbs/01c_cpu.ipynb #901fe281
-def _flash_gemms(args, kwargs:dict|None=None)->list[tuple]:
-    "The block products the CPU's fused attention backward (`_scaled_dot_product_flash_attention_for_cpu_backward`'s args and kwargs) runs on oneDNN in bf16/fp16, as matmul kernels (`_kernel`), one per primitive oneDNN builds."
+def flash_gemms(args, kwargs:dict|None=None)->list[tuple]:
+    "The block products the CPU's fused attention backward (`_scaled_dot_product_flash_attention_for_cpu_backward`'s args and kwargs) runs on oneDNN in bf16/fp16, as matmul kernels (`kernel_spec`), one per primitive oneDNN builds."
     q, k = args[1], args[2]
-    if not _onednn_lowp(str(q.dtype)): return []  # fp32 (MKL's products), or no oneDNN for this precision: not modelled
+    if not onednn_lowp(str(q.dtype)): return []  # fp32 (MKL's products), or no oneDNN for this precision: not modelled
     Lq, Lk, D, causal = q.shape[-2], k.shape[-2], q.shape[-1], len(args) > 7 and bool(args[7])
     heads = lambda t: t.shape[-3] if t.dim() > 3 else 1
     split, scale = 256 if Lq >= 768 else 64 if Lq >= 192 else 32, (kwargs or {}).get('scale')
@@ -337,7 +340,7 @@ def _flash_gemms(args, kwargs:dict|None=None)->list[tuple]:
     dt, gq, gk = str(q.dtype), heads(q) * D, heads(k) * D  # the gradients' row strides
     kerns = [kern for m, n in sorted(pairs) for kern in (('matmul', 1, n, m, D, dt, f'flash:dv{(gq, gk)}'),
              ('matmul', 1, n, m, D, dt, f'flash:dk{(q.stride(-2), gk, scaled)}'), ('matmul', 1, m, n, D, dt, f'flash:dq{(k.stride(-2), gq, scaled)}'))]
-    return [kern for kern in kerns if _on_onednn(kern)]  # smaller products: PyTorch's own gemm
+    return [kern for kern in kerns if on_onednn(kern)]  # smaller products: PyTorch's own gemm
 
 # %% ../../nbs/01c_cpu.ipynb #4817668e
 _UPSAMPLE_2D = {'upsample_nearest2d', '_upsample_nearest_exact2d', 'upsample_bilinear2d'}
@@ -346,8 +349,8 @@ def upsample_copies(func, args, out)->int:
     "Bytes of the channels-last copies the CPU's vectorized 2-D upsampling makes (of the input and of the output, where they are not channels-last)."
     if func.overloadpacket.__name__ not in _UPSAMPLE_2D or not isinstance(out, torch.Tensor) or out.dim() != 4: return 0
     x = args[0]
-    if not ((_channels_last(x) and x.shape[1] > 3) or out.shape[-2] + out.shape[-1] <= 128): return 0  # the generic kernel: no copies
-    return (0 if _channels_last(x) else x.numel() * x.element_size()) + (0 if _channels_last(out) else out.numel() * out.element_size())
+    if not ((is_channels_last(x) and x.shape[1] > 3) or out.shape[-2] + out.shape[-1] <= 128): return 0  # the generic kernel: no copies
+    return (0 if is_channels_last(x) else x.numel() * x.element_size()) + (0 if is_channels_last(out) else out.numel() * out.element_size())
 
 # %% ../../nbs/01c_cpu.ipynb #514f1c41
 _LSTM_GATES = 4  # input, forget, cell and output gate: oneDNN keeps each one's value per step for backward
@@ -357,7 +360,7 @@ def _good_ld(d:int, itemsize:int)->int:
     ld = math.ceil(d / (64 // itemsize)) * (64 // itemsize)
     return ld + 64 // itemsize if ld % 256 == 0 else ld
 
-def _lstm_workspace(T:int, B:int, H:int, I:int, reverse:bool=False, itemsize:int=4, brgemm:bool=False)->tuple[int, int, int]:
+def lstm_workspace(T:int, B:int, H:int, I:int, reverse:bool=False, itemsize:int=4, brgemm:bool=False)->tuple[int, int, int]:
     "Resident bytes of oneDNN's LSTM for T steps of B samples, I inputs and H units: (workspace after forward, forward scratch, backward scratch)."
     s, wts = itemsize, 4 * _LSTM_GATES * H * (I + H)  # the values' bytes (2 in bf16); input and recurrent weights, fp32
     gates, gates32, wide = _good_ld(_LSTM_GATES * H, s), _good_ld(_LSTM_GATES * H, 4), _good_ld(max(I, H), 4)  # row lengths oneDNN lays its buffers out with
@@ -379,16 +382,16 @@ def _lstm_workspace(T:int, B:int, H:int, I:int, reverse:bool=False, itemsize:int
     bwd = diff + steps + (4 * T * B * (H + I) if s < 4 else 0) + 2 * wts
     return ws, fwd, bwd
 
-def _lstm_brgemm(dtype:torch.dtype)->bool:
-    "Does oneDNN run an LSTM in `dtype` on its brgemm kernels here? bf16/fp16 on an x86 CPU with the instructions (`_onednn_lowp`); elsewhere its reference kernels."
+def lstm_brgemm(dtype:torch.dtype)->bool:
+    "Does oneDNN run an LSTM in `dtype` on its brgemm kernels here? bf16/fp16 on an x86 CPU with the instructions (`onednn_lowp`); elsewhere its reference kernels."
     x86 = platform.machine().lower() in ('x86_64', 'amd64')  # brgemm is oneDNN's x64 code: an ARM CPU takes the reference kernels, the larger model
-    return x86 and dtype in (torch.bfloat16, torch.float16) and _onednn_lowp(str(dtype)) == 'native'
+    return x86 and dtype in (torch.bfloat16, torch.float16) and onednn_lowp(str(dtype)) == 'native'
 
 def _lines(entry:list|None)->list:
     "A convolution's calibration `entry`: its lines [constant, per sample, b1, b2], each measured from batch b1 to b2 (an old cache's [constant, per sample] has none)."
     return [g for g in entry or [] if isinstance(g, list) and len(g) == 4]
 
-def _segment(entry:list|None, b:int)->list|None:
+def calibration_segment(entry:list|None, b:int)->list|None:
     "The line of a convolution's calibration `entry` that serves batch `b`: one measured from b1 to b2 serves b1/2 to 2*b2."
     return min((g for g in _lines(entry) if g[2] / 2 <= b <= 2 * g[3]), key=lambda g: abs(math.log(b / g[3])), default=None)
 
@@ -400,20 +403,20 @@ def cpu_kernel_path(func, args, out,
     "For the tracker: a CPU op's outputs as the real kernel makes them (the LSTM workspace the reference leaves empty), and its scratch bytes."
     if func is torch.ops.aten.mkldnn_rnn_layer.default and out[3].numel() == 0 and args[15]:
         (T, B, I), H = args[0].shape, args[10]  # time-major input
-        ws, scratch, _ = _lstm_workspace(T, B, H, I, reverse=args[7], itemsize=args[0].element_size(), brgemm=_lstm_brgemm(args[0].dtype))
+        ws, scratch, _ = lstm_workspace(T, B, H, I, reverse=args[7], itemsize=args[0].element_size(), brgemm=lstm_brgemm(args[0].dtype))
         return (*out[:3], torch.empty(ws, dtype=torch.uint8, device=args[0].device)), scratch
     if func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
         (T, B, I), H = args[0].shape, args[15]
-        return out, _lstm_workspace(T, B, H, I, reverse=args[13], itemsize=args[0].element_size(), brgemm=_lstm_brgemm(args[0].dtype))[2] + contiguous_copies(func, args)
+        return out, lstm_workspace(T, B, H, I, reverse=args[13], itemsize=args[0].element_size(), brgemm=lstm_brgemm(args[0].dtype))[2] + contiguous_copies(func, args)
     if func in _MATMULS and missing is not None and measured is not None:
-        key, spec = _mm_key(_kernel(func, args))
+        key, spec = mm_key(kernel_spec(func, args))
         if key not in measured: missing.append(spec)
-    if func not in _CONVS: return out, (contiguous_copies(func, args) + promotion_copies(func, args) + attention_scratch(func, args) + upsample_copies(func, args, out)
+    if func not in CONVS: return out, (contiguous_copies(func, args) + promotion_copies(func, args) + attention_scratch(func, args) + upsample_copies(func, args, out)
                                         + fft_scratch(func, args) + matrix_exp_scratch(func, args) + _op_scratch(func, args))
-    out = _as_laid_out(func, args, out)
+    out = as_laid_out(func, args, out)
     if measured is not None:
-        key, spec = _conv_key(func, args)
-        if (g := _segment(measured.get(key), spec[-1])) is not None: return out, max(0, int(g[0] + g[1] * spec[-1])) + conv_layout_copies(func, args)
+        key, spec = conv_key(func, args)
+        if (g := calibration_segment(measured.get(key), spec[-1])) is not None: return out, max(0, int(g[0] + g[1] * spec[-1])) + conv_layout_copies(func, args)
         if missing is not None: missing.append(spec)
     return out, cpu_conv_scratch(func, args, out) + conv_layout_copies(func, args)
 
@@ -429,7 +432,7 @@ class CpuKernels(DeviceKernels):
         tr.graph = tuple((self.measured or {}).get(GRAPH_KEY, AUTOGRAD_GRAPH_BYTES))  # host heap: a CPU step's memory
         def path(func, args, kwargs, out):
             if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
-                tr.kernels.extend(_flash_gemms(args, kwargs))  # oneDNN's primitives in half precision
+                tr.kernels.extend(flash_gemms(args, kwargs))  # oneDNN's primitives in half precision
             return cpu_kernel_path(func, args, out, measured=self.measured, missing=self.missing)
         return path
 
@@ -444,21 +447,21 @@ def calibration_file()->Path:
     return root / f"kernels-{platform.node()}-{torch.backends.cpu.get_cpu_capability()}{f'-onednn{cap}' if cap else ''}-torch{torch.__version__}.json"
 
 @functools.cache
-def _calibrated()->dict:
+def calibration_cache()->dict:
     f = calibration_file()
     return json.loads(f.read_text()) if f.exists() else {}
 
 def clear_calibration():
     "Forget this machine's kernel measurements for this torch version: the next `calibrate=True` plan measures again."
     calibration_file().unlink(missing_ok=True)
-    _calibrated.cache_clear()
+    calibration_cache.cache_clear()
 
 # %% ../../nbs/01c_cpu.ipynb #cal2
 def _cl_tokens(x, w)->str:
     "A channels-last convolution's layouts for its calibration key: which of input and weights are channels-last (',x_cl', ',w_cl')."
-    return (',x_cl' if _channels_last(x) else '') + (',w_cl' if _cl_weights(w) else '')
+    return (',x_cl' if is_channels_last(x) else '') + (',w_cl' if _cl_weights(w) else '')
 
-def _conv_key(func, args)->tuple[str, list]:
+def conv_key(func, args)->tuple[str, list]:
     "A convolution's calibration key (shapes and settings, not the batch) and the spec a measuring process runs (the batch last)."
     fwd = func is torch.ops.aten.convolution.default
     x, w = (args[0], args[1]) if fwd else (args[1], args[2])
@@ -466,17 +469,17 @@ def _conv_key(func, args)->tuple[str, list]:
     groups = args[8] if fwd else args[9]
     up = list(args[7] if fwd else args[8]) if transposed else False  # a transposed convolution: its output padding
     spec = ['forward' if fwd else 'backward', list(x.shape[1:]), list(w.shape), list(stride), list(padding), list(dilation), groups,
-            str(x.dtype).split('.')[-1] + (_cl_tokens(x, w) if _channels_last(x) or _channels_last(w) else ''), bool(fwd or args[10][0]), up, x.shape[0]]
+            str(x.dtype).split('.')[-1] + (_cl_tokens(x, w) if is_channels_last(x) or is_channels_last(w) else ''), bool(fwd or args[10][0]), up, x.shape[0]]
     return json.dumps(spec[:-1]), spec
 
-def _mm_key(k:tuple)->tuple[str, list]:
-    "A matmul's (`_kernel`) calibration key and spec, clipped where MKL's buffers stop growing on every CPU measured (M, K 1024; N 16384); oneDNN's primitives by layout too."
+def mm_key(k:tuple)->tuple[str, list]:
+    "A matmul's (`kernel_spec`) calibration key and spec, clipped where MKL's buffers stop growing on every CPU measured (M, K 1024; N 16384); oneDNN's primitives by layout too."
     _, b, M, K, N, dt = k[:6]
-    if _on_onednn(k): spec = ['onednn_matmul', min(b, 2), min(M, 1024), min(K, 1024), min(N, 16384), dt.split('.')[-1], k[6] if len(k) > 6 else 'NN']  # by layout; past 1024 the size barely matters
+    if on_onednn(k): spec = ['onednn_matmul', min(b, 2), min(M, 1024), min(K, 1024), min(N, 16384), dt.split('.')[-1], k[6] if len(k) > 6 else 'NN']  # by layout; past 1024 the size barely matters
     else: spec = ['matmul', min(b, 2), min(M, 1024), min(K, 1024), min(N, 16384), dt.split('.')[-1]]
     return json.dumps(spec), spec
 
-def _hwm_growth(f:Callable)->tuple[int, Any]:
+def hwm_growth(f:Callable)->tuple[int, Any]:
     "How far this process's resident high-water mark rises above its resident size while `f` runs (Linux), and f's result."
     page = os.sysconf('SC_PAGE_SIZE')
     with open('/proc/self/statm') as fh: r0 = int(fh.read().split()[1]) * page
@@ -499,10 +502,10 @@ def _run_conv(spec:list, b:int)->int:
     x.requires_grad_(xgrad)
     kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, **({'output_padding': transposed} if transposed else {}))
     if kind == 'forward':
-        grown, y = _hwm_growth(lambda: conv(x, w, **kw))
+        grown, y = hwm_growth(lambda: conv(x, w, **kw))
         return grown - y.nbytes
     y = conv(x, w, **kw); g = torch.randn_like(y)
-    grown, _ = _hwm_growth(lambda: y.backward(g))
+    grown, _ = hwm_growth(lambda: y.backward(g))
     return grown - w.grad.nbytes - (x.grad.nbytes if xgrad else 0)
 
 def _measure_convs(specs:list, batches:tuple)->list:
@@ -518,19 +521,19 @@ def _mkl_lib():
     except OSError: return None
     return lib if hasattr(lib, 'mkl_serv_free_buffers') else None
 
-def _free_blas_buffers():
+def free_blas_buffers():
     "Hand MKL's cached matmul buffers back (mkl_free_buffers): the next matmul allocates its own, as in a fresh process."
     if _mkl_lib() is not None: _mkl_lib().mkl_serv_free_buffers()
 
 def _measure_matmuls(specs:list)->list:
-    "Run in a fresh process: the bytes MKL keeps after each matmul spec (`_mm_key`), each starting from no buffers."
+    "Run in a fresh process: the bytes MKL keeps after each matmul spec (`mm_key`), each starting from no buffers."
     torch.randn(8, 8) @ torch.randn(8, 8)  # loads the code
     out = []
     for _, b, M, K, N, dtype in specs:
         lead = [b] if b > 1 else []
         x, w = torch.randn(*lead, M, K).to(getattr(torch, dtype)), torch.randn(*lead, K, N).to(getattr(torch, dtype))
-        _free_blas_buffers()
-        grown, y = _hwm_growth(lambda: x @ w)
+        free_blas_buffers()
+        grown, y = hwm_growth(lambda: x @ w)
         out.append(max(0, grown - y.nbytes))
     return out
 
@@ -548,22 +551,22 @@ def _run_lstm(T:int, B:int, I:int, H:int, reverse:bool, dtype:str='float32')->li
     r = lambda *s: torch.randn(*s, dtype=dt, requires_grad=True)
     x, w = r(T, B, I), [r(4 * H, I), r(4 * H, H), r(4 * H), r(4 * H)]
     lstm = lambda: torch.ops.aten.mkldnn_rnn_layer(x, *w, torch.zeros(B, H, dtype=dt), torch.zeros(B, H, dtype=dt), reverse, [], 2, H, 1, True, reverse, False, True)
-    grown, (y, hy, cy, ws) = _hwm_growth(lstm)
+    grown, (y, hy, cy, ws) = hwm_growth(lstm)
     kept, g = _resident_bytes(ws), torch.randn_like(y)
-    back, _ = _hwm_growth(lambda: y.backward(g))
+    back, _ = hwm_growth(lambda: y.backward(g))
     return [kept, grown - kept - y.nbytes - hy.nbytes - cy.nbytes, back - sum(t.grad.nbytes for t in (x, *w))]
 
-def _op_arg(a, device:str='cpu'):
+def op_arg(a, device:str='cpu'):
     "An argument of an op spec (`_run_op`): ['tensor', shape, dtype] becomes a random tensor on `device` (with 'T' after the dtype: its last two dimensions transposed; 'T01': its first two), anything else stays."
     if not (isinstance(a, list) and a and a[0] == 'tensor'): return a
-    if a[3:] == ['T']: return _op_arg(['tensor', [*a[1][:-2], a[1][-1], a[1][-2]], a[2]], device).transpose(-1, -2)  # that shape, not contiguous
-    if a[3:] == ['T01']: return _op_arg(['tensor', [a[1][1], a[1][0], *a[1][2:]], a[2]], device).transpose(0, 1)  # batch and channels swapped
+    if a[3:] == ['T']: return op_arg(['tensor', [*a[1][:-2], a[1][-1], a[1][-2]], a[2]], device).transpose(-1, -2)  # that shape, not contiguous
+    if a[3:] == ['T01']: return op_arg(['tensor', [a[1][1], a[1][0], *a[1][2:]], a[2]], device).transpose(0, 1)  # batch and channels swapped
     if device == 'meta': return torch.empty(*a[1], dtype=getattr(torch, a[2]), device='meta')
     dt = getattr(torch, a[2])
     if dt == torch.bool: return torch.rand(*a[1]) > 0.5
     return torch.randn(*a[1], dtype=dt) if dt.is_floating_point or dt.is_complex else torch.randint(0, 3, a[1], dtype=dt)
 
-def _op_func(op:str):
+def op_func(op:str):
     "The op named `op`: 'add.Tensor' from ATen, 'torchvision::deform_conv2d.default' from another library's namespace."
     ns, _, name = op.rpartition('::')
     if ns == 'torchvision': import torchvision.ops  # registers its ops; another library's must be imported already
@@ -572,8 +575,8 @@ def _op_func(op:str):
 # %% ../../nbs/01c_cpu.ipynb #0b54350f
 def _run_op(op:str, args:list)->int:
     "Scratch bytes of one op ('add.Tensor', or 'torchvision::deform_conv2d.default') on random tensors: the high-water mark's rise beyond its outputs."
-    f, xs = _op_func(op), [_op_arg(a) for a in args]
-    grown, r = _hwm_growth(lambda: f(*xs))
+    f, xs = op_func(op), [op_arg(a) for a in args]
+    grown, r = hwm_growth(lambda: f(*xs))
     ins = {x.untyped_storage().data_ptr() for x in xs if isinstance(x, torch.Tensor)}  # an in-place op returns its input
     return grown - sum(t.nbytes for t in tree_flatten(r)[0] if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in ins)
 
@@ -588,7 +591,7 @@ def _measure_lstms(specs:list)->list:
     return [_run_lstm(*s[1:]) for s in specs]
 
 def _onednn_operands(spec:list)->tuple:
-    "The operands and output of a oneDNN matmul spec (`_mm_key`), laid out as the step had them: (a, b, bias or None, out)."
+    "The operands and output of a oneDNN matmul spec (`mm_key`), laid out as the step had them: (a, b, bias or None, out)."
     _, b, M, K, N, dtype, layout = spec
     dt, lead = getattr(torch, dtype), [b] if b > 1 else []
     a = torch.randn(*lead, K, M, dtype=dt).transpose(-1, -2) if layout[0] == 'T' else torch.randn(*lead, M, K, dtype=dt)
@@ -610,8 +613,8 @@ def _measure_onednn(specs:list)->list:
     return out
 
 def _kept_bytes()->int:
-    "Bytes glibc's malloc has handed out (`_heap_in_use`), or where glibc cannot say, the resident set."
-    if (h := _heap_in_use()) is not None: return h
+    "Bytes glibc's malloc has handed out (`heap_in_use`), or where glibc cannot say, the resident set."
+    if (h := heap_in_use()) is not None: return h
     with open('/proc/self/statm') as f: return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
 
 def _measure_kernels(convs:list, batches:list, mms:list, graph:bool=False, dnn:list|None=None)->list:
@@ -633,7 +636,7 @@ def _graph_chain(kind:str, n:int, p:dict):
     return h.sum()
 
 # %% ../../nbs/01c_cpu.ipynb #ag5
-def _heap_in_use()->int|None:
+def heap_in_use()->int|None:
     "Bytes glibc's malloc has handed out and not got back (mallinfo2); None without glibc 2.33+."
     libc = ctypes.CDLL(None)
     if not hasattr(libc, 'mallinfo2'): return None
@@ -650,16 +653,16 @@ def _graph_link(kind:str, n:int)->list[int]:
              gru=(r(48, 16), r(48, 16), r(48), r(48)), lstm=(r(64, 16), r(64, 16), r(64), r(64)))
     _graph_chain(kind, 20, p).backward()  # loads the code, fills the kernels' one-time caches
     gc.collect(); ctypes.CDLL(None).malloc_trim(0)
-    before = _heap_in_use()
+    before = heap_in_use()
     loss = _graph_chain(kind, n, p)
-    grown = _heap_in_use() - before
-    nodes, saved, values, data = _graph_census(loss)
+    grown = heap_in_use() - before
+    nodes, saved, values, data = graph_census(loss)
     return [nodes, saved, values, grown - data]
 
 # %% ../../nbs/01c_cpu.ipynb #ag6
 def _measure_graph(lengths:tuple=(100, 400))->dict|None:
     "Run in a fresh process: heap bytes per autograd node, saved tensor and saved value, fitted over chains of every kind in `_GRAPH_OPS`."
-    if _heap_in_use() is None: return None
+    if heap_in_use() is None: return None
     torch.set_num_threads(1)
     rows = {}
     for kind in _GRAPH_OPS:
@@ -671,31 +674,31 @@ def _measure_graph(lengths:tuple=(100, 400))->dict|None:
     return dict(fit=[round(float(c)) for c in fit], rows={k: [n, s, v, round(g / n), round(float(a @ fit))] for (k, (n, s, v, g)), a in zip(rows.items(), A)})
 
 # %% ../../nbs/01c_cpu.ipynb #cal4
-_MALLOC_ENV = dict(MALLOC_MMAP_THRESHOLD_='65536', MALLOC_ARENA_MAX='1', MALLOC_TRIM_THRESHOLD_='0')  # freed memory goes back to the OS at once
+MALLOC_ENV = dict(MALLOC_MMAP_THRESHOLD_='65536', MALLOC_ARENA_MAX='1', MALLOC_TRIM_THRESHOLD_='0')  # freed memory goes back to the OS at once
 
-def _in_child(fn:str, *args)->Any:
+def run_in_child(fn:str, *args)->Any:
     "`netlite_nb.memory.cpu.<fn>(*args)` run in a fresh Python process on this CPU (Linux), glibc handing freed memory back at once."
     code = f"import json, sys; from netlite_nb.memory.cpu import {fn}; print(json.dumps({fn}(*json.load(sys.stdin))))"
     r = subprocess.run([sys.executable, '-c', code], input=json.dumps(args), capture_output=True, text=True,
-                       env={**os.environ, **_MALLOC_ENV, 'OMP_NUM_THREADS': str(torch.get_num_threads())})
+                       env={**os.environ, **MALLOC_ENV, 'OMP_NUM_THREADS': str(torch.get_num_threads())})
     if r.returncode: raise RuntimeError(f"Measuring the kernels in a child process failed; plan without calibrate=True. It said: {r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
-def measure_conv_scratch(specs:list, # convolution specs (`_conv_key`)
+def measure_conv_scratch(specs:list, # convolution specs (`conv_key`)
                          batches:tuple, # batch sizes to measure each one at
                         )->list[list[int]]:
     "Scratch bytes of each convolution at each batch size, measured in a fresh Python process on this CPU (Linux)."
-    return _in_child('_measure_convs', specs, list(batches))
+    return run_in_child('_measure_convs', specs, list(batches))
 
 def calibrate_kernels(specs:list, # convolution and matmul specs a trace collected (`trace_step(..., missing=[])`)
                      )->dict:
     "Measure each kernel in `specs` that the cache lacks, in one fresh process on this CPU; returns the updated cache."
-    table, todo, convs = dict(_calibrated()), {}, []
+    table, todo, convs = dict(calibration_cache()), {}, []
     for s in specs: todo.setdefault(json.dumps(s) if s[0] in ('matmul', 'onednn_matmul') else json.dumps(s[:-1]), []).append(s)
     for k, ss in todo.items():  # each convolution at the largest batch no line serves, whose line then serves down to a quarter of it
         if ss[0][0] in ('matmul', 'onednn_matmul'): continue
         for s in sorted(ss, key=lambda s: -s[-1]):
-            if _segment(table.get(k), s[-1]) is None and not (convs and convs[-1][0] == k and convs[-1][1][-1] / 4 <= s[-1]): convs.append((k, s))
+            if calibration_segment(table.get(k), s[-1]) is None and not (convs and convs[-1][0] == k and convs[-1][1][-1] / 4 <= s[-1]): convs.append((k, s))
     mms = {k: ss[0] for k, ss in todo.items() if k not in table and ss[0][0] == 'matmul'}
     dnn = {k: ss[0] for k, ss in todo.items() if k not in table and ss[0][0] == 'onednn_matmul'}
     if not convs and not mms and not dnn and GRAPH_KEY in table: return table
@@ -703,7 +706,7 @@ def calibrate_kernels(specs:list, # convolution and matmul specs a trace collect
     # plan needs, and only used within a factor of two of that (oneDNN picks other kernels for small batches, so a line through
     # two small ones can miss a large batch by 2x): a batch search measures again as its batches grow, and keeps every line
     batches = [[max(1, s[-1] // 2), max(2, s[-1])] for _, s in convs]
-    conv_bytes, mm_bytes, graph, dnn_bytes = _in_child('_measure_kernels', [s for _, s in convs], batches, list(mms.values()), GRAPH_KEY not in table, list(dnn.values()))
+    conv_bytes, mm_bytes, graph, dnn_bytes = run_in_child('_measure_kernels', [s for _, s in convs], batches, list(mms.values()), GRAPH_KEY not in table, list(dnn.values()))
     if GRAPH_KEY not in table: table[GRAPH_KEY] = graph or list(AUTOGRAD_GRAPH_BYTES)  # the default where glibc cannot say
     for (key, _), (b1, b2), (m1, m2) in zip(convs, batches, conv_bytes):
         per = (m2 - m1) / (b2 - b1)
@@ -713,21 +716,21 @@ def calibrate_kernels(specs:list, # convolution and matmul specs a trace collect
     f = calibration_file()
     f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text(json.dumps(table))
-    _calibrated.cache_clear()
+    calibration_cache.cache_clear()
     return table
 
 # %% ../../nbs/01c_cpu.ipynb #801f02f1
 def cpu_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
     "The device interface, terms side, for the CPU: (peak, reserved, bytes by term, notes): the kernels' workspace kept for the process, and glibc's heap replayed."
     ws = cpu_workspace_bytes(tr.kernels, measured=tr.measured)  # allocated on the first full-size step and kept: there at the peak
-    isa, cap = _mkl_isa(), torch.backends.cpu.get_cpu_capability()
-    g = _MKL_BLOCKING[isa]
-    tr.peak, tr.peak_at, rounding = _glibc_replay(tr)  # the breakdown by category is read where glibc's peak is
+    isa, cap = mkl_isa(), torch.backends.cpu.get_cpu_capability()
+    g = MKL_BLOCKING[isa]
+    tr.peak, tr.peak_at, rounding = glibc_replay(tr)  # the breakdown by category is read where glibc's peak is
     raw = tr.peak
-    return raw + ws + rounding, raw + ws + rounding, {'CPU kernel workspace': ws, 'allocator rounding': rounding}, [_glibc_note()] * _on_glibc() + [
+    return raw + ws + rounding, raw + ws + rounding, {'CPU kernel workspace': ws, 'allocator rounding': rounding}, [_glibc_note()] * on_glibc() + [
         f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, {g['kc']}) x (N + up to {g['m_block']}) "
         f"for each product that needs more than the ones before it), {g['state'] // 1024} KiB per oneDNN convolution shape"
-        + (f" and {_ONEDNN_MATMUL_STATE[how] // 1024} KiB per oneDNN bf16/fp16 matmul primitive (shape, layout, bias)" if (how := _onednn_lowp('torch.bfloat16')) else '')
+        + (f" and {ONEDNN_MATMUL_STATE[how] // 1024} KiB per oneDNN bf16/fp16 matmul primitive (shape, layout, bias)" if (how := onednn_lowp('torch.bfloat16')) else '')
         + ", kept for the life of the process; " + ("matmuls measured on this machine by calibration" if tr.measured else
         f"the {isa} model" + ('' if cap == isa else f" (this CPU reports {cap}, not measured yet: calibrate=True measures it)"))
         + ", read off `python bench/budget_accuracy.py --gemm` with one thread. "

@@ -19,8 +19,8 @@ from torch.utils._pytree import tree_map_only, tree_flatten
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from fastcore.basics import patch
 from ..probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes, free_memory, gpu_catalogue, in_notebook, is_oom, lookup_gpu
-from .trace import AllocationTracker, DeviceKernels, Target, _CONVS
-from .cpu import _LSTM_GATES, _as_laid_out, _op_scratch, contiguous_copies, conv_layout_copies
+from .trace import AllocationTracker, DeviceKernels, Target, CONVS
+from .cpu import _LSTM_GATES, as_laid_out, _op_scratch, contiguous_copies, conv_layout_copies
 
 # %% auto #0
 __all__ = ['CUDA_CONTEXT_BYTES', 'CachingAllocatorSim', 'cublas_workspace_bytes', 'cublaslt_workspace_bytes', 'cuda_terms',
@@ -194,8 +194,8 @@ class _CudaPath:
         if func is torch.ops.aten.mkldnn_rnn_layer_backward.default:
             (T, B, _), H = args[0].shape, args[5].shape[-1]
             return out, cudnn_lstm_bytes(T, B, H, args[0].element_size())[1]
-        if func not in _CONVS: return out, contiguous_copies(func, args) + _op_scratch(func, args)
-        out = _as_laid_out(func, args, out)
+        if func not in CONVS: return out, contiguous_copies(func, args) + _op_scratch(func, args)
+        out = as_laid_out(func, args, out)
         fwd = func is torch.ops.aten.convolution.default
         x, w, y = (args[0], args[1], out) if fwd else (args[1], args[2], args[0])
         stride, padding, dilation, transposed = args[3:7] if fwd else args[4:8]

@@ -22,7 +22,9 @@ from ..probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes,
 from .trace import Allocation, AllocationTracker
 
 # %% auto #0
-__all__ = ['GlibcHeap', 'fix_glibc_thresholds']
+__all__ = ['MALLOPT', 'TENSOR_OBJECTS', 'HEAP_HISTORIES', 'PLUGS', 'GlibcHeap', 'on_glibc', 'glibc_settings', 'heap_blocks',
+           'heap_history', 'glibc_resident', 'glibc_peak', 'heap_replays', 'glibc_replay', 'libc_handle', 'plug_heap',
+           'fix_glibc_thresholds', 'messy_heap']
 
 # %% ../../nbs/01b_heap.ipynb #pr1
 _GLIBC_DEFAULT_MMAP_THRESHOLD, _GLIBC_MMAP_THRESHOLD_MAX = 128 * 1024, 32 * 2**20  # its default, and the most it raises it to (64-bit)
@@ -227,7 +229,7 @@ def malloc(self:GlibcHeap, n:int, # bytes asked for
     return a
 
 # %% ../../nbs/01b_heap.ipynb #3caf89bc
-def _on_glibc()->bool:
+def on_glibc()->bool:
     "Linux with glibc, its malloc the one in use (no jemalloc or tcmalloc preloaded): what `GlibcHeap` models."
     return platform.system() == 'Linux' and platform.libc_ver()[0] == 'glibc' and _glibc_malloc()
 
@@ -252,13 +254,13 @@ def _glibc_strtoul(v:str)->int:
 
 _GLIBC_SETTINGS = {'mmap_threshold': (0, 2**64 - 1), 'trim_threshold': (0, 2**64 - 1), 'top_pad': (0, 2**64 - 1), 'mmap_max': (0, 2**31 - 1)}  # the bounds a value must keep
 
-_MALLOPT = {}  # what `fix_glibc_thresholds` set in this process (mallopt): later than the environment, so it wins
+MALLOPT = {}  # what `fix_glibc_thresholds` set in this process (mallopt): later than the environment, so it wins
 
-def _glibc_settings()->dict:
+def glibc_settings()->dict:
     "`GlibcHeap`'s settings as this process gives them to glibc: `fix_glibc_thresholds`, else GLIBC_TUNABLES, else MALLOC_*_; None for what is not set."
     tunables = dict(t.partition('=')[::2] for t in os.environ.get('GLIBC_TUNABLES', '').split(':') if t.startswith('glibc.malloc.'))
     def setting(k):  # a value out of its tunable's bounds is ignored; mmap_max is a signed 32-bit number
-        if k in _MALLOPT: return _MALLOPT[k]
+        if k in MALLOPT: return MALLOPT[k]
         lo, hi = _GLIBC_SETTINGS[k]
         for v in (tunables.get(f'glibc.malloc.{k}'), os.environ.get(f"MALLOC_{k.upper()}_")):
             if v is None: continue
@@ -268,64 +270,64 @@ def _glibc_settings()->dict:
         return None
     return dict(**{k: setting(k) for k in _GLIBC_SETTINGS}, page=os.sysconf('SC_PAGE_SIZE'))
 
-_TENSOR_OBJECTS = (176, 24)  # what malloc gives a tensor's own objects after its data (`bench/budget_accuracy.py --malloc-trace`, torch 2.14)
+TENSOR_OBJECTS = (176, 24)  # what malloc gives a tensor's own objects after its data (`bench/budget_accuracy.py --malloc-trace`, torch 2.14)
 
-def _heap_blocks(rec:Allocation, graph:tuple|None, # the trace's `AUTOGRAD_GRAPH_BYTES`
+def heap_blocks(rec:Allocation, graph:tuple|None, # the trace's `AUTOGRAD_GRAPH_BYTES`
                  cut:bool=False, # the graph's bytes cut as its objects come (a node, then a 16-byte block; a saved tensor's objects), not in node-size blocks
                 )->list[tuple[int, int]]:
     "The blocks (bytes, alignment) a traced record asks the C library for."
     if not rec.nbytes: return []
     if rec.category == 'autograd graph':  # many small objects; cut or not, the blocks add up to the record's bytes (less its rounding to k blocks)
         node, saved = (graph or (1024, 0))[:2]
-        objects = sum(_TENSOR_OBJECTS)
-        if cut and rec.nbytes == saved > objects:  # a saved tensor's share (`_saved_for_backward`): the objects of the tensor it keeps, then the rest
-            return [(n, 16) for n in _TENSOR_OBJECTS] + [(rec.nbytes - objects, 16)]
+        objects = sum(TENSOR_OBJECTS)
+        if cut and rec.nbytes == saved > objects:  # a saved tensor's share (`saved_for_backward`): the objects of the tensor it keeps, then the rest
+            return [(n, 16) for n in TENSOR_OBJECTS] + [(rec.nbytes - objects, 16)]
         k = max(1, round(rec.nbytes / max(node, 16)))
         n = rec.nbytes // k
         return [(n - 16, 16), (16, 16)] * k if cut and n > 32 else [(n, 16)] * k
     return [(rec.nbytes, 64)]  # c10's CPU allocator, and oneDNN's for its scratch: posix_memalign(64)
 
 # %% ../../nbs/01b_heap.ipynb #908fb78e
-_HEAP_HISTORIES = 8  # the plan replays a step from this many heaps: an empty one, and ones up to 40 small blocks went into first
+HEAP_HISTORIES = 8  # the plan replays a step from this many heaps: an empty one, and ones up to 40 small blocks went into first
 
-def _heap_history(malloc:Callable, seed:int):
+def heap_history(malloc:Callable, seed:int):
     "Leave up to 40 small blocks (16-600 bytes) alive, as a process allocates between two steps: `malloc(bytes)` for each; seed 0: none."
     r = random.Random(seed)
     return [malloc(r.randrange(16, 600)) for _ in range(r.randrange(40) if seed else 0)]
 
-def _glibc_resident(tr:AllocationTracker, history:int=0, cut:bool=False):
-    "The trace replayed through `GlibcHeap` (this process's settings, `_heap_history(history)` first, `_heap_blocks(cut)`): (event index, bytes live, bytes it adds)."
-    h, blocks, live = GlibcHeap(**_glibc_settings()), {}, 0
-    _heap_history(h.malloc, history)
+def glibc_resident(tr:AllocationTracker, history:int=0, cut:bool=False):
+    "The trace replayed through `GlibcHeap` (this process's settings, `heap_history(history)` first, `heap_blocks(cut)`): (event index, bytes live, bytes it adds)."
+    h, blocks, live = GlibcHeap(**glibc_settings()), {}, 0
+    heap_history(h.malloc, history)
     base = h.rss()
     for i, (sign, rec) in enumerate(tr.events):
         live += sign * rec.nbytes
-        if sign > 0: blocks[id(rec)] = [h.malloc(n, align) for n, align in _heap_blocks(rec, tr.graph, cut)]
+        if sign > 0: blocks[id(rec)] = [h.malloc(n, align) for n, align in heap_blocks(rec, tr.graph, cut)]
         else:
             for a in blocks.pop(id(rec), ()): h.free(a)
         yield i, live, h.rss() - base
 
-def _glibc_peak(tr:AllocationTracker, history:int=0, cut:bool=False)->tuple[int, int, int]:
-    "(bytes resident, event index, bytes live) where the trace, replayed from `_heap_history(history)`, peaks; resident -1: no allocation."
-    return max(((r, i, l) for i, l, r in _glibc_resident(tr, history, cut) if tr.events[i][0] > 0), key=lambda p: p[0], default=(-1, -1, 0))
+def glibc_peak(tr:AllocationTracker, history:int=0, cut:bool=False)->tuple[int, int, int]:
+    "(bytes resident, event index, bytes live) where the trace, replayed from `heap_history(history)`, peaks; resident -1: no allocation."
+    return max(((r, i, l) for i, l, r in glibc_resident(tr, history, cut) if tr.events[i][0] > 0), key=lambda p: p[0], default=(-1, -1, 0))
 
-def _replays()->list[tuple[int, bool]]:
+def heap_replays()->list[tuple[int, bool]]:
     "The (history, cut) of every replay the plan makes: each heap history, with the graph's bytes cut each way."
-    return [(s, cut) for s in range(_HEAP_HISTORIES) for cut in (False, True)]
+    return [(s, cut) for s in range(HEAP_HISTORIES) for cut in (False, True)]
 
-def _glibc_replay(tr:AllocationTracker)->tuple[int, int, int]:
+def glibc_replay(tr:AllocationTracker)->tuple[int, int, int]:
     "(bytes live, event index, bytes glibc adds: mapped blocks' pages, the heap's holes) where the trace peaks, replayed from the heap that holds most."
-    if not _on_glibc(): return tr.peak, tr.peak_at, 0
-    best, at, at_live = max((_glibc_peak(tr, s, cut) for s, cut in _replays()), key=lambda p: p[0])
+    if not on_glibc(): return tr.peak, tr.peak_at, 0
+    best, at, at_live = max((glibc_peak(tr, s, cut) for s, cut in heap_replays()), key=lambda p: p[0])
     return (at_live, at, best - at_live) if at >= 0 else (tr.peak, tr.peak_at, 0)
 
 def _glibc_note()->str:
-    h = GlibcHeap(**_glibc_settings())
+    h = GlibcHeap(**glibc_settings())
     th = (f"{fmt_bytes(h.threshold)} at first; no MALLOC_* setting fixes it, so glibc raises it to each bigger mapped block freed, "
           "below 32 MiB, and keeps up to twice that free at the heap's end" if h.dynamic else fmt_bytes(h.threshold))
     return (f"allocator rounding: glibc's malloc modelled (`GlibcHeap`): blocks at or above its mmap threshold ({th}) "
             "get pages of their own, header and alignment included; smaller tensors and the autograd graph's objects share the heap, "
-            f"with the holes freed blocks leave there, replayed from {_HEAP_HISTORIES} heaps a few small blocks went into first, the graph's "
+            f"with the holes freed blocks leave there, replayed from {HEAP_HISTORIES} heaps a few small blocks went into first, the graph's "
             "objects cut two ways (the highest kept)"
             + ("; with glibc's moving threshold the heap holds what earlier steps freed, so what the process did before the step moves "
                "the resident set by more than the plan can know (`fix_glibc_thresholds()` in this process, or MALLOC_MMAP_THRESHOLD_=65536 "
@@ -333,18 +335,18 @@ def _glibc_note()->str:
 
 # %% ../../nbs/01b_heap.ipynb #pr6e
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
-_PLUGS = []  # (address, bytes) of the blocks `_plug_heap` keeps: never freed, so no tensor goes where they are
+PLUGS = []  # (address, bytes) of the blocks `plug_heap` keeps: never freed, so no tensor goes where they are
 
-def _libc():
+def libc_handle():
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
     libc.sbrk.restype, libc.sbrk.argtypes = ctypes.c_void_p, [ctypes.c_ssize_t]
     return libc
 
 # %% ../../nbs/01b_heap.ipynb #pr6e2
-def _plug_heap(threshold:int)->int:
+def plug_heap(threshold:int)->int:
     "Take every free heap chunk of `threshold` bytes or more with a block kept for good, biggest first; the bytes taken."
-    libc, size, taken = _libc(), _GLIBC_MMAP_THRESHOLD_MAX, 0
+    libc, size, taken = libc_handle(), _GLIBC_MMAP_THRESHOLD_MAX, 0
     end = libc.sbrk(0)  # the heap's end: a block from a free chunk leaves it where it is
     while True:
         p = libc.malloc(size)
@@ -358,33 +360,33 @@ def _plug_heap(threshold:int)->int:
             raise RuntimeError(f"glibc put a {fmt_bytes(size)} block at the heap's end instead of mapping it: this process may map no more "
                                "blocks (a MALLOC_MMAP_MAX_/mallopt(M_MMAP_MAX) limit, or the kernel's vm.max_map_count), so a fixed "
                                "threshold cannot give tensors pages of their own; start Python with MALLOC_MMAP_THRESHOLD_=65536 instead")
-        else: _PLUGS.append((p, size)); taken += size
+        else: PLUGS.append((p, size)); taken += size
 
 # %% ../../nbs/01b_heap.ipynb #pr6e3
 def fix_glibc_thresholds(mmap_threshold:int=65536, # blocks this big or bigger get pages of their own, handed back when freed (glibc's limit: 32 MiB)
                          trim_threshold:int=0, # free bytes at the heap's end beyond which glibc hands pages back at once
                         )->dict:
     "Fix glibc's malloc thresholds in this running process, as `MALLOC_MMAP_THRESHOLD_`/`MALLOC_TRIM_THRESHOLD_` do at start; the heap's free chunks handed back and filled. Returns the settings `plan_memory` now uses."
-    if not _on_glibc(): raise RuntimeError(f"fix_glibc_thresholds sets glibc's malloc, and this process runs on {platform.system()} "
+    if not on_glibc(): raise RuntimeError(f"fix_glibc_thresholds sets glibc's malloc, and this process runs on {platform.system()} "
                                            f"{platform.libc_ver()[0] or 'without glibc'}" + (" with another malloc preloaded" if platform.libc_ver()[0] == 'glibc' else '')
                                            + ": that allocator keeps its own settings, and the plan models none")
     for name, v, lo, hi in (('mmap_threshold', mmap_threshold, 4096, _GLIBC_MMAP_THRESHOLD_MAX), ('trim_threshold', trim_threshold, 0, 2**31 - 1)):
         if not (isinstance(v, int) and lo <= v <= hi): raise ValueError(f"{name}={v!r}: glibc takes a whole number of bytes from {lo} to {hi}")
-    if _glibc_settings()['mmap_max'] == 0: raise ValueError("MALLOC_MMAP_MAX_=0 (or glibc.malloc.mmap_max=0) tells glibc to map nothing, so no "
+    if glibc_settings()['mmap_max'] == 0: raise ValueError("MALLOC_MMAP_MAX_=0 (or glibc.malloc.mmap_max=0) tells glibc to map nothing, so no "
                                                             "threshold can give a block pages of its own: unset it and start Python again")
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("call fix_glibc_thresholds from the main thread: glibc gives each thread's blocks an arena of its own, and only "
                            "the calling thread's free chunks can be filled, while a notebook's cells and the training loop run on the main one")
-    libc = _libc()
+    libc = libc_handle()
     for opt, v in ((_M_MMAP_THRESHOLD, mmap_threshold), (_M_TRIM_THRESHOLD, trim_threshold)):
         if libc.mallopt(opt, v) != 1: raise OSError(f"glibc's mallopt({opt}, {v}) refused the setting")
-    _MALLOPT.update(mmap_threshold=mmap_threshold, trim_threshold=trim_threshold)  # glibc has them now, whatever follows
+    MALLOPT.update(mmap_threshold=mmap_threshold, trim_threshold=trim_threshold)  # glibc has them now, whatever follows
     gc.collect(); libc.malloc_trim(0)  # free pages back first: a block that fills a chunk then holds address space, not memory
-    _plug_heap(mmap_threshold)
-    return _glibc_settings()
+    plug_heap(mmap_threshold)
+    return glibc_settings()
 
 # %% ../../nbs/01b_heap.ipynb #pr6f2
-def _messy_heap(seed:int=0, n:int=300)->list:
+def messy_heap(seed:int=0, n:int=300)->list:
     "`n` tensors of 16 KiB to 8 MiB made and freed in a shuffled order, a small one kept after each; returns those: keep them alive."
     r, alive, kept = random.Random(seed), [], []
     for _ in range(n):

@@ -21,10 +21,11 @@ from fastcore.basics import patch
 from ..probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes, free_memory, gpu_catalogue, in_notebook, is_oom, lookup_gpu
 
 # %% auto #0
-__all__ = ['AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'KERNEL_MODELS', 'Allocation', 'AllocationTracker', 'is_traced',
-           'ShapeMismatchError', 'resize_batch', 'default_loss', 'register_optimizer', 'make_optimizer',
-           'UntraceableError', 'NothingToTrainError', 'CompiledModelWarning', 'DeviceKernels', 'register_kernels',
-           'device_kernels', 'Trace', 'trace_step', 'Target', 'resolve_target']
+__all__ = ['CONVS', 'AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'KERNEL_MODELS', 'Allocation', 'kernel_spec',
+           'AllocationTracker', 'is_traced', 'PackedAtFullLength', 'graph_census', 'ShapeMismatchError', 'resize_batch',
+           'default_loss', 'register_optimizer', 'make_optimizer', 'saved_for_backward', 'UntraceableError',
+           'NothingToTrainError', 'CompiledModelWarning', 'DeviceKernels', 'register_kernels', 'device_kernels',
+           'Trace', 'trace_step', 'Target', 'resolve_target']
 
 # %% ../../nbs/01a_trace.ipynb #c007
 @dataclass(eq=False)
@@ -43,9 +44,9 @@ class Allocation:
 # matmuls (and where their two operands are) and convolutions: the kernels whose CPU workspace we model later
 _MATMULS = {torch.ops.aten.mm.default: 0, torch.ops.aten.addmm.default: 1, torch.ops.aten.bmm.default: 0, torch.ops.aten.baddbmm.default: 1,
             torch.ops.aten.mv.default: 0, torch.ops.aten.addmv.default: 1}  # a matrix times a vector: N = 1
-_CONVS = {torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default}
+CONVS = {torch.ops.aten.convolution.default, torch.ops.aten.convolution_backward.default}
 
-def _kernel(func, args)->tuple:
+def kernel_spec(func, args)->tuple:
     "A matmul as ('matmul', batch, M, K, N, dtype, layout), a convolution as (op, shapes and settings of its arguments, the input's dtype): sizes only, no tensors."
     if func in _MATMULS:
         a, b = args[_MATMULS[func]], args[_MATMULS[func] + 1]
@@ -79,7 +80,7 @@ class AllocationTracker(TorchDispatchMode):
         self.peak_at = -1             # index in `events` of the allocation that set `peak`
         self.phase, self.step, self.modules = 'setup', 0, []
         self.inputs:dict[str,str] = {}  # module name -> shapes of its last input (strings: holding tensors would keep them alive)
-        self.kernels:list[tuple] = []   # every matmul and convolution, in order (`_kernel`)
+        self.kernels:list[tuple] = []   # every matmul and convolution, in order (`kernel_spec`)
         self.cuda_autocast = False  # the step may run under CUDA's autocast (`_dtype_mismatch`)
         self.kernel_path:Callable|None = None  # kernel_path(func, args, kwargs, out) -> (out, scratch bytes): a device's kernels (set by `trace_step`)
         self.decomposed = False  # saw an op that only a reference decomposition runs (attention's math path on 'meta')
@@ -187,7 +188,7 @@ def _shaped_like(func, args:tuple):
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 # %% ../../nbs/01a_trace.ipynb #1529537d
-class _PackedAtFullLength(TorchFunctionMode):
+class PackedAtFullLength(TorchFunctionMode):
     "While a step is traced: plan packed sequences as if every one ran the full length (an upper bound), on the kernels PyTorch picks for them; `ragged`: all but one, one step short."
     def __init__(self, tr:AllocationTracker|None=None, ragged:bool=False): super().__init__(); self.tr, self.sizes, self.ragged = tr, {}, ragged
     def _pack(self, x, batch_first):
@@ -242,7 +243,7 @@ def _item(tr:AllocationTracker, func, args)->float:
 def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None):
     if func is _A._local_scalar_dense.default and _stand_in(self, args[0]): return _item(self, func, args)
     if func in _MATMULS and (wrong := _dtype_mismatch(func, args, self.cuda_autocast)): raise RuntimeError(wrong)  # what the real kernel says
-    if func in _MATMULS or func in _CONVS: self.kernels.append(_kernel(func, args))
+    if func in _MATMULS or func in CONVS: self.kernels.append(kernel_spec(func, args))
     if func is torch.ops.aten._safe_softmax.default: self.decomposed = True
     # the nodes of the ops before this one; not in `prim.device`, which FakeTensors dispatch while autograd records an in-place op
     # on a view: reading the view's grad_fn there dropped the op from the graph (`relu_` on InstanceNorm's output left no CopySlices)
@@ -325,7 +326,7 @@ def free_graph(self:AllocationTracker):
     self.held, self.nodes = [], object()
 
 # %% ../../nbs/01a_trace.ipynb #ag2b
-def _graph_census(loss)->tuple[int, int, int, int]:
+def graph_census(loss)->tuple[int, int, int, int]:
     "(nodes, saved tensors, other saved values, bytes of the saved tensors' storages) of the graph behind `loss`."
     seen, todo, storages, saved = set(), [loss.grad_fn], {}, 0
     while todo:
@@ -533,7 +534,7 @@ def _watch_modules(m:nn.Module, tr:AllocationTracker):
     finally:
         for h in hooks: h.remove()
 
-def _saved_for_backward(tr:AllocationTracker):
+def saved_for_backward(tr:AllocationTracker):
     "A context in which what autograd saves for backward is labelled 'activations', with the module that saved it."
     def pack(t):
         rec = tr.record_of(t)
@@ -558,7 +559,7 @@ def _micro_step(m:nn.Module, xb, yb, tr:AllocationTracker, loss_fn:Callable, pre
                ):
     "Forward, loss and backward of one micro-batch under the tracker, each allocation labelled with its phase."
     tr.phase, tr.modules[:] = 'forward', []
-    with _saved_for_backward(tr):
+    with saved_for_backward(tr):
         with torch.autocast('cpu', dtype=LOW_PRECISION.get(precision, torch.float32), enabled=precision in LOW_PRECISION):
             out = _call(m, xb)
             tr.phase, tr.inputs['(loss)'] = 'loss', _shapes(out)
@@ -655,7 +656,7 @@ def _user_line(e:Exception)->str:
     "' (at file:line: `code`)' for the user's line that failed: the last frame of `e`'s traceback in the step's own code, between the step (`_micro_step`, `_optimizer_phase`) and the tracker, that is not ours (`_ours`); '' if none."
     frames = [f for f, _ in traceback.walk_tb(e.__traceback__)]
     start = max((i for i, f in enumerate(frames) if f.f_code in (_micro_step.__code__, _optimizer_phase.__code__)), default=-1)
-    modes = {AllocationTracker.__torch_dispatch__.__code__, _PackedAtFullLength.__torch_function__.__code__}
+    modes = {AllocationTracker.__torch_dispatch__.__code__, PackedAtFullLength.__torch_function__.__code__}
     end = next((i for i, f in enumerate(frames) if i > start and f.f_code in modes), len(frames))
     mine = [f for f in frames[start + 1:end] if not _ours(f.f_code.co_filename)]
     if not mine: return ''
@@ -784,13 +785,13 @@ class Trace:
 
 def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn, optimizer, precision, cuda, steps, kernels,
            ragged:bool=False, ema:bool=False)->AllocationTracker:
-    "Run `steps` steps of the fake copy `m` under a tracker (on FakeTensors of `fm`, else on 'meta'); `ragged`: packed sequences of unequal lengths (`_PackedAtFullLength`)."
+    "Run `steps` steps of the fake copy `m` under a tracker (on FakeTensors of `fm`, else on 'meta'); `ragged`: packed sequences of unequal lengths (`PackedAtFullLength`)."
     dev = 'cpu' if fm else 'meta'
     tr = AllocationTracker(dev)
     tr.cuda_autocast = precision in LOW_PRECISION and not getattr(kernels, 'cpu_autocast', False)  # a CUDA target, or none named: CUDA's autocast may cast more
     if kernels is not None: tr.kernel_path = kernels(tr)  # a device's kernels (`DeviceKernels`): the CPU's, CUDA's
     try:
-        with fm or contextlib.nullcontext(), _watch_modules(m, tr), _PackedAtFullLength(tr, ragged), _unvalidated_distributions():
+        with fm or contextlib.nullcontext(), _watch_modules(m, tr), PackedAtFullLength(tr, ragged), _unvalidated_distributions():
             params = [p for p in m.parameters() if p.requires_grad]
             if not params: raise NothingToTrainError(f"`{type(m).__name__}` has no parameter that requires a gradient, so a training step has nothing "
                 "to update (and PyTorch's optimizers refuse an empty list). Unfreeze what should train (`p.requires_grad_(True)`) and plan again.")
