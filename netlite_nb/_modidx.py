@@ -20,6 +20,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget.TrainingStep': ('budget.html#trainingstep', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget.TrainingStep.plan_kwargs': ( 'budget.html#trainingstep.plan_kwargs',
                                                                                    'netlite_nb/budget.py'),
+                                   'netlite_nb.budget.TrainingStep.planned_by': ( 'budget.html#trainingstep.planned_by',
+                                                                                  'netlite_nb/budget.py'),
                                    'netlite_nb.budget._accumulation': ('budget.html#_accumulation', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._bounded_note': ('budget.html#_bounded_note', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._breakdown': ('budget.html#_breakdown', 'netlite_nb/budget.py'),

@@ -199,6 +199,13 @@ class TrainingStep:
         "The step as `plan_memory`'s arguments."
         return dict(optimizer=self.optimizer, precision=self.precision, micro_batch=self.micro_batch, transform=self.transform, ema=self.ema, loss_fn=self.loss_fn)
 
+# %% ../nbs/01_budget.ipynb #55f57d9a
+@patch
+def planned_by(self:TrainingStep, plan)->bool:
+    "Is `plan` (a `MemoryPlan`) a plan of this step: the same optimizer, precision, conversions and EMA? Batch sizes aside."
+    return (plan.optimizer, plan.precision, plan.transform, 'EMA weights' in plan.breakdown) == (
+        _optimizer_name(self.optimizer), self.precision, _transform_name(self.transform), self.ema)
+
 # %% ../nbs/01_budget.ipynb #mp23
 def plan_memory(model:nn.Module, # the model to plan for; never run, moved or changed
                 batch, # (x, y), x, or a dict the model takes as keywords (labels too), a real batch or one on the 'meta' device; its first dimension is the batch size

@@ -1094,8 +1094,8 @@ def _make_scheduler(self:Trainer, steps:int):
 @patch
 def _initial_plan(self:Trainer):
     "`.plan`: the plan chapter 06 sized the strategy with, if it is this run's, else a new one."
-    sp = getattr(self.strategy, 'plan', None)
-    if sp is not None and (sp.micro_batch, sp.batch_size) == (self.micro_batch, self.effective_batch): self.plan = sp; return
+    sp = getattr(self.strategy, 'plan', None)  # chapter 06's plan holds for this run only if it planned this run's step (EMA, precision...)
+    if sp is not None and (sp.micro_batch, sp.batch_size) == (self.micro_batch, self.effective_batch) and self.training_step().planned_by(sp): self.plan = sp; return
     state = rng_state()
     self.plan, _, notes = self._plan_and_suggest(self.micro_batch)
     self.notes += notes

@@ -601,3 +601,26 @@ def test_a_step_asks_the_model_for_no_sync_without_raising(monkeypatch):
     monkeypatch.setattr(nn.Module, '__getattr__', counting)
     t = Trainer(mlp(), loaders(bs=64), **KW).fit(steps=3)
     assert t.step == 3 and 'no_sync' not in missing, missing
+
+
+def _bytes(ts): return sum(t.numel() * t.element_size() for t in ts)
+
+@pytest.mark.parametrize('ema,micro,opt,lora', [(None, None, 'adamw', False), (0.99, None, 'adamw', False), (0.99, 16, 'adamw8bit', False),
+                                                (None, 16, 'adamw', True), (0.99, None, 'adamw8bit', True), (0.999, 16, 'sgd', True)])
+def test_the_trainers_plan_counts_what_its_run_holds(ema, micro, opt, lora):
+    "Issue 36: the Trainer's plan is the plan of its `TrainingStep`: weights, the EMA copy, optimizer state and gradients are the run's, over a grid of options."
+    from netlite_nb.lora import add_lora
+    from netlite_nb.fixtures import mlp
+    model = mlp(hidden=256)
+    if lora: add_lora(model, targets=('0',), rank=4, train=('3',))   # adapters on the first layer, the head trains in full
+    t = Trainer(model, loaders(bs=64), ema=ema, micro_batch=micro, optimizer=opt, **{**KW, 'plan': True})
+    t.fit(steps=2)
+    plan, m = t.plan, t.model
+    assert t.training_step().planned_by(plan) and plan.micro_batch == (micro or 64)
+    assert plan.breakdown['weights'] == _bytes([*m.parameters(), *m.buffers()])
+    assert plan.breakdown.get('EMA weights', 0) == (_bytes([*t.ema.module.parameters(), *t.ema.module.buffers()]) if ema else 0)
+    state = [v for s in t.opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    held = _bytes([*m.parameters(), *m.buffers()]) + plan.breakdown.get('EMA weights', 0) + _bytes(state)
+    assert plan.peak >= held and (opt == 'sgd' or _bytes(state) > 0)   # what the run keeps all along, the optimizer's state included, is within the peak
+    trained = [p for p in m.parameters() if p.requires_grad]
+    assert plan.breakdown['gradients'] <= _bytes(trained)   # gradients of what trains only (LoRA: not the frozen base)
