@@ -83,14 +83,26 @@ def _title(self:MemoryPlan)->str:
     return (f"Memory plan: batch {self.batch_size}{mb}, {self.precision}, {self.optimizer}{tf} on {self.device}; "
             f"{self.params:,} parameters; peak during {self.peak_phase}{where}")
 
+def _headline(note:str, most:int=110)->str:
+    "The assumption a note states, without its reasons: up to its first aside (' (', ': ', '; ', ', read off'), at most `most` characters."
+    cut = min([i for i in (note.find(s, 20) for s in (' (', ': ', '; ', ', read off', ', modelled')) if i > 0] or [len(note)])
+    head = note[:cut]
+    return head if len(head) <= most else head[:most - 1].rstrip() + '…'
+
 @patch
-def __str__(self:MemoryPlan):
+def report(self:MemoryPlan, verbose:bool=False, # every note in full (`plan.notes`), not one line per assumption
+          )->str:
+    "The plan as text: title, one row per term, fits or not, the heaviest modules, and the assumptions (headlines unless `verbose`)."
     rows = self._rows()
     w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
     lines = [self._title()] + [f"  {a:<{w0}}  {b:>{w1}}  {c}".rstrip() for a, b, c in rows]
     if self.by_module:
         lines.append('  saved activations by module: ' + ', '.join(f"{k or '(model)'} {fmt_bytes(v)}" for k, v in list(self.by_module.items())[:5]))
-    return '\n'.join(lines + [f"  note: {n}" for n in self.notes])
+    if verbose: return '\n'.join(lines + [f"  note: {n}" for n in self.notes])
+    return '\n'.join(lines + [f"  assumes: {_headline(n)}" for n in self.notes] + ["  (each assumption in full: plan.notes, or netlite plan --verbose)"] * bool(self.notes))
+
+@patch
+def __str__(self:MemoryPlan): return self.report()
 
 # %% ../nbs/01_budget.ipynb #mp3
 @patch
@@ -99,10 +111,10 @@ def _repr_html_(self:MemoryPlan):
     trs = ''.join(f"<tr><td style='text-align:left'>{e(a)}</td><td style='text-align:right'>{e(b)}</td><td style='text-align:left'>{e(c)}</td></tr>"
                   for a, b, c in self._rows())
     mods = ''.join(f"<li>{e(k or '(model)')}: {fmt_bytes(v)}</li>" for k, v in list(self.by_module.items())[:5])
-    notes = ''.join(f"<li>{e(n)}</li>" for n in self.notes)
+    heads, notes = ''.join(f"<li>{e(_headline(n))}</li>" for n in self.notes), ''.join(f"<li>{e(n)}</li>" for n in self.notes)
     return (f"<div><b>{e(self._title())}</b><table>{trs}</table>"
             + (f"<details><summary>saved activations by module</summary><ul>{mods}</ul></details>" if mods else '')
-            + (f"<details><summary>assumptions</summary><ul>{notes}</ul></details>" if notes else '') + "</div>")
+            + (f"assumes:<ul>{heads}</ul><details><summary>each assumption in full</summary><ul>{notes}</ul></details>" if notes else '') + "</div>")
 
 # %% ../nbs/01_budget.ipynb #c030
 def _live_at(tr:AllocationTracker, at:int)->list[Allocation]:
@@ -199,7 +211,7 @@ class TrainingStep:
         "The step as `plan_memory`'s arguments."
         return dict(optimizer=self.optimizer, precision=self.precision, micro_batch=self.micro_batch, transform=self.transform, ema=self.ema, loss_fn=self.loss_fn)
 
-# %% ../nbs/01_budget.ipynb #55f57d9a
+# %% ../nbs/01_budget.ipynb #1702f2b0
 @patch
 def planned_by(self:TrainingStep, plan)->bool:
     "Is `plan` (a `MemoryPlan`) a plan of this step: the same optimizer, precision, conversions and EMA? Batch sizes aside."
@@ -450,9 +462,14 @@ def _accumulation(model, batch, budget, target, kw, over:dict, change:Callable, 
     try: micro = max_batch_size(model, batch, budget=budget, device_or_gpu=target, max_batch=b, micro_of=b, **_changed(kw, over))
     except BudgetTooSmallError: return None
     if micro >= b: return None
+    micro = math.ceil(b / math.ceil(b / micro))  # as few micro-batches as fit, split as evenly as the Trainer's split allows
     # smaller kernels keep the device less busy; a rough 10% per halving of the micro-batch
-    return change(f"{prefix}gradient accumulation: {math.ceil(b / micro)} micro-batches of {micro}", {**over, 'micro_batch': micro},
-                  slow0 + 0.1 * math.log2(b / micro))
+    return change(f"{prefix}gradient accumulation, {_split_words(b, micro)}", {**over, 'micro_batch': micro}, slow0 + 0.1 * math.log2(b / micro))
+
+def _split_words(b:int, micro:int)->str:
+    "How a batch of `b` splits into micro-batches of at most `micro` (as `torch.split` cuts it), in exact arithmetic."
+    k, last = math.ceil(b / micro), b - (math.ceil(b / micro) - 1) * micro
+    return f"{k} micro-batches: " + (f"{k} × {micro}" if last == micro else f"{k - 1} × {micro} + {last}") + f" = {b}"
 
 def _combined(model, batch, budget, target, kw, singles:list, change:Callable)->list[Change]:
     "When no single change fits: the cheapest changes together, one more at a time, then with accumulation as well."

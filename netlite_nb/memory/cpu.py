@@ -31,7 +31,8 @@ __all__ = ['MKL_BLOCKING', 'ONEDNN_MATMUL_STATE', 'MALLOC_ENV', 'mkl_isa', 'mkl_
            'ctc_scratch', 'fake_quant_scratch', 'deform_conv_scratch', 'fft_scratch', 'flash_gemms', 'upsample_copies',
            'lstm_workspace', 'lstm_brgemm', 'calibration_segment', 'cpu_kernel_path', 'CpuKernels', 'calibration_file',
            'calibration_cache', 'clear_calibration', 'conv_key', 'mm_key', 'hwm_growth', 'free_blas_buffers', 'op_arg',
-           'op_func', 'heap_in_use', 'run_in_child', 'measure_conv_scratch', 'calibrate_kernels', 'cpu_terms']
+           'op_func', 'heap_in_use', 'run_in_child', 'measure_conv_scratch', 'calibrate_kernels', 'cpu_vendor',
+           'kernel_model_covers_this_cpu', 'cpu_terms']
 
 # %% ../../nbs/01c_cpu.ipynb #c073
 # MKL's fp32 matmul packing on each ISA, read off `python bench/budget_accuracy.py --gemm` (torch 2.14.1's MKL, one thread):
@@ -719,6 +720,21 @@ def calibrate_kernels(specs:list, # convolution and matmul specs a trace collect
     calibration_cache.cache_clear()
     return table
 
+# %% ../../nbs/01c_cpu.ipynb #4c172e8d
+def cpu_vendor()->str:
+    "This CPU's vendor as the processor reports it ('GenuineIntel', 'AuthenticAMD', ...; '' where it cannot be read)."
+    try: return next((l.split(':', 1)[1].strip() for l in Path('/proc/cpuinfo').read_text().splitlines() if l.startswith('vendor_id')), '')
+    except OSError: return ''
+
+def kernel_model_covers_this_cpu()->bool:
+    "Were the kernel model's figures (oneDNN's convolution scratch, ATen's dtype copies) read off a CPU like this one? Intel x86 CPUs so far."
+    return cpu_vendor() == 'GenuineIntel'
+
+def _uncovered_note()->list[str]:
+    if kernel_model_covers_this_cpu(): return []
+    return [f"this CPU ({cpu_vendor() or platform.machine()}) is not one the kernel scratch model was read on (Intel x86): its kernels may "
+            "hold less or more than planned; calibrate=True measures them here"]
+
 # %% ../../nbs/01c_cpu.ipynb #801f02f1
 def cpu_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
     "The device interface, terms side, for the CPU: (peak, reserved, bytes by term, notes): the kernels' workspace kept for the process, and glibc's heap replayed."
@@ -739,5 +755,5 @@ def cpu_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
         "the copies ATen makes of inputs that are not contiguous (LayerNorm, softmax) or not of the common dtype (mixed-dtype "
         "elementwise ops, a bf16 mean), dropout's mask, fused attention's fp32 accumulators and MKL's FFT copies; "
         "oneDNN's LSTM workspace is traced as the tensor it is, and models with recurrent layers or attention follow the CPU's "
-        "dispatch (fused attention); modelled from `python bench/budget_accuracy.py --kernels` at one thread"]
+        "dispatch (fused attention); modelled from `python bench/budget_accuracy.py --kernels` at one thread"] + ([] if tr.measured else _uncovered_note())
 

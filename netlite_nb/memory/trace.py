@@ -22,10 +22,10 @@ from ..probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes,
 
 # %% auto #0
 __all__ = ['CONVS', 'AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'KERNEL_MODELS', 'Allocation', 'kernel_spec',
-           'AllocationTracker', 'is_traced', 'PackedAtFullLength', 'graph_census', 'ShapeMismatchError', 'resize_batch',
-           'default_loss', 'register_optimizer', 'make_optimizer', 'saved_for_backward', 'UntraceableError',
-           'NothingToTrainError', 'CompiledModelWarning', 'DeviceKernels', 'register_kernels', 'device_kernels',
-           'Trace', 'trace_step', 'Target', 'resolve_target']
+           'AllocationTracker', 'is_traced', 'PackedAtFullLength', 'two_packed_paths', 'graph_census',
+           'ShapeMismatchError', 'resize_batch', 'default_loss', 'register_optimizer', 'make_optimizer',
+           'saved_for_backward', 'UntraceableError', 'NothingToTrainError', 'CompiledModelWarning', 'DeviceKernels',
+           'register_kernels', 'device_kernels', 'Trace', 'trace_step', 'Target', 'resolve_target']
 
 # %% ../../nbs/01a_trace.ipynb #c007
 @dataclass(eq=False)
@@ -224,7 +224,7 @@ def _cpu_dispatch_differs(model:nn.Module)->bool:
     "Does `model` have layers whose CPU kernels the meta device does not run (recurrent layers)?"
     return any(isinstance(m, nn.RNNBase) for m in model.modules())
 
-def _two_packed_paths(model:nn.Module)->bool:
+def two_packed_paths(model:nn.Module)->bool:
     "Does `model` have layers whose packed sequences run on other CPU kernels when their lengths differ? An LSTM: oneDNN at equal lengths, per-step kernels otherwise."
     return torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled and any(isinstance(m, nn.LSTM) for m in model.modules())
 
@@ -868,7 +868,7 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
                 continue
             if cpu_path or kernels is None or not tr.decomposed: break
             cpu_path = True  # attention ran its reference path on 'meta': trace again on the CPU's dispatch (fused, as CUDA's is)
-        if getattr(kernels, 'ragged_retrace', False) and 'pack_padded_sequence' in tr.bounded and _two_packed_paths(model):  # the other kernels, where they hold more
+        if getattr(kernels, 'ragged_retrace', False) and 'pack_padded_sequence' in tr.bounded and two_packed_paths(model):  # the other kernels, where they hold more
             with contextlib.suppress(ShapeMismatchError, UntraceableError):  # the lengths' other kernels: a plan without them rather than none
                 other = _trace(copy_of(fm), x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, ragged=True, ema=ema)
                 if other.peak > tr.peak: tr = other
