@@ -228,7 +228,7 @@ def next_commands(self:DemoResult)->list[str]:
         onnx = Path(self.export.path).resolve()
         cmds.append(f"python -c \"import onnxruntime as ort, numpy as np; s = ort.InferenceSession('{onnx}'); "
                     f"print(s.run(None, {{s.get_inputs()[0].name: np.zeros((1, 1, 28, 28), np.float32)}})[0].argmax())\"   # run the ONNX file")
-    cmds.append("jupyter lab nbs/   # read the book that built this, from a clone of the repository")
+    cmds.append('pip install -e ".[dev]" && jupyter lab nbs/   # read the book that built this, in a clone of the repository (the dev extra brings JupyterLab)')
     return cmds
 
 # %% ../nbs/10_run.ipynb #dm05

@@ -423,9 +423,9 @@ def _len(data)->int|None:
 
 # %% ../nbs/07_train.ipynb #d012
 class Trainer:
-    "Train `model` on `data`: precision by hardware, exact gradient accumulation, lossless checkpoints, OOM recovery."
+    "Train `model` on `data` (`DataLoaders`, a `(train, valid)` pair of loaders, or one loader): precision by hardware, exact gradient accumulation, lossless checkpoints, OOM recovery."
     def __init__(self, model:nn.Module,
-                 data, # chapter 04 `DataLoaders`, a (train, valid) pair, or an iterable of (x, y) batches
+                 data, # what to train on: chapter 04's `DataLoaders` (any object with `.train` and `.valid`), a `(train, valid)` pair of loaders (`valid` may be None), or one loader or iterable of `(x, y)` batches (then no validation)
                  loss_fn=None, # a mean-reduced loss(output, target); default cross-entropy
                  optimizer=None, # anything chapter 01's `make_optimizer` takes; default the strategy's, else 'adamw'
                  strategy=None, # chapter 06 `Strategy`, its name, or 'auto'

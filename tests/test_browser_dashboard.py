@@ -5,7 +5,7 @@ Needs Debian's `chromium` (apt-get install -y chromium) and the `dev` extra (pla
 Playwright drives the system Chromium; `playwright install` is never needed. If the browser or the server cannot
 start, the test fails and says why.
 """
-import json, os, re, secrets, shutil, signal, socket, subprocess, sys, tempfile, time, urllib.request
+import contextlib, json, os, re, secrets, shutil, signal, socket, subprocess, sys, tempfile, time, urllib.request
 from pathlib import Path
 import pytest
 
@@ -66,14 +66,14 @@ APPS = {  # the two frontends readers run notebooks in that we can start here (V
 }
 
 
-@pytest.fixture(params=list(APPS))
-def jupyter_server(request):
-    "JupyterLab or Notebook 7 on 127.0.0.1 with a token, a temporary root dir and temporary settings; killed at the end."
-    app = APPS[request.param]
+@contextlib.contextmanager
+def serve(name:str, files:dict):
+    "JupyterLab or Notebook 7 (`name` in APPS) on 127.0.0.1 with a token, a temporary root dir holding `files` (name -> notebook dict) and temporary settings; killed at the end."
+    app = APPS[name]
     try: import jupyterlab, notebook, ipykernel, playwright  # noqa: F401
     except ImportError as e: pytest.fail(f"The browser test needs the dev extra (pip install -e '.[dev]'): {e}")
     root = Path(tempfile.mkdtemp(prefix='netlite_browser_'))
-    (root / 'live.ipynb').write_text(json.dumps(_notebook()))
+    for fn, nb in files.items(): (root / fn).write_text(json.dumps(nb))
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, 'PYTHONPATH': str(REPO), 'JUPYTER_CONFIG_DIR': str(root / '.cfg'), 'JUPYTER_RUNTIME_DIR': str(root / '.rt'),
            'JUPYTERLAB_SETTINGS_DIR': str(root / '.settings'), 'JUPYTERLAB_WORKSPACES_DIR': str(root / '.ws')}
@@ -86,7 +86,7 @@ def jupyter_server(request):
         proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         _wait_for_server(f'http://127.0.0.1:{port}/api/status?token={token}', proc, log)
-        yield dict(url=f'http://127.0.0.1:{port}', token=token, root=root, log=log, name=request.param, path=app['url'])
+        yield dict(url=f'http://127.0.0.1:{port}', token=token, root=root, log=log, name=name, path=app['url'])
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)   # the server and the kernel it started, nothing else
@@ -96,11 +96,30 @@ def jupyter_server(request):
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(params=list(APPS))
+def jupyter_server(request):
+    "The training notebook (`live.ipynb`) served by JupyterLab, then by Notebook 7."
+    with serve(request.param, {'live.ipynb': _notebook()}) as srv: yield srv
+
+
 def _launch(p):
     if not Path(CHROMIUM).exists():
         pytest.fail(f"No Chromium at {CHROMIUM}: install Debian's package (apt-get install -y chromium) or set NETLITE_CHROMIUM.")
     try: return p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS, timeout=60_000)
     except Exception as e: pytest.fail(f"Chromium ({CHROMIUM}) did not start: {e}")
+
+
+def _open(page, srv, path, console):
+    "Open the notebook at `path` and wait until its kernel is idle; fail, with a screenshot, if it does not come up."
+    page.goto(f"{srv['url']}{path}?token={srv['token']}", timeout=90_000)
+    try:
+        page.wait_for_function("""() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+            const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+            return k && k.status === 'idle'; }""", timeout=120_000)
+    except Exception as e:
+        page.screenshot(path=str(ARTIFACTS / f"browser_{srv['name']}_{Path(path).stem}_failed.png"))
+        pytest.fail(f"{srv['name']} did not open {path} with an idle kernel: {e}\nconsole: {console[-20:]}\n"
+                    f"server log: {srv['log'].read_text()[-2000:]}")
 
 
 def _outputs(page)->str:
@@ -118,15 +137,7 @@ def test_dashboard_updates_in_a_real_browser(jupyter_server):
             page = browser.new_page(viewport={'width': 1280, 'height': 900})
             console = []
             page.on('console', lambda m: console.append(f'{m.type}: {m.text}'))
-            page.goto(f"{srv['url']}{srv['path']}?token={srv['token']}", timeout=90_000)
-            try:
-                page.wait_for_function("""() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-                    const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
-                    return k && k.status === 'idle'; }""", timeout=120_000)
-            except Exception as e:
-                page.screenshot(path=str(ARTIFACTS / f"browser_dashboard_{srv['name']}_failed.png"))
-                pytest.fail(f"{srv['name']} did not open the notebook with an idle kernel: {e}\nconsole: {console[-20:]}\n"
-                            f"server log: {srv['log'].read_text()[-2000:]}")
+            _open(page, srv, srv['path'], console)
             # Not awaited: the command's promise resolves only when every cell has run.
             page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
@@ -163,3 +174,38 @@ def test_dashboard_updates_in_a_real_browser(jupyter_server):
             print(f"{srv['name']}: plot changes seen: {len(srcs) - 1}; memory readout: {mem}")
         finally:
             browser.close()
+
+
+RUN_ALL_CHAPTER = '08_live.ipynb'  # the chapter whose checks differ most between nbdev-test and a front end: widgets, the dashboard
+
+def test_run_all_on_a_chapter_in_jupyterlab():
+    "A reader's first act: open a chapter in JupyterLab and 'Run All'. Every cell runs and none leaves an error (tests/test_kernel_run.py runs every chapter in a kernel without a browser)."
+    from playwright.sync_api import sync_playwright
+    sys.path.insert(0, str(TESTS))
+    from test_kernel_run import kernel_notebook  # the chapter with the cells nbdev-test skips (#| slow, #| gpu, #| notest) emptied
+    nb = json.loads(__import__('nbformat').writes(kernel_notebook(REPO / 'nbs' / RUN_ALL_CHAPTER)))
+    ARTIFACTS.mkdir(exist_ok=True)
+    with serve('lab', {RUN_ALL_CHAPTER: nb}) as srv, sync_playwright() as p:
+        browser = _launch(p)
+        try:
+            page, console = browser.new_page(viewport={'width': 1280, 'height': 900}), []
+            page.on('console', lambda m: console.append(f'{m.type}: {m.text}'))
+            _open(page, srv, f'/lab/tree/{RUN_ALL_CHAPTER}', console)
+            t0 = time.time()
+            # JupyterLab's command resolves when the last cell has run, or when a cell's error stops the run
+            page.evaluate("async () => { await window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+            page.wait_for_function("""() => { const w = window.jupyterapp.shell.currentWidget;
+                return w.sessionContext.session.kernel.status === 'idle'; }""", timeout=60_000)
+            seconds = time.time() - t0
+            page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+            page.wait_for_timeout(1500)
+            with urllib.request.urlopen(f"{srv['url']}/api/contents/{RUN_ALL_CHAPTER}?token={srv['token']}", timeout=10) as r:
+                saved = json.load(r)['content']
+        finally: browser.close()
+    code = [(i, c) for i, c in enumerate(saved['cells']) if c['cell_type'] == 'code' and c['source'].strip()]
+    errors = [(i, o) for i, c in code for o in c['outputs'] if o['output_type'] == 'error']
+    assert not errors, (f"'Run All' of {RUN_ALL_CHAPTER} in JupyterLab stopped at cell {errors[0][0]}: "
+                        f"{errors[0][1]['ename']}: {errors[0][1]['evalue']}\n" + re.sub(r'\x1b\[[0-9;]*m', '', '\n'.join(errors[0][1]['traceback'][-8:])))
+    not_run = [i for i, c in code if c.get('execution_count') is None]
+    assert not not_run, f"'Run All' of {RUN_ALL_CHAPTER} in JupyterLab left cells {not_run[:10]} unrun"
+    print(f"Run All of {RUN_ALL_CHAPTER} in JupyterLab: {len(code)} cells in {seconds:.0f} s")
