@@ -29,7 +29,8 @@ from .lr_find import LRFinder, _check_range_test, range_test
 __all__ = ['NOTEBOOK_PROGRESS', 'PrecisionPolicy', 'choose_precision', 'micro_batches', 'Callback', 'ProgressBar',
            'register_notebook_progress', 'TensorBoardLogger', 'EarlyStopping', 'OOMReport', 'InjectOOM',
            'SimulatedMemoryLimit', 'warmup_cosine', 'one_cycle', 'TrainOptions', 'TrainState', 'Trainer',
-           'NonFiniteError']
+           'NonFiniteError', 'usable_cores', 'torch_default_threads', 'explicit_threads', 'ThreadChoice',
+           'thread_candidates', 'choose_threads', 'time_threads', 'ThreadWatch']
 
 # %% ../nbs/07_train.ipynb #c009
 @dataclass
@@ -335,6 +336,7 @@ class TrainOptions:
     metrics:object=None                # more validation metrics: functions fn(output, target) -> mean, or a dict name -> fn
     monitor:str='valid_loss'           # the validation value that decides the best checkpoint (RUN_DIR/best); lower is better for losses
     keep_best:bool=True                # keep the best checkpoint by `monitor` beside the latest (with a `run_dir`)
+    threads:object='auto'             # CPU threads: 'auto' (the fastest count, re-checked as the run goes), a number, or None (torch's as they are)
     check_data:bool=True               # chapter 04's `check_dataset` on the data at the start of `fit` (sampled when large)
 
 # %% ../nbs/07_train.ipynb #op02
@@ -356,6 +358,7 @@ def _check_options(o:TrainOptions)->TrainOptions:
     _need(num(o.min_lr_ratio) and 0 <= o.min_lr_ratio <= 1, f"min_lr_ratio must be between 0 and 1, not {o.min_lr_ratio!r}.")
     _need(o.ema is None or (num(o.ema) and 0 < o.ema < 1), f"ema is a decay between 0 and 1 (e.g. 0.999), or None, not {o.ema!r}.")
     _need(o.on_nonfinite in ('stop', 'skip'), f"on_nonfinite must be 'stop' or 'skip', not {o.on_nonfinite!r}.")
+    _need(o.threads in ('auto', None) or _positive_int(o.threads), f"threads must be 'auto', a whole number of at least 1, or None (torch's setting left alone), not {o.threads!r}.")
     _metric_fns(o.metrics)
     return o
 
@@ -572,7 +575,7 @@ def resolved_config(self:Trainer)->dict:
         'device': str(self.device), 'precision': self.precision.name, 'precision_reason': self.precision.reason,
         'micro_batch': s.micro_batch, 'accum_steps': self.accum_steps, 'effective_batch': self.effective_batch, 'checkpointing': s.checkpointing,
         'optimizer': {'class': type(self.opt).__name__, **g}, 'loss_fn': type(self.loss_fn).__name__,
-        'lr_find': self._lr_record, 'metrics': list(_metric_fns(o.metrics)),
+        'lr_find': self._lr_record, 'threads': [vars(c) for c in getattr(self, 'thread_choices', [])], 'metrics': list(_metric_fns(o.metrics)),
         'lr_schedule': o.lr_schedule, 'warmup': o.warmup, 'min_lr_ratio': o.min_lr_ratio, 'total_steps': s.total_steps, 'clip_grad': o.clip_grad, 'on_nonfinite': o.on_nonfinite,
         'ema': o.ema, 'seed': o.seed, 'deterministic': o.deterministic, 'auto_recover_oom': o.auto_recover_oom, 'log_every': o.log_every,
         'versions': {'torch': torch.__version__, 'netlite_nb': __version__}})
@@ -1063,6 +1066,193 @@ def load_checkpoint(self:Trainer, path,
     self._ckpt = s
     return ck
 
+# %% ../nbs/07_train.ipynb #th01
+import os, statistics
+
+def _cgroup_quota(root='/sys/fs/cgroup')->float|None:
+    "The CPU quota of this process's cgroup, in cores (v2 `cpu.max`, else v1 `cfs_quota_us`), or None when there is none."
+    root = Path(root)
+    try:
+        quota, period = (root / 'cpu.max').read_text().split()[:2]
+        return None if quota == 'max' else int(quota) / int(period)
+    except (OSError, ValueError): pass
+    try:
+        quota, period = (int((root / 'cpu' / f).read_text()) for f in ('cpu.cfs_quota_us', 'cpu.cfs_period_us'))
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError): return None
+
+def usable_cores(affinity:set|None=None, # CPUs this process may run on; default `os.sched_getaffinity(0)`
+                 quota:float|None=-1.0,  # cgroup CPU quota in cores; default read from /sys/fs/cgroup (None: no quota)
+                )->int:
+    "Cores the OS gives this process: its CPU affinity, capped by a container's CPU quota."
+    if affinity is None: affinity = os.sched_getaffinity(0) if hasattr(os, 'sched_getaffinity') else range(os.cpu_count() or 1)
+    q = _cgroup_quota() if quota == -1.0 else quota
+    return max(1, min(len(affinity), math.ceil(q))) if q else max(1, len(affinity))
+
+# %% ../nbs/07_train.ipynb #th04
+_SET_BY_NETLITE:int|None = None  # the count `fit` last gave torch: not the user's choice
+_BEFORE_NETLITE:int|None = None  # torch's count before `fit` first changed it: the most a later probe tries
+
+def torch_default_threads()->set[int]:
+    "The counts torch starts with when nobody sets one: its physical cores, or its logical CPUs."
+    try: info = Path('/proc/cpuinfo').read_text()
+    except OSError: info = ''
+    ids, pid = set(), None
+    for line in info.splitlines():
+        k, _, v = line.partition(':')
+        if k.strip() == 'physical id': pid = v.strip()
+        elif k.strip() == 'core id': ids.add((pid, v.strip()))
+    return {n for n in (len(ids), os.cpu_count()) if n}
+
+def explicit_threads(option, # the Trainer's `threads`: 'auto', a number, or None
+                     current:int|None=None, # torch's count now; default `torch.get_num_threads()`
+                     environ:dict|None=None, # default `os.environ`
+                     defaults:set|None=None, # torch's own counts; default `torch_default_threads()`
+                    )->tuple[int, str]|None:
+    "The thread count someone chose and who, or None when the choice is the trainer's."
+    current = torch.get_num_threads() if current is None else current
+    if option is None: return current, "Trainer(threads=None): torch's setting left as it is"
+    if option != 'auto': return option, f"Trainer(threads={option})"
+    env = os.environ if environ is None else environ
+    for k in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS'):
+        if env.get(k): return current, f"{k}={env[k]} in the environment"
+    if current != _SET_BY_NETLITE and current not in (torch_default_threads() if defaults is None else defaults):
+        return current, "torch.set_num_threads"
+    return None
+
+# %% ../nbs/07_train.ipynb #th07
+@dataclass
+class ThreadChoice:
+    "How many CPU threads a run's kernels use, and why."
+    threads:int            # torch's intra-op threads for the run
+    reason:str             # why, in a sentence
+    source:str='auto'      # 'auto' (this policy), 'user' (someone's explicit setting, kept) or 'device' (a GPU run: not touched)
+    cores:int|None=None    # cores the OS gives this process
+    load:float|None=None   # the 1-minute load average when it was decided
+    timings:dict=field(default_factory=dict)  # threads -> seconds of one probe pass (median), when probed
+    step:int=0             # the optimizer step it was made at
+    def __str__(self): return f"threads: {self.threads} ({self.reason})"
+
+def thread_candidates(current:int, cores:int)->list[int]:
+    "The counts worth timing, most first: torch's (capped at the cores the process has), half of it, one."
+    n = max(1, min(current, cores))
+    return sorted({n, max(1, n // 2), 1}, reverse=True)
+
+# %% ../nbs/07_train.ipynb #th08
+def _secs(ts:dict)->str: return ', '.join(f"{n} thread{'s' * (n > 1)} {1e3 * s:.0f} ms" for n, s in sorted(ts.items(), reverse=True))
+
+def choose_threads(current:int, # torch's count now
+                   cores:int, # cores the OS gives this process (`usable_cores`)
+                   explicit:tuple|None=None, # (threads, who) from `explicit_threads`: kept as it is
+                   timings:dict|None=None, # threads -> seconds of one pass, from `time_threads`; None: not probed
+                   load:float|None=None, # the 1-minute load average, for the record
+                   device_type:str='cpu', # the training device's type
+                   tolerance:float=0.1, # fewer threads win when they are within this fraction of the fastest
+                  )->ThreadChoice:
+    "The thread count a run should use: an explicit one as it is, else the fastest probed, else torch's capped at the cores."
+    kw = dict(cores=cores, load=load)
+    if explicit is not None: return ThreadChoice(explicit[0], f"set by {explicit[1]}; kept", 'user', **kw)
+    if device_type != 'cpu': return ThreadChoice(current, f"a {device_type} run: CPU threads left as torch has them", 'device', **kw)
+    busy = f"load {load:.1f} on {cores} core{'s' * (cores > 1)}" if load is not None else f"{cores} cores"
+    if not timings:
+        n = max(1, min(current, cores))
+        why = f"torch's {current} capped at the {cores} cores this process may use" if n < current else f"torch's own count; {busy}"
+        return ThreadChoice(n, why, **kw)
+    fastest = min(timings.values())
+    n = min(k for k, s in timings.items() if s <= fastest * (1 + tolerance))
+    return ThreadChoice(n, f"the fastest of one training pass timed at {_secs(timings)}; {busy}", timings=dict(timings), **kw)
+
+# %% ../nbs/07_train.ipynb #th12
+_clock = time.perf_counter  # the probe's and `ThreadWatch`'s clock (tests replace it)
+
+def time_threads(pass_fn, # runs one timed pass (a forward and backward of the run's model)
+                 candidates:list[int], # thread counts to time, most first
+                 reps:int=3, # timed passes per count; the median counts
+                 set_threads=None, # default `torch.set_num_threads`
+                 clock=None, # default `time.perf_counter`
+                )->dict[int, float]:
+    "Seconds of one `pass_fn()` at each count of `candidates`: the median of `reps` passes, taken in alternation."
+    set_threads, clock = set_threads or torch.set_num_threads, clock or _clock
+    set_threads(candidates[0]); pass_fn()  # warm-up: first-call costs, and the thread pool at its largest
+    runs = {n: [] for n in candidates}
+    for r in range(reps):
+        for n in (candidates if r % 2 == 0 else candidates[::-1]):
+            set_threads(n); t0 = clock(); pass_fn(); runs[n].append(clock() - t0)
+    return {n: statistics.median(v) for n, v in runs.items()}
+
+# %% ../nbs/07_train.ipynb #th16
+@patch
+def _timed_pass(self:Trainer):
+    "One forward and backward on a micro-batch of the training data, for timing: weights, gradients, statistics and random streams stay as they were."
+    if getattr(self, '_thread_batch', None) is None:  # drawn once, the generators put back as `_meta_batch` does
+        gens = loader_generators(self.train_data)
+        saved, gen_states = rng_state(), [g.get_state() for g in gens]
+        self._thread_batch = next(iter(self.train_data))
+        set_rng_state(saved)
+        for g, s in zip(gens, gen_states): g.set_state(s)
+    xc, yc, _ = next(micro_batches([self._thread_batch], self.micro_batch or 1 << 30, self.device))
+    params, stats = list(self.model.parameters()), self._running_stats()
+    grads, kept, rng = [p.grad for p in params], [b.clone() for b in stats], rng_state()
+    for p in params: p.grad = None
+    try:
+        with self.precision.autocast(): loss = self.loss_fn(self.model(xc), yc)
+        loss.backward()
+    finally:
+        for p, g in zip(params, grads): p.grad = g
+        for b, k in zip(stats, kept): b.copy_(k)
+        set_rng_state(rng)
+
+# %% ../nbs/07_train.ipynb #th17
+@patch
+def _choose_threads(self:Trainer, why:str=''):
+    "Decide the run's thread count (`choose_threads` on this process and machine), apply it and record it."
+    global _SET_BY_NETLITE, _BEFORE_NETLITE
+    cur, cores = torch.get_num_threads(), usable_cores()
+    load = os.getloadavg()[0] if hasattr(os, 'getloadavg') else None
+    explicit, timings = explicit_threads(self.opts.threads, cur), None
+    cands = thread_candidates(_BEFORE_NETLITE if cur == _SET_BY_NETLITE and _BEFORE_NETLITE else cur, cores)
+    if explicit is None and self.device.type == 'cpu' and len(cands) > 1:
+        try: timings = time_threads(self._timed_pass, cands)
+        except Exception as e: self.notes.append(f"the thread probe failed ({type(e).__name__}: {e}); torch's count kept")
+    c = replace(choose_threads(cur, cores, explicit, timings, load, self.device.type), step=self.step)
+    if c.source != 'device' and c.threads != cur:
+        if cur != _SET_BY_NETLITE: _BEFORE_NETLITE = cur
+        torch.set_num_threads(c.threads); _SET_BY_NETLITE = c.threads
+    choices = self.__dict__.setdefault('thread_choices', [])
+    if why and choices and c.threads != choices[-1].threads: self.log(f"step {self.step}: {why}; threads {choices[-1].threads} -> {c}")
+    choices.append(c)
+    self.notes = [n for n in self.notes if not n.startswith('threads:')] + ([str(c)] if c.source == 'auto' else [])
+    if c.source == 'auto' and timings and not any(isinstance(cb, ThreadWatch) for cb in self.callbacks): self.add_callback(ThreadWatch())
+    for cb in self.callbacks:
+        if isinstance(cb, ThreadWatch): cb.restart(len(cands))
+    return c
+
+# %% ../nbs/07_train.ipynb #th18
+class ThreadWatch(Callback):
+    "Re-checks the thread count as a run goes: the median step time of every `every` steps against that after the last choice."
+    order = -50
+    def __init__(self, every:int=20, # optimizer steps per comparison
+                 drift:float=1.5, # probe again when a median step is this many times slower or faster
+                 stale_s:float=60.0, # ... or, on fewer threads than the most probed, when the last probe is this old
+                ):
+        self.every, self.drift, self.stale_s = every, drift, stale_s
+        self.restart(1)
+    def restart(self, most:int):
+        "After a choice: forget the step times, and note the most threads the probe tried."
+        self.times, self.base, self.last, self.most, self.probed = [], None, None, most, _clock()
+    def after_step(self, t):
+        now = _clock()
+        if self.last is not None: self.times.append(now - self.last)
+        self.last = now
+        if len(self.times) < self.every: return
+        m, self.times = statistics.median(self.times), []
+        if self.base is None: self.base = m; return
+        stale = t.thread_choices[-1].threads < self.most and now - self.probed > self.stale_s
+        if m > self.base * self.drift or m < self.base / self.drift or stale:
+            t._choose_threads(f"a step took {m / self.base:.2f}× the time after the last choice" if not stale else
+                              f"{now - self.probed:.0f} s since the last probe")
+            self.last = _clock()  # the probe's own time is not a step's
+
 # %% ../nbs/07_train.ipynb #g016
 @patch
 def _steps_per_epoch(self:Trainer)->int|None:
@@ -1126,6 +1316,7 @@ def _setup_run(self:Trainer, epochs, steps, resume):
         if self._steps_per_epoch() is None: raise ValueError("The training data has no length: give `steps=` instead of `epochs=`.")
         steps = epochs * self._steps_per_epoch() - s.run_offset
     s.total_steps = s.run_start + steps
+    self._choose_threads()  # before the range test: its steps run at the chosen count too (*Threads on a busy machine*)
     if self.opts.lr == 'auto': self._auto_lr(resume)
     self._bn_warm = _batchnorms(self.model)  # BatchNorm's first batches, averaged evenly
     self._make_scheduler(steps)

@@ -624,3 +624,92 @@ def test_the_trainers_plan_counts_what_its_run_holds(ema, micro, opt, lora):
     assert plan.peak >= held and (opt == 'sgd' or _bytes(state) > 0)   # what the run keeps all along, the optimizer's state included, is within the peak
     trained = [p for p in m.parameters() if p.requires_grad]
     assert plan.breakdown['gradients'] <= _bytes(trained)   # gradients of what trains only (LoRA: not the frozen base)
+
+
+# --- the thread policy (chapter 07, "Threads on a busy machine") ---
+
+@pytest.fixture
+def torch_threads(monkeypatch):
+    "Torch's thread count and the policy's memory of it put back after the test; the environment's thread variables set aside."
+    for k in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS'): monkeypatch.delenv(k, raising=False)
+    saved = torch.get_num_threads(), train_module._SET_BY_NETLITE, train_module._BEFORE_NETLITE
+    yield
+    torch.set_num_threads(saved[0]); train_module._SET_BY_NETLITE, train_module._BEFORE_NETLITE = saved[1:]
+
+
+class FakeMachine(Callback):
+    "A fake clock, and passes and steps that advance it by what they cost: two threads cost `two`× one thread's while `busy(step)`."
+    def __init__(self, busy, two=2.0): self.now, self.busy, self.two, self.step = 0.0, busy, two, 0
+    def __call__(self): return self.now
+    def cost(self): return (0.2 if self.busy(self.step) else 0.08) * (self.two if torch.get_num_threads() >= 2 else 1.0) ** (1 if self.busy(self.step) else -1)
+    def after_step(self, t): self.step = t.step; self.now += self.cost()
+
+
+def test_thread_policy_decides_on_faked_inputs(tmp_path):
+    tm = train_module
+    assert tm.usable_cores({0, 1, 2, 3, 4, 5, 6, 7}, 2.5) == 3 and tm.usable_cores({3}, None) == 1 and tm.usable_cores({0, 1}, None) == 2
+    (tmp_path / 'cpu.max').write_text('150000 100000\n'); assert tm._cgroup_quota(tmp_path) == 1.5
+    (tmp_path / 'cpu.max').write_text('max 100000\n'); assert tm._cgroup_quota(tmp_path) is None
+    assert tm._cgroup_quota(tmp_path / 'nothing') is None
+    busy = tm.choose_threads(2, 2, timings={2: 0.9, 1: 0.3}, load=3.4)
+    assert (busy.threads, busy.source, busy.load) == (1, 'auto', 3.4) and 'load 3.4 on 2 cores' in busy.reason
+    assert tm.choose_threads(2, 2, timings={2: 0.1, 1: 0.18}, load=0.1).threads == 2
+    assert tm.choose_threads(8, 8, timings={8: 0.100, 4: 0.105, 1: 0.5}).threads == 4       # a tie goes to fewer threads
+    assert tm.choose_threads(32, 4).threads == 4 and 'capped at the 4 cores' in tm.choose_threads(32, 4).reason
+    assert tm.choose_threads(4, 4, device_type='cuda').source == 'device'
+    assert tm.thread_candidates(32, 4) == [4, 2, 1] and tm.thread_candidates(2, 2) == [2, 1]
+
+
+def test_thread_policy_respects_an_explicit_setting(monkeypatch, torch_threads):
+    tm = train_module
+    assert tm.explicit_threads('auto', 2, {}, {2}) is None
+    assert tm.explicit_threads('auto', 2, {'OMP_NUM_THREADS': '2'}, {2}) == (2, 'OMP_NUM_THREADS=2 in the environment')
+    assert tm.explicit_threads('auto', 3, {}, {2}) == (3, 'torch.set_num_threads')
+    assert tm.explicit_threads(5, 2, {}, {2}) == (5, 'Trainer(threads=5)')
+    c = tm.choose_threads(2, 2, explicit=(3, 'torch.set_num_threads'), timings={3: 9.0, 1: 0.1})
+    assert (c.threads, c.source) == (3, 'user')
+    probed = []
+    monkeypatch.setattr(Trainer, '_timed_pass', lambda self: probed.append(1))
+    monkeypatch.setenv('OMP_NUM_THREADS', '1'); torch.set_num_threads(1)
+    t = Trainer(mlp(), loaders(), **KW).fit(steps=2)
+    assert torch.get_num_threads() == 1 and t.thread_choices[-1].source == 'user' and not probed
+    monkeypatch.delenv('OMP_NUM_THREADS')
+    torch.set_num_threads(3)                                              # the user's call, before fit
+    t = Trainer(mlp(), loaders(), **KW).fit(steps=2)
+    assert torch.get_num_threads() == 3 and t.thread_choices[-1].reason == 'set by torch.set_num_threads; kept' and not probed
+    with pytest.raises(ValueError, match="threads must be 'auto'"): Trainer(mlp(), loaders(), threads='many', **KW)
+
+
+def test_trainer_applies_and_records_the_thread_count(tmp_path, torch_threads):
+    seen = []
+    class Threads(Callback):
+        def after_step(self, t): seen.append(torch.get_num_threads())
+    t = Trainer(mlp(), loaders(), threads=1, run_dir=tmp_path, callbacks=[Threads()], **KW).fit(steps=3)
+    assert seen == [1, 1, 1]
+    rec = yaml.safe_load((tmp_path / 'config.yaml').read_text())['threads']
+    assert rec[-1]['threads'] == 1 and rec[-1]['source'] == 'user' and rec[-1]['reason'] == 'set by Trainer(threads=1); kept'
+
+
+def test_busy_machine_with_a_fake_clock(monkeypatch, torch_threads, tmp_path):
+    "Busy until step 40: two threads cost twice one's, so fit takes one; then idle, where two are 2x faster: the watch probes again and takes two."
+    if train_module.usable_cores() < 2: pytest.skip('one core: there is no thread count to choose')
+    tm = train_module
+    machine = FakeMachine(busy=lambda step: step < 40)
+    monkeypatch.setattr(tm, '_clock', machine)
+    monkeypatch.setattr(Trainer, '_timed_pass', lambda self: setattr(machine, 'now', machine.now + machine.cost() / 4))
+    monkeypatch.setattr(tm, 'torch_default_threads', lambda: {2})
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    t = Trainer(mlp(), loaders(), callbacks=[machine], run_dir=tmp_path, **KW).fit(steps=100)
+    first, last = t.thread_choices[0], t.thread_choices[-1]
+    assert (first.threads, first.source, first.step) == (1, 'auto', 0) and first.timings == {2: pytest.approx(0.1), 1: pytest.approx(0.05)}
+    assert last.threads == 2 and last.step > 40 and len(t.thread_choices) == 2
+    assert torch.get_num_threads() == 2 and tm._SET_BY_NETLITE == 2
+    rec = yaml.safe_load((tmp_path / 'config.yaml').read_text())['threads']   # saved at the start of fit: the first choice
+    assert rec[0]['threads'] == 1 and rec[0]['timings'] == {'2': pytest.approx(0.1), '1': pytest.approx(0.05)}
+    # the real probe, on the real model: it leaves weights, gradients and the random stream as they were
+    monkeypatch.undo()
+    before, rng = [p.detach().clone() for p in t.model.parameters()], torch.get_rng_state()
+    t._timed_pass()
+    assert all(torch.equal(a, b) for a, b in zip(before, t.model.parameters())) and all(p.grad is None for p in t.model.parameters())
+    assert torch.equal(rng, torch.get_rng_state())

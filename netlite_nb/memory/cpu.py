@@ -720,7 +720,7 @@ def calibrate_kernels(specs:list, # convolution and matmul specs a trace collect
     calibration_cache.cache_clear()
     return table
 
-# %% ../../nbs/01c_cpu.ipynb #4c172e8d
+# %% ../../nbs/01c_cpu.ipynb #71b4a392
 def cpu_vendor()->str:
     "This CPU's vendor as the processor reports it ('GenuineIntel', 'AuthenticAMD', ...; '' where it cannot be read)."
     try: return next((l.split(':', 1)[1].strip() for l in Path('/proc/cpuinfo').read_text().splitlines() if l.startswith('vendor_id')), '')
