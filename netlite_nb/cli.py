@@ -251,10 +251,10 @@ def _demo_args(p):
 _demo.add_arguments = _demo_args
 
 # %% ../nbs/11_cli.ipynb #c016
-def _train_summary(t)->dict:
-    "What `netlite train` reports: steps, metrics, where the run is, notes, and the export's report."
+def _train_summary(t, resumed_from:int|None=None)->dict:
+    "What `netlite train` reports: steps, metrics, where the run is, the step a resume continued from, notes, and the export's report."
     rep = getattr(t, 'export_report', None)
-    return dict(steps=t.step, epochs=t.epoch, metrics=dict(t.last_metrics), run_dir=str(t.run_dir), interrupted=t.interrupted,
+    return dict(steps=t.step, resumed_from=resumed_from, epochs=t.epoch, metrics=dict(t.last_metrics), run_dir=str(t.run_dir), interrupted=t.interrupted,
                 notes=list(t.notes), export=dataclasses.asdict(rep) if rep is not None else None)
 
 @command('train', 'Train from a run configuration (YAML; a run\'s own config.yaml repeats it): strategy, model, data, optimizer, schedule, epochs; --set overrides; --resume continues.')
@@ -264,19 +264,22 @@ def _train(args):
     from netlite_nb.distributed import launched
     if args.list_strategies: print(strategy_table()); return 0
     if args.list_examples or args.example: return _examples(args)
-    if args.config is None: raise UsageError("Give a run configuration (a YAML file), or --list-strategies to see the strategy names it can use.")
+    if args.config is None: raise UsageError("Give a run configuration (a YAML file): `netlite train --list-examples` lists the examples to start from, "
+                                             "`--list-strategies` the strategy names a configuration can use.")
     if not Path(args.config).is_file():
-        raise UsageError(f"No run configuration at {args.config!r}: give a YAML file, e.g. one written like chapter 06's, or runs/RUN/config.yaml to repeat a run.")
+        raise UsageError(f"No run configuration at {args.config!r}: give a YAML file, e.g. one written like chapter 06's, or runs/RUN/config.yaml to repeat a run; `netlite train --example mnist_quick` writes one to start from.")
     if args.nproc_per_node and not launched(): return _torchrun(args)
     quiet = args.quiet or args.json   # --json keeps stdout for the JSON alone
     overrides = args.set + (['train.check_data=false'] if args.no_data_check else [])
+    from netlite_nb.checkpoint import read_state
+    resumed_from = read_state(args.resume, mmap=True)['step'] if args.resume else None  # said even with --quiet
     t = train_from_config(args.config, overrides=overrides, run_dir=args.out, resume=args.resume,
                           progress=False if quiet else None, verbose=not quiet)
     if not t.is_main: return 130 if t.interrupted else 0  # data-parallel processes other than 0 report nothing
-    if args.json: print(_json(_train_summary(t)))
+    if args.json: print(_json(_train_summary(t, resumed_from)))
     else:
         m = t.last_metrics
-        print(f"{t.step} optimizer steps, {t.epoch} epochs" + (f"; valid loss {m['valid_loss']:.4f}" if 'valid_loss' in m else '')
+        print((f"resumed at step {resumed_from}; " if resumed_from is not None else '') + f"{t.step} optimizer steps, {t.epoch} epochs" + (f"; valid loss {m['valid_loss']:.4f}" if 'valid_loss' in m else '')
               + (f", accuracy {100*m['accuracy']:.2f}%" if 'accuracy' in m else '') + f"; run directory {t.run_dir}")
         if getattr(t, 'export_report', None) is not None: print(t.export_report)
     return 130 if t.interrupted else 0

@@ -267,7 +267,7 @@ def _saved_result(run_dir:Path, s:dict)->DemoResult:
             d['export'] = ExportReport(**d['export'])
         return DemoResult(**{**d, 'notes': [], 'interrupted': False, 'resumed_from': None})
     m = next((h for h in reversed(s.get('history') or []) if 'accuracy' in h), {})
-    return DemoResult('?', '?', '?', s['loader_batch'], s['window'], s['epoch'], s['step'], m.get('accuracy', float('nan')),
+    return DemoResult('not recorded', 'not recorded', 'not recorded', s['loader_batch'], s['window'], s['epoch'], s['step'], m.get('accuracy', float('nan')),
                       m.get('valid_loss', float('nan')), s['elapsed'], float('nan'), str(find_checkpoint(run_dir)), run_dir=str(run_dir.resolve()))
 
 

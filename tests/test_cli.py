@@ -39,6 +39,7 @@ def test_cli_train_config_and_resume(tmp_path):
     r = netlite('train', str(cfg), '--set', 'train.steps=8', '--resume', str(tmp_path / 'run'))
     assert r.returncode == 0, r.stderr[-3000:]
     assert find_checkpoint(tmp_path / 'run').name == 'step-0000008'
+    assert 'resumed at step 6; 8 optimizer steps' in r.stdout and 'step-0000006 at step 6 (epoch' in r.stdout + r.stderr   # issue 37
     r = netlite('train', str(cfg), '--set', 'train.epoch=1')
     assert r.returncode != 0 and 'epochs' in r.stderr      # unknown keys name the closest valid one (chapter 06)
 
