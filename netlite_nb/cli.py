@@ -4,23 +4,14 @@
 
 # %% ../nbs/11_cli.ipynb #c003
 from __future__ import annotations
-import argparse, dataclasses, importlib.util, inspect, json, os, platform, subprocess, sys
+import argparse, dataclasses, difflib, importlib.metadata, importlib.util, inspect, json, os, platform, re, subprocess, sys
 # before torch loads: OpenMP reads its wait policy once (why: chapter 11, "Threads on a busy machine")
 for _k, _v in (('OMP_WAIT_POLICY', 'PASSIVE'), ('KMP_BLOCKTIME', '0')): os.environ.setdefault(_k, _v)
 from pathlib import Path
-import torch
 from . import __version__
-from .probe import UnknownGPUError, gpu_catalogue, probe
-from .budget import BudgetTooSmallError, fit_to_budget, max_batch_size, plan_memory
-from .memory.trace import resize_batch
-from .layers import memory_transform
-from .data import make_loaders, mnist_sample
-from .models import UnknownModelError, create_model, list_models
-from .strategies import ConfigError, DataConfig, UnknownStrategyError, list_strategies, strategy_table
-from .checkpoint import read_run_config
-from .run import datasets_for, run_demo, train_from_config
-from .lora import model_for_export
-from .distributed import launched
+# Nothing else at the top: `netlite --help` and a mistyped flag answer in a fraction of a second because this module imports
+# neither torch nor the chapters (about 6 s on an idle 2-core machine, 20-27 s on a busy one); each command imports what it uses.
+
 
 # %% auto #0
 __all__ = ['COMMANDS', 'command', 'build_parser', 'UsageError', 'main']
@@ -35,23 +26,69 @@ def command(name:str, help:str):
         return run
     return deco
 
-def build_parser()->argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog='netlite', description='netlite_nb: train neural networks on the hardware you own.')
-    p.add_argument('--version', action='version', version=f"netlite_nb {__version__} (torch {torch.__version__}, Python {platform.python_version()})")
+def _version()->str:
+    "The `--version` line; torch's version from its install record, so that printing it does not load torch."
+    try: tv = importlib.metadata.version('torch')
+    except importlib.metadata.PackageNotFoundError: tv = 'not installed'
+    return f"netlite_nb {__version__} (torch {tv}, Python {platform.python_version()})"
+
+def build_parser(declare=None, # the commands whose options are declared (their help may load the chapters); default all
+                )->argparse.ArgumentParser:
+    p = _Parser(prog='netlite', description='netlite_nb: train neural networks on the hardware you own.')
+    p.add_argument('--version', action='version', version=_version())
     sub = p.add_subparsers(dest='command', metavar='COMMAND')
     for name, (help, run) in COMMANDS.items():
         sp = sub.add_parser(name, help=help, description=help)
-        getattr(run, 'add_arguments', lambda p: None)(sp)
+        if declare is None or name in declare: getattr(run, 'add_arguments', lambda p: None)(sp)
     return p
+
+
+# %% ../nbs/11_cli.ipynb #dym02
+def _closest(word:str, names)->str:
+    "'. Did you mean X?' for the name of `names` closest to `word`, or ''."
+    m = difflib.get_close_matches(word, list(names), n=1, cutoff=0.6)
+    return f". Did you mean {m[0]}?" if m else ''
+
+def _options(p:argparse.ArgumentParser)->list[str]:
+    return [o for a in p._actions for o in a.option_strings if o.startswith('--')]
+
+class _Parser(argparse.ArgumentParser):
+    "argparse's parser, whose errors end with the closest valid choice or flag."
+    def error(self, message:str):
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if m: message += _closest(m.group(1), re.findall(r"'([^']*)'", m.group(2)))
+        m = re.match(r"unrecognized arguments: (\S+)", message)
+        if m and m.group(1).startswith('--'): message += _closest(m.group(1).split('=')[0], _options(self))
+        super().error(message)
+
+def _parse(argv:list[str]|None)->argparse.Namespace:
+    "Parse `argv`, declaring only the named command's options (`netlite --help` loads nothing); flags it does not know are a usage error naming the closest."
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cmd = next((a for a in argv if not a.startswith('-')), None)
+    p = build_parser(declare=[cmd])
+    args, extra = p.parse_known_args(argv)
+    if extra:
+        sp = p._subparsers._group_actions[0].choices.get(args.command) if args.command else None
+        (sp or p).error(f"unrecognized arguments: {' '.join(extra)}")
+    if not args.command: p.print_help()  # `netlite` alone: the commands, and exit status 2
+    return args
+
 
 # %% ../nbs/11_cli.ipynb #c006b
 class UsageError(ValueError):
     "A command line that cannot run as typed: exit status 2, like argparse's own usage errors."
 
-_USAGE_ERRORS = (UsageError, UnknownGPUError, UnknownModelError, UnknownStrategyError, ConfigError)  # a name or key the user typed that names nothing
+def _usage_errors()->tuple:
+    "The errors that mean a name or key the user typed names nothing (loaded when a command failed, not before)."
+    from netlite_nb.probe import UnknownGPUError
+    from netlite_nb.models import UnknownModelError
+    from netlite_nb.strategies import ConfigError, UnknownStrategyError
+    return (UsageError, UnknownGPUError, UnknownModelError, UnknownStrategyError, ConfigError)
 
 def _sentence(e:BaseException)->str:
     "The error as the one line the CLI prints; a catalogue miss names the CLI's list, not a Python function."
+    from netlite_nb.probe import UnknownGPUError, gpu_catalogue
+    from netlite_nb.strategies import UnknownStrategyError, list_strategies
     if isinstance(e, UnknownGPUError) and e.closest:
         return (f"GPU name {e.query!r} {'is ambiguous' if e.ambiguous else 'is not in the catalogue'}. Closest: {', '.join(e.closest)}. "
                 f"`netlite plan --gpu list` lists all {len(gpu_catalogue())} names.")
@@ -63,31 +100,32 @@ def _sentence(e:BaseException)->str:
 
 def main(argv:list[str]|None=None)->int:
     "Entry point of the `netlite` console script: 0 done, 1 failed, 2 usage error (argparse exits with 2 itself), 130 interrupted."
-    p = build_parser()
-    args = p.parse_args(argv)
-    if not args.command:
-        p.print_help(); return 2
+    args = _parse(argv)
+    if not args.command: return 2
     try: return COMMANDS[args.command][1](args) or 0
     except KeyboardInterrupt: return 130
     except Exception as e:
         if os.environ.get('NETLITE_TRACEBACK'): raise
         print(f"netlite {args.command}: {_sentence(e)}", file=sys.stderr)
-        return 2 if isinstance(e, _USAGE_ERRORS) else 1
+        return 2 if isinstance(e, _usage_errors()) else 1
 
 def _json(o)->str:
     "`o` (a dataclass, or plain data holding some) as indented JSON for `--json`; paths and other objects become strings."
     return json.dumps(dataclasses.asdict(o) if dataclasses.is_dataclass(o) else o, indent=2, default=str)
 
+
 # %% ../nbs/11_cli.ipynb #c008
 @command('probe', 'Show the GPUs, CPU, memory and PyTorch build of this machine, and which device to train on.')
 def _probe(args):
-    hw = probe()
+    from netlite_nb.probe import probe
+    hw = probe(libraries=True)  # torchvision, ONNX Runtime, bitsandbytes: import and one operation each
     print(hw.to_json() if args.json else hw)
 _probe.add_arguments = lambda p: p.add_argument('--json', action='store_true', help='print JSON (for bug reports)')
 
 # %% ../nbs/11_cli.ipynb #c012
 def _user_model(spec:str)->torch.nn.Module:
     "`--model FILE.py:NAME`: NAME (a model class, or a function returning a model) from the user's file, called with no arguments."
+    import torch
     src, _, name = spec.rpartition(':')
     if not src.endswith('.py') or not name: raise UsageError(f"--model {spec}: write your model as FILE.py:NAME, a file and the class or function in it that builds the model")
     path = Path(src).expanduser()
@@ -111,10 +149,12 @@ def _user_model(spec:str)->torch.nn.Module:
 
 def _cli_model(name:str, shape:tuple[int,...]=(1, 28, 28)):
     "The model `--model` names (a chapter 05 model, or the user's `FILE.py:NAME`) and a one-sample batch of `shape` on the meta device (no memory is used) for `netlite plan`."
+    import torch
     if ':' in name or name.endswith('.py'):  # the user's own model: float samples of any shape, class labels as targets
         return _user_model(name), (torch.empty(1, *shape, device='meta'), torch.empty(1, dtype=torch.long, device='meta'))
     if len(shape) != 3: raise UsageError(f"--input {'x'.join(map(str, shape))} is not one sample's shape for a zoo model: write CxHxW, e.g. 1x28x28 (MNIST) or 3x32x32 (CIFAR-10)")
     c, h, w = shape
+    from netlite_nb.models import create_model
     if h != w: raise UsageError(f"--input {c}x{h}x{w}: the zoo models take square images of at least one channel, e.g. 1x28x28")
     m = create_model(name, num_classes=10, in_channels=c, image_size=h)
     return m, (torch.empty(1, c, h, w, device='meta'), torch.empty(1, dtype=torch.long, device='meta'))
@@ -133,11 +173,15 @@ def _positive(s:str)->int:
     if n < 1: raise argparse.ArgumentTypeError(f"{s!r} is not a whole number of samples of at least 1")
     return n
 
-_CHECKPOINTED = memory_transform(True)  # what the Trainer applies when it switches checkpointing on
+def _checkpointed():
+    "What the Trainer applies when it switches checkpointing on."
+    from netlite_nb.layers import memory_transform
+    return memory_transform(True)
 
 # %% ../nbs/11_cli.ipynb #c012b
 def _gpu_list(as_json:bool):
     "The catalogue, one card a line (or JSON), for `netlite plan --gpu list`."
+    from netlite_nb.probe import gpu_catalogue
     cat = gpu_catalogue()
     if as_json: print(_json([dataclasses.asdict(g) for g in cat])); return
     print(f"{len(cat)} GPUs (use any of these names, or a loose form like '1050 ti', with --gpu; 'cpu' and 'cuda' plan for this machine):")
@@ -145,6 +189,8 @@ def _gpu_list(as_json:bool):
 
 def _suggestions(model, sample, args, kw, plan)->dict:
     "The largest batch that fits and, when the asked one does not, the changes that would make it fit."
+    from netlite_nb.budget import BudgetTooSmallError, fit_to_budget, max_batch_size
+    from netlite_nb.memory.trace import resize_batch
     try: r = {'largest_batch': max_batch_size(model, sample, device_or_gpu=args.gpu, **kw), 'largest_batch_error': None}
     except BudgetTooSmallError as e: r = {'largest_batch': None, 'largest_batch_error': str(e)}
     ch = fit_to_budget(model, resize_batch(sample, args.batch_size), device_or_gpu=args.gpu, **kw) if plan.fits is False else []
@@ -155,8 +201,10 @@ def _suggestions(model, sample, args, kw, plan)->dict:
 @command('plan', 'Predict the memory of a training step on a GPU (or the CPU) and say whether it fits; exit status 1 if it does not.')
 def _plan(args):
     if args.gpu.strip().lower() == 'list': return _gpu_list(args.json)
+    from netlite_nb.budget import plan_memory
+    from netlite_nb.memory.trace import resize_batch
     model, sample = _cli_model(args.model, args.input)
-    kw = dict(optimizer=args.optimizer, precision=args.precision, transform=_CHECKPOINTED if args.checkpointing else None)
+    kw = dict(optimizer=args.optimizer, precision=args.precision, transform=_checkpointed() if args.checkpointing else None)
     plan = plan_memory(model, resize_batch(sample, args.batch_size), device_or_gpu=args.gpu, micro_batch=args.micro_batch,
                        calibrate=args.calibrate, **kw)
     sugg = _suggestions(model, sample, args, kw, plan) if args.suggest else None
@@ -168,6 +216,7 @@ def _plan(args):
     return 0 if plan.fits is not False else 1
 
 def _plan_args(p):
+    from netlite_nb.models import list_models
     p.add_argument('--model', default='mlp', help=f"a chapter 05 model: {', '.join(list_models())} (default mlp); or your own: FILE.py:NAME, a class or function returning it")
     p.add_argument('--input', default=(1, 28, 28), type=_input_shape, help="one sample's shape: CxHxW for the zoo, 1x28x28 (MNIST, the default) or 3x32x32 (CIFAR-10); any shape for your own model")
     p.add_argument('--batch-size', type=_positive, default=64)
@@ -184,6 +233,7 @@ _plan.add_arguments = _plan_args
 # %% ../nbs/11_cli.ipynb #35cc18e5
 @command('demo', 'Train netlite_tiny on the embedded MNIST sample on this machine, evaluate it, checkpoint and export it: the whole book in one command.')
 def _demo(args):
+    from netlite_nb.run import run_demo
     r = run_demo(run_dir=args.out, epochs=args.epochs, steps=args.steps, seed=args.seed, device=args.device,
                  export=not args.no_export, progress=False if args.quiet else None, verbose=not args.quiet, resume=args.resume)
     print(r)
@@ -201,28 +251,35 @@ def _demo_args(p):
 _demo.add_arguments = _demo_args
 
 # %% ../nbs/11_cli.ipynb #c016
-def _train_summary(t)->dict:
-    "What `netlite train` reports: steps, metrics, where the run is, notes, and the export's report."
+def _train_summary(t, resumed_from:int|None=None)->dict:
+    "What `netlite train` reports: steps, metrics, where the run is, the step a resume continued from, notes, and the export's report."
     rep = getattr(t, 'export_report', None)
-    return dict(steps=t.step, epochs=t.epoch, metrics=dict(t.last_metrics), run_dir=str(t.run_dir), interrupted=t.interrupted,
+    return dict(steps=t.step, resumed_from=resumed_from, epochs=t.epoch, metrics=dict(t.last_metrics), run_dir=str(t.run_dir), interrupted=t.interrupted,
                 notes=list(t.notes), export=dataclasses.asdict(rep) if rep is not None else None)
 
 @command('train', 'Train from a run configuration (YAML; a run\'s own config.yaml repeats it): strategy, model, data, optimizer, schedule, epochs; --set overrides; --resume continues.')
 def _train(args):
+    from netlite_nb.strategies import strategy_table
+    from netlite_nb.run import train_from_config
+    from netlite_nb.distributed import launched
     if args.list_strategies: print(strategy_table()); return 0
-    if args.config is None: raise UsageError("Give a run configuration (a YAML file), or --list-strategies to see the strategy names it can use.")
+    if args.list_examples or args.example: return _examples(args)
+    if args.config is None: raise UsageError("Give a run configuration (a YAML file): `netlite train --list-examples` lists the examples to start from, "
+                                             "`--list-strategies` the strategy names a configuration can use.")
     if not Path(args.config).is_file():
-        raise UsageError(f"No run configuration at {args.config!r}: give a YAML file, e.g. one written like chapter 06's, or runs/RUN/config.yaml to repeat a run.")
+        raise UsageError(f"No run configuration at {args.config!r}: give a YAML file, e.g. one written like chapter 06's, or runs/RUN/config.yaml to repeat a run; `netlite train --example mnist_quick` writes one to start from.")
     if args.nproc_per_node and not launched(): return _torchrun(args)
     quiet = args.quiet or args.json   # --json keeps stdout for the JSON alone
     overrides = args.set + (['train.check_data=false'] if args.no_data_check else [])
+    from netlite_nb.checkpoint import read_state
+    resumed_from = read_state(args.resume, mmap=True)['step'] if args.resume else None  # said even with --quiet
     t = train_from_config(args.config, overrides=overrides, run_dir=args.out, resume=args.resume,
                           progress=False if quiet else None, verbose=not quiet)
     if not t.is_main: return 130 if t.interrupted else 0  # data-parallel processes other than 0 report nothing
-    if args.json: print(_json(_train_summary(t)))
+    if args.json: print(_json(_train_summary(t, resumed_from)))
     else:
         m = t.last_metrics
-        print(f"{t.step} optimizer steps, {t.epoch} epochs" + (f"; valid loss {m['valid_loss']:.4f}" if 'valid_loss' in m else '')
+        print((f"resumed at step {resumed_from}; " if resumed_from is not None else '') + f"{t.step} optimizer steps, {t.epoch} epochs" + (f"; valid loss {m['valid_loss']:.4f}" if 'valid_loss' in m else '')
               + (f", accuracy {100*m['accuracy']:.2f}%" if 'accuracy' in m else '') + f"; run directory {t.run_dir}")
         if getattr(t, 'export_report', None) is not None: print(t.export_report)
     return 130 if t.interrupted else 0
@@ -230,6 +287,8 @@ def _train(args):
 def _train_args(p):
     p.add_argument('config', nargs='?', help="the run configuration, a YAML file (a run's config.yaml repeats that run)")
     p.add_argument('--list-strategies', action='store_true', help="list the built-in strategies a configuration's `strategy:` can name, and exit")
+    p.add_argument('--list-examples', action='store_true', help='list the example run configurations the package ships, and exit')
+    p.add_argument('--example', metavar='NAME', help='write the example configuration NAME to NAME.yaml (or to CONFIG when given), and exit')
     p.add_argument('--set', action='append', default=[], metavar='KEY=VALUE', help='override a key, e.g. --set train.epochs=2, --set optim.lr=auto (lr_find picks it) (repeatable)')
     p.add_argument('--out', default=None, help='run directory (default: train.checkpoint_dir/MODEL-TIMESTAMP)')
     p.add_argument('--resume', default=None, metavar='RUN_DIR', help='continue the run saved in RUN_DIR')
@@ -243,6 +302,21 @@ def _train_args(p):
     g.add_argument('--master-addr', default=None, help="address of machine 0, which every machine can reach (several machines)")
     g.add_argument('--master-port', type=int, default=29500, help='a free port on machine 0 (default 29500)')
 _train.add_arguments = _train_args
+
+# %% ../nbs/11_cli.ipynb #ex11
+def _examples(args)->int:
+    "`--list-examples`: the names and what each is; `--example NAME`: write that file (never over an existing one)."
+    from netlite_nb.run import example_config, list_examples
+    if not args.example:
+        ex = list_examples(); w = max(map(len, ex))
+        for name, what in ex.items(): print(f"{name:<{w}}  {what}")
+        print("Write one with `netlite train --example NAME`, then train it with `netlite train NAME.yaml`."); return 0
+    text, out = example_config(args.example), Path(args.config or f"{args.example}.yaml")
+    if out.exists(): raise UsageError(f"{out} exists already: give another file name, `netlite train --example {args.example} OTHER.yaml`, or remove it.")
+    out.write_text(text)
+    print(f"Wrote {out}. Train it with `netlite train {out}`" + (" after setting data.root to your image folder (or add --set data.root=FOLDER)."
+                                                                 if 'path/to/images' in text else '.'))
+    return 0
 
 # %% ../nbs/11_cli.ipynb #c016d
 def _torchrun_argv(args)->list[str]:
@@ -268,6 +342,7 @@ def _export(args):
     # a startup-time choice: ONNX and ONNX Runtime take about 2 s to import (python -X importtime), which every
     # other command would pay; chapter 09 is loaded only when a checkpoint is exported
     from netlite_nb.export import export_onnx, onnx_path
+    from netlite_nb.lora import model_for_export
     model, info = model_for_export(args.checkpoint, args.model)  # chapter 09a: chapter 09's model_from_checkpoint, a LoRA run's adapters merged
     dls = _run_loaders(info)
     if tuple(dls.input_shape) != tuple(info['input_shape']):
@@ -276,8 +351,8 @@ def _export(args):
     quantize = 'int8' if args.int8 else 'fp16' if args.fp16 else None
     out = args.out or onnx_path(info['run_dir'], info['name'], quantize)
     report = export_onnx(model, dls.one_batch(), out, opset=args.opset, dynamic_batch=not args.static_batch, quantize=quantize,
-                         calibration=dls.train if quantize == 'int8' else None, valid=dls.valid, int8_target=args.int8_target,
-                         max_calibration_batches=args.calibration_batches)
+                         calibration=dls if quantize == 'int8' else None, valid=dls.valid, int8_target=args.int8_target,
+                         calibration_samples=args.calibration_samples)
     print(_json(report) if args.json else report)
 
 def _data_name(info:dict)->str:
@@ -286,6 +361,10 @@ def _data_name(info:dict)->str:
 
 def _run_loaders(info:dict):
     "Loaders (batch 64, CPU) of the data the run trained on: its config.yaml's `data:`, or the MNIST sample for bare weights."
+    from netlite_nb.checkpoint import read_run_config
+    from netlite_nb.data import make_loaders, mnist_sample
+    from netlite_nb.run import datasets_for
+    from netlite_nb.strategies import DataConfig
     seed = ((read_run_config(info['weights']).get('run') or {}).get('train') or {}).get('seed') or 0  # the run's own train/valid split
     tr, va = datasets_for(DataConfig(**info['data']), seed=seed) if info['data'] else mnist_sample()
     return make_loaders(tr, va, batch_size=64, device='cpu', seed=seed)
@@ -294,11 +373,12 @@ def _export_args(p):
     p.add_argument('checkpoint', help='a run directory, a checkpoint directory (step-*) or a .safetensors file')
     p.add_argument('--model', help="chapter 05 model name, when the checkpoint has no config.yaml naming it")
     q = p.add_mutually_exclusive_group()
-    q.add_argument('--int8', action='store_true', help="static INT8 (QDQ, per channel), calibrated on the run's training data")
+    q.add_argument('--int8', action='store_true', help="static INT8 (QDQ, per channel), calibrated on the run's own data")
     q.add_argument('--fp16', action='store_true', help='half precision, for GPUs with fast fp16')
     p.add_argument('--int8-target', default='auto', choices=['auto', 'vnni', 'no-vnni', 'any'],
                    help="the CPU the INT8 file will run on: auto (this one), vnni (x86 with VNNI, or ARM), no-vnni, any (default auto)")
-    p.add_argument('--calibration-batches', type=_positive, default=8, metavar='N', help='training batches of 64 that calibrate INT8 (default 8)')
+    p.add_argument('--calibration-samples', type=_positive, default=512, metavar='N',
+                   help="INT8 calibrates on up to N samples of the run's data, training then validation images (default 512); a data set with fewer than 128 is calibrated on all it has, with a note")
     p.add_argument('--out', '-o', type=Path, help='the .onnx file to write (default: RUN/onnx/MODEL.PRECISION.onnx in the run directory)')
     p.add_argument('--opset', type=int, help="ONNX opset (default: the exporter's)")
     p.add_argument('--static-batch', action='store_true', help='fix the batch size to that of the sample (64)')

@@ -198,8 +198,11 @@ def run_onnx(sess_or_path, x)->np.ndarray:
 
 # %% ../nbs/09_export.ipynb #c023
 def _xs_of(data):
-    "Input batches from a loader of (x, y) batches, a `DataLoaders` (its `.train`), a dataset of tensors (`.x`), a tensor or an (x, y) pair."
-    if hasattr(data, 'train') and hasattr(data, 'valid'): data = data.train
+    "Input batches from a loader of (x, y) batches, a `DataLoaders` (its `.train`, then its `.valid`), a dataset of tensors (`.x`), a tensor or an (x, y) pair."
+    if hasattr(data, 'train') and hasattr(data, 'valid'):  # every sample there is: a small data set's validation images count too
+        for d in (data.train, data.valid):
+            if d is not None: yield from _xs_of(d)
+        return
     if hasattr(data, 'x') and hasattr(data, 'y') and not hasattr(data, 'batch_size'): data = data.x  # a dataset, e.g. `mnist_sample()[0]`
     if isinstance(data, (tuple, list)) and len(data) == 2 and torch.is_tensor(data[0]) and torch.is_tensor(data[1]) and len(data[0]) == len(data[1]) > 16:
         data = data[0]
@@ -211,12 +214,16 @@ def _xs_of(data):
     for b in data: yield b[0] if isinstance(b, (tuple, list)) else b
 
 # %% ../nbs/09_export.ipynb #f033
-def calibration_batches(data, input_shape:tuple, max_batches:int=8, min_samples:int=128)->list[np.ndarray]:
-    "Up to `max_batches` float32 input batches from `data`, checked against the model's `input_shape` (without the batch)."
+def calibration_batches(data, input_shape:tuple,
+                        max_samples:int=512, # stop after this many samples
+                        min_samples:int=128, # fewer calibrate too, with a warning
+                       )->list[np.ndarray]:
+    "Float32 input batches of up to `max_samples` samples from `data` (a `DataLoaders`: training, then validation), checked against the model's `input_shape` (without the batch)."
     out, n = [], 0
     for i, x in enumerate(_xs_of(data)):
-        if i >= max_batches: break
+        if n >= max_samples: break
         x = x.detach().cpu().float().numpy() if torch.is_tensor(x) else np.asarray(x, dtype=np.float32)
+        x = x[:max_samples - n]
         if tuple(x.shape[1:]) != tuple(input_shape):
             raise ValueError(f"Calibration batch {i} has shape {tuple(x.shape)}, but the model was exported for inputs of shape "
                              f"(batch, {', '.join(map(str, input_shape))}). Pass batches of the data the model was trained on "
@@ -227,9 +234,12 @@ def calibration_batches(data, input_shape:tuple, max_batches:int=8, min_samples:
                              f"{int(bad.argmax())}), so no INT8 range can be computed from it. Fix the data (chapter 04's `check_dataset` "
                              f"names the bad items) or calibrate on other batches, e.g. `calibration=dls.valid`.")
         out.append(x); n += len(x)
+    if n == 0: raise ValueError("Calibration got no samples: INT8 chooses its ranges on real inputs. Pass the data the model was trained on, "
+                                "e.g. `calibration=dls` (its training and validation batches).")
     if n < min_samples:
-        raise ValueError(f"Calibration got {len(out)} batch(es), {n} samples; INT8 ranges need at least {min_samples} real samples "
-                         f"(e.g. 4 batches of 32). Pass a loader with more batches, such as the validation loader.")
+        warnings.warn(f"INT8 was calibrated on {n} samples, all the calibration data there was and fewer than the {min_samples} that give "
+                      f"ranges to rely on: compare the report's INT8 accuracy with fp32's, and keep fp32 (no --int8) if it lost more than "
+                      f"a point, or calibrate on more images of the same kind.", stacklevel=2)
     return out
 
 # %% ../nbs/09_export.ipynb #c027
@@ -510,8 +520,8 @@ def _file_facts(path:Path)->tuple[int, tuple]:
 def _notes(quantize:str|None, acc:dict, fallback_reason:str|None)->list[str]:
     notes = []
     if quantize and acc and acc['pytorch'] - acc[quantize] > 1.0:
-        notes.append(f"{quantize} loses {acc['pytorch'] - acc[quantize]:.2f} points of accuracy: calibrate on more batches "
-                     f"(`max_calibration_batches=`), or keep fp32.")
+        notes.append(f"{quantize} loses {acc['pytorch'] - acc[quantize]:.2f} points of accuracy: calibrate on more samples "
+                     f"(`calibration_samples=`, `netlite export --calibration-samples`), or keep fp32.")
     if fallback_reason: notes.append('The TorchScript exporter traced one call of forward: check that the parity inputs exercise every branch.')
     return notes
 
@@ -530,20 +540,22 @@ def export_onnx(model:nn.Module,              # the trained model; it is not mod
                 opset:int|None=None,          # ONNX opset; None: the exporter's default
                 dynamic_batch:bool=True,      # let the file take any batch size
                 quantize:str|None=None,       # None, 'int8' or 'fp16'
-                calibration=None,             # loader of real (x, y) batches for static INT8 (required for conv models)
+                calibration=None,             # real (x, y) batches for static INT8 (required for conv models): a loader, or a `DataLoaders` (training, then validation)
                 valid=None,                   # (x, y) tensors or a loader of (x, y): adds accuracy and more parity inputs
                 tolerance:float=1e-4,         # largest allowed |ONNX - PyTorch| of fp32 logits
                 measure_speed:bool=True,      # time ONNX Runtime at batch 1 and 64
                 int8_target:str='auto',       # the CPU the INT8 file is for: 'auto' (this one), 'vnni', 'no-vnni', 'any'
-                max_calibration_batches:int=8,  # static INT8 calibrates on at most this many batches
+                calibration_samples:int=512,  # static INT8 calibrates on at most this many samples
                )->ExportReport:
     "Export `model` to ONNX at `path`, optionally as INT8 or FP16, verify it with ONNX Runtime, and report."
     if quantize not in (None, 'int8', 'fp16'): raise ValueError(f"quantize={quantize!r}: use None, 'int8' or 'fp16'.")
     if quantize == 'int8': int8_weight_range(int8_target)  # a wrong target fails before any work
     path = _check_output_path(path)
     x = (sample[0] if isinstance(sample, (tuple, list)) else sample).detach().cpu().float()
-    calib = (calibration_batches(calibration, tuple(x.shape[1:]), max_batches=max_calibration_batches)
-             if (quantize == 'int8' and calibration is not None) else None)
+    with warnings.catch_warnings(record=True) as few:  # too few samples: a note in the report, which the CLI prints
+        warnings.simplefilter('always')
+        calib = (calibration_batches(calibration, tuple(x.shape[1:]), max_samples=calibration_samples)
+                 if (quantize == 'int8' and calibration is not None) else None)
     m = copy.deepcopy(model).cpu().float().eval()
     fp32_path = fp32_path_of(path, quantize)
     exporter, reason = _export_file(m, x, fp32_path, opset, dynamic_batch)
@@ -560,7 +572,7 @@ def export_onnx(model:nn.Module,              # the trained model; it is not mod
                      fallback_reason=reason, input_shape=shape, max_abs_diff=diff, tolerance=tol, n_compared=n, accuracy=acc,
                      agreement=agree, latency_ms=lat, fp32_path=fp32_path if quantize else None,
                      fp32_size=fp32_path.stat().st_size if quantize else None,
-                     **{**decided, 'notes': decided.get('notes', []) + _notes(quantize, acc, reason)})
+                     **{**decided, 'notes': [str(w.message) for w in few] + decided.get('notes', []) + _notes(quantize, acc, reason)})
     _check_parity(r)
     return r
 

@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_probe.ipynb #c003
 from __future__ import annotations
-import dataclasses, difflib, gc, html, json, os, platform, re, shutil, subprocess, sys, weakref
+import dataclasses, difflib, gc, html, importlib.metadata, importlib.util, json, os, platform, re, shutil, subprocess, sys, weakref
 from dataclasses import dataclass, field, asdict
 from functools import lru_cache
 from importlib import resources
@@ -12,10 +12,11 @@ import psutil, torch
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['PROCESS', 'LOW_PRECISION', 'GPUSpec', 'gpu_catalogue', 'words_of', 'UnknownGPUError', 'lookup_gpu', 'find_gpu',
-           'fp16_is_fast', 'bf16_is_native', 'fmt_bytes', 'GPUInfo', 'CPUInfo', 'SystemMemory', 'TorchBuild',
-           'FakeNVML', 'parse_smi_csv', 'check_usable', 'HardwareProfile', 'probe', 'rows_text', 'rows_html',
-           'MemoryReading', 'process_rss', 'device_memory', 'frontend', 'in_notebook', 'is_oom', 'free_memory']
+__all__ = ['LIBRARY_CHECKS', 'PROCESS', 'LOW_PRECISION', 'GPUSpec', 'gpu_catalogue', 'words_of', 'UnknownGPUError', 'lookup_gpu',
+           'find_gpu', 'fp16_is_fast', 'bf16_is_native', 'fmt_bytes', 'GPUInfo', 'CPUInfo', 'SystemMemory',
+           'TorchBuild', 'FakeNVML', 'parse_smi_csv', 'check_usable', 'torch_index', 'torchvision_series',
+           'check_libraries', 'HardwareProfile', 'probe', 'rows_text', 'rows_html', 'MemoryReading', 'process_rss',
+           'device_memory', 'frontend', 'in_notebook', 'is_oom', 'free_memory']
 
 # %% ../nbs/00_probe.ipynb #c007
 @dataclass(frozen=True)
@@ -439,6 +440,77 @@ def _recommend(gpus:list[GPUInfo], cpu:CPUInfo)->tuple[str, str]:
         return 'cpu', f"a GPU was found ({gpus[0].name}) but this PyTorch build cannot use it (see the notes); training runs on the CPU's {cpu.threads} threads."
     return 'cpu', f"no GPU that PyTorch can use was found; training runs on the CPU's {cpu.threads} threads."
 
+# %% ../nbs/00_probe.ipynb #lib02
+def torch_index(torch_version:str)->str:
+    "pip's `--index-url` option for the index this torch came from, named by its local tag (+cu126, +cpu, +rocm6.2); '' for PyPI's."
+    tag = torch_version.partition('+')[2]
+    return f" --index-url https://download.pytorch.org/whl/{tag}" if tag else ''
+
+def torchvision_series(torch_version:str)->str|None:
+    "The torchvision release built for `torch_version` ('2.6.0+cu126' -> '0.21'): torch 2.N pairs with torchvision 0.(N+15)."
+    v = torch_version.split('+')[0].split('.')
+    return f"0.{int(v[1]) + 15}" if v[0] == '2' and v[1].isdigit() else None
+
+def _fix_line(name:str, torch_version:str)->str:
+    "The pip line that installs the build of `name` that matches `torch_version`."
+    if name == 'torchvision':
+        tv = torchvision_series(torch_version)
+        return f'pip install --force-reinstall --no-deps "torchvision=={tv}.*"' + torch_index(torch_version) if tv else 'pip install --force-reinstall --no-deps torchvision' + torch_index(torch_version)
+    if name == 'onnxruntime': return 'pip install --force-reinstall onnxruntime'
+    return 'pip install -U "bitsandbytes>=0.45" (or pip uninstall -y bitsandbytes: only chapter 03\'s adamw8bit on a GPU uses it)'
+
+
+# %% ../nbs/00_probe.ipynb #lib03
+def _torchvision_op()->str:
+    import torchvision, torchvision.ops
+    boxes = torch.tensor([[0., 0., 1., 1.], [0., 0., 1., 1.]])
+    torchvision.ops.nms(boxes, torch.tensor([1., .5]), 0.5)  # a C++ operator: what a torchvision built for another torch lacks
+    return torchvision.__version__
+
+def _onnxruntime_op()->str:
+    import numpy as np, onnxruntime as ort
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info('x', TensorProto.FLOAT, [1])
+    g = helper.make_graph([helper.make_node('Add', ['x', 'x'], ['y'])], 'add', [x], [helper.make_tensor_value_info('y', TensorProto.FLOAT, [1])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid('', 13)]); m.ir_version = 8
+    s = ort.InferenceSession(m.SerializeToString(), providers=['CPUExecutionProvider'])
+    assert s.run(None, {'x': np.ones(1, np.float32)})[0][0] == 2
+    return ort.__version__
+
+def _bitsandbytes_op()->str:
+    import bitsandbytes as bnb, bitsandbytes.functional as F
+    q, state = F.quantize_blockwise(torch.rand(256))
+    F.dequantize_blockwise(q, state)
+    return bnb.__version__
+
+LIBRARY_CHECKS = {'torchvision': _torchvision_op, 'onnxruntime': _onnxruntime_op, 'bitsandbytes': _bitsandbytes_op}
+
+
+# %% ../nbs/00_probe.ipynb #lib04
+def _installed(name:str)->str|None:
+    try: return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError: return None
+
+def check_libraries(names=('torchvision', 'onnxruntime', 'bitsandbytes'), # which of `LIBRARY_CHECKS` to run
+                    checks:dict|None=None, # name -> function doing the import and one operation; default `LIBRARY_CHECKS`
+                   )->tuple[dict, list[str]]:
+    "Import each installed library of `names` and run one tiny operation: ({name: version, 'not installed' or 'BROKEN'}, sentences naming the fix)."
+    checks, found, problems = checks or LIBRARY_CHECKS, {}, []
+    for name in names:
+        if _installed(name) is None and importlib.util.find_spec(name) is None:
+            found[name] = 'not installed'
+            if name == 'torchvision': problems.append(f"torchvision is not installed; chapter 04's image data needs it: {_fix_line(name, torch.__version__)}")
+            continue
+        try: found[name] = checks[name]()
+        except Exception as e:
+            found[name] = 'BROKEN'
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            problems.append(f"{name} {_installed(name) or ''} does not work with torch {torch.__version__} ({type(e).__name__}: {why}): the two "
+                            f"come from different builds, e.g. torch from PyTorch's CUDA index and {name} from PyPI. Install the {name} "
+                            f"built for this torch: {_fix_line(name, torch.__version__)}")
+    return found, problems
+
+
 # %% ../nbs/00_probe.ipynb #c030h
 @dataclass
 class HardwareProfile:
@@ -450,6 +522,7 @@ class HardwareProfile:
     device:str                 # recommended torch device, e.g. 'cuda:0', 'mps', 'cpu'
     reason:str                 # why that device
     notes:list[str]=field(default_factory=list)
+    libraries:dict=field(default_factory=dict)  # `probe(libraries=True)`: name -> version, 'not installed' or 'BROKEN'
     platform:str=field(default_factory=lambda: f"{platform.system()} {platform.release()} ({platform.machine()}), Python {platform.python_version()}")
 
 # %% ../nbs/00_probe.ipynb #c030i
@@ -474,6 +547,7 @@ def from_dict(cls:HardwareProfile, d:dict)->HardwareProfile:
 def probe(nvml=None, # an NVML module (default: `pynvml`); tests pass a fake one
           smi_run=subprocess.run, # runs `nvidia-smi` for the fallback
           smi_which=shutil.which, # finds `nvidia-smi`
+          libraries:bool=False, # also check that torchvision, ONNX Runtime and bitsandbytes work with this torch (`check_libraries`: seconds)
          )->HardwareProfile:
     "Find this machine's GPUs, CPU, memory and PyTorch build without creating a CUDA context."
     build, notes = _torch_build(), []
@@ -488,7 +562,9 @@ def probe(nvml=None, # an NVML module (default: `pynvml`); tests pass a fake one
         if why: g.usable = False; notes.append(why)
     cpu = _cpu_info()
     device, reason = _recommend(gpus, cpu)
-    return HardwareProfile(gpus=gpus, cpu=cpu, memory=_system_memory(), torch=build, device=device, reason=reason, notes=notes)
+    libs, problems = check_libraries() if libraries else ({}, [])
+    return HardwareProfile(gpus=gpus, cpu=cpu, memory=_system_memory(), torch=build, device=device, reason=reason, notes=notes + problems,
+                           libraries=libs)
 
 # %% ../nbs/00_probe.ipynb #c032
 def rows_text(rows:list[tuple[str,str]])->str:
@@ -525,6 +601,7 @@ def _profile_rows(p:HardwareProfile)->list[tuple[str,str]]:
     be = ', '.join(k for k, v in t.backends.items() if v)
     rows.append(('PyTorch', f"{t.version}" + (f", CUDA {t.cuda}" if t.cuda else "") + (f", HIP {t.hip}" if t.hip else "") + f"; usable backends: {be}"))
     if t.arch_list: rows.append(('', 'kernels for ' + ' '.join(t.arch_list)))
+    if p.libraries: rows.append(('Libraries', ', '.join(f"{k} {v}" for k, v in p.libraries.items())))
     rows.append(('Platform', p.platform))
     rows += [('Note', n) for n in p.notes]
     return rows

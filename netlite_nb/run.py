@@ -4,13 +4,14 @@
 
 # %% ../nbs/10_run.ipynb #r003
 from __future__ import annotations
-import inspect, time
+import dataclasses, inspect, json, time
+from importlib import resources
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from torch import nn
 from fastcore.basics import patch
 import yaml
-from .probe import device_memory, fmt_bytes, probe, rows_html, rows_text
+from .probe import check_libraries, device_memory, fmt_bytes, probe, rows_html, rows_text
 from .memory.trace import resize_batch
 from .data import image_folder, load_dataset, make_loaders, mnist_sample, mnist_sample_loaders
 from .models import MODELS, UnknownModelError, create_model
@@ -21,7 +22,8 @@ from .lora import merged, with_lora
 from .distributed import distribute, distributed_run, launched
 
 # %% auto #0
-__all__ = ['DEMO', 'datasets_for', 'loaders_for', 'train_from_config', 'export_trained', 'DemoResult', 'run_demo']
+__all__ = ['EXAMPLES', 'DEMO', 'datasets_for', 'loaders_for', 'train_from_config', 'export_trained', 'list_examples',
+           'example_config', 'DemoResult', 'run_demo']
 
 # %% ../nbs/10_run.ipynb #r006
 def datasets_for(data_cfg, # a chapter 06 `DataConfig`: name, root, ...
@@ -67,7 +69,8 @@ def _run_section(config)->tuple:
     where = f"{str(path)!r}" if path is not None else 'this configuration'
     if 'demo' in raw['run']:
         raise ConfigError(f"{where} was saved by `netlite demo`, which has its own recipe: repeat it with "
-                          f"`netlite demo --seed {raw['run'].get('seed', 0)}`.")
+                          f"`netlite demo --seed {raw['run'].get('seed', 0)}`, or write that recipe as a run configuration you can "
+                          f"edit and train with `netlite train --example demo` (then `netlite train demo.yaml`).")
     s = raw['run'].get('strategy') or {}
     return raw['run'], (f"{where} is the configuration a run saved: training from its `run:` section, the settings that run resolved "
                         f"(micro-batch {s.get('micro_batch')} × {s.get('accum_steps')}, as it had).")
@@ -153,7 +156,22 @@ def export_trained(trainer:Trainer, dls,
     from netlite_nb.export import export_onnx, onnx_path
     if path is None: path = onnx_path(trainer.run_dir or Path('.'), model_name or type(trainer.model).__name__.lower(), quantize)
     return export_onnx(merged(trainer.eval_model), dls.one_batch(), path, opset=opset, quantize=quantize, int8_target=int8_target,
-                       calibration=dls.train if quantize == 'int8' else None, valid=dls.valid)
+                       calibration=dls if quantize == 'int8' else None, valid=dls.valid)  # training and validation samples
+
+# %% ../nbs/10_run.ipynb #ex02
+EXAMPLES = Path(str(resources.files('netlite_nb') / 'configs'))  # the example files, package data like chapter 06's strategies
+
+def list_examples()->dict[str, str]:
+    "The example run configurations the package ships: name -> its first comment line."
+    return {p.stem: p.read_text().splitlines()[0].lstrip('# ') for p in sorted(EXAMPLES.glob('*.yaml'))}
+
+def example_config(name:str)->str:
+    "The text of the example run configuration `name` (see `list_examples`)."
+    p = EXAMPLES / f"{name}.yaml"
+    if not p.is_file():
+        raise ConfigError(f"There is no example configuration called {name!r}.{did_you_mean(name, list(list_examples()))} "
+                          f"The examples: {', '.join(list_examples())}.")
+    return p.read_text()
 
 # %% ../nbs/10_run.ipynb #r020
 @dataclass
@@ -178,6 +196,8 @@ class DemoResult:
     run_dir:str=''          # the run directory, absolute: config.yaml, checkpoints, onnx/
     measured_peak:int|None=None  # the device memory's peak as chapter 00 reads it (on the CPU: the process's RSS)
     measured_source:str=''  # what `measured_peak` counts
+    resumed_from:int|None=None  # `--resume`: the optimizer step the saved run continued from
+    finished:bool=False     # `--resume` of a run that had already finished: nothing trained, these are its recorded results
 
     def __str__(self): return rows_text(self.rows())
     def _repr_html_(self): return rows_html(self.rows(), 'netlite demo')
@@ -189,7 +209,8 @@ def rows(self:DemoResult)->list[tuple[str,str]]:
     r = [('Device', f"{self.device}, strategy {self.strategy}, {self.precision}"),
          ('Batch', f"micro-batch {self.micro_batch} × {self.accum_steps}; {self.epochs} epochs, {self.steps} optimizer steps"),
          ('Held-out accuracy', f"{100*self.accuracy:.2f}% on 1,000 images (loss {self.valid_loss:.4f})"),
-         ('Time', f"training {self.train_seconds:.1f} s, whole demo {self.total_seconds:.1f} s")]
+         ('Time', f"training {self.train_seconds:.1f} s" + (f", whole demo {self.total_seconds:.1f} s" if self.total_seconds == self.total_seconds else ''))]
+    if self.resumed_from is not None and not self.finished: r.insert(2, ('Resumed', f"from step {self.resumed_from}, where the saved run stopped"))
     if self.plan_peak: r.insert(2, ('Memory', self._memory_text()))
     e = self.export
     if e is not None:
@@ -231,6 +252,37 @@ def next_commands(self:DemoResult)->list[str]:
     cmds.append('pip install -e ".[dev]" && jupyter lab nbs/   # read the book that built this, in a clone of the repository (the dev extra brings JupyterLab)')
     return cmds
 
+# %% ../nbs/10_run.ipynb #dm07
+def _save_result(r:DemoResult):
+    "Record the demo's summary as `RUN_DIR/demo.json`, so that a later `--resume` of the finished run can show it."
+    (Path(r.run_dir) / 'demo.json').write_text(json.dumps(dataclasses.asdict(r), indent=1, default=str))
+
+def _saved_result(run_dir:Path, s:dict)->DemoResult:
+    "The finished demo in `run_dir`: its `demo.json`, or what its checkpoint state `s` and metrics recorded."
+    p = run_dir / 'demo.json'
+    if p.is_file():
+        d = json.loads(p.read_text())
+        if d.get('export'):
+            from netlite_nb.export import ExportReport  # chapter 09, loaded only to show a recorded export
+            d['export'] = ExportReport(**d['export'])
+        return DemoResult(**{**d, 'notes': [], 'interrupted': False, 'resumed_from': None})
+    m = next((h for h in reversed(s.get('history') or []) if 'accuracy' in h), {})
+    return DemoResult('not recorded', 'not recorded', 'not recorded', s['loader_batch'], s['window'], s['epoch'], s['step'], m.get('accuracy', float('nan')),
+                      m.get('valid_loss', float('nan')), s['elapsed'], float('nan'), str(find_checkpoint(run_dir)), run_dir=str(run_dir.resolve()))
+
+
+# %% ../nbs/10_run.ipynb #dm08
+def _finished_demo(run_dir)->DemoResult|None:
+    "The recorded result of the demo saved in `run_dir` when it ran to its last step (nothing left to resume), else None."
+    s = read_state(run_dir, mmap=True)
+    if s['step'] < s['total_steps']: return None
+    r = _saved_result(Path(run_dir), s)
+    r.finished = True
+    r.notes = [f"This run finished at step {s['step']}, its last: there is nothing to resume, so nothing was trained or exported again; "
+               f"these are the results it recorded. For a new run give another directory: netlite demo --out {run_dir}-2"]
+    return r
+
+
 # %% ../nbs/10_run.ipynb #dm05
 _DEMO_INTRO = ("netlite demo: train netlite_tiny on 4,000 embedded MNIST digits (8 epochs, 504 optimizer steps), check it on 1,000 "
                "held-out ones, save a checkpoint and export ONNX + INT8. On an idle 2-core CPU training took 35-80 s when this was written (80 s with the netlite command's OMP_WAIT_POLICY=PASSIVE, chapter 11); the forecast "
@@ -260,7 +312,11 @@ def run_demo(run_dir='runs/demo', # where the checkpoint, config.yaml and the ON
              resume:bool=False, # continue the run saved in `run_dir` (after an interrupt)
             )->DemoResult:
     "Probe → strategy → plan → train netlite_tiny on the MNIST sample → evaluate → checkpoint → export → summary."
+    resumed_from = read_state(run_dir, mmap=True)['step'] if resume else None
+    if resume and (done := _finished_demo(run_dir)) is not None: return done
     t0, hw, bs = time.perf_counter(), probe(), DEMO['batch_size']
+    _, problems = check_libraries(['torchvision', 'onnxruntime'] if export else ['torchvision'])  # before minutes of training, not after
+    if problems: raise RuntimeError(f"{problems[0]} netlite demo stopped before training; `netlite probe` checks again.")
     if verbose: print(_DEMO_INTRO)
     seed_everything(seed)
     train_ds, valid_ds = mnist_sample()
@@ -277,8 +333,11 @@ def run_demo(run_dir='runs/demo', # where the checkpoint, config.yaml and the ON
     mem = device_memory(trainer.device)
     m = trainer.last_metrics
     rep = export_trained(trainer, dls, None, quantize='int8', model_name=DEMO['model']) if export and not trainer.interrupted else None
-    return DemoResult(str(trainer.device), strat.name, trainer.precision.name, trainer.micro_batch, trainer.accum_steps,
+    r = DemoResult(str(trainer.device), strat.name, trainer.precision.name, trainer.micro_batch, trainer.accum_steps,
                       trainer.epoch, trainer.step, m.get('accuracy', float('nan')), m.get('valid_loss', float('nan')),
                       trainer.state.elapsed, time.perf_counter() - t0, str(find_checkpoint(trainer.run_dir)),
                       trainer.plan.peak if trainer.plan is not None else None, rep, list(trainer.notes), trainer.interrupted,
-                      run_dir=str(trainer.run_dir.resolve()), measured_peak=mem.peak, measured_source=mem.source)
+                      run_dir=str(trainer.run_dir.resolve()), measured_peak=mem.peak, measured_source=mem.source,
+                   resumed_from=resumed_from)
+    if not r.interrupted: _save_result(r)
+    return r

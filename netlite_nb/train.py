@@ -1304,9 +1304,9 @@ def _setup_run(self:Trainer, epochs, steps, resume):
     self._check_data()
     if resume is not None:
         ck = self.load_checkpoint(resume, epochs, steps)
+        s = self.state  # the checkpoint's: the log names the step the run continues from
         self.log(f"resumed from {ck} at step {s.step} (epoch {s.epoch}, batch {s.batch_in_epoch})"
                  + (", with activation checkpointing on, as the run had it" if self._ckpt['checkpointing'] is not None else ''))
-        s = self.state
     else:
         # a run that starts mid-epoch (after an earlier `fit(steps=...)`) counts that epoch's finished steps as done
         s.run_start, s.run_offset, self._ckpt = s.step, math.ceil(s.batch_in_epoch / s.window), None

@@ -39,6 +39,7 @@ def test_cli_train_config_and_resume(tmp_path):
     r = netlite('train', str(cfg), '--set', 'train.steps=8', '--resume', str(tmp_path / 'run'))
     assert r.returncode == 0, r.stderr[-3000:]
     assert find_checkpoint(tmp_path / 'run').name == 'step-0000008'
+    assert 'resumed at step 6; 8 optimizer steps' in r.stdout and 'step-0000006 at step 6 (epoch' in r.stdout + r.stderr   # issue 37
     r = netlite('train', str(cfg), '--set', 'train.epoch=1')
     assert r.returncode != 0 and 'epochs' in r.stderr      # unknown keys name the closest valid one (chapter 06)
 
@@ -61,7 +62,7 @@ def test_cli_train_auto_sizes_the_batch_for_the_model(tmp_path):
 
 # --- issue 15: the planner for cards you do not own, --json, --version, exit statuses, a run's config.yaml -----------
 
-import contextlib, io, json
+import contextlib, io, json, re
 import pytest
 from netlite_nb.cli import main
 from netlite_nb.models import list_models
@@ -201,7 +202,7 @@ def test_export_a_run_on_a_colour_image_folder_with_its_own_data(tmp_path):
     cfg = {'strategy': 'cpu', 'model': {'name': 'netlite_tiny'}, 'data': {'name': 'folder', 'root': str(tmp_path / 'pets'), 'batch_size': 8},
            'train': {'steps': 1, 'checkpoint_dir': None}}
     train_from_config(cfg, run_dir=tmp_path / 'run', progress=False, verbose=False)
-    rc, out, err = run_main('export', str(tmp_path / 'run'), '--int8', '--int8-target', 'any', '--calibration-batches', '3', '--json')
+    rc, out, err = run_main('export', str(tmp_path / 'run'), '--int8', '--int8-target', 'any', '--calibration-samples', '192', '--json')
     assert rc == 0, err
     d = json.loads(out)
     assert d['path'] == str(tmp_path / 'run' / 'onnx' / 'netlite_tiny.int8.onnx') and d['precision'] == 'int8'
@@ -216,15 +217,86 @@ def test_export_a_run_on_a_colour_image_folder_with_its_own_data(tmp_path):
     assert rc == 2 and err.count('\n') == 1 and '(1, 28, 28)' in err and '(3, 32, 32)' in err and 'config.yaml' in err
 
 
+def test_int8_of_a_small_image_folder_calibrates_on_every_sample_and_says_so(tmp_path):
+    "Issue 37: 120 pictures (fewer than the 128 INT8 ranges want) export as INT8, calibrated on training and validation images, with a note."
+    from netlite_nb.run import train_from_config
+    image_folder(tmp_path / 'few', per_class=30)
+    cfg = {'strategy': 'cpu', 'model': {'name': 'netlite_tiny'}, 'data': {'name': 'folder', 'root': str(tmp_path / 'few'), 'batch_size': 8},
+           'train': {'steps': 1, 'checkpoint_dir': None}}
+    train_from_config(cfg, run_dir=tmp_path / 'run', progress=False, verbose=False)
+    rc, out, err = run_main('export', str(tmp_path / 'run'), '--int8', '--int8-target', 'any', '--json')
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d['precision'] == 'int8' and Path(d['path']).is_file()
+    assert any('calibrated on 120 samples' in n for n in d['notes']), d['notes']   # all 120: training and validation images
+    rc, out, err = run_main('export', str(tmp_path / 'run'), '--int8', '--int8-target', 'any', '--calibration-samples', '40', '--json')
+    assert rc == 0 and any('calibrated on 40 samples' in n for n in json.loads(out)['notes']), err
+
+
 def test_export_a_demo_like_mnist_run_into_its_run_directory(tmp_path):
     from netlite_nb.run import run_demo
     run_demo(run_dir=tmp_path / 'demo', steps=3, export=False, progress=False, verbose=False)
-    rc, out, err = run_main('export', str(tmp_path / 'demo'), '--int8', '--calibration-batches', '4')
+    rc, out, err = run_main('export', str(tmp_path / 'demo'), '--int8', '--calibration-samples', '256')
     assert rc == 0, err
     assert (tmp_path / 'demo' / 'onnx' / 'netlite_tiny.int8.onnx').is_file() and (tmp_path / 'demo' / 'onnx' / 'netlite_tiny.fp32.onnx').is_file()
     assert 'static QDQ' in out and 'limit 1.0e-04: ok' in out
     rc, out, err = run_main('export', str(tmp_path / 'demo'), '--int8-target', 'avx9000')
     assert rc == 2 and 'invalid choice' in err
+
+
+def test_examples_list_write_and_the_image_folder_one_trains_and_exports(tmp_path, monkeypatch):
+    "Issue 37: example configurations ship in the package; `--example NAME` writes one that trains (the image-folder one on 120 pictures)."
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run_main('train', '--list-examples')
+    assert rc == 0 and all(re.search(rf"^{n}\s", out, re.M) for n in ('mnist_quick', 'demo', 'image_folder', 'cifar10')), out
+    rc, out, err = run_main('train', '--example', 'image_folder')
+    assert rc == 0 and (tmp_path / 'image_folder.yaml').is_file() and '--set data.root=FOLDER' in out, out + err
+    rc, out, err = run_main('train', '--example', 'image_folder')
+    assert rc == 2 and 'exists already' in err
+    rc, out, err = run_main('train', '--example', 'imagefolder')
+    assert rc == 2 and "Did you mean 'image_folder'?" in err
+    image_folder(tmp_path / 'pets', per_class=30)
+    rc, out, err = run_main('train', 'image_folder.yaml', '--set', f'data.root={tmp_path / "pets"}', '--set', 'train.steps=2',
+                            '--set', 'strategy=cpu', '--out', str(tmp_path / 'run'), '--json')
+    assert rc == 0, err
+    d = json.loads(out)
+    assert d['steps'] == 2 and d['export']['precision'] == 'int8' and Path(d['export']['path']).is_file()
+    assert any('calibrated on 120 samples' in n for n in d['export']['notes'])
+    rc, out, err = run_main('train', '--example', 'demo', 'mine.yaml')
+    assert rc == 0 and yaml.safe_load((tmp_path / 'mine.yaml').read_text())['model']['name'] == 'netlite_tiny'
+
+
+def test_a_mistyped_flag_or_command_names_the_closest():
+    "Issue 37: argparse's plain error, plus the flag or command that was meant."
+    rc, out, err = run_main('demo', '--setps', '3')
+    assert rc == 2 and 'unrecognized arguments: --setps 3. Did you mean --steps?' in err, err
+    rc, out, err = run_main('trian', 'x.yaml')
+    assert rc == 2 and 'Did you mean train?' in err, err
+    rc, out, err = run_main('export', 'run', '--calibraton-samples', '9')
+    assert rc == 2 and 'Did you mean --calibration-samples?' in err, err
+
+
+def test_netlite_help_imports_neither_torch_nor_the_chapters():
+    "Issue 37: `netlite --help` in well under 2 s, because it loads no torch (20-27 s on a busy machine when it did)."
+    code = ('import sys, contextlib, io\nfrom netlite_nb.cli import main\n'
+            'with contextlib.redirect_stdout(io.StringIO()):\n    try: main(["--help"])\n    except SystemExit: pass\n'
+            'print(sorted(m for m in sys.modules if m == "torch" or m.startswith("netlite_nb.")))')
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env={**os.environ, 'PYTHONPATH': str(ROOT)}, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip() == "['netlite_nb.cli']", r.stdout + r.stderr
+
+
+def test_a_torchvision_built_for_another_torch_is_named_with_its_fix(tmp_path):
+    "Issue 37: `netlite probe` names the mismatch and the pip line; `netlite demo` stops with it before training."
+    fake = tmp_path / 'shadow' / 'torchvision'; fake.mkdir(parents=True)
+    (fake / '__init__.py').write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    env = {**os.environ, 'PYTHONPATH': f"{tmp_path / 'shadow'}{os.pathsep}{ROOT}"}
+    run = lambda *a: subprocess.run([sys.executable, '-m', 'netlite_nb.cli', *a], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    r = run('probe')
+    assert r.returncode == 0 and 'operator torchvision::nms does not exist' in r.stdout and 'pip install --force-reinstall --no-deps "torchvision==' in r.stdout, r.stdout + r.stderr
+    assert re.search(r"Libraries\s+torchvision BROKEN", r.stdout), r.stdout
+    r = run('demo', '--out', str(tmp_path / 'demo'))
+    assert r.returncode == 1 and r.stderr.count('\n') == 1 and 'pip install --force-reinstall --no-deps "torchvision==' in r.stderr, r.stderr
+    assert 'stopped before training' in r.stderr and not (tmp_path / 'demo').exists()
 
 
 def test_the_cli_makes_openmp_threads_sleep_before_torch_loads():

@@ -32,8 +32,9 @@ def test_a_run_s_config_yaml_repeats_it(tmp_path):
 
 def test_the_demo_s_config_yaml_says_how_to_repeat_it(tmp_path):
     run_demo(run_dir=tmp_path / 'demo', steps=1, seed=3, export=False, progress=False, verbose=False)
-    with pytest.raises(ValueError, match='netlite demo --seed 3'):
+    with pytest.raises(ValueError, match='netlite demo --seed 3') as e:
         train_from_config(tmp_path / 'demo' / 'config.yaml')
+    assert 'netlite train --example demo' in str(e.value)   # issue 37: and how to make it a configuration
 
 
 @pytest.mark.slow
@@ -65,6 +66,14 @@ def test_the_demo_exports_into_runs_demo_onnx(tmp_path):
     rows = r.rows()   # both files in the summary, by absolute path, and how to run one
     assert ('ONNX', str(r.export.path.resolve())) in rows and ('ONNX fp32', str(r.export.fp32_path.resolve())) in rows
     assert any(k == 'Next' and 'onnxruntime' in v and str(r.export.path.resolve()) in v for k, v in rows)
+    # issue 37: `--resume` of the finished run trains nothing, shows what it recorded and leaves its ONNX files alone
+    stamps = {f: f.stat().st_mtime_ns for f in (r.export.path, r.export.fp32_path)}
+    again = run_demo(run_dir=tmp_path / 'demo', steps=3, progress=False, verbose=False, resume=True)
+    assert again.finished and (again.steps, again.accuracy, again.valid_loss) == (r.steps, r.accuracy, r.valid_loss)
+    assert again.train_seconds == r.train_seconds and again.export.path == str(r.export.path)
+    text = str(again)
+    assert 'finished at step 3' in text and 'nothing was trained or exported again' in text and 'nan' not in text, text
+    assert {f: f.stat().st_mtime_ns for f in stamps} == stamps
 
 
 def test_a_lora_run_adapts_a_trained_run_resumes_and_exports_merged(tmp_path, capsys):
@@ -112,8 +121,11 @@ def test_the_demo_tells_a_newcomer_what_happened(tmp_path, capsys):
     assert len(book) == 1 and book[0].index('pip install -e ".[dev]"') < book[0].index('jupyter lab'), nxt
     cut = run_demo(run_dir=tmp_path / 'cut', steps=10, export=False, progress=False, verbose=False, callbacks=[_StopAt(6)])
     assert cut.steps == 6                                                         # stopped early, as an interrupt does
-    again = run_demo(run_dir=tmp_path / 'cut', steps=10, export=False, progress=False, verbose=False, resume=True)
+    capsys.readouterr()
+    again = run_demo(run_dir=tmp_path / 'cut', steps=10, export=False, progress=False, verbose=True, resume=True)
     assert again.steps == 10 and again.checkpoint.endswith('step-0000010')     # --resume continues the saved run
+    assert f"resumed from {tmp_path / 'cut' / 'step-0000006'} at step 6 (epoch" in capsys.readouterr().out   # not 'at step 0'
+    assert again.resumed_from == 6 and ('Resumed', 'from step 6, where the saved run stopped') in again.rows()   # issue 37
 
 
 def test_the_trainer_says_what_each_epoch_s_validation_found(capsys):
