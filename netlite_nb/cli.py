@@ -210,7 +210,7 @@ def _plan(args):
     sugg = _suggestions(model, sample, args, kw, plan) if args.suggest else None
     if args.json: print(_json({'plan': {**dataclasses.asdict(plan), 'fits': plan.fits, 'headroom': plan.headroom}, 'suggest': sugg}))
     else:
-        print(plan)
+        print(plan.report(verbose=args.verbose))
         if sugg: print(f"largest batch that fits: {sugg['largest_batch']}" if sugg['largest_batch'] else sugg['largest_batch_error'])
         for c in (sugg or {}).get('changes', []): print(f"  - {c['text']}")
     return 0 if plan.fits is not False else 1
@@ -227,6 +227,7 @@ def _plan_args(p):
     p.add_argument('--checkpointing', action='store_true', help='checkpoint activations of about sqrt(n) block segments')
     p.add_argument('--suggest', action='store_true', help='also print the largest batch that fits and changes that would make it fit')
     p.add_argument('--json', action='store_true', help='print the plan (and suggestions) as JSON')
+    p.add_argument('--verbose', action='store_true', help='print every assumption of the plan in full (by default one line each)')
     p.add_argument('--calibrate', action='store_true', help="measure the CPU kernels' scratch on this machine first (once per shape and range of batches, cached)")
 _plan.add_arguments = _plan_args
 

@@ -327,3 +327,13 @@ def test_train_nproc_per_node_2_then_resume_as_one_process_keeps_the_effective_b
     assert r.returncode == 0, r.stderr[-3000:]
     s = read_state(find_checkpoint(tmp_path / 'run'))
     assert (s['step'], s['window'], s['callbacks']['0:DataParallel']) == (6, 2, {'world_size': 1})   # 1 process × 2 × 64 = 128
+
+
+def test_plan_prints_headlines_and_verbose_prints_every_note_in_full(capsys):
+    "Issue 37: a plan says what matters by default (one line per assumption); --verbose gives each note in full."
+    from netlite_nb.cli import main
+    args = ['plan', '--model', 'mlp', '--batch-size', '64', '--gpu', 'gtx 1650']
+    main(args); short = capsys.readouterr().out
+    main(args + ['--verbose']); full = capsys.readouterr().out
+    assert 'assumes: CUDA context' in short and 'note:' not in short and max(map(len, short.splitlines())) < 200
+    assert 'note: CUDA context' in full and len(full) > len(short)
