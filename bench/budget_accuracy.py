@@ -61,7 +61,7 @@ GLIBC = {  # glibc settings a process can run with: the bench's; glibc's own (a 
 HOLES = False  # --warmup-holes: measure as before the autograd graph was planned (the warm-up's freed heap left in place)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/sets, when imported from elsewhere (tests, budget_cuda.py)
-from sets import SETS, ALL, TARGETS, LOSSES, TOKENS  # the models, one file a round: bench/sets/NAME.py, chosen by --set NAME
+from sets import SETS, ALL, TARGETS, LOSSES, TOKENS, MODULES  # the models, one file a round: bench/sets/NAME.py, chosen by --set NAME
 MODELS, FAMILIES, VARIANTS, UNSEEN, BROUGHT, FOURTH, FIFTH, SIXTH, SEVENTH, EIGHTH, NINTH, TENTH, ELEVENTH = SETS.values()  # the rounds' old names
 
 def make(name, bs, seed=0):
@@ -823,6 +823,10 @@ def _options(a)->dict:
     "The options of a stored result that change what is measured or planned (models: a part of the set, or None for all of it)."
     return dict(threads=a.threads, precision=a.precision or 'fp32', glibc=a.glibc, warmup_holes=a.warmup_holes, models=a.models)
 
+def set_summary(name:str)->str:
+    "The first sentence of a set's docstring, for its flag's help."
+    return (MODULES[name].__doc__ or name).strip().split('\n\n')[0].replace('\n', ' ')
+
 if __name__ == '__main__':
     ap = argparse.ArgumentParser()
     ap.add_argument('--measure', nargs='+', help=argparse.SUPPRESS)
@@ -830,18 +834,8 @@ if __name__ == '__main__':
     ap.add_argument('--set', choices=list(SETS), help="the set of models to measure, one file of bench/sets/ each (default: 'default', three models); "
                     "the accuracy table's rows are stored in bench/results/budget_accuracy/")
     ap.add_argument('--results', type=Path, default=RESULTS, help='the folder the accuracy table is stored in (default: bench/results/budget_accuracy)')
-    ap.add_argument('--families', action='store_const', dest='set', const='families', help='accuracy table on the model families the package does not ship')
-    ap.add_argument('--unseen', action='store_const', dest='set', const='unseen', help='accuracy table on UNSEEN: models none of the planner was built or checked on')
-    ap.add_argument('--variants', action='store_const', dest='set', const='variants', help='accuracy table on VARIANTS: the families with one thing changed each')
-    ap.add_argument('--brought', action='store_const', dest='set', const='brought', help='accuracy table on BROUGHT: models brought after UNSEEN, each of which found a gap')
-    ap.add_argument('--fourth', action='store_const', dest='set', const='fourth', help='accuracy table on FOURTH: a fourth round of models brought as users bring them')
-    ap.add_argument('--fifth', action='store_const', dest='set', const='fifth', help='accuracy table on FIFTH: a fifth round, brought after the fourth')
-    ap.add_argument('--sixth', action='store_const', dest='set', const='sixth', help='accuracy table on SIXTH: a sixth round, brought after the fifth')
-    ap.add_argument('--seventh', action='store_const', dest='set', const='seventh', help='accuracy table on SEVENTH: a seventh round, brought after the sixth')
-    ap.add_argument('--eighth', action='store_const', dest='set', const='eighth', help="accuracy table on EIGHTH: a smaller round of autograd's shapes")
-    ap.add_argument('--tenth', action='store_const', dest='set', const='tenth', help="accuracy table on TENTH: torchvision's segmentation, video, Swin and EfficientNetV2 models")
-    ap.add_argument('--eleventh', action='store_const', dest='set', const='eleventh', help="accuracy table on ELEVENTH: detection ops, VQ-VAE, diffusion, SimCLR, masked seq2seq, packed lengths, capsules")
-    ap.add_argument('--ninth', action='store_const', dest='set', const='ninth', help="accuracy table on NINTH: users' losses and tricks (CTC, a PINN's double backward, a gradient penalty)")
+    for name in SETS:  # the old flags, one per set: `--families` is `--set families`
+        if name != 'default': ap.add_argument(f'--{name}', action='store_const', dest='set', const=name, help=f'--set {name}: ' + set_summary(name))
     ap.add_argument('--optimizers', nargs='*', metavar='MODEL:BATCH', help='accuracy table with each optimizer of OPTIMIZERS (default cases: resnet18:16 gru:32 ln_mlp:64 tied_lm:16)')
     ap.add_argument('--calibrate', action='store_true', help='add a column: the plan calibrated on this machine (from an empty cache)')
     ap.add_argument('--budgets', action='store_true')
