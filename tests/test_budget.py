@@ -1545,3 +1545,13 @@ def test_lengths_moved_with_to_cpu_are_planned_like_cpu():
             return self.r(nn.utils.rnn.pack_padded_sequence(self.e(ids), lengths, batch_first=True, enforce_sorted=False))[1][0]
     ids = torch.randint(1, 50, (4, 7))
     assert plan_memory(L(), ids).peak > 0 and plan_memory(L(), ids, device_or_gpu='cpu').peak > 0
+
+
+def test_a_gpu_plan_names_the_cudnn_lstm_only_when_the_step_runs_one():
+    "The cuDNN LSTM note is an assumption of plans with an LSTM; a model without one does not carry it."
+    class LSTMNet(nn.Module):
+        def __init__(self): super().__init__(); self.rnn, self.head = nn.LSTM(16, 32, batch_first=True), nn.Linear(32, 10)
+        def forward(self, x): return self.head(self.rnn(x)[0][:, -1])
+    lstm = lambda p: any(n.startswith('cuDNN LSTM') for n in p.notes)
+    assert lstm(plan_memory(LSTMNet(), (torch.randn(8, 20, 16), torch.randint(0, 10, (8,))), device_or_gpu='gtx 1650'))
+    assert not lstm(plan_memory(mlp(), MNIST, device_or_gpu='gtx 1650'))

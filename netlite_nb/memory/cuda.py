@@ -184,10 +184,11 @@ def cuda_kernels(target:Target, # the CUDA device planned for
 class _CudaPath:
     "The tracker's kernel path on CUDA: each cuDNN convolution's workspace as a transient at its op."
     def __init__(self, opts:CudaKernels, tr:AllocationTracker):
-        self.opts, self.tr, self.timed, self.log = opts, tr, set(), []  # log: (step, direction, bytes while it runs, its timing buffer's)
+        self.opts, self.tr, self.timed, self.log, self.lstm = opts, tr, set(), [], False  # log: (step, direction, bytes while it runs, its timing buffer's)
 
     def __call__(self, func, args, kwargs, out)->tuple[Any, int]:
         if func is torch.ops.aten.mkldnn_rnn_layer.default and out[3].numel() == 0 and args[15]:  # an LSTM layer, training
+            self.lstm = True
             (T, B, _), H = args[0].shape, args[10]  # time-major input
             reserve, ws = cudnn_lstm_bytes(T, B, H, args[0].element_size())
             return (*out[:3], torch.empty(reserve, dtype=torch.uint8, device=args[0].device)), ws
@@ -233,8 +234,8 @@ def notes(self:_CudaPath)->list[str]:
     return [f"cuDNN convolution workspace placed at each convolution, taken from the caching allocator and freed when it returns ({how}{cap}). "
             "Bound: the largest of the FFT, Winograd and explicit-GEMM families' workspaces; the engine cuDNN really picks is known only "
             "on the card (`python bench/budget_cuda.py --workspaces` measures it). Depthwise fp32 convolutions run PyTorch's own kernel",
-            f"cuDNN LSTM: a reserve space kept for backward ({_LSTM_RESERVED} values per unit and step) and a workspace inside the op "
-            f"({_LSTM_GATES} per unit and step), modelled; GRUs keep the per-step tensors of the CPU's recurrence in their place"]
+            *[f"cuDNN LSTM: a reserve space kept for backward ({_LSTM_RESERVED} values per unit and step) and a workspace inside the op "
+              f"({_LSTM_GATES} per unit and step), modelled; GRUs keep the per-step tensors of the CPU's recurrence in their place"] * self.lstm]
 
 # %% ../../nbs/01d_cuda.ipynb #cr1
 _LSTM_RESERVED = 5  # values cuDNN's reserve space is modelled to keep per unit and step: four gate activations and the cell state
