@@ -29,9 +29,11 @@ from .memory.cpu import calibration_cache, calibrate_kernels, calibration_file, 
 from .memory.cuda import cuda_kernels, cuda_terms
 
 # %% auto #0
-__all__ = ['TENSOR_TERMS', 'DEVICE_TERMS', 'COLORS', 'PLAN_MARGIN', 'LEVERS', 'MemoryPlan', 'TrainingStep', 'plan_memory',
-           'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size', 'smallest_batch', 'Change',
-           'register_lever', 'fit_to_budget', 'try_batch_once', 'grow_until_oom', 'find_batch_size', 'budget_widget']
+__all__ = ['TENSOR_TERMS', 'DEVICE_TERMS', 'STEP_CHECKS', 'HOST_TERMS', 'COLORS', 'PLAN_MARGIN', 'LEVERS', 'MemoryPlan',
+           'TrainingStep', 'IncompatibleStepError', 'register_step_check', 'register_host_terms', 'check_step',
+           'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size',
+           'smallest_batch', 'Change', 'register_lever', 'fit_to_budget', 'try_batch_once', 'grow_until_oom',
+           'find_batch_size', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c029
 TENSOR_TERMS = ('weights', 'weight copies', 'gradients', 'optimizer', 'activations', 'temporaries', 'batch')
@@ -55,6 +57,7 @@ class MemoryPlan:
     by_module:dict                 # saved-activation bytes per module, largest first
     params:int                     # parameter count
     notes:list = field(default_factory=list)  # every assumption the numbers rest on
+    host:dict = field(default_factory=dict)   # what offloading (chapter 03a) keeps in host memory or moves over the bus: term -> bytes, or a time in words
 
     @property
     def fits(self)->bool|None: return None if self.budget is None else self.total <= self.budget
@@ -73,6 +76,7 @@ def _rows(self:MemoryPlan)->list[tuple[str,str,str]]:
              ('total', fmt_bytes(self.total), '')]
     if self.budget is not None:
         rows.append(('budget', fmt_bytes(self.budget), 'fits' if self.fits else f"does NOT fit: {fmt_bytes(-self.headroom)} over"))
+    rows += [(k, fmt_bytes(v) if isinstance(v, int) else str(v), 'host side') for k, v in self.host.items()]
     return rows
 
 @patch
@@ -218,6 +222,35 @@ def planned_by(self:TrainingStep, plan)->bool:
     return (plan.optimizer, plan.precision, plan.transform, 'EMA weights' in plan.breakdown) == (
         _optimizer_name(self.optimizer), self.precision, _transform_name(self.transform), self.ema)
 
+# %% ../nbs/01_budget.ipynb #hs1
+class IncompatibleStepError(ValueError):
+    "A training step whose parts cannot work together (e.g. chapter 03a's optimizer step inside backward with gradient accumulation)."
+
+STEP_CHECKS:dict[str, Callable] = {}  # name -> fn(step:TrainingStep, batch_size:int, target:Target), raising `IncompatibleStepError`
+HOST_TERMS:dict[str, Callable] = {}   # name -> fn(tracker, target) -> ({term: bytes or words}, [notes]) of the traced step
+
+def register_step_check(fn:Callable)->Callable:
+    "Make `plan_memory` (and so `fit_to_budget`) refuse the steps `fn(step, batch_size, target)` raises `IncompatibleStepError` for."
+    STEP_CHECKS[f"{fn.__module__}.{fn.__qualname__}"] = fn
+    return fn
+
+def register_host_terms(fn:Callable)->Callable:
+    "Add the host-side rows `fn(tracker, target)` reads off a traced step to every plan (`MemoryPlan.host`)."
+    HOST_TERMS[f"{fn.__module__}.{fn.__qualname__}"] = fn
+    return fn
+
+def check_step(step:TrainingStep, batch_size:int, target:Target|None=None): # where it runs; None: no device
+    "Raise `IncompatibleStepError` with a sentence when `step`'s parts cannot work together (on `target`)."
+    target = target or resolve_target(None)
+    for fn in STEP_CHECKS.values(): fn(step, batch_size, target)
+
+def _host_terms(tr:AllocationTracker, target:Target)->tuple[dict, list]:
+    rows, notes = {}, []
+    for fn in HOST_TERMS.values():
+        r, n = fn(tr, target)
+        rows.update(r); notes += n
+    return rows, notes
+
 # %% ../nbs/01_budget.ipynb #mp23
 def plan_memory(model:nn.Module, # the model to plan for; never run, moved or changed
                 batch, # (x, y), x, or a dict the model takes as keywords (labels too), a real batch or one on the 'meta' device; its first dimension is the batch size
@@ -241,6 +274,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
     target = resolve_target(device_or_gpu)
     b = _batch_size(batch)
     mb = min(micro_batch or b, b)
+    check_step(TrainingStep(optimizer, precision, micro_batch, transform, ema, loss_fn), b, target)
     kernels = 'cpu' if target.kind == 'cpu' else cuda_kernels(target, strategy) if target.kind == 'cuda' else None
     measured, missing = (calibration_cache(), []) if calibrate and kernels == 'cpu' else (None, None)
     trace = functools.partial(trace_step, model, batch, loss_fn, optimizer, precision, micro_batch, transform, cuda=target.kind == 'cuda', kernels=kernels, ema=ema)
@@ -250,12 +284,13 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
     peak, reserved, terms, device_notes = _device_terms(target, tr)
     if calibrate: device_notes = device_notes + [_calibration_note(target)]
     rec = tr.events[tr.peak_at][1] if tr.peak_at >= 0 else None
+    host, host_notes = _host_terms(tr, target)
     return MemoryPlan(batch_size=b, micro_batch=mb, precision=precision, optimizer=_optimizer_name(optimizer),
                       transform=_transform_name(transform), device=target.name, peak=peak, reserved=reserved,
                       total=reserved + terms.get('CUDA context', 0), breakdown={**_breakdown(tr), **terms},
                       peak_phase=rec.phase if rec else 'none', peak_module=rec.module if rec else '',
                       budget=budget if budget is not None else target.memory, by_module=_saved_by_module(tr), params=t.param_count,
-                      notes=_step_notes(precision, t.accum_steps, mb) + _kept_inputs_note(batch) + _bounded_note(tr) + _stand_in_note(tr) + _unmodelled_note(tr) + device_notes + _compiled_note(model))
+                      notes=_step_notes(precision, t.accum_steps, mb) + _kept_inputs_note(batch) + _bounded_note(tr) + _stand_in_note(tr) + _unmodelled_note(tr) + device_notes + host_notes + _compiled_note(model), host=host)
 
 # %% ../nbs/01_budget.ipynb #mp24
 def _calibration_note(target:Target)->str:
@@ -460,7 +495,7 @@ def _accumulation(model, batch, budget, target, kw, over:dict, change:Callable, 
     "Gradient accumulation with the largest micro-batch that fits once `over` is applied; None when it does not help."
     b = _batch_size(batch)
     try: micro = max_batch_size(model, batch, budget=budget, device_or_gpu=target, max_batch=b, micro_of=b, **_changed(kw, over))
-    except BudgetTooSmallError: return None
+    except (BudgetTooSmallError, IncompatibleStepError): return None  # the step cannot accumulate (chapter 03a's step in backward)
     if micro >= b: return None
     micro = math.ceil(b / math.ceil(b / micro))  # as few micro-batches as fit, split as evenly as the Trainer's split allows
     # smaller kernels keep the device less busy; a rough 10% per halving of the micro-batch
@@ -476,9 +511,11 @@ def _combined(model, batch, budget, target, kw, singles:list, change:Callable)->
     over, desc, slow = {}, [], 0.0
     for o, c in singles:
         if c.saving <= 0: continue
+        prev = over, slow
         over, slow = _changed(over, o), slow + c.slowdown
         desc.append(c.description)
         comb = change(' + '.join(desc), over, slow)
+        if comb is None: over, slow = prev; desc.pop(); continue  # these two cannot work together: leave this one out
         if comb.fits: return [comb]
     acc = _accumulation(model, batch, budget, target, kw, over, change, ' + '.join(desc) + ' + ' if desc else '', slow)
     return [acc] if acc else []
@@ -506,11 +543,12 @@ def fit_to_budget(model:nn.Module, # the model to plan for
     base = plan_memory(model, batch, device_or_gpu=target, budget=budget, **kw)
     def change(desc, over, slow):
         full = _changed(kw, over)
-        p = plan_memory(model, batch, device_or_gpu=target, budget=budget, **full)
+        try: p = plan_memory(model, batch, device_or_gpu=target, budget=budget, **full)
+        except IncompatibleStepError: return None  # a lever that cannot join this step (`register_step_check`)
         return Change(desc, {k: full[k] for k in over}, slow, base.total - p.total, p)
     use = [fn for fn in LEVERS.values() if finetune or not getattr(fn, 'finetune_only', False)]  # from scratch, nothing may stay frozen
     proposed = [lv for fn in use for lv in fn(target, dict(kw), model)] + list(levers)
-    singles = [(over, change(desc, over, slow)) for desc, over, slow in sorted(proposed, key=lambda l: l[2])]
+    singles = [(over, c) for desc, over, slow in sorted(proposed, key=lambda l: l[2]) if (c := change(desc, over, slow)) is not None]
     out = [c for _, c in singles if c.saving > 0]
     if base.fits is False and base.batch_size > 1:
         acc = _accumulation(model, batch, budget, target, kw, {}, change)

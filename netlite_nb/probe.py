@@ -33,6 +33,8 @@ class GPUSpec:
     bandwidth_gbs:float         # memory bandwidth, GB/s
     fp32_tflops:float           # peak FP32 throughput
     shared_memory:bool=False    # memory is the system's RAM (integrated GPUs, Apple)
+    pcie_gen:int|None=None      # PCIe generation of the card's host link, where the vendor states it (chapter 03a's offload times)
+    pcie_lanes:int|None=None    # PCIe lanes of that link (x16, x8, x4)
 
     @property
     def memory_bytes(self)->int: return int(self.memory_gb * 2**30)
