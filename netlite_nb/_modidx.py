@@ -1353,6 +1353,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'netlite_nb.train.TrainState': ('train.html#trainstate', 'netlite_nb/train.py'),
                                   'netlite_nb.train.Trainer': ('train.html#trainer', 'netlite_nb/train.py'),
                                   'netlite_nb.train.Trainer.__init__': ('train.html#trainer.__init__', 'netlite_nb/train.py'),
+                                  'netlite_nb.train.Trainer._apply_offload': ('train.html#trainer._apply_offload', 'netlite_nb/train.py'),
                                   'netlite_nb.train.Trainer._apply_resume_changes': ( 'train.html#trainer._apply_resume_changes',
                                                                                       'netlite_nb/train.py'),
                                   'netlite_nb.train.Trainer._auto_lr': ('train.html#trainer._auto_lr', 'netlite_nb/train.py'),

@@ -190,7 +190,7 @@ def _traced_step(self:HostOptimizer):
         self.inner.step()
     weights = sum(nbytes(h) for h in self.host.values())
     _hold('optimizer state', state_bytes(self.inner), absolute=True)
-    _hold('weights and gradients (host copies)', 2 * weights, absolute=True)
+    _hold('weights and gradients', 2 * weights, absolute=True)
     if not self.offload_grads: _moved('gradients', weights)
     _moved('weights', weights)
     _moved('host update', 3 * weights + 2 * state_bytes(self.inner))  # read weights, gradients, state; write weights, state
@@ -339,8 +339,8 @@ def check_offload(step:TrainingStep, # the step: its optimizer name, transform, 
                                     "same memory, so it would save nothing. Drop the offload there, or plan for the GPU you will train on.")
     what = 'the optimizer step inside backward' if 'step in backward' in uses else "moving each gradient to the host during backward"
     if 'step in backward' in uses and step.micro_batch and step.micro_batch < batch_size:
-        raise IncompatibleStepError(f"The optimizer step inside backward cannot accumulate gradients (micro-batches of {step.micro_batch} for a batch of "
-            f"{batch_size}): each parameter is updated in the first micro-batch's backward, before the others have added theirs. Use one backward "
+        raise IncompatibleStepError("The optimizer step inside backward cannot accumulate gradients (more than one micro-batch per "
+            "step): each parameter is updated in the first micro-batch's backward, before the others have added theirs. Use one backward "
             "per step, or optimizer='adamw-offload-grads', which frees the device's gradients too and accumulates them on the host.")
     if 'step in backward' in uses or 'gradients' in uses:
         if step.precision == 'fp16':
@@ -451,15 +451,16 @@ def _offload_lever(target:Target, kw:dict, model:nn.Module)->list:
         out.append(("saved activations in pinned host memory (chapter 03a)", dict(transform=offload_activations), slow['activations']))
     return out
 
-# %% ../nbs/03a_offload.ipynb #o053
+# %% ../nbs/03a_offload.ipynb #o054
 OFFLOADS = {'activations': offload_activations}  # what `Trainer(offload=...)` applies to the model, by name
 
 def apply_offload(model:nn.Module, # changed in place
                   names, # None, a name of `OFFLOADS`, or several ('activations')
                  )->list:
-    "Apply the offloads `names` to `model`; the model transforms applied, for the planner. Optimizer offloads are optimizer names."
+    "Apply the offloads `names` to `model`; returns the transforms applied (for the planner). Optimizer offloads are optimizer names."
     names = [names] if isinstance(names, str) else list(names or ())
     bad = [n for n in names if n not in OFFLOADS]
     if bad: raise ValueError(f"Unknown offload {bad[0]!r}: use {', '.join(map(repr, OFFLOADS))}; the optimizer's state, gradients and the step "
                              "inside backward are optimizer names ('adamw-offload', 'adamw-offload-grads', 'adamw-in-backward').")
-    return [OFFLOADS[n](model) for n in names]
+    for n in names: OFFLOADS[n](model)
+    return [OFFLOADS[n] for n in names]

@@ -19,6 +19,7 @@ from .budget import TrainingStep, fit_to_budget, plan_memory
 from .memory.trace import make_optimizer, resize_batch
 from .layers import CheckpointedSequential, memory_transform
 import netlite_nb.optim  # registers 'adamw8bit' with `make_optimizer`
+from .offload import apply_offload, check_offload  # and registers 'adamw-offload', 'adamw-in-backward', ...
 from .strategies import apply_allocator_settings, load_strategy, pick_strategy, save_config
 from .checkpoint import (find_checkpoint, load_checkpoint, loader_generators, read_state, rng_state, save_checkpoint,
                                    seed_everything, set_rng_state, read_run_config, write_metrics)
@@ -337,6 +338,7 @@ class TrainOptions:
     monitor:str='valid_loss'           # the validation value that decides the best checkpoint (RUN_DIR/best); lower is better for losses
     keep_best:bool=True                # keep the best checkpoint by `monitor` beside the latest (with a `run_dir`)
     threads:object='auto'             # CPU threads: 'auto' (the fastest count, re-checked as the run goes), a number, or None (torch's as they are)
+    offload:object=None                # chapter 03a: 'activations' keeps saved activations in host memory; optimizer offloads are optimizer names
     check_data:bool=True               # chapter 04's `check_dataset` on the data at the start of `fit` (sampled when large)
 
 # %% ../nbs/07_train.ipynb #op02
@@ -451,6 +453,7 @@ class Trainer:
         self.opt_spec = optimizer if optimizer is not None else (s.optimizer if s is not None else 'adamw')
         lr = self.opts.lr if self.opts.lr != 'auto' else (s.lr if s is not None and s.lr else 1e-3)  # until `lr_find` has run
         self.opt = make_optimizer(self.opt_spec, self.model.parameters(), lr=lr, weight_decay=self.opts.weight_decay)
+        self._apply_offload()
         self._base_lrs, self.scaler, self.scheduler = [g['lr'] for g in self.opt.param_groups], self.precision.scaler(), None
         ema = self.opts.ema
         self.ema = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(ema), use_buffers=True) if ema else None
@@ -471,6 +474,16 @@ class Trainer:
         if self.opts.verbose: print(msg)
     def _call(self, hook, *args):
         for f in self._hooks[hook]: f(self, *args)
+
+# %% ../nbs/07_train.ipynb #off01
+@patch
+def _apply_offload(self:Trainer):
+    "Chapter 03a: the offloads `offload=` names applied to the model (and its plans); the optimizer's offload checked against the run's options."
+    self._transforms += apply_offload(self.model, self.opts.offload)
+    o, lb = self.opts, getattr(self.train_data, 'batch_size', None)
+    accumulating = (o.accum_steps or 1) > 1 or bool(o.micro_batch and lb and o.micro_batch < lb)
+    step = TrainingStep(optimizer=self.opt_spec, precision=self.precision.name, micro_batch=1 if accumulating else None, transform=self._transform)
+    check_offload(step, 2 if accumulating else 1, clip_grad=o.clip_grad)
 
 # %% ../nbs/07_train.ipynb #d012c
 def _state_property(name:str)->property:
