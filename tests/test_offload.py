@@ -1,0 +1,224 @@
+"Chapter 03a (offload): each offload trains to the ordinary step's weights; refusals; the planner's host rows against a real CPU run; levers."
+import copy, sys, types
+import pytest, torch, torch.nn as nn, torch.nn.functional as F
+from netlite_nb.budget import IncompatibleStepError, TrainingStep, fit_to_budget, plan_memory
+from netlite_nb.memory.trace import Target, make_optimizer
+from netlite_nb.layers import checkpoint_every
+from netlite_nb.optim import state_bytes
+from netlite_nb.offload import (HostOptimizer, StepInBackward, check_offload, host_optimizer_backend, nvml_pcie_link, offload_activations,
+                                offload_hooks, pcie_link)
+
+torch.set_num_threads(1)
+BASES = ('adamw', 'sgd', 'adamw8bit')
+
+
+def _mlp(seed=0, d=32):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(d, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 10))
+
+
+def _train(make_opt, steps=3, accum=1, model=None):
+    m = model or _mlp(); opt = make_opt(m.parameters())
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        for _ in range(accum):
+            (F.cross_entropy(m(torch.randn(8, 32, generator=g)), torch.randint(0, 10, (8,), generator=g)) / accum).backward()
+        opt.step(); opt.zero_grad()
+    return [p.detach().clone() for p in m.parameters()]
+
+
+def _same(a, b): return all(torch.equal(u, v) for u, v in zip(a, b))
+
+
+@pytest.mark.parametrize('checkpointed', [False, True])
+def test_offloaded_activations_train_to_the_same_weights(checkpointed):
+    wrap = (lambda m: checkpoint_every(m, k=2)) if checkpointed else (lambda m: m)
+    ref = _train(lambda ps: torch.optim.AdamW(ps), model=wrap(_mlp()))
+    assert _same(ref, _train(lambda ps: torch.optim.AdamW(ps), model=offload_activations(wrap(_mlp()))))
+
+
+def test_offloaded_activations_send_activations_and_keep_weights():
+    sent, kept = [], []
+    pack, unpack = offload_hooks(False)
+    def spy(t):
+        out = pack(t)
+        (kept if out is t else sent).append(t.shape)
+        return out
+    m = _mlp()
+    with torch.autograd.graph.saved_tensors_hooks(spy, unpack): F.cross_entropy(m(torch.randn(4, 32)), torch.zeros(4, dtype=torch.long)).backward()
+    assert sent and kept and all(len(s) == 0 or s[0] == 4 for s in sent)  # what is sent has the batch's rows (or is a scalar): no weight
+
+
+def test_offload_hooks_are_left_when_forward_raises():
+    m = offload_activations(_mlp())
+    with pytest.raises(RuntimeError): m(torch.randn(4, 7))  # wrong width
+    seen = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(1) or t, lambda t: t):
+        F.cross_entropy(_mlp()(torch.randn(4, 32)), torch.zeros(4, dtype=torch.long))
+    assert seen  # our hooks are the innermost again: the failed forward left none entered
+
+
+@pytest.mark.parametrize('base', BASES)
+@pytest.mark.parametrize('grads', [False, True])
+def test_host_optimizer_equals_the_ordinary_step_over_accumulation(base, grads):
+    ref = _train(lambda ps: make_optimizer(base, ps), accum=2)
+    assert _same(ref, _train(lambda ps: HostOptimizer(ps, base, offload_grads=grads), accum=2))
+
+
+def test_host_optimizer_keeps_its_state_off_the_model_and_takes_loaded_weights():
+    m = _mlp(); opt = HostOptimizer(m.parameters(), 'adamw')
+    x, y = torch.randn(8, 32), torch.randint(0, 10, (8,))
+    F.cross_entropy(m(x), y).backward(); opt.step(); opt.zero_grad()
+    assert state_bytes(opt) == 0 and state_bytes(opt.inner) > 0  # the outer optimizer holds nothing; the host one the moments
+    fresh = _mlp(seed=5)
+    m.load_state_dict(fresh.state_dict())  # e.g. a checkpoint restored into the model
+    ref = copy.deepcopy(m); ropt = torch.optim.AdamW(ref.parameters()); ropt.load_state_dict(copy.deepcopy(opt.state_dict()))
+    for mm, o in ((m, opt), (ref, ropt)): F.cross_entropy(mm(x), y).backward(); o.step(); o.zero_grad()
+    assert _same(list(ref.parameters()), list(m.parameters()))
+
+
+@pytest.mark.parametrize('base', BASES)
+def test_step_in_backward_equals_the_ordinary_step(base):
+    assert _same(_train(lambda ps: make_optimizer(base, ps)), _train(lambda ps: StepInBackward(ps, base)))
+
+
+def test_step_in_backward_frees_each_gradient_during_backward():
+    m = _mlp(); opt = StepInBackward(m.parameters())  # kept: a collected optimizer updates nothing
+    F.cross_entropy(m(torch.randn(4, 32)), torch.zeros(4, dtype=torch.long)).backward()
+    assert all(p.grad is None for p in m.parameters())
+
+
+def test_step_in_backward_refuses_a_second_backward():
+    with pytest.raises(IncompatibleStepError, match='cannot accumulate gradients'): _train(lambda ps: StepInBackward(ps), accum=2)
+
+
+def test_only_the_newest_optimizer_over_a_parameter_acts():
+    m = _mlp(); StepInBackward(m.parameters(), 'sgd', lr=0.1); keep = StepInBackward(m.parameters(), 'sgd', lr=0.1)
+    ref = _mlp(); ropt = make_optimizer('sgd', ref.parameters(), lr=0.1)
+    x, y = torch.randn(4, 32), torch.zeros(4, dtype=torch.long)
+    F.cross_entropy(m(x), y).backward(); keep.step()
+    F.cross_entropy(ref(x), y).backward(); ropt.step()
+    assert _same(list(ref.parameters()), list(m.parameters()))  # one update, not two
+
+
+@pytest.mark.parametrize('base', ['adamw', 'adamw8bit'])
+@pytest.mark.parametrize('cls', [StepInBackward, HostOptimizer])
+def test_resume_from_a_saved_state(base, cls):
+    def run(make, split):
+        m = _mlp(); opt = make(m.parameters())
+        g = torch.Generator().manual_seed(1)
+        for i in range(4):
+            if i == split:
+                sd, w = copy.deepcopy(opt.state_dict()), copy.deepcopy(m.state_dict())
+                m = _mlp(seed=9); m.load_state_dict(w); opt = make(m.parameters()); opt.load_state_dict(sd)
+            F.cross_entropy(m(torch.randn(8, 32, generator=g)), torch.randint(0, 10, (8,), generator=g)).backward(); opt.step(); opt.zero_grad()
+        return [p.detach() for p in m.parameters()]
+    assert _same(run(lambda ps: make_optimizer(base, ps), None), run(lambda ps: cls(ps, base), 2))
+
+
+@pytest.mark.parametrize('step, match', [
+    (TrainingStep(optimizer='adamw-in-backward', micro_batch=4), 'cannot accumulate'),
+    (TrainingStep(optimizer='adamw-in-backward', precision='fp16'), 'loss scaling'),
+    (TrainingStep(optimizer='sgd-offload-grads', precision='fp16'), 'loss scaling')])
+def test_refusals(step, match):
+    with pytest.raises(IncompatibleStepError, match=match): check_offload(step, 16)
+
+
+def test_refusals_of_clip_data_parallel_and_the_cpu():
+    with pytest.raises(IncompatibleStepError, match='global-norm clip'): check_offload(TrainingStep(optimizer='adamw-in-backward'), 8, clip_grad=1.0)
+    with pytest.raises(IncompatibleStepError, match='data-parallel'): check_offload(TrainingStep(optimizer='adamw-offload-grads'), 8, distributed=True)
+    with pytest.raises(IncompatibleStepError, match='same memory'): check_offload(TrainingStep(optimizer='adamw-offload'), 8, Target('cpu', 'cpu', 2**34))
+    check_offload(TrainingStep(optimizer='adamw-offload', precision='fp16', micro_batch=2), 8, clip_grad=1.0, distributed=True)  # all fine together
+
+
+def _wide():
+    return nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+
+
+def test_plan_moves_state_and_activations_to_host_rows():
+    b = (torch.empty(64, 512, device='meta'), torch.empty(64, dtype=torch.long, device='meta'))
+    base = plan_memory(_wide(), b, device_or_gpu='gtx 1650')
+    off = plan_memory(_wide(), b, device_or_gpu='gtx 1650', optimizer='adamw-offload-grads', transform=offload_activations)
+    assert off.breakdown['optimizer'] == 0 and base.breakdown['optimizer'] > 0 and off.total < base.total
+    steps = 4 * len(list(_wide().parameters()))  # AdamW's step counters: CPU tensors, outside a device plan's trace, on the host here
+    assert off.host['host: optimizer state (pinned)'] == base.breakdown['optimizer'] + steps
+    assert off.host['bus per step'] > 0 and 'ms' in off.host['offload time per step'] and not base.host
+    assert any('PCIe 3.0 x16 (the GPU catalogue)' in n for n in off.notes) and any('of RAM' in n for n in off.notes)
+
+
+def test_plan_host_terms_match_a_real_cpu_run():
+    "The host bytes a plan records equal those the real mechanisms hold on this CPU: the host optimizer's state, the tensors save_on_cpu keeps."
+    b = (torch.empty(16, 32, device='meta'), torch.empty(16, dtype=torch.long, device='meta'))
+    plan = plan_memory(_mlp(), b, optimizer='adamw-offload', transform=offload_activations)  # no device named: tensor bytes only
+    m = _mlp(); opt = HostOptimizer(m.parameters(), 'adamw')
+    held = []
+    pack, unpack = offload_hooks(False)
+    def spy(t):
+        out = pack(t)
+        if out is not t: held.append(out[1].numel() * out[1].element_size())
+        return out
+    x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
+    with torch.autograd.graph.saved_tensors_hooks(spy, unpack): out = m(x)  # the model's forward, as offload_activations wraps it
+    loss = F.cross_entropy(out, y)
+    assert plan.host['host: saved activations (pinned)'] == sum(held)
+    loss.backward(); opt.step()
+    assert plan.host['host: optimizer state (pinned)'] == state_bytes(opt.inner)
+
+
+def test_planner_refuses_and_fit_to_budget_never_pairs_step_in_backward_with_accumulation():
+    b = (torch.empty(64, 512, device='meta'), torch.empty(64, dtype=torch.long, device='meta'))
+    with pytest.raises(IncompatibleStepError): plan_memory(_wide(), b, device_or_gpu='gtx 1650', optimizer='adamw-in-backward', micro_batch=8)
+    base = plan_memory(_wide(), b, device_or_gpu='gtx 1650')
+    changes = fit_to_budget(_wide(), b, budget=base.total - base.breakdown['activations'] // 2 - base.breakdown['gradients'] // 4, device_or_gpu='gtx 1650')
+    assert any(c.new_plan.optimizer.endswith(('-offload', '-offload-grads', '-in-backward')) for c in changes)
+    for c in changes:
+        p = c.new_plan
+        assert not (p.optimizer.endswith('-in-backward') and (p.micro_batch < p.batch_size or p.precision == 'fp16')), c
+
+
+def test_fit_to_budget_on_the_cpu_offers_no_offload():
+    b = (torch.empty(8, 32, device='meta'), torch.empty(8, dtype=torch.long, device='meta'))
+    assert not any('03a' in c.description for c in fit_to_budget(_mlp(), b, budget=10**6, device_or_gpu='cpu'))
+
+
+def test_pcie_link_from_the_catalogue_and_a_faked_nvml(monkeypatch):
+    assert pcie_link(Target('GeForce GTX 1050 Ti', 'cuda', 4 * 2**30))[:2] == (3, 16)
+    assert pcie_link(Target('GeForce RTX 3060', 'cuda', 12 * 2**30))[:2] == (4, 16)
+    fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetHandleByIndex=lambda i: i,
+                                 nvmlDeviceGetMaxPcieLinkGeneration=lambda h: 4, nvmlDeviceGetMaxPcieLinkWidth=lambda h: 8)
+    monkeypatch.setitem(sys.modules, 'pynvml', fake)
+    assert nvml_pcie_link(0) == (4, 8)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'get_device_name', lambda i=0: 'GeForce RTX 3060')
+    assert pcie_link(Target('GeForce RTX 3060', 'cuda', 12 * 2**30)) == (4, 8, 'NVML')
+
+
+def test_backend_is_ours_without_cuda():
+    assert host_optimizer_backend('cpu') == 'netlite_nb'
+    if not torch.cuda.is_available(): assert host_optimizer_backend('cuda') == 'netlite_nb'
+
+
+def _trainer_run(**kw):
+    from netlite_nb.train import Trainer
+    g = torch.Generator().manual_seed(0)
+    X, Y = torch.randn(64, 32, generator=g), torch.randint(0, 10, (64,), generator=g)
+    dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=16)
+    m = _mlp()
+    t = Trainer(m, (dl, None), device='cpu', precision='fp32', verbose=False, progress=False, plan=False, lr_schedule=None, warmup=0,
+                threads=None, check_data=False, **kw)
+    t.fit(2)
+    return [p.detach().clone() for p in m.parameters()]
+
+
+@pytest.mark.parametrize('kw', [dict(optimizer='adamw-in-backward'), dict(optimizer='adamw-offload'), dict(offload='activations'),
+                                dict(optimizer='adamw-offload-grads', accum_steps=2, micro_batch=8)])
+def test_trainer_switches_offloads_on_by_name(kw):
+    ref = _trainer_run(**{k: v for k, v in kw.items() if k in ('accum_steps', 'micro_batch')})
+    assert _same(ref, _trainer_run(**kw))
+
+
+@pytest.mark.parametrize('kw, match', [(dict(optimizer='adamw-in-backward', accum_steps=2, micro_batch=8), 'cannot accumulate'),
+                                       (dict(optimizer='sgd-in-backward', clip_grad=1.0), 'global-norm clip'),
+                                       (dict(offload='optimizer'), 'optimizer names')])
+def test_trainer_refuses_impossible_offloads(kw, match):
+    with pytest.raises(ValueError, match=match): _trainer_run(**kw)
