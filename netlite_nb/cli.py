@@ -202,6 +202,7 @@ def _suggestions(model, sample, args, kw, plan)->dict:
 def _plan(args):
     if args.gpu.strip().lower() == 'list': return _gpu_list(args.json)
     from netlite_nb.budget import plan_memory
+    import netlite_nb.offload  # registers chapter 03a's optimizer names and levers (host offload, the step in backward), and chapter 03's
     from netlite_nb.memory.trace import resize_batch
     model, sample = _cli_model(args.model, args.input)
     kw = dict(optimizer=args.optimizer, precision=args.precision, transform=_checkpointed() if args.checkpointing else None)
@@ -222,7 +223,7 @@ def _plan_args(p):
     p.add_argument('--batch-size', type=_positive, default=64)
     p.add_argument('--gpu', default='cpu', help="a GPU name from the catalogue, e.g. 'gtx 1050 ti'; 'list' lists them; 'cuda' for this machine's GPU; 'cpu'")
     p.add_argument('--precision', default='fp32', choices=['fp32', 'fp16', 'bf16'])
-    p.add_argument('--optimizer', default='adamw', choices=['sgd', 'adamw', 'adamw8bit'])
+    p.add_argument('--optimizer', default='adamw', choices=['sgd', 'adamw', 'adamw8bit', 'adamw-offload', 'adamw-offload-grads', 'adamw-in-backward'])
     p.add_argument('--micro-batch', type=_positive, default=None, help='samples per forward/backward (gradient accumulation)')
     p.add_argument('--checkpointing', action='store_true', help='checkpoint activations of about sqrt(n) block segments')
     p.add_argument('--suggest', action='store_true', help='also print the largest batch that fits and changes that would make it fit')

@@ -1,0 +1,129 @@
+"""Chapter 03a's offloads on this CPU and planned for catalogue cards; writes bench/results/offload/<machine>.json.
+
+On the CPU (the host is the device, so nothing is saved; what is measured is the cost of the mechanism itself):
+  - step time of each offload against the ordinary AdamW step: `--repeats` paired rounds, each config timed for `--steps`
+    steps right after the plain one, the median of the per-round ratios (the machine may be shared: only ratios measured
+    side by side mean anything);
+  - whether each ends at the plain step's weights, bit for bit;
+  - the planner's host rows (optimizer state, saved activations) against the bytes the real mechanisms hold.
+Planned (no GPU needed): for each card, the largest GPT-style model (4 blocks, width d, sequence 256, batch 8, AdamW) that fits
+with the best plan without the offload levers (AdamW or 8-bit AdamW, fp32 or the card's mixed precision, checkpointing or not)
+and with them, each with its estimated offload time per step. The GPU figures are estimates until `bench/gpu_check.py` runs on a card.
+
+    python bench/offload.py [--repeats 5] [--steps 5] [--cards 'gtx 1050 ti' 'gtx 1650' 'rtx 3060']
+"""
+import argparse, copy, os, platform, statistics, sys, time
+os.environ.setdefault('OMP_NUM_THREADS', '1')
+import torch, torch.nn as nn, torch.nn.functional as F
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from budget_accuracy import machine, _git, _slug, save_result, ROOT
+from netlite_nb.budget import plan_memory
+from netlite_nb.layers import memory_transform
+from netlite_nb.memory.trace import make_optimizer
+from netlite_nb.optim import state_bytes
+from netlite_nb.offload import HostOptimizer, StepInBackward, offload_activations, offload_hooks
+from netlite_nb.probe import lookup_gpu
+
+class Block(nn.Module):
+    def __init__(self, d, heads=4):
+        super().__init__(); self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.att, self.ffn = nn.MultiheadAttention(d, heads, batch_first=True), nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+    def forward(self, x):
+        h = self.ln1(x); x = x + self.att(h, h, h, need_weights=False)[0]
+        return x + self.ffn(self.ln2(x))
+
+def gpt(d, blocks=4, seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(*[Block(d) for _ in range(blocks)])
+
+CONFIGS = {  # name -> (optimizer, model transform)
+    'plain adamw': ('adamw', None), 'adamw-offload': ('adamw-offload', None), 'adamw-offload-grads': ('adamw-offload-grads', None),
+    'adamw-in-backward': ('adamw-in-backward', None), 'activations to host': ('adamw', offload_activations)}
+
+def run_steps(name, steps, d, seq, batch, seed=1):
+    "Train `steps` steps of config `name` from the same weights and data; (seconds, final weights)."
+    opt_name, tf = CONFIGS[name]
+    m = gpt(d); m = tf(m) if tf else m
+    opt = make_optimizer(opt_name, m.parameters())
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(batch, seq, d, generator=g) for _ in range(steps + 1)]
+    def one(x): F.mse_loss(m(x), x).backward(); opt.step(); opt.zero_grad()
+    one(xs[0])  # warm-up: state allocated, kernels chosen
+    t = time.perf_counter()
+    for x in xs[1:]: one(x)
+    return time.perf_counter() - t, [p.detach().clone() for p in m.parameters()]
+
+def cpu_steps(repeats, steps, d=128, seq=64, batch=8):
+    ratios, equal = {k: [] for k in CONFIGS if k != 'plain adamw'}, {}
+    for _ in range(repeats):
+        base, wb = run_steps('plain adamw', steps, d, seq, batch)
+        for k in ratios:
+            t, w = run_steps(k, steps, d, seq, batch)
+            ratios[k].append(t / base)
+            equal[k] = all(torch.equal(a, b) for a, b in zip(wb, w))
+    return {k: dict(time_ratio=round(statistics.median(v), 3), ratios=[round(r, 3) for r in v], weights_equal=equal[k]) for k, v in ratios.items()}
+
+def host_terms(d=128, seq=64, batch=8):
+    "The plan's host rows for a CUDA card (whose attention kernels save what the CPU's fused ones do) against what the real mechanisms hold on this CPU."
+    b = (torch.empty(batch, seq, d, device='meta'), torch.empty(batch, seq, d, device='meta'))
+    plan = plan_memory(gpt(d), b, loss_fn=F.mse_loss, optimizer='adamw-offload', transform=offload_activations, device_or_gpu='rtx 3060')
+    m = gpt(d); opt = HostOptimizer(m.parameters(), 'adamw')
+    held, (pack, unpack) = [], offload_hooks(False)
+    def spy(t):
+        out = pack(t)
+        if out is not t: held.append(out[1].numel() * out[1].element_size())
+        return out
+    x = torch.randn(batch, seq, d)
+    with torch.autograd.graph.saved_tensors_hooks(spy, unpack): out = m(x)
+    F.mse_loss(out, x).backward(); opt.step()
+    return dict(saved_activations=dict(planned=plan.host['host: saved activations (pinned)'], measured=sum(held)),
+                optimizer_state=dict(planned=plan.host['host: optimizer state (pinned)'], measured=state_bytes(opt.inner)))
+
+def fits(card, d, options, seq, batch):
+    "The best (smallest) plan among `options` (optimizer, precision, transform) for width `d` on `card`: (fits, plan)."
+    b = (torch.empty(batch, seq, d, device='meta'), torch.empty(batch, seq, d, device='meta'))
+    plans = [plan_memory(gpt(d), b, loss_fn=F.mse_loss, device_or_gpu=card, optimizer=o, precision=p, transform=t) for o, p, t in options]
+    best = min(plans, key=lambda p: p.total)
+    return best.fits, best
+
+def largest(card, options, seq, batch, lo=64, hi=8192):
+    "The largest width (a multiple of 64) whose best plan fits `card`, and that plan."
+    ok, plan = fits(card, lo, options, seq, batch)
+    if not ok: return None
+    while hi - lo > 64:
+        mid = (lo + hi) // 2 // 64 * 64
+        f, p = fits(card, mid, options, seq, batch)
+        if f: lo, plan = mid, p
+        else: hi = mid
+    return dict(width=lo, params=plan.params, total=plan.total, how=f"{plan.optimizer}, {plan.precision}, {plan.transform or 'no transform'}",
+                time=plan.host.get('offload time per step', 'no offload'))
+
+def largest_models(cards, seq=256, batch=8):
+    ck = memory_transform(True)
+    out = []
+    for card in cards:
+        spec = lookup_gpu(card)
+        lowp = 'bf16' if spec.bf16_native else 'fp16'
+        without = [(o, p, ck) for o in ('adamw', 'adamw8bit') for p in ('fp32', lowp)]
+        both = lambda m: offload_activations(ck(m))
+        both.__name__ = 'checkpointing + offload_activations'
+        with_ = without + [(o, 'fp32', t) for o in ('adamw-offload-grads', 'adamw8bit-in-backward') for t in (ck, both)]
+        out.append(dict(gpu=spec.name, without=largest(card, without, seq, batch), **{'with': largest(card, with_, seq, batch)}))
+        print(out[-1], flush=True)
+    return out
+
+if __name__ == '__main__':
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--repeats', type=int, default=5); ap.add_argument('--steps', type=int, default=5)
+    ap.add_argument('--cards', nargs='*', default=['gtx 1050 ti', 'gtx 1650', 'rtx 3060'])
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    mach, t0, load0 = machine(), time.time(), os.getloadavg()
+    res = dict(bench='offload', machine=mach, torch=torch.__version__, python=platform.python_version(), date=time.strftime('%Y-%m-%dT%H:%M:%S%z'),
+               commit=_git('rev-parse', '--short=10', 'HEAD') or None, repeats=a.repeats, steps=a.steps)
+    res['cpu_steps'] = cpu_steps(a.repeats, a.steps); print(res['cpu_steps'], flush=True)
+    res['host_terms'] = host_terms(); print(res['host_terms'], flush=True)
+    res['largest'] = largest_models(a.cards)
+    res['load_average'] = [load0[0], os.getloadavg()[0]]; res['seconds'] = round(time.time() - t0)
+    who = '-'.join(_slug(x) for x in (mach['cpu_vendor'] or '', mach['isa'], mach['cpu'].replace(mach['cpu_vendor'] or '', '')) if x)
+    save_result(ROOT / 'bench' / 'results' / 'offload' / f"{who}.json", res)
