@@ -16,7 +16,10 @@ device (nothing was checked, which is not a pass). The checks:
 - out of memory: `torch.cuda.set_per_process_memory_fraction` makes a small budget, the Trainer's first micro-batch
   raises a real `torch.OutOfMemoryError`, and the run recovers (smaller micro-batch or checkpointing) and finishes
   every optimizer step;
-- dashboard: `LiveDashboard`'s VRAM readings during that run against `torch.cuda.memory_reserved` right after.
+- dashboard: `LiveDashboard`'s VRAM readings during that run against `torch.cuda.memory_reserved` right after;
+- offload (chapter 03a): for each lever (optimizer state, state and gradients, the step inside backward, saved activations),
+  in a fresh process: the planned reserved bytes against `torch.cuda.max_memory_reserved` after two real steps (±10 %), the
+  weights against the ordinary step's (within 1e-5), and the measured extra step time against the plan's estimate.
 """
 import argparse, json, os, subprocess, sys, textwrap
 from pathlib import Path
@@ -131,6 +134,41 @@ def check_oom_and_dashboard():
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
 
+_OFFLOAD_CHILD = """
+    import json, time, torch, torch.nn as nn, torch.nn.functional as F
+    from netlite_nb.budget import plan_memory
+    from netlite_nb.memory.trace import make_optimizer
+    from netlite_nb.offload import offload_activations
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(2048, 8192), nn.GELU(), nn.Linear(8192, 2048)) for _ in range(4)]).cuda()
+    opt_name, act = {opt!r}, {act!r}
+    if act: offload_activations(model)
+    x = torch.randn(16, 256, 2048, device='cuda')
+    plan = plan_memory(model, (x, x), loss_fn=F.mse_loss, optimizer=opt_name, transform=offload_activations if act else None, device_or_gpu='cuda')
+    opt = make_optimizer(opt_name, model.parameters())
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    for _ in range(4):
+        torch.cuda.synchronize(); t = time.perf_counter()
+        F.mse_loss(model(x), x).backward(); opt.step(); opt.zero_grad()
+        torch.cuda.synchronize(); times.append(time.perf_counter() - t)
+    print(json.dumps(dict(planned=plan.reserved, measured=torch.cuda.max_memory_reserved(), step=min(times[1:]),
+                          estimate=plan.host.get('offload time per step'), weights=[p.detach().double().sum().item() for p in model.parameters()])))
+"""
+
+def check_offload():
+    "Each offload lever on this card: device memory against its plan, the same weights as the ordinary step, the step time."
+    base = in_fresh_process(_OFFLOAD_CHILD.format(opt='adamw', act=False))
+    for opt, act in (('adamw-offload', False), ('adamw-offload-grads', False), ('adamw-in-backward', False), ('adamw', True)):
+        name = opt + (' + activations to host' if act else '')
+        out = in_fresh_process(_OFFLOAD_CHILD.format(opt=opt, act=act))
+        err = (out['planned'] - out['measured']) / out['measured']
+        row(f"offload {name}: planned reserved", f"{out['planned'] / 2**20:.0f} MiB planned, {out['measured'] / 2**20:.0f} MiB measured ({err:+.1%})", 'within ±10%', abs(err) <= 0.10)
+        diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(out['weights'], base['weights']))
+        row(f"offload {name}: weights vs the ordinary step", f"{diff:.1e} largest relative difference of a weight sum", '<= 1e-5', diff <= 1e-5)
+        row(f"offload {name}: step time", f"{out['step'] / base['step']:.2f}x the ordinary step ({out['step'] * 1e3:.0f} ms)",
+            f"plan's estimate: {out['estimate'] or 'no offload time'} extra", True)  # recorded for the chapter, not a pass/fail
+
 def main(argv=None)->int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--quick', action='store_true', help='the smaller batch of each family in the planner check')
@@ -140,7 +178,7 @@ def main(argv=None)->int:
         print("No CUDA device: nothing was checked (exit 2). Run this on a machine with an NVIDIA GPU.")
         return 2
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}")
-    for check in (check_probe, check_alloc_conf, lambda: check_planner(args.quick), check_precision, check_oom_and_dashboard):
+    for check in (check_probe, check_alloc_conf, lambda: check_planner(args.quick), check_precision, check_oom_and_dashboard, check_offload):
         try: check()
         except Exception as e: row(getattr(check, '__name__', 'planner'), f"raised {type(e).__name__}: {str(e)[:300]}", 'no error', False)
     w = max(len(n) for n, *_ in ROWS)

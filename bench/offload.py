@@ -7,12 +7,12 @@ On the CPU (the host is the device, so nothing is saved; what is measured is the
   - whether each ends at the plain step's weights, bit for bit;
   - the planner's host rows (optimizer state, saved activations) against the bytes the real mechanisms hold.
 Planned (no GPU needed): for each card, the largest GPT-style model (4 blocks, width d, sequence 256, batch 8, AdamW) that fits
-with the best plan without the offload levers (AdamW or 8-bit AdamW, fp32 or the card's mixed precision, checkpointing or not)
+with the best plan without the offload levers (8-bit AdamW state and checkpointing)
 and with them, each with its estimated offload time per step. The GPU figures are estimates until `bench/gpu_check.py` runs on a card.
 
     python bench/offload.py [--repeats 5] [--steps 5] [--cards 'gtx 1050 ti' 'gtx 1650' 'rtx 3060']
 """
-import argparse, copy, os, platform, statistics, sys, time
+import argparse, copy, json, os, platform, statistics, sys, time
 os.environ.setdefault('OMP_NUM_THREADS', '1')
 import torch, torch.nn as nn, torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -82,16 +82,17 @@ def host_terms(d=128, seq=64, batch=8):
 def fits(card, d, options, seq, batch):
     "The best (smallest) plan among `options` (optimizer, precision, transform) for width `d` on `card`: (fits, plan)."
     b = (torch.empty(batch, seq, d, device='meta'), torch.empty(batch, seq, d, device='meta'))
-    plans = [plan_memory(gpt(d), b, loss_fn=F.mse_loss, device_or_gpu=card, optimizer=o, precision=p, transform=t) for o, p, t in options]
+    with torch.device('meta'): model = gpt(d)  # shapes only: a plan never reads the weights, and a 3-billion-parameter model would not fit here
+    plans = [plan_memory(model, b, loss_fn=F.mse_loss, device_or_gpu=card, optimizer=o, precision=p, transform=t) for o, p, t in options]
     best = min(plans, key=lambda p: p.total)
     return best.fits, best
 
-def largest(card, options, seq, batch, lo=64, hi=8192):
-    "The largest width (a multiple of 64) whose best plan fits `card`, and that plan."
+def largest(card, options, seq, batch, lo=256, hi=8192):
+    "The largest width (a multiple of 256) whose best plan fits `card`, and that plan."
     ok, plan = fits(card, lo, options, seq, batch)
     if not ok: return None
-    while hi - lo > 64:
-        mid = (lo + hi) // 2 // 64 * 64
+    while hi - lo > 256:
+        mid = (lo + hi) // 2 // 256 * 256
         f, p = fits(card, mid, options, seq, batch)
         if f: lo, plan = mid, p
         else: hi = mid
@@ -103,11 +104,12 @@ def largest_models(cards, seq=256, batch=8):
     out = []
     for card in cards:
         spec = lookup_gpu(card)
-        lowp = 'bf16' if spec.bf16_native else 'fp16'
-        without = [(o, p, ck) for o in ('adamw', 'adamw8bit') for p in ('fp32', lowp)]
+        # the smallest plan of each kind for a model whose weights dominate: 8-bit state and checkpointing, fp32 (autocast would add
+        # half-precision copies of the weights), against the gradients and state on the host and the saved segment inputs too
+        without = [('adamw8bit', 'fp32', ck)]
         both = lambda m: offload_activations(ck(m))
         both.__name__ = 'checkpointing + offload_activations'
-        with_ = without + [(o, 'fp32', t) for o in ('adamw-offload-grads', 'adamw8bit-in-backward') for t in (ck, both)]
+        with_ = [('adamw-offload-grads', 'fp32', both)]
         out.append(dict(gpu=spec.name, without=largest(card, without, seq, batch), **{'with': largest(card, with_, seq, batch)}))
         print(out[-1], flush=True)
     return out
@@ -116,14 +118,22 @@ if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--repeats', type=int, default=5); ap.add_argument('--steps', type=int, default=5)
     ap.add_argument('--cards', nargs='*', default=['gtx 1050 ti', 'gtx 1650', 'rtx 3060'])
+    ap.add_argument('--part', choices=['all', 'cpu', 'cards'], default='all', help="measure on this CPU, plan the cards, or both; the other part of this machine's last result is kept")
     a = ap.parse_args()
     torch.set_num_threads(1)
     mach, t0, load0 = machine(), time.time(), os.getloadavg()
-    res = dict(bench='offload', machine=mach, torch=torch.__version__, python=platform.python_version(), date=time.strftime('%Y-%m-%dT%H:%M:%S%z'),
-               commit=_git('rev-parse', '--short=10', 'HEAD') or None, repeats=a.repeats, steps=a.steps)
-    res['cpu_steps'] = cpu_steps(a.repeats, a.steps); print(res['cpu_steps'], flush=True)
-    res['host_terms'] = host_terms(); print(res['host_terms'], flush=True)
-    res['largest'] = largest_models(a.cards)
-    res['load_average'] = [load0[0], os.getloadavg()[0]]; res['seconds'] = round(time.time() - t0)
     who = '-'.join(_slug(x) for x in (mach['cpu_vendor'] or '', mach['isa'], mach['cpu'].replace(mach['cpu_vendor'] or '', '')) if x)
-    save_result(ROOT / 'bench' / 'results' / 'offload' / f"{who}.json", res)
+    path = ROOT / 'bench' / 'results' / 'offload' / f"{who}.json"
+    stamp = lambda: dict(date=time.strftime('%Y-%m-%dT%H:%M:%S%z'), commit=_git('rev-parse', '--short=10', 'HEAD') or None, torch=torch.__version__,
+                         load_average=[round(load0[0], 1), round(os.getloadavg()[0], 1)], seconds=round(time.time() - t0))
+    part = {}
+    if a.part in ('all', 'cpu'):
+        part['cpu_steps'] = cpu_steps(a.repeats, a.steps); print(part['cpu_steps'], flush=True)
+        part['host_terms'] = host_terms(); print(part['host_terms'], flush=True)
+        part['cpu'] = dict(repeats=a.repeats, steps=a.steps, **stamp())
+    if a.part in ('all', 'cards'):
+        part['largest'] = largest_models(a.cards)
+        part['cards'] = dict(seq=256, batch=8, blocks=4, **stamp())
+    res = json.loads(path.read_text()) if path.exists() else {}  # read just before writing: the other part may have finished meanwhile
+    res.update(bench='offload', machine=mach, python=platform.python_version(), **part, **stamp())
+    save_result(path, res)
