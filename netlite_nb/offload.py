@@ -228,10 +228,11 @@ def load_state_dict(self:HostOptimizer, state_dict:dict):
 # %% ../nbs/03a_offload.ipynb #o024
 def _torchao_offload():
     "torchao's CPUOffloadOptimizer class, or None where torchao is not installed (its module moved from the prototype folder in 0.11)."
-    for mod in ('torchao.optim', 'torchao.prototype.low_bit_optim'):
-        try: return getattr(__import__(mod, fromlist=['CPUOffloadOptimizer']), 'CPUOffloadOptimizer')
-        except (ImportError, AttributeError): continue
-    return None
+    try: from torchao.optim import CPUOffloadOptimizer
+    except ImportError:
+        try: from torchao.prototype.low_bit_optim import CPUOffloadOptimizer
+        except ImportError: return None
+    return CPUOffloadOptimizer
 
 def host_optimizer_backend(device)->str:
     "'torchao' where its CPUOffloadOptimizer runs for weights on `device` (CUDA, torchao installed), else 'netlite_nb'."
