@@ -12,7 +12,7 @@ and with them, each with its estimated offload time per step. The GPU figures ar
 
     python bench/offload.py [--repeats 5] [--steps 5] [--cards 'gtx 1050 ti' 'gtx 1650' 'rtx 3060']
 """
-import argparse, copy, json, os, platform, statistics, sys, time
+import argparse, copy, json, math, os, platform, statistics, sys, time
 os.environ.setdefault('OMP_NUM_THREADS', '1')
 import torch, torch.nn as nn, torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -87,12 +87,15 @@ def fits(card, d, options, seq, batch):
     best = min(plans, key=lambda p: p.total)
     return best.fits, best
 
-def largest(card, options, seq, batch, lo=256, hi=8192):
-    "The largest width (a multiple of 256) whose best plan fits `card`, and that plan."
+def largest(card, options, seq, batch, bytes_per_param):
+    "The largest width (a multiple of 128) whose best plan fits `card`, and that plan: bracketed around the width whose weights, gradients and state take the card at `bytes_per_param`, then bisected."
+    guess = int(math.sqrt(lookup_gpu(card).memory_bytes / bytes_per_param / 48))  # a block has about 12 d² weights; 4 blocks
+    lo, hi = max(128, int(guess * 0.6) // 128 * 128), int(guess * 1.3) // 128 * 128 + 128
     ok, plan = fits(card, lo, options, seq, batch)
-    if not ok: return None
-    while hi - lo > 256:
-        mid = (lo + hi) // 2 // 256 * 256
+    if not ok: raise RuntimeError(f"{card}: width {lo} does not fit either; lower the bracket")
+    if fits(card, hi, options, seq, batch)[0]: raise RuntimeError(f"{card}: width {hi} fits too; raise the bracket")
+    while hi - lo > 128:
+        mid = (lo + hi) // 2 // 128 * 128
         f, p = fits(card, mid, options, seq, batch)
         if f: lo, plan = mid, p
         else: hi = mid
@@ -110,7 +113,7 @@ def largest_models(cards, seq=256, batch=8):
         both = lambda m: offload_activations(ck(m))
         both.__name__ = 'checkpointing + offload_activations'
         with_ = [('adamw-offload-grads', 'fp32', both)]
-        out.append(dict(gpu=spec.name, without=largest(card, without, seq, batch), **{'with': largest(card, with_, seq, batch)}))
+        out.append(dict(gpu=spec.name, without=largest(card, without, seq, batch, 10), **{'with': largest(card, with_, seq, batch, 4)}))
         print(out[-1], flush=True)
     return out
 
@@ -135,5 +138,8 @@ if __name__ == '__main__':
         part['largest'] = largest_models(a.cards)
         part['cards'] = dict(seq=256, batch=8, blocks=4, **stamp())
     res = json.loads(path.read_text()) if path.exists() else {}  # read just before writing: the other part may have finished meanwhile
+    if 'largest' in part and res.get('largest'):  # one card's process at a time may write: keep the other cards' rows
+        mine = {g['gpu'] for g in part['largest']}
+        part['largest'] = [g for g in res['largest'] if g['gpu'] not in mine] + part['largest']
     res.update(bench='offload', machine=mach, python=platform.python_version(), **part, **stamp())
     save_result(path, res)

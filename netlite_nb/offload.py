@@ -4,7 +4,7 @@
 
 # %% ../nbs/03a_offload.ipynb #o003
 from __future__ import annotations
-import contextlib, functools, math, time, weakref
+import contextlib, time, weakref
 from functools import lru_cache
 import torch
 from torch import nn
@@ -12,7 +12,7 @@ from fastcore.basics import patch
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 from .probe import UnknownGPUError, fmt_bytes, lookup_gpu
 from .budget import IncompatibleStepError, TrainingStep, _transform_name, register_host_terms, register_lever, register_step_check
-from .memory.trace import AllocationTracker, Target, _norm, _optimizer_name, is_traced, make_optimizer, register_optimizer
+from .memory.trace import AllocationTracker, Target, _norm, is_traced, make_optimizer, register_optimizer
 from .optim import state_bytes
 
 # %% auto #0
