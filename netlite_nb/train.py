@@ -479,10 +479,12 @@ class Trainer:
 @patch
 def _apply_offload(self:Trainer):
     "Chapter 03a: the offloads `offload=` names applied to the model (and its plans); the optimizer's offload checked against the run's options."
-    self._transforms += apply_offload(self.model, self.opts.offload)
+    applied = apply_offload(self.model, self.opts.offload)
+    self._transforms += applied
     o, lb = self.opts, getattr(self.train_data, 'batch_size', None)
     accumulating = (o.accum_steps or 1) > 1 or bool(o.micro_batch and lb and o.micro_batch < lb)
-    step = TrainingStep(optimizer=self.opt_spec, precision=self.precision.name, micro_batch=1 if accumulating else None, transform=self._transform)
+    step = TrainingStep(optimizer=self.opt_spec, precision=self.precision.name, micro_batch=1 if accumulating else None,
+                        transform=applied[0] if applied else None)
     check_offload(step, 2 if accumulating else 1, clip_grad=o.clip_grad)
 
 # %% ../nbs/07_train.ipynb #d012c
