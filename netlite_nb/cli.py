@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_cli.ipynb #c003
 from __future__ import annotations
-import argparse, dataclasses, difflib, importlib.metadata, importlib.util, inspect, json, os, platform, re, subprocess, sys
+import argparse, dataclasses, difflib, importlib.metadata, importlib.util, inspect, json, os, platform, re, signal, subprocess, sys, threading
 # before torch loads: OpenMP reads its wait policy once (why: chapter 11, "Threads on a busy machine")
 for _k, _v in (('OMP_WAIT_POLICY', 'PASSIVE'), ('KMP_BLOCKTIME', '0')): os.environ.setdefault(_k, _v)
 from pathlib import Path
@@ -98,16 +98,34 @@ def _sentence(e:BaseException)->str:
     msg = (str(e).strip().splitlines() or [''])[0]
     return msg if msg and isinstance(e, (ValueError, LookupError, OSError, RuntimeError)) else f"{type(e).__name__}: {msg}"
 
+class _Terminated(KeyboardInterrupt):
+    "SIGTERM (docker stop, Kubernetes, SLURM, systemd, torchrun) outside a `fit`, which handles its own: a stop, as Ctrl-C is."
+
+def _on_sigterm(signum, frame): raise _Terminated()
+
+def _traceback_wanted()->bool:
+    "NETLITE_TRACEBACK=1 (or yes, true, on) asks for the traceback; unset, empty, 0, no, false or off do not."
+    return os.environ.get('NETLITE_TRACEBACK', '').strip().lower() not in ('', '0', 'no', 'false', 'off')
+
 def main(argv:list[str]|None=None)->int:
-    "Entry point of the `netlite` console script: 0 done, 1 failed, 2 usage error (argparse exits with 2 itself), 130 interrupted."
-    args = _parse(argv)
-    if not args.command: return 2
-    try: return COMMANDS[args.command][1](args) or 0
-    except KeyboardInterrupt: return 130
+    "Entry point of the `netlite` console script: 0 done, 1 failed, 2 usage error (argparse exits with 2 itself), 130 interrupted, 143 SIGTERM."
+    main_thread = threading.current_thread() is threading.main_thread()
+    old, cmd = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None, None
+    try:  # the command's imports (torch and the chapters, seconds) happen inside: a Ctrl-C there is a stop like any other
+        args = _parse(argv)
+        if not args.command: return 2
+        cmd = args.command
+        return COMMANDS[cmd][1](args) or 0
+    except KeyboardInterrupt as e:
+        sig = 'SIGTERM' if isinstance(e, _Terminated) else 'Ctrl-C (SIGINT)'
+        print(f"netlite{' ' + cmd if cmd else ''}: stopped by {sig} before it finished.", file=sys.stderr)
+        return 143 if isinstance(e, _Terminated) else 130
     except Exception as e:
-        if os.environ.get('NETLITE_TRACEBACK'): raise
-        print(f"netlite {args.command}: {_sentence(e)}", file=sys.stderr)
+        if _traceback_wanted(): raise
+        print(f"netlite {cmd}: {_sentence(e)}", file=sys.stderr)
         return 2 if isinstance(e, _usage_errors()) else 1
+    finally:
+        if old is not None: signal.signal(signal.SIGTERM, old)
 
 def _json(o)->str:
     "`o` (a dataclass, or plain data holding some) as indented JSON for `--json`; paths and other objects become strings."
@@ -272,18 +290,22 @@ def _train(args):
     if args.nproc_per_node and not launched(): return _torchrun(args)
     quiet = args.quiet or args.json   # --json keeps stdout for the JSON alone
     overrides = args.set + (['train.check_data=false'] if args.no_data_check else [])
-    from netlite_nb.checkpoint import read_state
+    from netlite_nb.checkpoint import find_checkpoint, read_state
     resumed_from = read_state(args.resume, mmap=True)['step'] if args.resume else None  # said even with --quiet
     t = train_from_config(args.config, overrides=overrides, run_dir=args.out, resume=args.resume,
                           progress=False if quiet else None, verbose=not quiet)
-    if not t.is_main: return 130 if t.interrupted else 0  # data-parallel processes other than 0 report nothing
+    stopped = {'SIGTERM': 143, 'SIGINT': 130}.get(getattr(t, 'stop_signal', None), 130) if t.interrupted else 0
+    if not t.is_main: return stopped  # data-parallel processes other than 0 report nothing
+    if t.interrupted:  # said even with --quiet: the run is not finished
+        print(f"netlite train: stopped by {t.stop_signal} at step {t.step}; the checkpoint {find_checkpoint(t.run_dir)} holds it. "
+              f"Continue with: netlite train {args.config} --resume {t.run_dir}", file=sys.stderr)
     if args.json: print(_json(_train_summary(t, resumed_from)))
     else:
         m = t.last_metrics
         print((f"resumed at step {resumed_from}; " if resumed_from is not None else '') + f"{t.step} optimizer steps, {t.epoch} epochs" + (f"; valid loss {m['valid_loss']:.4f}" if 'valid_loss' in m else '')
               + (f", accuracy {100*m['accuracy']:.2f}%" if 'accuracy' in m else '') + f"; run directory {t.run_dir}")
         if getattr(t, 'export_report', None) is not None: print(t.export_report)
-    return 130 if t.interrupted else 0
+    return stopped
 
 def _train_args(p):
     p.add_argument('config', nargs='?', help="the run configuration, a YAML file (a run's config.yaml repeats that run)")

@@ -302,6 +302,17 @@ def load_dataset(name:str, # 'mnist', 'fashion_mnist' or 'cifar10'
         raise _not_found(key, root, f"download failed: {e}") from e
     return _as_labeled(parts[0]), _as_labeled(parts[1])
 
+# %% ../nbs/04_data.ipynb #c027z
+def _as_8bit(im):
+    "A PIL image of 16-bit, 32-bit integer or float pixels as 8-bit grey, scaled by its real range (PIL's `convert('L')` clips them)."
+    import numpy as np
+    from PIL import Image
+    if im.mode not in ('I', 'F') and not im.mode.startswith('I;16'): return im
+    a = np.asarray(im, dtype=np.float64)
+    if im.mode == 'F': scale = 255.0 if a.size and 0 <= a.min() and a.max() <= 1 else 1.0  # [0, 1] floats, else values as 0-255
+    else: top = a.max() if a.size else 0; scale = 1.0 if top <= 255 else 255 / 65535 if top <= 65535 else 255 / top  # 8-, 16-bit, wider
+    return Image.fromarray(np.clip(np.rint(a * scale), 0, 255).astype(np.uint8), 'L')
+
 # %% ../nbs/04_data.ipynb #c028
 class FolderDataset(Dataset):
     "Images read from files on demand, resized, as float32 [C, size, size] in [0, 1], with their labels and class names."
@@ -315,7 +326,7 @@ class FolderDataset(Dataset):
     def __getitem__(self, i):
         from PIL import Image
         path, y = self.samples[i]
-        with Image.open(path) as im: img = im.convert('L' if self.channels == 1 else 'RGB')
+        with Image.open(path) as im: img = _as_8bit(im).convert('L' if self.channels == 1 else 'RGB')  # 16-bit and float images by their range
         return self.transform(img), self.targets[i]
 
 @patch(as_prop=True)
