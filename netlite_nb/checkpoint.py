@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np, torch, yaml
 from torch import nn
 import safetensors.torch as st
-from .strategies import load_yaml
+from .strategies import load_yaml, read_config_text
 
 # %% auto #0
 __all__ = ['CHECKPOINT_FORMAT', 'seed_everything', 'rng_state', 'set_rng_state', 'loader_generators', 'write_atomic',
@@ -494,5 +494,5 @@ def read_run_config(path, # a run directory, one of its checkpoints, or a weight
     p = Path(path)
     d = p if p.is_dir() else p.parent
     for c in (d / 'config.yaml', d.parent / 'config.yaml'):
-        if c.is_file(): return load_yaml(c.read_text(), repr(str(c))) or {}
+        if c.is_file(): return load_yaml(read_config_text(c), repr(str(c))) or {}
     return {}

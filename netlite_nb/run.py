@@ -15,7 +15,7 @@ from .probe import check_libraries, device_memory, fmt_bytes, probe, rows_html, 
 from .memory.trace import resize_batch
 from .data import image_folder, load_dataset, make_loaders, mnist_sample, mnist_sample_loaders
 from .models import MODELS, UnknownModelError, create_model
-from .strategies import ConfigError, RunConfig, did_you_mean, load_config, load_yaml, pick_strategy, short_repr, size_config
+from .strategies import ConfigError, RunConfig, did_you_mean, load_config, load_yaml, pick_strategy, read_config_text, short_repr, size_config
 from .checkpoint import find_checkpoint, new_run_dir, read_state, seed_everything, write_atomic
 from .train import Callback, EarlyStopping, Trainer
 from .lora import merged, with_lora
@@ -63,7 +63,7 @@ def _split_of_run(cfg:RunConfig, resume)->RunConfig:
 def _run_section(config)->tuple:
     "(`config`, None), or (its `run:` section, a note) when `config` is the `config.yaml` a run saved, or that file's mapping."
     path = Path(config) if isinstance(config, (str, Path)) else None
-    raw = load_yaml(path.read_text(), repr(str(path))) if path is not None and path.is_file() else config
+    raw = load_yaml(read_config_text(path), repr(str(path))) if path is not None and path.is_file() else config
     if not (isinstance(raw, dict) and isinstance(raw.get('run'), dict) and 'versions' in raw): return config, None
     where = f"{str(path)!r}" if path is not None else 'this configuration'
     if 'demo' in raw['run']:
@@ -119,6 +119,9 @@ def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path (a run's o
     _check_device(cfg.strategy)
     if resume is not None: cfg = _split_of_run(cfg, resume)
     t, ds = cfg.train, datasets_for(cfg.data, seed=cfg.train.seed)
+    if cfg.data.batch_size > len(ds[0]):  # else every step sees the whole set while config.yaml records the batch asked for
+        raise ConfigError(f"data.batch_size is {cfg.data.batch_size}, more than the {len(ds[0])} training samples of {cfg.data.name}: use "
+                          f"data.batch_size of at most {len(ds[0])} (`--set data.batch_size={min(len(ds[0]), 64)}`), or more data.")
     dls = loaders_for(cfg.data, cfg.strategy, seed=t.seed, datasets=ds)
     if t.seed is not None: seed_everything(t.seed, t.deterministic)  # the model's initial weights come from the seed too
     model = _model_for(cfg, dls.num_classes, dls.input_shape[0])

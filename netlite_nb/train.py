@@ -22,7 +22,7 @@ import netlite_nb.optim  # registers 'adamw8bit' with `make_optimizer`
 from .strategies import apply_allocator_settings, load_strategy, pick_strategy, save_config
 from .checkpoint import (find_checkpoint, load_checkpoint, loader_generators, read_state, rng_state, save_checkpoint,
                                    seed_everything, set_rng_state, read_run_config, write_metrics)
-from .data import DataCheckError, check_dataset
+from .data import DataCheckError, check_batch, check_dataset
 from .lr_find import LRFinder, _check_range_test, range_test
 
 # %% auto #0
@@ -90,6 +90,7 @@ def micro_batches(batches:list, # a window: the loader batches (x, y) of one opt
                   device=None, # move each loader batch here first (None: leave it where it is)
                  ):
     "Yield (x, y, weight) per micro-batch of a window; weight = its share of the window's samples, so weighted mean losses add up to the window's mean."
+    batches = [check_batch(b) for b in batches]  # chapter 04: a dict, (x, y, w), x alone or 0-dim tensors are a sentence
     n, device = sum(yb.shape[0] for _, yb in batches), None if device is None else torch.device(device)
     for xb, yb in batches:
         if device is not None: xb, yb = _to(xb, device), _to(yb, device)
@@ -530,7 +531,7 @@ def _resolve_sizes(self:Trainer):
     "Loader batch, micro-batch and window, once: from then on only out-of-memory recovery changes the micro-batch."
     s = self.state
     if s.micro_batch is not None: return
-    lb = getattr(self.train_data, 'batch_size', None) or len(next(iter(self.train_data))[1])
+    lb = getattr(self.train_data, 'batch_size', None) or len(check_batch(next(iter(self.train_data)))[1])
     mb = min(self.opts.micro_batch or lb, lb)
     s.loader_batch, s.micro_batch, s.window = lb, mb, max(1, round(mb * (self.opts.accum_steps or 1) / lb))
 

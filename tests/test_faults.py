@@ -538,9 +538,9 @@ def test_r2_a_real_full_disk_is_a_sentence_and_the_last_checkpoint_stays(tmp_pat
     d = small_disk(tmp_path, '2m')
     try:
         run = d / 'r'; t = Trainer(mlp(hidden=256), loaders(), run_dir=run, log_every=1, lr_schedule=None, keep_checkpoints=5, **KW).fit(steps=1)
-        ck = sum(p.stat().st_size for p in (run / 'step-0000001').iterdir())
-        free = shutil.disk_usage(d).free
-        (d / 'filler').write_bytes(b'\0' * (free - ck // 2))    # room for the log and half a checkpoint
+        weights = (run / 'step-0000001' / 'model.safetensors').stat().st_size
+        assert weights > 24 * 1024
+        (d / 'filler').write_bytes(b'\0' * (shutil.disk_usage(d).free - 12 * 1024))   # room for config.yaml and the log, not the weights
         e = fails(lambda: t.fit(steps=1), 'No space left on device while writing', 'step-0000001 is still valid', exc=OSError)
         assert e.errno == errno.ENOSPC and not [p for p in run.iterdir() if '.tmp-' in p.name]   # the half-written one removed
         (d / 'filler').unlink()
@@ -645,3 +645,53 @@ def test_r2_a_full_disk_during_an_onnx_export_is_a_sentence_and_leaves_nothing(t
                                       measure_speed=False), 'No space left on device while writing', 'm.onnx', exc=OSError)
         assert e.errno == errno.ENOSPC and list(d.iterdir()) == []   # no truncated .onnx, no staging directory
     finally: subprocess.run(['umount', '-l', str(d)])
+
+
+def test_r2_a_configuration_file_is_bounded_before_it_is_read(tmp_path):
+    from netlite_nb.strategies import ConfigError, load_config
+    p = tmp_path / 'big.yaml'; p.write_text('strategy: cpu\n' + '# padding\n' * 40_000)   # 400 KB of comments
+    fails(lambda: load_config(p), 'bytes', 'CONFIG_BYTES', exc=ConfigError)
+
+
+def test_r2_a_long_plain_list_is_not_called_an_alias_bomb(monkeypatch):
+    import netlite_nb.strategies as strategies
+    monkeypatch.setattr(strategies, 'YAML_LIMIT', 1000)
+    assert len(strategies.load_yaml('[' + ', '.join(['1'] * 3000) + ']')) == 3000
+    fails(lambda: strategies.load_yaml(laughs(4, 'x: *d')), 'billion laughs', exc=strategies.ConfigError)   # 9^4 from 40 nodes: still refused
+
+
+@pytest.mark.parametrize('encoding,rc,words', [('utf-16', 0, None), ('latin-1', 2, 'is not UTF-8 text')])
+def test_r2_utf16_and_latin1_configurations(tmp_path, encoding, rc, words):
+    (tmp_path / 'c.yaml').write_bytes("# réglages\nstrategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample}\ntrain: {steps: 1}\n".encode(encoding))
+    got, out, err = netlite('train', str(tmp_path / 'c.yaml'), '--out', str(tmp_path / 'r'), '--quiet')
+    assert got == rc and 'Traceback' not in err and (words is None or words in err), err[-2000:]
+
+
+@pytest.mark.parametrize('line,words', [
+    ('data: {name: mnist_sample, batch_size: 0}', 'data.batch_size must be a whole number of samples, at least 1'),
+    ('data: {name: mnist_sample, batch_size: -8}', 'data.batch_size must be a whole number of samples, at least 1'),
+    ('data: {name: mnist_sample, batch_size: 100000}', 'more than the 4000 training samples'),
+    ('data: {name: mnist_sample}\ntrain: {steps: 1, seed: 1180591620717411303424}', 'train.seed must be a whole number')])
+def test_r2_bad_cli_values_are_a_sentence_naming_the_key(tmp_path, line, words):
+    text = "strategy: cpu\nmodel: {name: mlp}\n" + line + ("\ntrain: {steps: 1}\n" if 'train:' not in line else '\n')
+    (tmp_path / 'c.yaml').write_text(text)
+    rc, out, err = netlite('train', str(tmp_path / 'c.yaml'), '--out', str(tmp_path / 'r'), '--quiet')
+    assert rc == 2 and words in err and 'Traceback' not in err, err[-2000:]
+
+
+def test_r2_world_size_two_and_netlite_traceback_0(tmp_path, monkeypatch):
+    (tmp_path / 'c.yaml').write_text("strategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample}\ntrain: {steps: 1}\n")
+    monkeypatch.setenv('NETLITE_TRACEBACK', '0'); monkeypatch.setenv('RANK', '0'); monkeypatch.setenv('WORLD_SIZE', 'two')
+    rc, out, err = netlite('train', str(tmp_path / 'c.yaml'), '--out', str(tmp_path / 'r'), '--quiet')
+    assert rc == 1 and "WORLD_SIZE is 'two'" in err and 'Traceback' not in err, err[-2000:]
+
+
+@pytest.mark.parametrize('batch,words', [
+    ({'x': torch.zeros(4, 20), 'y': torch.zeros(4, dtype=torch.long)}, 'is a dict'),
+    ((torch.zeros(4, 20), torch.zeros(4, dtype=torch.long), torch.ones(4)), 'has 3 parts'),
+    (torch.zeros(4, 20), 'inputs without targets'),
+    ((torch.tensor(1.), torch.tensor(0)), '0-dim')])
+def test_r2_loader_batches_of_another_shape_are_a_sentence(batch, words):
+    from netlite_nb.data import DataCheckError
+    fails(lambda: Trainer(mlp(), [batch] * 3, **KW).fit(steps=1), words, '(inputs, targets) pairs' if words != '0-dim' else 'one row per sample',
+          exc=DataCheckError)
