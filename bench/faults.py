@@ -593,6 +593,18 @@ for _what, _b, _w in (('dicts', {'x': torch.zeros(4, 20), 'y': torch.zeros(4, dt
                       ('x alone', torch.zeros(4, 20), 'inputs without targets'), ('0-dim tensors', (torch.tensor(1.), torch.tensor(0)), '0-dim')):
     bad(f"loader batches that are {_what}: a sentence", DataCheckError, _w)(lambda b=_b: Trainer(mlp(), [b] * 3, **KW).fit(steps=1))
 
+
+@case('input', 'netlite plan --model FILE.py:Name: built on the meta device (no memory), or a note saying it could not be')
+def _():
+    d = tmpdir(); (d / 'big.py').write_text(
+        "import torch.nn as nn\nclass Big(nn.Module):\n    def __init__(self):\n        super().__init__(); self.a = nn.Linear(784, 256); self.b = nn.Linear(256, 10)\n"
+        "        open(__file__ + '.device', 'w').write(str(self.a.weight.device))\n    def forward(self, x): return self.b(self.a(x.flatten(1)).relu())\n"
+        "class Stubborn(Big):\n    def __init__(self): super().__init__(); self.scale = float(self.a.weight.abs().max())\n")
+    rc, _, err = netlite('plan', '--model', f"{d / 'big.py'}:Big")
+    if rc != 0 or (d / 'big.py.device').read_text() != 'meta': return f"built on {(d / 'big.py.device').read_text()}, exit {rc}"
+    rc, _, err = netlite('plan', '--model', f"{d / 'big.py'}:Stubborn")
+    return None if rc == 0 and 'could not be built on the meta device' in err else f"exit {rc}: {err[-200:]}"
+
 if __name__ == '__main__':
     ap = argparse.ArgumentParser(); ap.add_argument('--kills', type=int, default=10); a = ap.parse_args()
     CASES.insert(0, ('fault', f"kill -9 of netlite train at {a.kills} random moments, each resumed: the uninterrupted weights", kill_9(a.kills)))

@@ -132,6 +132,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'netlite_nb.cli._Parser': ('cli.html#_parser', 'netlite_nb/cli.py'),
                                 'netlite_nb.cli._Parser.error': ('cli.html#_parser.error', 'netlite_nb/cli.py'),
                                 'netlite_nb.cli._Terminated': ('cli.html#_terminated', 'netlite_nb/cli.py'),
+                                'netlite_nb.cli._built_without_memory': ('cli.html#_built_without_memory', 'netlite_nb/cli.py'),
                                 'netlite_nb.cli._checkpointed': ('cli.html#_checkpointed', 'netlite_nb/cli.py'),
                                 'netlite_nb.cli._cli_model': ('cli.html#_cli_model', 'netlite_nb/cli.py'),
                                 'netlite_nb.cli._closest': ('cli.html#_closest', 'netlite_nb/cli.py'),

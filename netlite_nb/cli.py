@@ -140,9 +140,24 @@ def _probe(args):
     print(hw.to_json() if args.json else hw)
 _probe.add_arguments = lambda p: p.add_argument('--json', action='store_true', help='print JSON (for bug reports)')
 
+# %% ../nbs/11_cli.ipynb #c011z
+def _built_without_memory(f, spec:str):
+    "`f()` on the meta device: a plan needs the shapes of the weights, never their memory; built for real, with a note, when it cannot be."
+    import torch
+    try:
+        with torch.device('meta'): m = f()
+    except Exception as e: why = f"{type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}"
+    else:
+        real = [n for n, t in (*m.named_parameters(), *m.named_buffers()) if t.device.type != 'meta'] if isinstance(m, torch.nn.Module) else []
+        if not real: return m
+        why = f"it puts {real[0]} on a real device, e.g. with an explicit device="
+    print(f"netlite plan: --model {spec} could not be built on the meta device ({why}); it was built in memory instead, "
+          "which takes the memory of its weights.", file=sys.stderr)
+    return f()
+
 # %% ../nbs/11_cli.ipynb #c012
-def _user_model(spec:str)->torch.nn.Module:
-    "`--model FILE.py:NAME`: NAME (a model class, or a function returning a model) from the user's file, called with no arguments."
+def _user_model(spec:str, meta:bool=True)->torch.nn.Module:
+    "`--model FILE.py:NAME`: NAME (a model class, or a function returning a model) from the user's file, called with no arguments (on the meta device when `meta`)."
     import torch
     src, _, name = spec.rpartition(':')
     if not src.endswith('.py') or not name: raise UsageError(f"--model {spec}: write your model as FILE.py:NAME, a file and the class or function in it that builds the model")
@@ -161,15 +176,15 @@ def _user_model(spec:str)->torch.nn.Module:
     try: inspect.signature(f).bind()
     except TypeError as e: raise UsageError(f"--model {spec}: {name}() cannot be called with no arguments ({e}); point at a function that builds the model with none") from None
     except ValueError: pass  # a builtin without a signature: calling it says
-    m = f()
+    m = _built_without_memory(f, spec) if meta else f()
     if not isinstance(m, torch.nn.Module): raise UsageError(f"--model {spec}: {name}() returned a {type(m).__name__}, not an nn.Module")
     return m
 
-def _cli_model(name:str, shape:tuple[int,...]=(1, 28, 28)):
+def _cli_model(name:str, shape:tuple[int,...]=(1, 28, 28), meta:bool=True):
     "The model `--model` names (a chapter 05 model, or the user's `FILE.py:NAME`) and a one-sample batch of `shape` on the meta device (no memory is used) for `netlite plan`."
     import torch
     if ':' in name or name.endswith('.py'):  # the user's own model: float samples of any shape, class labels as targets
-        return _user_model(name), (torch.empty(1, *shape, device='meta'), torch.empty(1, dtype=torch.long, device='meta'))
+        return _user_model(name, meta), (torch.empty(1, *shape, device='meta'), torch.empty(1, dtype=torch.long, device='meta'))
     if len(shape) != 3: raise UsageError(f"--input {'x'.join(map(str, shape))} is not one sample's shape for a zoo model: write CxHxW, e.g. 1x28x28 (MNIST) or 3x32x32 (CIFAR-10)")
     c, h, w = shape
     from netlite_nb.models import create_model
@@ -221,7 +236,7 @@ def _plan(args):
     if args.gpu.strip().lower() == 'list': return _gpu_list(args.json)
     from netlite_nb.budget import plan_memory
     from netlite_nb.memory.trace import resize_batch
-    model, sample = _cli_model(args.model, args.input)
+    model, sample = _cli_model(args.model, args.input, meta=not args.calibrate)  # calibration runs the model's kernels for real
     kw = dict(optimizer=args.optimizer, precision=args.precision, transform=_checkpointed() if args.checkpointing else None)
     plan = plan_memory(model, resize_batch(sample, args.batch_size), device_or_gpu=args.gpu, micro_batch=args.micro_batch,
                        calibrate=args.calibrate, **kw)
