@@ -605,6 +605,15 @@ def _():
     rc, _, err = netlite('plan', '--model', f"{d / 'big.py'}:Stubborn")
     return None if rc == 0 and 'could not be built on the meta device' in err else f"exit {rc}: {err[-200:]}"
 
+
+@case('fault', 'SIGTERM to netlite train --nproc-per-node 2 (torchrun): every process stops at one step, a checkpoint, exit 143')
+def _():
+    d = tmpdir(); run = d / 'r'
+    (d / 'c.yaml').write_text("strategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample, batch_size: 64}\ntrain: {steps: 5000, checkpoint_every: 50}\n")
+    rc, err = signalled(['train', str(d / 'c.yaml'), '--nproc-per-node', '2', '--out', str(run), '--quiet'], signal.SIGTERM, lambda: (run / 'latest').exists())
+    ok = rc == 143 and 'every process saved the last finished step' in err and 'Unable to shutdown' not in err and 'Traceback' not in err
+    return None if ok and read_state(run)['step'] < 5000 else f"exit {rc}: {err[-300:]}"
+
 if __name__ == '__main__':
     ap = argparse.ArgumentParser(); ap.add_argument('--kills', type=int, default=10); a = ap.parse_args()
     CASES.insert(0, ('fault', f"kill -9 of netlite train at {a.kills} random moments, each resumed: the uninterrupted weights", kill_9(a.kills)))

@@ -367,9 +367,20 @@ def _torchrun_argv(args)->list[str]:
     for flag, v in (('--out', args.out), ('--resume', args.resume)): train += [flag, str(v)] if v else []
     return run + train + (['--quiet'] if args.quiet else []) + (['--json'] if args.json else [])
 
+# torchrun's own main, whose stop by a signal (SIGTERM from docker stop or a scheduler, Ctrl-C) is a sentence and 128 + the signal's
+# number instead of its traceback; each process has already saved the last finished step (chapter 07's handler, 08a's agreement)
+_TORCHRUN_MAIN = """import sys
+from torch.distributed.run import main
+from torch.distributed.elastic.multiprocessing.api import SignalException
+try: main()
+except SignalException as e:
+    print(f"netlite train: stopped by {e.sigval.name}; every process saved the last finished step first. {HINT}", file=sys.stderr)
+    sys.exit(128 + int(e.sigval))"""
+
 def _torchrun(args)->int:
     "Replace this process by torchrun (PyTorch's launcher), which starts the processes and stops them all if one fails."
-    cmd = _torchrun_argv(args)
+    hint = f"Continue with: netlite train {args.config} --nproc-per-node {args.nproc_per_node} --resume {args.out or 'RUN_DIR'}"
+    cmd = [sys.executable, '-c', f"HINT = {hint!r}\n" + _TORCHRUN_MAIN] + _torchrun_argv(args)[3:]  # `-m torch.distributed.run`, wrapped
     sys.stdout.flush(); sys.stderr.flush()
     if os.name == 'posix': os.execv(cmd[0], cmd)
     return subprocess.call(cmd)

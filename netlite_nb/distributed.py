@@ -137,7 +137,7 @@ class DataParallel(Callback):
         if self.world == 1: return
         flag = torch.tensor([float(t._stop_requested)], device=t.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        t._stop_requested = bool(flag.item())
+        t._stop_requested = t._stop_agreed = bool(flag.item())
 
 # %% ../nbs/08a_distributed.ipynb #c030
 RANK_ZERO_ONLY = ('ProgressBar', 'TensorBoardLogger', 'LiveDashboard')  # callbacks that only show or write, and their subclasses

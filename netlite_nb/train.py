@@ -1381,7 +1381,7 @@ class _GracefulInterrupt:
     "During the training loop: the first Ctrl-C or SIGTERM finishes the optimizer step and stops with a checkpoint; a second one stops at once."
     def __init__(self, trainer): self.t = trainer
     def __enter__(self):
-        self.old, self.t._stop_requested = {}, False
+        self.old, self.t._stop_requested, self.t._stop_agreed = {}, False, False
         if threading.current_thread() is threading.main_thread(): self.old = {s: signal.signal(s, self._handle) for s in _STOP_SIGNALS}
         return self
     def _handle(self, signum, frame):
@@ -1491,7 +1491,9 @@ def _one_step(self:Trainer, batches:list):
     self._log_step()
     self._call('after_step')
     if self.opts.checkpoint_every and self.run_dir is not None and s.step % self.opts.checkpoint_every == 0: self.save_checkpoint()
-    if self._stop_requested: raise KeyboardInterrupt
+    # data-parallel: only the stop all processes agreed on in `after_step` (chapter 08a); a signal that lands after that
+    # agreement waits for the next step's, else this process would stop one step before the others and leave them waiting
+    if (self._stop_agreed if self.wrapper is not None else self._stop_requested): raise KeyboardInterrupt
 
 @patch
 def _fit_epochs(self:Trainer):

@@ -695,3 +695,15 @@ def test_r2_loader_batches_of_another_shape_are_a_sentence(batch, words):
     from netlite_nb.data import DataCheckError
     fails(lambda: Trainer(mlp(), [batch] * 3, **KW).fit(steps=1), words, '(inputs, targets) pairs' if words != '0-dim' else 'one row per sample',
           exc=DataCheckError)
+
+
+@pytest.mark.slow
+def test_r2_sigterm_to_netlite_train_under_torchrun_stops_every_process_with_a_checkpoint(tmp_path):
+    "torchrun, stopped by SIGTERM, sends it to its processes: they agree on one step, process 0 saves, and netlite says so (143)."
+    (tmp_path / 'c.yaml').write_text("strategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample, batch_size: 64}\ntrain: {steps: 5000, checkpoint_every: 50}\n")
+    run = tmp_path / 'r'
+    rc, err = cli_signal(tmp_path, ['train', str(tmp_path / 'c.yaml'), '--nproc-per-node', '2', '--out', str(run), '--quiet'], signal.SIGTERM,
+                         lambda: (run / 'latest').exists())
+    assert rc == 143 and 'stopped by SIGTERM; every process saved the last finished step' in err and 'Traceback' not in err, err[-3000:]
+    assert 'Unable to shutdown' not in err   # no process was still training when torchrun's 30 s grace ran out
+    assert 50 <= read_state(run)['step'] < 5000
