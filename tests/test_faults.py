@@ -1,4 +1,4 @@
-"Issue 17: faults a run must survive and bad inputs it must refuse with a sentence — empty data, divergence, damaged checkpoints, bad arguments, leftovers and a full disk, a second fit mid-epoch."
+"Issues 17 and 39: faults a run must survive and bad inputs it must refuse with a sentence — empty data, divergence, damaged checkpoints, bad arguments, leftovers and a full disk, a second fit mid-epoch."
 import errno, json, math, os, subprocess, sys, warnings
 import pytest, torch
 from torch import nn
