@@ -444,6 +444,7 @@ def test_netlite_train_checks_the_data_and_no_data_check_skips_it(tmp_path, monk
 
 # --- issue 39, reliability round two: each test below fails on the code before its fix -------------------------------
 import shutil, signal, socket, time, zipfile
+from pathlib import Path
 from netlite_nb.checkpoint import load_checkpoint
 
 
@@ -501,11 +502,17 @@ def test_r2_sigterm_stops_the_trainer_with_a_checkpoint_and_resume_is_exact(tmp_
     assert losses(res)[-5:] == losses(full)[-5:]
 
 
+def loading_torch(p)->bool:
+    "True once process `p` has begun loading torch's libraries: inside `netlite`'s main, whose commands import it (seconds)."
+    try: return 'libtorch' in Path(f'/proc/{p.pid}/maps').read_text()
+    except OSError: return False
+
+
 def cli_signal(tmp_path, args, sig, when):
     "`netlite ARGS` sent `sig` when `when()` is true: exit status and stderr."
     p = subprocess.Popen(CLI + args, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     t0 = time.time()
-    while not when() and p.poll() is None and time.time() - t0 < 300: time.sleep(0.02)
+    while not when(p) and p.poll() is None and time.time() - t0 < 300: time.sleep(0.02)
     p.send_signal(sig)
     _, err = p.communicate(timeout=300)
     return p.returncode, err
@@ -513,15 +520,14 @@ def cli_signal(tmp_path, args, sig, when):
 
 def test_r2_sigterm_stops_netlite_train_with_a_checkpoint_a_sentence_and_143(tmp_path):
     cfg, run = run_config(tmp_path, 400), tmp_path / 'r'
-    rc, err = cli_signal(tmp_path, ['train', str(cfg), '--quiet', '--out', str(run)], signal.SIGTERM, lambda: (run / 'latest').exists())
+    rc, err = cli_signal(tmp_path, ['train', str(cfg), '--quiet', '--out', str(run)], signal.SIGTERM, lambda p: (run / 'latest').exists())
     assert rc == 143 and 'SIGTERM' in err and 'Traceback' not in err, err[-2000:]
     assert '--resume' in err and find_checkpoint(run).name >= 'step-0000001'
 
 
 @pytest.mark.parametrize('sig,rc', [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_r2_a_signal_while_the_cli_imports_is_a_sentence(tmp_path, sig, rc):
-    t0 = time.time()
-    got, err = cli_signal(tmp_path, ['plan', '--model', 'mlp'], sig, lambda: time.time() - t0 > 0.7)
+    got, err = cli_signal(tmp_path, ['plan', '--model', 'mlp'], sig, loading_torch)
     assert got == rc and 'Traceback' not in err and 'netlite' in err, err[-2000:]
 
 
@@ -703,7 +709,7 @@ def test_r2_sigterm_to_netlite_train_under_torchrun_stops_every_process_with_a_c
     (tmp_path / 'c.yaml').write_text("strategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample, batch_size: 64}\ntrain: {steps: 5000, checkpoint_every: 50}\n")
     run = tmp_path / 'r'
     rc, err = cli_signal(tmp_path, ['train', str(tmp_path / 'c.yaml'), '--nproc-per-node', '2', '--out', str(run), '--quiet'], signal.SIGTERM,
-                         lambda: (run / 'latest').exists())
+                         lambda p: (run / 'latest').exists())
     assert rc == 143 and 'stopped by SIGTERM; every process saved the last finished step' in err and 'Traceback' not in err, err[-3000:]
     assert 'Unable to shutdown' not in err   # no process was still training when torchrun's 30 s grace ran out
     assert 50 <= read_state(run)['step'] < 5000
