@@ -1046,6 +1046,7 @@ def save_checkpoint(self:Trainer, run_dir=None,
     "Write a checkpoint of the current optimizer step into `run_dir` (default the trainer's, else a new temporary one); returns its path (None in data-parallel processes other than 0)."
     if not self.is_main: return None  # the other data-parallel processes hold the same weights: one writer
     if self.run_dir is None: self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix='netlite-run-'))
+    if run_dir is None: self._own_run_dir = self.run_dir.resolve()  # its files are this run's: a later `fit` continues it
     cbs = {f"{i}:{type(c).__name__}": c.state_dict() for i, c in enumerate(self.callbacks) if hasattr(c, 'state_dict')}
     return save_checkpoint(run_dir or self.run_dir, self.step, self.model, self.opt, self.scheduler, self.scaler, self.ema,  # chapter 06a's
                            extra={**{k: v for k, v in vars(self.state).items() if k != 'history'}, 'elapsed': self._elapsed_now(), 'callbacks': cbs,
