@@ -602,7 +602,8 @@ def load_yaml(text:str, # the YAML document
     finally: loader.dispose()
 
 # %% ../nbs/06_strategies.ipynb #y005b
-CONFIG_BYTES = 256_000  # the largest configuration file read (a real one is about 1 KB); checked before reading, as parsing is slow
+CONFIG_BYTES = 64_000  # the largest configuration file read (a real one is about 1 KB); checked before reading: PyYAML's pure-Python
+# parser took 15 s for a 252 KB list on a busy 2-core machine (load 13), so a limit of 64 KB keeps any file to a few seconds
 
 def read_config_text(path, # a YAML file
                      where:str|None=None, # what to call it in messages; default its path
