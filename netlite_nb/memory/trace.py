@@ -91,6 +91,8 @@ class AllocationTracker(TorchDispatchMode):
         self.graph:tuple|None = None  # heap bytes per autograd node, saved tensor, saved value (`AUTOGRAD_GRAPH_BYTES`); None: not counted
         self.nodes = object()  # this micro-batch's mark, left in the metadata of each autograd node counted (`count_nodes`)
         self.held:list[Allocation] = []  # the graph's records still alive
+        self.summing = None  # the autograd node whose gradients backward is adding into the buffers of the nodes after it (`_sum_in_place`)
+        self.summed = 0      # gradients added in place where the tracker's presence would have made autograd add them out of place
 
     def record_of(self, t:torch.Tensor)->Allocation|None:
         "The record of `t`'s storage while it is tracked and alive."
@@ -238,10 +240,40 @@ def _item(tr:AllocationTracker, func, args)->float:
     try: return func(*args)
     except Exception: tr.stood_in += 1; return 1.0
 
+# %% ../../nbs/01a_trace.ipynb #sum2
+_SOLE = torch._C._storage_Use_Count(torch.empty(1, device='meta').untyped_storage()._cdata)  # a storage one tensor holds, seen from Python
+
+def _dense(t:torch.Tensor)->bool:
+    "Can autograd add into `t` in place (`can_accumulate_inplace`)? Dense, its storage held by this tensor alone, not a zero tensor, no lazy negation."
+    return (t.layout == torch.strided and torch._prims_common.is_non_overlapping_and_dense_or_false(t) and not t._is_zerotensor() and not t.is_neg()
+            and not t.is_conj() and torch._C._storage_Use_Count(t.untyped_storage()._cdata) <= _SOLE)
+
+def _sum_in_place(tr:AllocationTracker, func, args:tuple, kwargs:dict)->bool:
+    "Is `func` backward adding a second gradient into a buffer (`tr.summing`'s output meeting another), which a real step adds in place?"
+    if func is not _A.add.Tensor or kwargs or len(args) != 2 or tr.summing is None or torch.is_grad_enabled(): return False
+    old, new = args
+    return (torch._C._current_autograd_node() is tr.summing and isinstance(new, torch.Tensor) and new.layout == torch.strided
+            and old.shape == new.shape and old.dtype == new.dtype and _dense(old))
+
+@patch
+def hook_sums(self:AllocationTracker, loss:torch.Tensor):
+    "Before `loss.backward()`: a post hook on each node whose output meets another gradient, marking where the engine's adds start."
+    seen, todo, meets = set(), [loss.grad_fn], {}
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen: continue
+        seen.add(node)
+        for f, i in node.next_functions:
+            if f is not None: meets[f, i] = meets.get((f, i), 0) + 1; todo.append(f)
+    def done(grad_inputs, grad_outputs): self.summing = torch._C._current_autograd_node()  # returns None: the gradients stay
+    for node in seen:
+        if any(f is not None and meets[f, i] > 1 for f, i in node.next_functions): node.register_hook(done)
+
 # %% ../../nbs/01a_trace.ipynb #at7
 @patch
 def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None):
     if func is _A._local_scalar_dense.default and _stand_in(self, args[0]): return _item(self, func, args)
+    if _sum_in_place(self, func, args, kwargs or {}): self.summed += 1; return args[0].add_(args[1])  # as a real backward adds it
     if func in _MATMULS and (wrong := _dtype_mismatch(func, args, self.cuda_autocast)): raise RuntimeError(wrong)  # what the real kernel says
     if func in _MATMULS or func in CONVS: self.kernels.append(kernel_spec(func, args))
     if func is torch.ops.aten._safe_softmax.default: self.decomposed = True
@@ -569,7 +601,9 @@ def _micro_step(m:nn.Module, xb, yb, tr:AllocationTracker, loss_fn:Callable, pre
     if scale is not None: loss = loss * scale
     if tr.graph is not None: tr.count_nodes(loss)  # the loss's own nodes, and any made outside a module
     tr.phase = 'backward'
+    tr.hook_sums(loss)
     loss.backward()
+    tr.summing = None  # the last node run: holding it would keep it alive
     if tr.graph is not None: tr.free_graph()
 
 # %% ../../nbs/01a_trace.ipynb #tp14
