@@ -174,6 +174,8 @@ def _kept_inputs_note(batch)->list[str]:
 def _bounded_note(tr:AllocationTracker)->list[str]:
     "The plan's note on ops it ran at their largest because the data decides their size (`_data_shaped`)."
     if not tr.bounded: return []
+    if tr.shares: return [f"sized by the batch given: {_op_counts(tr.bounded)} made the share of rows this batch's values made (routing, masks: "
+                          "`data_shares`), at any batch size; data routed otherwise uses more or less, at most every element of a mask True"]
     return [f"an upper bound where the data decides a size: {_op_counts(tr.bounded)} planned at their largest (every element of a mask True, every "
             "value distinct, every packed sequence at full length); the step uses less when they select less"]
 
