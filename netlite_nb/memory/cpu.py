@@ -22,7 +22,7 @@ from ..probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes,
 from .trace import (
     AUTOGRAD_GRAPH_BYTES, AllocationTracker, DeviceKernels, GRAPH_KEY, Target, _A, CONVS, _CTC_BACKWARD, _FQ,
     _FQ_BACKWARD, _MATMULS, graph_census, kernel_spec, register_kernels)
-from .heap import _glibc_note, glibc_replay, on_glibc
+from .heap import _glibc_note, glibc_replay, on_glibc, replay_note
 
 # %% auto #0
 __all__ = ['MKL_BLOCKING', 'ONEDNN_MATMUL_STATE', 'MALLOC_ENV', 'mkl_isa', 'mkl_panel', 'onednn_lowp', 'on_onednn',
@@ -743,7 +743,7 @@ def cpu_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
     g = MKL_BLOCKING[isa]
     tr.peak, tr.peak_at, rounding = glibc_replay(tr)  # the breakdown by category is read where glibc's peak is
     raw = tr.peak
-    return raw + ws + rounding, raw + ws + rounding, {'CPU kernel workspace': ws, 'allocator rounding': rounding}, [_glibc_note()] * on_glibc() + [
+    return raw + ws + rounding, raw + ws + rounding, {'CPU kernel workspace': ws, 'allocator rounding': rounding}, [_glibc_note()] * on_glibc() + replay_note(tr) + [
         f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, {g['kc']}) x (N + up to {g['m_block']}) "
         f"for each product that needs more than the ones before it), {g['state'] // 1024} KiB per oneDNN convolution shape"
         + (f" and {ONEDNN_MATMUL_STATE[how] // 1024} KiB per oneDNN bf16/fp16 matmul primitive (shape, layout, bias)" if (how := onednn_lowp('torch.bfloat16')) else '')
