@@ -770,6 +770,16 @@ def _untraceable(e:Exception, tr:AllocationTracker, m:nn.Module)->UntraceableErr
         f"or size the batch by running real steps: `find_batch_size(model, batch, device)`. PyTorch said: {str(e).splitlines()[0][:300]}")
 
 # %% ../../nbs/01a_trace.ipynb #f053f588
+_SPARSE_WAY = ("a sparse tensor's memory, and that of the ops on it (`torch.sparse.mm`), is set by how many nonzeros it has, which the "
+    "data decides; the planner plans dense tensors from their shapes. Size the batch by running real steps: `find_batch_size(model, batch, "
+    "device)` (on the CPU, with start=), or plan the model with the tensor dense (`adj.to_dense()`), an upper bound.")
+
+def _sparse_batch(batch)->UntraceableError|None:
+    "The refusal of a batch that holds a sparse tensor (a graph's adjacency); None when it holds none."
+    sp = next((t for t in tree_flatten(_as_dict(batch))[0] if isinstance(t, torch.Tensor) and t.layout != torch.strided), None)
+    if sp is None: return None
+    return UntraceableError(f"The planner cannot plan the batch's sparse tensor ({str(sp.layout).replace('torch.', '')}, shape {tuple(sp.shape)}): " + _SPARSE_WAY)
+
 def _unplannable(model:nn.Module, sparse:bool=True)->UntraceableError|None:
     "The first layer of `model` a trace cannot be made of, as an `UntraceableError` (TorchScript, lazy layers not yet run; with `sparse`, sparse gradients); None when there is none."
     for name, mod in model.named_modules():
@@ -783,6 +793,9 @@ def _unplannable(model:nn.Module, sparse:bool=True)->UntraceableError|None:
                 "a size the data decides; the planner plans dense tensors. Plan it with `sparse=False` (the dense gradient is the whole "
                 "table: above the sparse one when a batch looks up fewer ids than the table has rows), or size the batch by running real "
                 "steps: `find_batch_size(model, batch, device)`.")
+        if (sp := next(((n, t) for n, t in (*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False), *vars(mod).items())
+                        if isinstance(t, torch.Tensor) and t.layout != torch.strided), None)):
+            return UntraceableError(where + f"its tensor `{sp[0]}` is sparse ({str(sp[1].layout).replace('torch.', '')}, shape {tuple(sp[1].shape)}): " + _SPARSE_WAY)
         if isinstance(mod, nn.modules.lazy.LazyModuleMixin) and mod.has_uninitialized_params():  # parameters or buffers
             return UntraceableError(where + "a lazy layer whose weights do not exist yet: PyTorch makes them on its first forward. "
                 "Run the model once on a batch (`model(x)`), then plan.")
@@ -946,6 +959,7 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
     if (err := _unplannable(model, sparse=transform is None)) is not None: raise err  # before the copy, which these would break
     kernels = device_kernels(kernels, measured=measured, missing=missing)
     cpu_path = precision in LOW_PRECISION or (kernels is not None and _cpu_dispatch_differs(model))
+    if (err := _sparse_batch(batch)) is not None: raise err  # resized, it would be planned dense
     x, y = _check_batch(batch)
     b = _batch_size(batch)
     mb = min(micro_batch or b, b)
