@@ -606,6 +606,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'netlite_nb.memory.cpu._graph_link': ('cpu.html#_graph_link', 'netlite_nb/memory/cpu.py'),
                                        'netlite_nb.memory.cpu._keeps_state': ('cpu.html#_keeps_state', 'netlite_nb/memory/cpu.py'),
                                        'netlite_nb.memory.cpu._kept_bytes': ('cpu.html#_kept_bytes', 'netlite_nb/memory/cpu.py'),
+                                       'netlite_nb.memory.cpu._kernel_isa': ('cpu.html#_kernel_isa', 'netlite_nb/memory/cpu.py'),
                                        'netlite_nb.memory.cpu._lines': ('cpu.html#_lines', 'netlite_nb/memory/cpu.py'),
                                        'netlite_nb.memory.cpu._measure_convs': ('cpu.html#_measure_convs', 'netlite_nb/memory/cpu.py'),
                                        'netlite_nb.memory.cpu._measure_graph': ('cpu.html#_measure_graph', 'netlite_nb/memory/cpu.py'),

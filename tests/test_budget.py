@@ -562,6 +562,40 @@ def test_second_gradients_are_added_in_place_as_a_plain_step_adds_them():
     assert trace_step(model, batch, steps=1).tracker.summed > 60   # the state's gradient at each of the 64 steps, at least
 
 
+def test_kernel_model_checks_only_the_cpus_it_was_read_on(monkeypatch):
+    "The kernel model's figures were read on Intel CPUs running AVX-512 kernels: an AMD CPU, or an Intel one held to AVX2 (as CI emulates an AVX2-only machine), is not covered, so no test asserts those figures there."
+    import netlite_nb.memory.cpu as C
+    monkeypatch.setattr(C, 'cpu_vendor', lambda: 'GenuineIntel')
+    monkeypatch.setattr(torch.backends.cpu, 'get_cpu_capability', lambda: 'AVX512')
+    monkeypatch.delenv('ONEDNN_MAX_CPU_ISA', raising=False)
+    assert kernel_model_covers_this_cpu()
+    monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'AVX2')
+    assert not kernel_model_covers_this_cpu()   # oneDNN's AVX2 kernels keep other scratch than the AVX-512 ones the model was read on
+    monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'AVX512_CORE_AMX')
+    assert kernel_model_covers_this_cpu()
+    monkeypatch.setattr(torch.backends.cpu, 'get_cpu_capability', lambda: 'AVX2')   # ATEN_CPU_CAPABILITY=avx2
+    assert not kernel_model_covers_this_cpu()
+    monkeypatch.setattr(torch.backends.cpu, 'get_cpu_capability', lambda: 'AVX512')
+    monkeypatch.setattr(C, 'cpu_vendor', lambda: 'AuthenticAMD')   # Zen 4: AVX-512, other kernels' scratch
+    assert not kernel_model_covers_this_cpu()
+
+
+@pytest.mark.skipif(not on_glibc(), reason="glibc's heap model")
+def test_a_long_trace_replays_from_fewer_heaps_and_says_so(monkeypatch):
+    "A trace longer than REPLAYED_EVENTS allows is replayed from the first few heaps only, and the plan says it approximated; a short one from all."
+    from netlite_nb.memory import heap
+    m, batch = mlp(), (torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,)))
+    every = len(heap.heap_replays())
+    full = plan_memory(m, batch, device_or_gpu='cpu')
+    assert not any(n.startswith('approximated') for n in full.notes)
+    n = len(trace_step(m, batch, kernels='cpu').tracker.events)
+    monkeypatch.setattr(heap, 'REPLAYED_EVENTS', 3 * n)
+    assert len(heap.heap_replays(n)) == 3 < every
+    cut = plan_memory(m, batch, device_or_gpu='cpu')
+    assert any(n.startswith('approximated') and f'from 3 of the {every}' in n for n in cut.notes), cut.notes
+    assert cut.peak <= full.peak   # the highest of fewer replays
+
+
 def test_precision_effects():
     m = mlp()
     b = resize_batch(MNIST, 256)

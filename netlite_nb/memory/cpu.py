@@ -726,14 +726,19 @@ def cpu_vendor()->str:
     try: return next((l.split(':', 1)[1].strip() for l in Path('/proc/cpuinfo').read_text().splitlines() if l.startswith('vendor_id')), '')
     except OSError: return ''
 
+def _kernel_isa()->str:
+    "The vector ISA this process's kernels run: ATen's (`ATEN_CPU_CAPABILITY` can lower it), held lower still where `ONEDNN_MAX_CPU_ISA` caps oneDNN's."
+    cap, most = torch.backends.cpu.get_cpu_capability(), os.environ.get('ONEDNN_MAX_CPU_ISA', 'ALL').upper()
+    return 'AVX2' if cap == 'AVX512' and most != 'ALL' and not most.startswith(('AVX512', 'AVX10', 'AMX')) else cap
+
 def kernel_model_covers_this_cpu()->bool:
-    "Were the kernel model's figures (oneDNN's convolution scratch, ATen's dtype copies) read off a CPU like this one? Intel x86 CPUs so far."
-    return cpu_vendor() == 'GenuineIntel'
+    "Were the kernel model's figures (oneDNN's convolution scratch, ATen's dtype copies) read off a CPU like this one? Intel x86 CPUs running AVX-512 kernels so far."
+    return cpu_vendor() == 'GenuineIntel' and _kernel_isa() == 'AVX512'
 
 def _uncovered_note()->list[str]:
     if kernel_model_covers_this_cpu(): return []
-    return [f"this CPU ({cpu_vendor() or platform.machine()}) is not one the kernel scratch model was read on (Intel x86): its kernels may "
-            "hold less or more than planned; calibrate=True measures them here"]
+    return [f"this CPU ({cpu_vendor() or platform.machine()}, {_kernel_isa()} kernels) is not one the kernel scratch model was read on (Intel x86, "
+            "AVX-512): its kernels may hold less or more than planned; calibrate=True measures them here"]
 
 # %% ../../nbs/01c_cpu.ipynb #801f02f1
 def cpu_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
