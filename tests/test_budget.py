@@ -596,6 +596,28 @@ def test_a_long_trace_replays_from_fewer_heaps_and_says_so(monkeypatch):
     assert cut.peak <= full.peak   # the highest of fewer replays
 
 
+class _Top2(nn.Module):
+    "Top-2 routing over eight expert MLPs with real dispatch (torch.where, index_add): each expert runs on its own tokens only."
+    def __init__(self):
+        super().__init__(); self.router = nn.Linear(64, 8); self.experts = nn.ModuleList(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)) for _ in range(8))
+    def forward(self, z):
+        w, idx = self.router(z).softmax(-1).topk(2, -1); out = torch.zeros_like(z)
+        for i, f in enumerate(self.experts):
+            tok, slot = torch.where(idx == i)
+            out = out.index_add(0, tok, f(z[tok]) * w[tok, slot, None])
+        return out
+
+def test_routing_is_planned_as_a_real_batch_routes_it():
+    "A batch with values sizes the data-shaped ops (each expert gets the tokens this batch sends it); on shapes alone the plan is the bound, and says so. max_batch_size with such a sample routes every size alike."
+    torch.manual_seed(0)
+    z = torch.randn(256, 64)
+    real, bound = plan_memory(_Top2(), z), plan_memory(_Top2(), z.to('meta'))
+    assert real.peak < 0.6 * bound.peak, (real.peak, bound.peak)
+    assert any(n.startswith('sized by the batch given') for n in real.notes) and any(n.startswith('an upper bound') for n in bound.notes)
+    budget = 64 * 2**20
+    assert max_batch_size(_Top2(), z, budget=budget) > 1.5 * max_batch_size(_Top2(), z.to('meta'), budget=budget)
+
+
 def test_precision_effects():
     m = mlp()
     b = resize_batch(MNIST, 256)
