@@ -225,6 +225,13 @@ def data_shares(model:nn.Module, # the model; run once, its weights, buffers, mo
 
 _SHARES = weakref.WeakKeyDictionary()  # model -> the shares its last real batch kept: a plan of a resized batch (`max_batch_size`) routes like it
 
+def _real_shares(model:nn.Module, batch, loss_fn)->list[float]|None:
+    "`data_shares` of a batch with values, kept for the model's resized batches; None when the batch has none or the model cannot run on it here."
+    if not _has_values(batch): return None
+    try: _SHARES[model] = shares = data_shares(model, batch, loss_fn)
+    except Exception: return None  # e.g. the model on another device than the batch: the bound stands
+    return shares
+
 def _has_values(batch)->bool: return all(not is_traced(t) for t in tree_flatten(_as_dict(batch))[0] if isinstance(t, torch.Tensor))
 def _data_sized(tr:AllocationTracker)->bool: return any(op != 'pack_padded_sequence' for op in getattr(tr, 'bounded', ()))
 
@@ -924,19 +931,13 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
         raise err from e
     return tr
 
-# %% ../../nbs/01a_trace.ipynb #c016b
+# %% ../../nbs/01a_trace.ipynb #c016a
 def _made_on_cpu(e:Exception|None)->bool:
     "Did `e` come from a 'meta' tensor meeting a CPU tensor the model made itself (`torch.zeros(n)` with no device, inside forward)?"
     msg = str(e)
     return 'device' in msg and 'meta' in msg and 'cpu' in msg
 
-def _real_shares(model:nn.Module, batch, loss_fn)->list[float]|None:
-    "`data_shares` of a batch with values, kept for the model's resized batches; None when the batch has none or the model cannot run on it here."
-    if not _has_values(batch): return None
-    try: _SHARES[model] = shares = data_shares(model, batch, loss_fn)
-    except Exception: return None  # e.g. the model on another device than the batch: the bound stands
-    return shares
-
+# %% ../../nbs/01a_trace.ipynb #c016b
 def trace_step(model:nn.Module, # the model; it is copied, never run or changed
                batch, # (x, y), x, or a dict of inputs the model takes as keywords; any device, including 'meta'
                loss_fn:Callable|None=None, # loss_fn(output, y); default: `default_loss`
