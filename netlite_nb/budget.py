@@ -384,7 +384,7 @@ def max_batch_size(model:nn.Module, # the model to plan for
         if micro_of is None: return plan_memory(model, resize_batch(sample, b), device_or_gpu=target, budget=budget, **kw)
         return plan_memory(model, resize_batch(sample, micro_of), micro_batch=b, device_or_gpu=target, budget=budget, **kw)
     lo = smallest_batch(plan)
-    if _BOUND in ' '.join(plan(lo).notes) and _real_shares(model, sample, kw.get('loss_fn')):  # a sample with values: route every size as it routes
+    if _BOUND in ' '.join(getattr(plan(lo), 'notes', ())) and _real_shares(model, sample, kw.get('loss_fn')):  # a sample with values: route every size as it routes
         plan.cache_clear(); lo = smallest_batch(plan)
     if lo > max_batch: raise ValueError(f"The model cannot train at a batch of {max_batch} (a batch of 1 cannot train it; the smallest is {lo}): raise max_batch.")
     if not plan(lo).fits: raise BudgetTooSmallError(_too_small(model, sample, budget, target, plan(lo), kw, lo, suggest=micro_of is None))

@@ -982,12 +982,14 @@ SEQ = (torch.randn(8, 5, 16), torch.randint(0, 10, (8,)))
 @pytest.mark.parametrize('rnn', [False, True], ids=['meta', 'cpu-fake'])
 @pytest.mark.parametrize('how', ['mask', 'nonzero', 'where', 'masked_select', 'unique'])
 def test_ops_the_data_sizes_are_planned_at_their_largest(how, rnn):
-    p = plan_memory(_Select(how, rnn), SEQ, device_or_gpu='cpu')   # used to fail: "does not accept this batch"
+    shapes = resize_batch(SEQ, 8)   # no values: the data-shaped ops at their bound (a batch with values sizes them: `data_shares`)
+    p = plan_memory(_Select(how, rnn), shapes, device_or_gpu='cpu')   # used to fail: "does not accept this batch"
     assert any('upper bound where the data decides a size' in n for n in p.notes), p.notes
-    t = trace_step(_Select(how, rnn), SEQ)
+    assert any('sized by the batch given' in n for n in plan_memory(_Select(how, rnn), SEQ, device_or_gpu='cpu').notes)
+    t = trace_step(_Select(how, rnn), shapes)
     assert t.tracker.bounded
     if how in ('mask', 'nonzero', 'where'):   # every row selected: the plan of selecting every row by number, and its gradient too
-        every_row = trace_step(_Select('all', rnn), SEQ).tracker.peak
+        every_row = trace_step(_Select('all', rnn), shapes).tracker.peak
         assert t.tracker.peak >= every_row - 8 * 64 * 2   # nonzero's own index tensor aside, at least every row
         assert 'index_put.default' not in t.tracker.bounded   # the gradient's scatter back: sized by the shapes
     assert 'upper bound' not in ' '.join(plan_memory(_Select('all', rnn), SEQ, device_or_gpu='cpu').notes)
@@ -1544,7 +1546,7 @@ def test_a_packed_lstm_is_planned_on_the_kernels_unequal_lengths_take(monkeypatc
     real = AllocationTracker('cpu')
     with real:
         real.phase = 'forward'; loss = default_loss(m(x), y)
-        real.phase = 'backward'; loss.backward()
+        real.phase = 'backward'; real.hook_sums(loss); loss.backward()   # second gradients added in place, as outside any dispatch mode
     def tensors(tr):  # the most tensor bytes alive in forward and backward, beyond the weights and the batch
         cur = best = 0
         for d, r in tr.events:
