@@ -1470,7 +1470,7 @@ def _setup_run(self:Trainer, epochs, steps, resume):
         # a run that starts mid-epoch (after an earlier `fit(steps=...)`) counts that epoch's finished steps as done
         s.run_start, s.run_offset, self._ckpt = s.step, math.ceil(s.batch_in_epoch / s.window), None
         if s.step == 0:  # without seed=, torch's generator decides: torch.manual_seed(s) before `fit` gives run s, as in plain PyTorch
-            s.seed = self.opts.seed if self.opts.seed is not None else int(torch.randint(2**31 - 1, ()).item())
+            s.seed = self.opts.seed if self.opts.seed is not None else self._drawn_seed()
             seed_everything(s.seed, self.opts.deterministic)
     if steps is None:
         if epochs is None: raise ValueError("fit needs `epochs=` or `steps=`.")
@@ -1484,6 +1484,14 @@ def _setup_run(self:Trainer, epochs, steps, resume):
     if self._ckpt is not None: self._apply_resume_changes()
     if self.opts.plan and self.plan is None: self._initial_plan()
     self._save_config()
+
+# %% ../nbs/07_train.ipynb #g017s
+@patch
+def _drawn_seed(self:Trainer)->int:
+    "A seed from torch's global generator; in data-parallel training, process 0's for every process (a resume restores one set of random states)."
+    seed = [int(torch.randint(2**31 - 1, ()).item())]
+    if self.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized(): torch.distributed.broadcast_object_list(seed, src=0)
+    return seed[0]
 
 # %% ../nbs/07_train.ipynb #g017e
 _OFF = ("to skip the check: Trainer(check_data=False), `train.check_data: false` in a run configuration, "
