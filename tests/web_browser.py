@@ -135,3 +135,22 @@ def feed_files_inputs(page, files:list)->tuple[list, np.ndarray]:
         page.wait_for_function("n => window.netlite.count > n", arg=i, timeout=60_000)
         out.append(shown(page)); xs.append(page.evaluate("Array.from(window.netlite.last.input)"))
     return out, np.array(xs, dtype=np.float32)
+
+
+def check_page(browser, page, opened:str, dist:Path, cdn:str, inputs, reference:np.ndarray, screenshot:Path|None=None)->dict:
+    """Open `page` (chapter 09b's `WebPage`) `opened` 'file' (from disk) or 'http' (served), feed it `inputs` (picture files, or rows
+    of numbers for a vector model) through its own input path, and compare what it displays with `reference` (the probabilities
+    ONNX Runtime in Python gives for the same inputs). Returns the comparison, the page's model inputs and its timings."""
+    elsewhere = []
+    with served(page.path.parent) as base:
+        url = page.path.as_uri() if opened == 'file' else base + page.path.name
+        p = open_page(browser, url, cdn, dist, elsewhere)
+        if page.preprocess.kind == 'vector': shown_rows, xs = feed_vectors(p, inputs), None
+        else: shown_rows, xs = feed_files_inputs(p, inputs)
+        info = p.evaluate("({backend: window.netlite.backend, load_ms: window.netlite.load_ms, times: window.netlite.times, ua: navigator.userAgent})")
+        if screenshot is not None: p.screenshot(path=str(screenshot))
+        p.close()
+    times = info['times'][1:]  # the first inference pays for warming up
+    return dict(compare(shown_rows, reference, page.classes), opened=opened, offline=page.offline, precision=page.precision,
+                backend=info['backend'], load_ms=info['load_ms'], median_ms=float(np.median(times)), p90_ms=float(np.percentile(times, 90)),
+                user_agent=info['ua'], remote_requests=elsewhere, inputs=xs)
