@@ -358,6 +358,12 @@ def _onnx_input(path:Path)->tuple:
                          f"Export with a fixed input size (chapter 09 does for the zoo's models).")
     return tuple(dims)
 
+def _precision_of(path:Path)->str:
+    "'int8' for a quantized ONNX file (chapter 09's QDQ or ONNX Runtime's integer operators), 'fp16' for half weights, else 'fp32'."
+    m = onnx.load(str(path), load_external_data=False)
+    if {n.op_type for n in m.graph.node} & {'QuantizeLinear', 'DequantizeLinear', 'QLinearConv', 'QLinearMatMul', 'MatMulInteger', 'ConvInteger'}: return 'int8'
+    return 'fp16' if any(t.data_type == onnx.TensorProto.FLOAT16 for t in m.graph.initializer) else 'fp32'
+
 def _run_model(run_dir:Path, precision:str)->tuple[Path, dict]:
     "The run's exported ONNX file in `precision` ('auto': INT8 if there is one, else FP32) and its `data:` section."
     run = read_run_config(run_dir).get('run') or {}
@@ -439,8 +445,7 @@ def web_page(source,                 # a run directory (chapter 07) or an .onnx 
     dist = ort_web_dist(offline) if offline is not None else None
     rt = _runtime_config(dist is not None)
     sizes = _copy_runtime(dist, folder / 'ort') if dist is not None else dict(ORT_WEB_BYTES)
-    name = path.name.split('.')[0]
-    prec = path.name.split('.')[-2] if path.name.count('.') >= 2 else 'fp32'
+    name, prec = path.name.split('.')[0], _precision_of(path)
     page = folder / 'index.html'
     _write_atomic(page, _page_html(name, model, prec, classes, pre, rt, sizes).encode(), _check_page(model))
     return WebPage(page, path, prec, classes, pre, str(folder / 'ort') if dist is not None else ORT_WEB_CDN, sizes, dist is not None)

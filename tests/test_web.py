@@ -110,3 +110,19 @@ def test_vector_page_form(browser, dist, tmp_path):
     rows = ds.tensors[0][-100:].numpy()
     r = wb.check_page(browser, page, 'file', dist, ORT_WEB_CDN, rows, wb.softmax(run_onnx(rep.path, rows)))
     _assert_agrees(r)
+
+
+def test_cli_export_web(demo_run, capsys):
+    "`netlite export RUN --web` exports, then writes RUN/web/index.html carrying the file it exported; a wrong --offline stops before the export."
+    import base64, shutil
+    from netlite_nb.cli import main
+    assert main(['export', str(demo_run), '--offline', '/nowhere', '--web']) != 0
+    assert 'npm install onnxruntime-web@' in capsys.readouterr().err
+    shutil.rmtree(demo_run / 'web', ignore_errors=True)
+    assert main(['export', str(demo_run), '--fp16', '--web']) in (0, None)
+    out = capsys.readouterr().out
+    page = demo_run / 'web' / 'index.html'
+    assert str(page) in out and page.is_file()
+    cfg = json.loads(page.read_text().split('id="netlite-config">')[1].split('</script>')[0])
+    assert base64.b64decode(cfg['model']['base64']) == (demo_run / 'onnx' / 'netlite_tiny.fp16.onnx').read_bytes()
+    assert cfg['runtime']['base'] == ORT_WEB_CDN and cfg['classes'] == [str(i) for i in range(10)]
