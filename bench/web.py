@@ -10,7 +10,7 @@ which chapter 09b renders. The checks are those of tests/test_web.py (tests/web_
 
 Needs npm and the npm registry (ONNX Runtime Web is installed into a temporary folder), Debian's chromium and Playwright.
 """
-import argparse, json, platform, subprocess, sys, tempfile, time
+import argparse, json, platform, re, subprocess, sys, tempfile, time
 from pathlib import Path
 import numpy as np, torch
 
@@ -55,7 +55,7 @@ def main():
     ap.add_argument('--out', type=Path, default=ROOT / 'bench' / 'results' / 'web'); ap.add_argument('--epochs', type=int, default=8)
     args = ap.parse_args()
     dist = wb.ort_web_package(ORT_WEB_VERSION) / 'dist'
-    chromium = subprocess.run([wb.CHROMIUM, '--version'], capture_output=True, text=True).stdout.strip().split()[-1]
+    chromium = (re.findall(r'\d+(?:\.\d+)+', subprocess.run([wb.CHROMIUM, '--version'], capture_output=True, text=True).stdout) or ['?'])[0]
     d, cases, t0 = Path(tempfile.mkdtemp(prefix='netlite_web_bench_')), [], time.time()
     made = [demo_case(d, args.epochs), colour_case(d)]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -74,6 +74,7 @@ def main():
         bench='web', measured_on='chromium', machine=mach, chromium=chromium, onnxruntime_web=ORT_WEB_VERSION, torch=torch.__version__,
         python=platform.python_version(), date=time.strftime('%Y-%m-%dT%H:%M:%S%z'), commit=_git('rev-parse', '--short=10', 'HEAD') or None,
         dirty=bool(_git('status', '--porcelain', '--untracked-files=no')), source='bench/web.py', seconds=time.time() - t0, cases=cases))
+    for f in args.out.iterdir(): f.chmod(0o644)  # readable like the repository's other files (mkstemp makes 0600)
 
 
 if __name__ == '__main__': main()

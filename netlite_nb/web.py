@@ -94,7 +94,7 @@ def classes_of(data:dict, num_classes:int)->list[str]:
         root = data.get('root')
         if not root or not Path(root).is_dir():
             raise FileNotFoundError(f"The run trained on the image folder {root!r}, which is not there: its sub-folders are the class names. "
-                                    f"Pass them in label order (`classes=[...]`, `--classes a,b,c` on the command line), or run where the folder is.")
+                                    f"Pass them in label order (`classes=[...]`), or build the page where the folder is.")
         names = find_classes(root)[0]
     elif name in ('mnist', 'fashion_mnist'):
         import torchvision.datasets as tvd

@@ -126,3 +126,19 @@ def test_cli_export_web(demo_run, capsys):
     cfg = json.loads(page.read_text().split('id="netlite-config">')[1].split('</script>')[0])
     assert base64.b64decode(cfg['model']['base64']) == (demo_run / 'onnx' / 'netlite_tiny.fp16.onnx').read_bytes()
     assert cfg['runtime']['base'] == ORT_WEB_CDN and cfg['classes'] == [str(i) for i in range(10)]
+
+
+@pytest.mark.slow
+def test_demo_page_on_webgpu(dist, demo_run, tmp_path):
+    "The page's WebGPU path, on Chromium's software WebGPU (SwiftShader): minutes to load here, so `-m slow`."
+    from PIL import Image
+    from netlite_nb.data import mnist_sample
+    page = web_page(demo_run, folder=tmp_path / 'web', precision='fp32')
+    va = mnist_sample(raw=True)[1]
+    files = []
+    for i in range(20):
+        files.append(tmp_path / f"digit{i}.png"); Image.fromarray(va.x[i, 0].numpy(), 'L').save(files[-1])
+    with wb.chromium(wb.WEBGPU_ARGS) as b:
+        r = wb.check_page(b, page, 'file', dist, ORT_WEB_CDN, files, wb.softmax(run_onnx(page.model, va.x[:20].float() / 255)))
+    if r['backend'] != 'webgpu': pytest.skip("This Chromium gives the page no WebGPU adapter, even a software one.")
+    assert r['remote_requests'] == [] and r['top1_agreement'] >= 99 and r['max_prob_diff'] <= 1e-3, r

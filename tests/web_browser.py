@@ -7,6 +7,9 @@ import numpy as np
 
 CHROMIUM = os.environ.get('NETLITE_CHROMIUM', '/usr/bin/chromium')
 CHROMIUM_ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update']
+# WebGPU without a GPU: Chromium's software Vulkan (SwiftShader) gives the page an adapter, so its WebGPU path runs (slowly)
+WEBGPU_ARGS = ['--headless', '--no-sandbox', '--disable-background-networking', '--disable-component-update', '--enable-unsafe-webgpu',
+               '--enable-features=Vulkan', '--use-vulkan=swiftshader', '--use-webgpu-adapter=swiftshader', '--disable-vulkan-surface', '--use-angle=swiftshader']
 
 
 class Unavailable(RuntimeError):
@@ -37,13 +40,13 @@ def served(folder:Path):
 
 
 @contextlib.contextmanager
-def chromium():
-    "A headless Debian Chromium under Playwright."
+def chromium(args=CHROMIUM_ARGS):
+    "A headless Debian Chromium under Playwright, started with `args`."
     try: from playwright.sync_api import sync_playwright
     except ImportError as e: raise Unavailable(f"Playwright is not installed (the dev extra: pip install -e '.[dev]'): {e}") from None
     if not Path(CHROMIUM).exists(): raise Unavailable(f"No Chromium at {CHROMIUM}: apt-get install -y chromium, or set NETLITE_CHROMIUM.")
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS, timeout=60_000)
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=args, timeout=60_000)
         try: yield browser
         finally: browser.close()
 
@@ -63,7 +66,7 @@ def open_page(browser, url:str, cdn:str, dist:Path, elsewhere:list):
     console = []
     page.on('console', lambda m: console.append(m.text))
     page.goto(url)
-    page.wait_for_function("document.body.dataset.ready !== '0'", timeout=120_000)
+    page.wait_for_function("document.body.dataset.ready !== '0'", timeout=600_000)
     if page.evaluate("document.body.dataset.ready") != '1':
         raise AssertionError(f"The page did not start: {page.evaluate('window.netlite.error')}\nconsole: {console[-10:]}")
     return page
