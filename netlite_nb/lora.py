@@ -4,7 +4,7 @@
 
 # %% ../nbs/09a_lora.ipynb #l003
 from __future__ import annotations
-import copy, fnmatch, hashlib, math, re
+import copy, fnmatch, hashlib, importlib.util, json, math, os, re, tempfile
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -17,14 +17,16 @@ from fastcore.basics import patch
 from .probe import rows_html, rows_text
 from .budget import plan_memory, register_lever
 from .memory.trace import AllocationTracker, default_loss, is_traced, make_optimizer
+from .optim import dequantize_blockwise, quantize_blockwise
 from .data import LabeledTensors, make_loaders, mnist_sample
 from .checkpoint import find_checkpoint, read_run_config
 from .train import Trainer
 
 # %% auto #0
-__all__ = ['LowRank', 'LoRALayer', 'LoRALinear', 'LoRAConv', 'LoRAParametrization', 'LoRASummary', 'add_lora', 'is_lora',
-           'merge_lora', 'measured_step_peak', 'digit_loaders', 'AdaptationResult', 'fine_tune', 'compare_adaptation',
-           'merged', 'with_lora', 'model_for_export']
+__all__ = ['NF4', 'FP4', 'LowRank', 'LoRALayer', 'LoRALinear', 'LoRAConv', 'LoRAParametrization', 'LoRASummary', 'add_lora',
+           'is_lora', 'merge_lora', 'quantize_4bit', 'dequantize_4bit', 'QuantizedWeight', 'save_peft', 'load_peft',
+           'measured_step_peak', 'digit_loaders', 'AdaptationResult', 'fine_tune', 'compare_adaptation', 'merged',
+           'with_lora', 'model_for_export']
 
 # %% ../nbs/09a_lora.ipynb #l006
 class LowRank(nn.Module):
@@ -50,7 +52,19 @@ class LoRALayer(LowRank):
         self._init_adapter(base.weight, rank, alpha)
         self.dropout = nn.Dropout(dropout) if dropout else nn.Identity()
     @property
-    def weight(self)->torch.Tensor: return self.base.weight + self.delta()
+    def frozen_weight(self)->torch.Tensor:
+        "The frozen base weight (dequantized, when `add_lora(base_bits=...)` stored it quantized)."
+        q = getattr(self, 'qweight', None)
+        return self.base.weight if q is None else q.dequantize()
+    @property
+    def weight(self)->torch.Tensor: return self.frozen_weight + self.delta()
+    def _base_forward(self, x:torch.Tensor)->torch.Tensor:
+        "The frozen layer's output: `base(x)`, or, for a quantized base, the layer run with its weight dequantized (`_Dequantized`)."
+        q, b = getattr(self, 'qweight', None), self.base
+        if q is None: return b(x)
+        out = _Dequantized.apply(x, q, (lambda x, w: F.linear(x, w)) if isinstance(b, nn.Linear) else (lambda x, w: b._conv_forward(x, w, None)))
+        if b.bias is None: return out
+        return out + (b.bias if isinstance(b, nn.Linear) else b.bias.view(-1, *[1] * (out.dim() - 2)))
     @property
     def bias(self)->torch.Tensor|None: return self.base.bias
 
@@ -58,7 +72,7 @@ class LoRALayer(LowRank):
 class LoRALinear(LoRALayer):
     "`base(x) + (alpha/rank) · B A dropout(x)`: a frozen `nn.Linear` and a trainable low-rank update."
     def forward(self, x):
-        return self.base(x) + F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B) * self.scale
+        return self._base_forward(x) + F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B) * self.scale
 
 # %% ../nbs/09a_lora.ipynb #l013
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -68,7 +82,7 @@ class LoRAConv(LoRALayer):
     def forward(self, x):
         h = self.base._conv_forward(self.dropout(x), self.lora_A, None)
         B = self.lora_B.view(*self.lora_B.shape, *[1] * (h.dim() - 2))
-        return self.base(x) + _CONV[h.dim() - 2](h, B) * self.scale
+        return self._base_forward(x) + _CONV[h.dim() - 2](h, B) * self.scale
 
 # %% ../nbs/09a_lora.ipynb #l017
 class LoRAParametrization(LowRank):
@@ -92,6 +106,10 @@ def _not_adapted(m:nn.Module)->str|None:
     return None
 
 # %% ../nbs/09a_lora.ipynb #l023
+def _forget_flat_weights(rnn:nn.RNNBase, args, out):
+    "Forward hook: drop the graph from the adapted weights the layer keeps for its kernel (a copy of the model would refuse them)."
+    rnn._flat_weights = [None if w is None else w.detach() for w in rnn._flat_weights]
+
 def _adapt_one(model:nn.Module, name:str, m:nn.Module, parents:dict, kw:dict)->str|None:
     "Give the module `name` an adapter; returns what it became, or None when it is not a kind LoRA adapts."
     r, a = kw['rank'], kw['alpha']
@@ -99,6 +117,11 @@ def _adapt_one(model:nn.Module, name:str, m:nn.Module, parents:dict, kw:dict)->s
         ws = ['in_proj_weight'] if m._qkv_same_embed_dim else ['q_proj_weight', 'k_proj_weight', 'v_proj_weight']
         for w in ws: parametrize.register_parametrization(m, w, LoRAParametrization(getattr(m, w), r, a))
         return f"{' + '.join(ws)} (parametrization)"
+    if isinstance(m, nn.RNNBase):  # every weight matrix of every layer and direction; the kernel reads them as tensors
+        ws = [n for n, _ in m.named_parameters(recurse=False) if n.startswith('weight_')]
+        for w in ws: parametrize.register_parametrization(m, w, LoRAParametrization(getattr(m, w), r, a))
+        m.register_forward_hook(_forget_flat_weights)
+        return f"{len(ws)} weight matrices (parametrization)"
     if isinstance(m, nn.Linear) and isinstance(parents.get(name), nn.MultiheadAttention):  # read as a weight, never called
         parametrize.register_parametrization(m, 'weight', LoRAParametrization(m.weight, r, a))
         return "weight (parametrization)"
@@ -160,6 +183,7 @@ def _fingerprint(model:nn.Module, train=())->bytes|None:
     "SHA-256 of the base weights' names and bytes (all but the adapters and the `train` modules); None for the planner's data-less copies."
     new = _in_full(model, train)
     frozen = [(n, p) for n, p in model.named_parameters() if n.rsplit('.', 1)[-1] not in ('lora_A', 'lora_B') and id(p) not in new]
+    frozen += [(n, b) for n, b in model.named_buffers() if n.split('.')[-2:-1] == ['qweight']]  # a quantized base's codes and scales
     if any(is_traced(p) for _, p in frozen): return None
     h = hashlib.sha256()
     for n, p in frozen: h.update(n.encode()); h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
@@ -167,12 +191,16 @@ def _fingerprint(model:nn.Module, train=())->bytes|None:
 
 # %% ../nbs/09a_lora.ipynb #l028
 def add_lora(model:nn.Module, # changed in place (and returned)
-             targets=('*',), # module-name patterns, globs or 're:REGEX': the Linear, Conv and MultiheadAttention modules they match get adapters
+             targets=('*',), # module-name patterns, globs or 're:REGEX': the Linear, Conv, MultiheadAttention and RNN/LSTM/GRU modules they match get adapters
              rank:int=8, # r: the adapters' inner dimension
              alpha:float=16.0, # the update is scaled by alpha / rank
              dropout:float=0.0, # dropout on the adapters' input (not for MultiheadAttention's parametrizations)
              train=(), # module-name patterns whose parameters train in full (e.g. a new head)
              bias:str='none', # biases that train too, as `peft`'s LoraConfig: 'none', 'all' (every bias), 'lora_only' (those of adapted modules)
+             base_bits:int|None=None, # store the frozen weights of adapted Linear/Conv layers in 4 or 8 bits (QLoRA); None: as they are
+             quant_type:str='nf4', # with base_bits=4: 'nf4' or 'fp4'
+             blocksize:int=64, # weights sharing one scale in a quantized base
+             double_quant:bool=False, # quantize the scales too (8 bits, blocks of 256)
             )->nn.Module:
     "Freeze `model` and give the modules `targets` names low-rank adapters; returns the model, whose `lora_summary` says what was done."
     if is_lora(model): raise ValueError("This model already has LoRA adapters: merge them first (`merge_lora`), then add new ones.")
@@ -186,11 +214,17 @@ def add_lora(model:nn.Module, # changed in place (and returned)
         if what: adapted[name] = what
         elif _not_adapted(m): skipped[name] = _not_adapted(m)
     if not adapted:
-        names = [n for n, m in mods if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd, nn.MultiheadAttention))][:6]
-        raise ValueError(f"No module named by targets={list(targets)!r} can take an adapter (Linear, Conv or MultiheadAttention). "
+        names = [n for n, m in mods if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd, nn.MultiheadAttention, nn.RNNBase))][:6]
+        raise ValueError(f"No module named by targets={list(targets)!r} can take an adapter (Linear, Conv, MultiheadAttention, RNN/LSTM/GRU). "
                          f"Such modules in this model are named like {names}: use those names, or '*' for all.")
+    if base_bits is not None:
+        for name, m in model.named_modules():
+            if isinstance(m, LoRALayer) and name in adapted:
+                _quantize_base(m, base_bits, quant_type, blocksize, double_quant)
+                adapted[name] += f" ({m.qweight.quant_type} base)"
     trainable = _freeze(model, train, bias, adapted)
-    model.lora_summary = LoRASummary(adapted, skipped, trainable, sum(p.numel() for p in model.parameters()), rank, alpha, dropout, bias)
+    total = sum(p.numel() for p in model.parameters()) + sum(math.prod(m.qweight.shape) for m in model.modules() if hasattr(m, 'qweight'))
+    model.lora_summary = LoRASummary(adapted, skipped, trainable, total, rank, alpha, dropout, bias)
     model._lora_base = _fingerprint(model, train)  # before training: biases that train are part of the base too
     _register_state_hooks(model)
     return model
@@ -230,7 +264,8 @@ def merge_lora(model:nn.Module, # an adapted model; changed in place (deep-copy 
     with torch.no_grad():
         for name, m in list(model.named_modules()):
             if isinstance(m, LoRALayer):
-                m.base.weight += m.delta()
+                if hasattr(m, 'qweight'): m.base.weight = nn.Parameter(m.qweight.dequantize() + m.delta())  # a plain layer again
+                else: m.base.weight += m.delta()
                 parent, _, child = name.rpartition('.')
                 setattr(model.get_submodule(parent), child, m.base)  # never the root: add_lora adapts named submodules only
             elif parametrize.is_parametrized(m):
@@ -241,6 +276,188 @@ def merge_lora(model:nn.Module, # an adapted model; changed in place (deep-copy 
                 for w in list(m.parametrizations): parametrize.remove_parametrizations(m, w, leave_parametrized=True)
     model.lora_summary = model._lora_base = None
     return model.requires_grad_(True)
+
+# %% ../nbs/09a_lora.ipynb #q01
+NF4 = (-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635, -0.18477343022823334,
+       -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+       0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0)  # bitsandbytes' NF4 levels, code order
+FP4 = (0.0, 1/192, 2/3, 1.0, 1/3, 0.5, 1/6, 0.25, -0.0, -1/192, -2/3, -1.0, -1/3, -0.5, -1/6, -0.25)  # its FP4 (sign, 2-bit exponent, 1-bit mantissa)
+# bitsandbytes places FP4's rounding midpoints between these levels written to four decimals: the same here, for the same codes
+_LEVELS = {'nf4': NF4, 'fp4': tuple(round(v, 4) for v in FP4)}
+
+def _bnb_runs_4bit(device:torch.device)->bool:
+    "Is bitsandbytes installed, importable and holding a 4-bit quantization kernel for `device`?"
+    if importlib.util.find_spec('bitsandbytes') is None: return False
+    try: import bitsandbytes  # registers its kernels
+    except Exception: return False
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    return any(has('bitsandbytes::quantize_4bit', k) for k in (device.type.upper(), 'CompositeExplicitAutograd'))
+
+# %% ../nbs/09a_lora.ipynb #q02
+def quantize_4bit(w:torch.Tensor, # any shape; flattened
+                  quant_type:str='nf4', # 'nf4' or 'fp4'
+                  blocksize:int=64, # values sharing one absmax
+                  backend:str='auto', # 'netlite_nb', 'bitsandbytes', or 'auto' (bitsandbytes where it runs on w's device)
+                 )->tuple[torch.Tensor, torch.Tensor]:
+    "(uint8 codes, two per byte, first in the high nibble; fp32 absmax per block) of `w`, as bitsandbytes makes them."
+    if quant_type not in _LEVELS: raise ValueError(f"quant_type must be 'nf4' or 'fp4', not {quant_type!r}.")
+    if backend == 'bitsandbytes' or (backend == 'auto' and not is_traced(w) and _bnb_runs_4bit(w.device)):
+        import bitsandbytes.functional as bf
+        q, s = bf.quantize_4bit(w.detach().contiguous(), blocksize=blocksize, quant_type=quant_type)
+        return q.view(-1), s.absmax
+    levels = torch.tensor(_LEVELS[quant_type], device=w.device)
+    order = torch.argsort(levels)
+    mids = (levels[order[:-1]] + levels[order[1:]]) / 2
+    flat = w.detach().reshape(-1).float()
+    pad = (-flat.numel()) % blocksize
+    blocks = torch.cat([flat, flat.new_zeros(pad)]).view(-1, blocksize)  # zeros never raise a block's absmax
+    absmax = blocks.abs().amax(1)
+    scaled = (blocks * (1.0 / absmax.clamp_min(1e-38))[:, None]).clamp_(-1, 1).view(-1)[:flat.numel()]  # a reciprocal, as bitsandbytes
+    if scaled.numel() % 2: scaled = F.pad(scaled, (0, 1))
+    q = order[torch.bucketize(scaled, mids)].to(torch.uint8)
+    return (q[::2] << 4) | q[1::2], absmax
+
+def dequantize_4bit(q:torch.Tensor, absmax:torch.Tensor, shape, quant_type:str='nf4', blocksize:int=64, dtype=torch.float32)->torch.Tensor:
+    "The weight `quantize_4bit` encoded, shaped `shape`: one table read per byte, scaled in place (scratch: the weight and an int32 per byte)."
+    levels = torch.tensor(NF4 if quant_type == 'nf4' else FP4, device=q.device)
+    pairs = torch.stack([levels.repeat_interleave(16), levels.repeat(16)], 1)  # byte b -> (level of b >> 4, level of b & 15)
+    n = math.prod(shape)
+    vals = torch.empty(q.numel(), 2, device=q.device)
+    for s in range(0, q.numel(), 2**16): torch.index_select(pairs, 0, q[s:s + 2**16].int(), out=vals[s:s + 2**16])  # a small index at a time
+    vals = vals.view(-1)[:n]
+    full = n - n % blocksize
+    vals[:full].view(-1, blocksize).mul_(absmax[:full // blocksize, None])
+    if full < n: vals[full:].mul_(absmax[-1])
+    return vals.view(shape).to(dtype)
+
+# %% ../nbs/09a_lora.ipynb #q07
+class QuantizedWeight(nn.Module):
+    "A frozen weight stored in `bits` (4: NF4/FP4, 8: dynamic map) per value in blocks, its block scales optionally in 8 bits too."
+    def __init__(self, w:torch.Tensor, bits:int=4, quant_type:str='nf4', blocksize:int=64, double_quant:bool=False):
+        super().__init__()
+        if bits not in (4, 8): raise ValueError(f"A quantized base has 4 or 8 bits per weight, not {bits!r}.")
+        self.bits, self.quant_type, self.blocksize, self.double_quant = bits, quant_type if bits == 4 else 'dynamic', blocksize, double_quant
+        self.shape, self.dtype = tuple(w.shape), w.dtype
+        q, absmax = quantize_4bit(w, quant_type, blocksize) if bits == 4 else quantize_blockwise(w.detach(), True, blocksize)
+        self.register_buffer('codes', q, persistent=False)
+        if double_quant:  # bitsandbytes' compress_statistics: the scales less their mean, 8-bit in blocks of 256
+            offset = absmax.mean()
+            qa, a2 = quantize_blockwise(absmax - offset, True, 256)
+            for k, v in dict(absmax_codes=qa, absmax_scales=a2, absmax_offset=offset.view(1)).items(): self.register_buffer(k, v, persistent=False)
+        else: self.register_buffer('absmax', absmax, persistent=False)
+    def scales(self)->torch.Tensor:
+        "The fp32 absmax of each block."
+        if not self.double_quant: return self.absmax
+        n = math.ceil(math.prod(self.shape) / self.blocksize)
+        return dequantize_blockwise(self.absmax_codes, self.absmax_scales, True, n) + self.absmax_offset
+    def dequantize(self, dtype=None)->torch.Tensor:
+        "The weight, dense, in `dtype` (default: the original's)."
+        dtype = dtype or self.dtype
+        if self.bits == 4: return dequantize_4bit(self.codes, self.scales(), self.shape, self.quant_type, self.blocksize, dtype)
+        return dequantize_blockwise(self.codes, self.scales(), True, math.prod(self.shape)).view(self.shape).to(dtype)
+    def extra_repr(self)->str: return f"{self.shape}, {self.quant_type}, blocksize={self.blocksize}, double_quant={self.double_quant}"
+
+# %% ../nbs/09a_lora.ipynb #q11
+class _Dequantized(torch.autograd.Function):
+    "run(x, qweight.dequantize()), without keeping the dense weight for backward: backward dequantizes it again."
+    @staticmethod
+    def forward(ctx, x, qweight, run):
+        ctx.qweight, ctx.run = qweight, run
+        ctx.save_for_backward(x)
+        return run(x, qweight.dequantize(x.dtype))
+    @staticmethod
+    def backward(ctx, grad):
+        x, = ctx.saved_tensors
+        with torch.enable_grad():
+            xd = x.detach().requires_grad_()
+            out = ctx.run(xd, ctx.qweight.dequantize(x.dtype))
+        return torch.autograd.grad(out, xd, grad)[0], None, None
+
+# %% ../nbs/09a_lora.ipynb #q12
+def _quantize_base(layer:LoRALayer, bits:int, quant_type:str, blocksize:int, double_quant:bool):
+    "Replace the frozen weight of `layer.base` by a `QuantizedWeight` (the base module keeps its bias and settings)."
+    layer.qweight = QuantizedWeight(layer.base.weight.detach(), bits, quant_type, blocksize, double_quant)
+    del layer.base.weight  # the fp32 weight goes: the base module keeps only its bias and its settings
+    layer.base.register_parameter('weight', None)
+
+# %% ../nbs/09a_lora.ipynb #q19
+_PEFT_PREFIX = 'base_model.model.'
+
+def _peft_tensors(model:nn.Module)->dict:
+    "The adapters of `model` under peft's names and shapes; refuses what peft's LoRA format cannot hold."
+    extra = [n for n, p in model.named_parameters() if p.requires_grad and n.rsplit('.', 1)[-1] not in ('lora_A', 'lora_B')]
+    para = [n for n, m in model.named_modules() if parametrize.is_parametrized(m)]
+    if extra or para:
+        raise ValueError(f"peft's adapter format holds the adapters of Linear and Conv layers only, but this model also trains "
+                         f"{(para + extra)[:4]}. Save it with the Trainer's checkpoints (or `model.state_dict()`) instead.")
+    out = {}
+    for n, m in model.named_modules():
+        if isinstance(m, LoRALayer):
+            out[f"{_PEFT_PREFIX}{n}.lora_A.weight"] = m.lora_A.detach().contiguous()
+            out[f"{_PEFT_PREFIX}{n}.lora_B.weight"] = m.lora_B.detach().reshape(*m.lora_B.shape, *[1] * (m.lora_A.dim() - 2)).contiguous()
+    return out
+
+def _peft_config(s:LoRASummary)->dict:
+    "peft's LoraConfig fields for the adapters `s` describes."
+    return dict(peft_type='LORA', task_type=None, r=s.rank, lora_alpha=s.alpha, lora_dropout=s.dropout, bias=s.bias,
+                target_modules=sorted(s.adapted), modules_to_save=None, fan_in_fan_out=False, use_rslora=False, use_dora=False,
+                init_lora_weights=True, inference_mode=True, rank_pattern={}, alpha_pattern={}, layers_to_transform=None, base_model_name_or_path=None)
+
+# %% ../nbs/09a_lora.ipynb #q20
+def _write_verified(path:Path, write, check):
+    "Write `path` through a temporary file in its directory, `check` the temporary file, then rename it into place."
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        write(tmp); check(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp): os.unlink(tmp)
+
+def save_peft(model:nn.Module, # a model with `add_lora`'s adapters on Linear/Conv layers
+              directory, # created if missing; adapter_model.safetensors and adapter_config.json are written into it
+             )->Path:
+    "Save the adapters of `model` in peft's format (`PeftModel.from_pretrained` reads them)."
+    if not is_lora(model): raise ValueError("This model has no LoRA adapters to save: add them with `add_lora` (or it was merged already).")
+    tensors, cfg = _peft_tensors(model), _peft_config(model.lora_summary)
+    d = Path(directory); d.mkdir(parents=True, exist_ok=True)
+    def same_tensors(tmp):
+        back = st.load_file(tmp)
+        if back.keys() != tensors.keys() or not all(torch.equal(back[k], tensors[k].cpu()) for k in tensors): raise OSError(f"{tmp} did not read back as written.")
+    def same_config(tmp):
+        if json.loads(Path(tmp).read_text()) != cfg: raise OSError(f"{tmp} did not read back as written.")
+    _write_verified(d / 'adapter_model.safetensors', lambda tmp: st.save_file({k: v.cpu() for k, v in tensors.items()}, tmp), same_tensors)
+    _write_verified(d / 'adapter_config.json', lambda tmp: Path(tmp).write_text(json.dumps(cfg, indent=2)), same_config)
+    return d
+
+# %% ../nbs/09a_lora.ipynb #q21
+def _peft_settings(cfg:dict)->dict:
+    "add_lora's arguments from a peft adapter_config.json; refuses the variants this chapter's adapters do not compute."
+    if cfg.get('peft_type', 'LORA') != 'LORA': raise ValueError(f"This is a {cfg.get('peft_type')} adapter, not LoRA: load_peft reads LoRA adapters only.")
+    odd = [k for k in ('use_dora', 'use_rslora', 'rank_pattern', 'alpha_pattern', 'layers_to_transform', 'fan_in_fan_out') if cfg.get(k)]
+    if odd: raise ValueError(f"The adapter uses peft options {odd}, which this chapter's adapters do not compute: load it with peft itself.")
+    tm = cfg['target_modules']  # peft: a regex matched against the whole name, or names matched as they are or as a last part
+    targets = ['re:' + tm] if isinstance(tm, str) else [p for t in tm for p in (t, f"*.{t}")]
+    return dict(targets=targets, rank=cfg['r'], alpha=cfg['lora_alpha'], dropout=cfg.get('lora_dropout', 0.0), bias=cfg.get('bias', 'none'))
+
+def load_peft(model:nn.Module, # a model with the base weights; adapters are added when it has none
+              directory, # holds adapter_model.safetensors and adapter_config.json (as peft's save_pretrained writes them)
+              **lora_kw, # more add_lora arguments for the adapters added here (base_bits=4, ...)
+             )->nn.Module:
+    "Load peft-format LoRA adapters into `model` (in place); returns it."
+    d = Path(directory)
+    kw = _peft_settings(json.loads((d / 'adapter_config.json').read_text()))
+    if not is_lora(model): add_lora(model, **kw, **lora_kw)
+    saved = st.load_file(d / 'adapter_model.safetensors')
+    saved = {re.sub(r'\.lora_([AB])\.(\w+\.)?weight$', r'.lora_\1', k.removeprefix(_PEFT_PREFIX)): v for k, v in saved.items()}
+    params = dict(model.named_parameters())
+    unknown = [k for k in saved if k not in params]
+    if unknown: raise ValueError(f"The adapter file has tensors for {unknown[:3]}, which this model does not have: is it the base model the adapters were trained on?")
+    with torch.no_grad():
+        for k, v in saved.items():
+            if v.numel() != params[k].numel(): raise ValueError(f"{k}: the file holds shape {tuple(v.shape)}, the model {tuple(params[k].shape)}.")
+            params[k].copy_(v.reshape(params[k].shape))
+    return model
 
 # %% ../nbs/09a_lora.ipynb #l047
 def measured_step_peak(model:nn.Module, # the model to step (a copy is trained; the model is not changed)
@@ -268,7 +485,9 @@ def _lora_lever(target, kw:dict, model:nn.Module)->list:
     "LoRA adapters of rank 8 on every Linear and Conv layer, for a model that has some and carries no adapters yet."
     if is_lora(model) or not any(isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)) and _not_adapted(m) is None for m in model.modules()): return []
     return [("LoRA fine-tuning (chapter 09a): rank-8 adapters, base weights frozen - for adapting a trained model, not training from scratch",
-             dict(transform=partial(add_lora, rank=8)), 0.0)]
+             dict(transform=partial(add_lora, rank=8)), 0.0),
+            ("QLoRA fine-tuning (chapter 09a): rank-8 adapters on a 4-bit NF4 base - each layer's weight dequantized in forward and again in backward",
+             dict(transform=partial(add_lora, rank=8, base_bits=4, double_quant=True)), 0.3)]
 
 # %% ../nbs/09a_lora.ipynb #l055
 def digit_loaders(labels, batch_size:int=64, seed:int=0):
