@@ -197,7 +197,7 @@ def add_lora(model:nn.Module, # changed in place (and returned)
              dropout:float=0.0, # dropout on the adapters' input (not for MultiheadAttention's parametrizations)
              train=(), # module-name patterns whose parameters train in full (e.g. a new head)
              bias:str='none', # biases that train too, as `peft`'s LoraConfig: 'none', 'all' (every bias), 'lora_only' (those of adapted modules)
-             base_bits:int|None=None, # store the frozen weights of adapted Linear/Conv layers in 4 or 8 bits (QLoRA); None: as they are
+             base_bits:int|None=None, # store the frozen weights of adapted Linear/Conv layers (not those `train` names) in 4 or 8 bits (QLoRA); None: as they are
              quant_type:str='nf4', # with base_bits=4: 'nf4' or 'fp4'
              blocksize:int=64, # weights sharing one scale in a quantized base
              double_quant:bool=False, # quantize the scales too (8 bits, blocks of 256)
@@ -219,7 +219,7 @@ def add_lora(model:nn.Module, # changed in place (and returned)
                          f"Such modules in this model are named like {names}: use those names, or '*' for all.")
     if base_bits is not None:
         for name, m in model.named_modules():
-            if isinstance(m, LoRALayer) and name in adapted:
+            if isinstance(m, LoRALayer) and name in adapted and not _matches(name, train):  # what trains in full keeps its weights
                 _quantize_base(m, base_bits, quant_type, blocksize, double_quant)
                 adapted[name] += f" ({m.qweight.quant_type} base)"
     trainable = _freeze(model, train, bias, adapted)

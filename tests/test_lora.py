@@ -332,3 +332,9 @@ def test_peft_reads_our_files_and_writes_files_we_read(tmp_path):
     made.save_pretrained(tmp_path / 'theirs')
     back = load_peft(copy.deepcopy(base), tmp_path / 'theirs')
     with torch.no_grad(): torch.testing.assert_close(back(x), made(x))
+
+
+def test_modules_that_train_in_full_keep_their_weights_under_a_quantized_base():
+    model = add_lora(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)), base_bits=4, train=['2'])
+    assert model[0].base.weight is None and hasattr(model[0], 'qweight')
+    assert not hasattr(model[2], 'qweight') and model[2].base.weight.requires_grad
