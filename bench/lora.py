@@ -115,7 +115,7 @@ def accuracy(arms:dict, seeds:int, epochs:int)->dict:
         for s, a in arms.items():
             torch.manual_seed(1000 + seed)  # every arm's adapters start from the same random A: arms differ by their settings alone
             m, t0 = adapt(copy.deepcopy(base), a), time.time()
-            n = (sum(p.numel() for p in m.parameters() if p.requires_grad), sum(p.numel() for p in m.parameters()))
+            n = (sum(p.numel() for p in m.parameters() if p.requires_grad), m.lora_summary.total if getattr(m, 'lora_summary', None) else sum(p.numel() for p in m.parameters()))  # a quantized base's weights are buffers
             lr = a['lr'] if a['lr'] != 'steepest' else Trainer(m, second, device='cpu', progress=False, verbose=False, plan=False).lr_find(rule='steepest').suggestion
             r = fine_tune(m, second, int(a['epochs']) or epochs, lr)  # lr_find leaves model and data as they were: the run starts as any other
             res[s].append((r['accuracy'], r['lr'], *n, r['train_loss']))
