@@ -995,6 +995,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'netlite_nb.optim._adamw_8bit': ('optim.html#_adamw_8bit', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._adamw_bf16sr': ('optim.html#_adamw_bf16sr', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._adamw_fp32': ('optim.html#_adamw_fp32', 'netlite_nb/optim.py'),
+                                  'netlite_nb.optim._bf16_weights_lever': ('optim.html#_bf16_weights_lever', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._bucket_ends': ('optim.html#_bucket_ends', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._cache_per_core': ('optim.html#_cache_per_core', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._count_cpus': ('optim.html#_count_cpus', 'netlite_nb/optim.py'),

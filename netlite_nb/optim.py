@@ -513,3 +513,14 @@ register_optimizer('adamw8bit-bf16sr', _adamw8bit_bf16sr)
 
 @patch(as_prop=True)
 def needs_bf16(self:AdamW8bit)->bool: return any(g.get('master_weights') == 'bf16-sr' for g in self.param_groups)
+
+# %% ../nbs/03_optim.ipynb #bf14b
+@register_lever
+def _bf16_weights_lever(target, kw:dict, model)->list:
+    "bf16 weights with stochastic rounding and 8-bit AdamW state, where the plan keeps fp32 weights and the device has bf16 arithmetic."
+    opt = kw.get('optimizer')
+    if not (isinstance(opt, str) and opt.lower().replace('-', '') in ('adamw', 'adamw8bit')) or kw.get('precision', 'fp32') != 'fp32': return []
+    if target.kind == 'cuda' and target.bf16_native is False: return []  # the planner would refuse it: emulated bf16
+    slow = 0.0 if target.kind == 'cuda' else 0.5
+    return [("bf16 weights with stochastic rounding + 8-bit AdamW state (chapter 03)",
+             dict(optimizer='adamw8bit-bf16sr', transform=bf16_weights, precision='bf16'), slow)]

@@ -139,7 +139,7 @@ def qat_fine_tune(model:nn.Module, # a trained model (not changed)
 
 # %% ../nbs/09c_qat.ipynb #q037
 def wide_stem_cnn(c:int=8, # stem channels (the blocks have 2c and 4c)
-                  spread:float=3.0, # the stem's channel scales span 10**spread
+                  spread:float=4.0, # the stem's channel scales span 10**spread
                   num_classes:int=10)->nn.Sequential:
     "A depthwise-separable CNN for 1×28×28 images whose stem's channels differ in scale by 10**spread, with no BatchNorm after it."
     def block(ci, co, stride=1):
