@@ -10,11 +10,11 @@ from torch import nn
 import torch.nn.functional as F
 from torch.nn.utils.fusion import fuse_conv_bn_eval, fuse_linear_bn_eval
 from .export import calibration_batches, int8_weight_range
-from .train import Trainer
+from .train import Callback, Trainer
 
 # %% auto #0
 __all__ = ['weight_qmax', 'fake_quant_weight', 'activation_qparams', 'ActivationQuant', 'QuantAware', 'fold_batchnorm',
-           'QATModel', 'prepare_qat', 'observe', 'strip_qat', 'qat_fine_tune', 'wide_stem_cnn']
+           'QATModel', 'prepare_qat', 'observe', 'strip_qat', 'Reobserve', 'qat_fine_tune', 'wide_stem_cnn']
 
 # %% ../nbs/09c_qat.ipynb #q010
 def weight_qmax(reduce_range:bool)->int:
@@ -123,18 +123,26 @@ def strip_qat(model:QATModel)->nn.Module:
     return m.eval()
 
 # %% ../nbs/09c_qat.ipynb #q035
+class Reobserve(Callback):
+    "Set the activation ranges again from the calibration batches every `every` optimizer steps, frozen in between."
+    def __init__(self, batches, every:int=25): self.batches, self.every = batches, every
+    def after_step(self, t):
+        if t.step % self.every == 0: observe(t.model, self.batches)
+
 def qat_fine_tune(model:nn.Module, # a trained model (not changed)
                   dls, # chapter 04 `DataLoaders`: training batches, and the calibration data (as `export_onnx(calibration=dls)`)
                   steps:int=300, # optimizer steps with fake quantization
                   lr:float=1e-3, # a fine-tuning rate: well below the one the model was trained with
                   int8_target:str='auto', # as `export_onnx`'s
-                  **trainer_kw, # more `Trainer` arguments (device, callbacks, ...)
+                  observe_every:int|None=25, # re-observe the calibration data every this many steps (None: ranges frozen once, at the start)
+                  **trainer_kw, # more `Trainer` arguments (device, seed, ...)
                  )->QATModel:
     "Fine-tune a fake-quantized copy of `model` for `steps` steps; export `strip_qat` of the result with `quantize='int8', calibration=dls`."
     x = next(iter(dls.train))[0]
     calib = calibration_batches(dls, tuple(x.shape[1:]))
     qm = observe(prepare_qat(model, int8_target), calib)
-    Trainer(qm, dls, lr=lr, **{'progress': False, 'verbose': False, 'plan': False, 'device': 'cpu', **trainer_kw}).fit(steps=steps)
+    cbs = [Reobserve(calib, observe_every)] if observe_every else []
+    Trainer(qm, dls, lr=lr, callbacks=cbs, **{'progress': False, 'verbose': False, 'plan': False, 'device': 'cpu', **trainer_kw}).fit(steps=steps)
     return observe(qm.cpu(), calib)
 
 # %% ../nbs/09c_qat.ipynb #q037

@@ -71,3 +71,18 @@ def test_folding_and_stripping_give_the_plain_model_back():
         plain = strip_qat(prepare_qat(m))
         assert [type(l).__name__ for l in plain] == ['Conv2d', 'Identity', 'ReLU', 'Flatten', 'Linear']
         torch.testing.assert_close(plain(x), m(x), atol=1e-5, rtol=1e-5)
+
+
+def test_reobserve_sets_the_ranges_of_the_current_weights_every_few_steps():
+    from types import SimpleNamespace
+    from netlite_nb.qat import Reobserve
+    torch.manual_seed(0)
+    qm = observe(prepare_qat(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))), [torch.randn(16, 4)])
+    calib = [torch.randn(16, 4) * 5]
+    before = qm.model[2].act.hi.item()
+    cb = Reobserve(calib, every=10)
+    cb.after_step(SimpleNamespace(step=9, model=qm))
+    assert qm.model[2].act.hi.item() == before  # between re-observations the ranges stay frozen
+    cb.after_step(SimpleNamespace(step=10, model=qm))
+    with torch.no_grad(): want = torch.relu(qm.model[0].layer(calib[0])).max().item()
+    assert qm.model[2].act.hi.item() == pytest.approx(want) and not qm.model[2].act.observing
