@@ -15,10 +15,10 @@ from fastcore.basics import patch
 from .probe import in_notebook
 
 # %% auto #0
-__all__ = ['DataCheckError', 'LabeledTensors', 'mnist_sample', 'DataReport', 'check_dataset', 'DatasetNotFoundError',
-           'load_dataset', 'FolderDataset', 'stratified_split', 'image_folder', 'digit_augment', 'cifar_augment',
-           'SeededAugment', 'BatchAugment', 'LoaderSettings', 'loader_settings', 'TensorLoader', 'DeviceLoader',
-           'DataLoaders', 'make_loaders', 'mnist_sample_loaders']
+__all__ = ['DataCheckError', 'LabeledTensors', 'mnist_sample', 'DataReport', 'check_dataset', 'check_batch',
+           'DatasetNotFoundError', 'load_dataset', 'FolderDataset', 'stratified_split', 'image_folder', 'digit_augment',
+           'cifar_augment', 'SeededAugment', 'BatchAugment', 'LoaderSettings', 'loader_settings', 'TensorLoader',
+           'DeviceLoader', 'DataLoaders', 'make_loaders', 'mnist_sample_loaders']
 
 # %% ../nbs/04_data.ipynb #c006
 def _as_float(x:torch.Tensor)->torch.Tensor:
@@ -257,6 +257,26 @@ def check_dataset(data, # a `LabeledTensors`, an (x, y) pair of tensors, or a da
     std = math.sqrt(max(0.0, squares / cnt - mean**2))
     return DataReport(name, len(y), shape, classes, counts, mean, std, lo, hi, checked)
 
+# %% ../nbs/04_data.ipynb #c015m
+def check_batch(b, # one batch a loader gave
+                where:str='A training batch', # what to call it in the message
+               )->tuple[torch.Tensor, torch.Tensor]:
+    "`b` as an (x, y) pair of tensors with one row per sample; a `DataCheckError` sentence for any other shape (a dict, (x, y, w), x alone, 0-dim)."
+    fix = "Return (x, y) from the dataset's __getitem__, or wrap the loader, e.g. `[(b['image'], b['label']) for b in loader]`."
+    if isinstance(b, dict): raise DataCheckError(f"{where} is a dict (keys {', '.join(map(str, list(b)[:4]))}); training takes (inputs, targets) pairs. {fix}")
+    if torch.is_tensor(b): raise DataCheckError(f"{where} is one tensor of shape {tuple(b.shape)}: inputs without targets; training takes (inputs, targets) pairs. {fix}")
+    if not isinstance(b, (tuple, list)) or len(b) != 2:
+        n = len(b) if isinstance(b, (tuple, list)) else type(b).__name__
+        raise DataCheckError(f"{where} has {n} parts; training takes (inputs, targets) pairs (for per-sample weights, fold them into the "
+                             f"loss_fn and drop the third part: `[(x, y) for x, y, *_ in loader]`). {fix}")
+    x, y = b
+    for name, t in (('inputs', x), ('targets', y)):
+        if not torch.is_tensor(t) or t.dim() == 0:
+            raise DataCheckError(f"{where}'s {name} are {'a 0-dim tensor' if torch.is_tensor(t) else type(t).__name__}: they must be a tensor "
+                                 f"with one row per sample (a batch of 1 has shape [1, ...]). {fix}")
+    if x.shape[0] != y.shape[0]: raise DataCheckError(f"{where} has {x.shape[0]} inputs and {y.shape[0]} targets: one target per sample. {fix}")
+    return x, y
+
 # %% ../nbs/04_data.ipynb #c023
 _TV = {  # name -> (torchvision class, folder torchvision reads, files it needs, download size)
     'mnist': ('MNIST', 'MNIST/raw', ['train-images-idx3-ubyte', 'train-labels-idx1-ubyte', 't10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte'], '55 MB'),
@@ -302,6 +322,17 @@ def load_dataset(name:str, # 'mnist', 'fashion_mnist' or 'cifar10'
         raise _not_found(key, root, f"download failed: {e}") from e
     return _as_labeled(parts[0]), _as_labeled(parts[1])
 
+# %% ../nbs/04_data.ipynb #c027z
+def _as_8bit(im):
+    "A PIL image of 16-bit, 32-bit integer or float pixels as 8-bit grey, scaled by its real range (PIL's `convert('L')` clips them)."
+    import numpy as np
+    from PIL import Image
+    if im.mode not in ('I', 'F') and not im.mode.startswith('I;16'): return im
+    a = np.asarray(im, dtype=np.float64)
+    if im.mode == 'F': scale = 255.0 if a.size and 0 <= a.min() and a.max() <= 1 else 1.0  # [0, 1] floats, else values as 0-255
+    else: top = a.max() if a.size else 0; scale = 1.0 if top <= 255 else 255 / 65535 if top <= 65535 else 255 / top  # 8-, 16-bit, wider
+    return Image.fromarray(np.clip(np.rint(a * scale), 0, 255).astype(np.uint8), 'L')
+
 # %% ../nbs/04_data.ipynb #c028
 class FolderDataset(Dataset):
     "Images read from files on demand, resized, as float32 [C, size, size] in [0, 1], with their labels and class names."
@@ -315,7 +346,7 @@ class FolderDataset(Dataset):
     def __getitem__(self, i):
         from PIL import Image
         path, y = self.samples[i]
-        with Image.open(path) as im: img = im.convert('L' if self.channels == 1 else 'RGB')
+        with Image.open(path) as im: img = _as_8bit(im).convert('L' if self.channels == 1 else 'RGB')  # 16-bit and float images by their range
         return self.transform(img), self.targets[i]
 
 @patch(as_prop=True)

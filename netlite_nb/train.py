@@ -22,7 +22,7 @@ import netlite_nb.optim  # registers 'adamw8bit' with `make_optimizer`
 from .strategies import apply_allocator_settings, load_strategy, pick_strategy, save_config
 from .checkpoint import (find_checkpoint, load_checkpoint, loader_generators, read_state, rng_state, save_checkpoint,
                                    seed_everything, set_rng_state, read_run_config, write_metrics)
-from .data import DataCheckError, check_dataset
+from .data import DataCheckError, check_batch, check_dataset
 from .lr_find import LRFinder, _check_range_test, range_test
 
 # %% auto #0
@@ -90,6 +90,7 @@ def micro_batches(batches:list, # a window: the loader batches (x, y) of one opt
                   device=None, # move each loader batch here first (None: leave it where it is)
                  ):
     "Yield (x, y, weight) per micro-batch of a window; weight = its share of the window's samples, so weighted mean losses add up to the window's mean."
+    batches = [check_batch(b) for b in batches]  # chapter 04: a dict, (x, y, w), x alone or 0-dim tensors are a sentence
     n, device = sum(yb.shape[0] for _, yb in batches), None if device is None else torch.device(device)
     for xb, yb in batches:
         if device is not None: xb, yb = _to(xb, device), _to(yb, device)
@@ -530,7 +531,7 @@ def _resolve_sizes(self:Trainer):
     "Loader batch, micro-batch and window, once: from then on only out-of-memory recovery changes the micro-batch."
     s = self.state
     if s.micro_batch is not None: return
-    lb = getattr(self.train_data, 'batch_size', None) or len(next(iter(self.train_data))[1])
+    lb = getattr(self.train_data, 'batch_size', None) or len(check_batch(next(iter(self.train_data)))[1])
     mb = min(self.opts.micro_batch or lb, lb)
     s.loader_batch, s.micro_batch, s.window = lb, mb, max(1, round(mb * (self.opts.accum_steps or 1) / lb))
 
@@ -582,7 +583,12 @@ def resolved_config(self:Trainer)->dict:
 
 @patch
 def _save_config(self:Trainer):
-    if self.run_dir is not None: save_config(self.resolved_config(), self.run_dir / 'config.yaml')
+    "RUN_DIR/config.yaml as chapter 06's `save_config` writes a record, through chapter 06a's `write_atomic` (an exclusive temp file, never a link)."
+    if self.run_dir is None: return
+    import yaml
+    from netlite_nb.checkpoint import write_atomic
+    self.run_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(self.run_dir / 'config.yaml', "# netlite_nb run record\n" + yaml.safe_dump(self.resolved_config(), sort_keys=False, allow_unicode=True, width=120))
 
 # %% ../nbs/07_train.ipynb #d028
 @patch
@@ -1040,6 +1046,7 @@ def save_checkpoint(self:Trainer, run_dir=None,
     "Write a checkpoint of the current optimizer step into `run_dir` (default the trainer's, else a new temporary one); returns its path (None in data-parallel processes other than 0)."
     if not self.is_main: return None  # the other data-parallel processes hold the same weights: one writer
     if self.run_dir is None: self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix='netlite-run-'))
+    if run_dir is None: self._own_run_dir = self.run_dir.resolve()  # its files are this run's: a later `fit` continues it
     cbs = {f"{i}:{type(c).__name__}": c.state_dict() for i, c in enumerate(self.callbacks) if hasattr(c, 'state_dict')}
     return save_checkpoint(run_dir or self.run_dir, self.step, self.model, self.opt, self.scheduler, self.scaler, self.ema,  # chapter 06a's
                            extra={**{k: v for k, v in vars(self.state).items() if k != 'history'}, 'elapsed': self._elapsed_now(), 'callbacks': cbs,
@@ -1369,19 +1376,34 @@ def _describe(self:Trainer)->str:
     return '\n'.join(lines + [f"note: {n}" for n in self.notes])
 
 # %% ../nbs/07_train.ipynb #g023
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
 class _GracefulInterrupt:
-    "During `fit`: the first Ctrl-C finishes the optimizer step and stops with a checkpoint; a second one stops at once."
+    "During the training loop: the first Ctrl-C or SIGTERM finishes the optimizer step and stops with a checkpoint; a second one stops at once."
     def __init__(self, trainer): self.t = trainer
     def __enter__(self):
-        self.old, self.t._stop_requested = None, False
-        if threading.current_thread() is threading.main_thread(): self.old = signal.signal(signal.SIGINT, self._handle)
+        self.old, self.t._stop_requested, self.t._stop_agreed = {}, False, False
+        if threading.current_thread() is threading.main_thread(): self.old = {s: signal.signal(s, self._handle) for s in _STOP_SIGNALS}
         return self
     def _handle(self, signum, frame):
         if self.t._stop_requested and not self.t._in_update: raise KeyboardInterrupt
-        self.t._stop_requested = True
-        print("Interrupted: finishing this optimizer step, then saving a checkpoint (interrupt again to stop at once).", file=sys.stderr)
+        self.t._stop_requested, self.t.stop_signal = True, signal.Signals(signum).name
+        what = 'Interrupted' if signum == signal.SIGINT else 'SIGTERM (a stop request: docker stop, Kubernetes, SLURM, systemd or torchrun)'
+        print(f"{what}: finishing this optimizer step, then saving a checkpoint (interrupt again to stop at once).", file=sys.stderr)
     def __exit__(self, *exc):
-        if self.old is not None: signal.signal(signal.SIGINT, self.old)
+        for s, old in self.old.items(): signal.signal(s, old)
+
+class _TermIsInterrupt:
+    "Throughout `fit`: SIGTERM stops it as Ctrl-C does (a checkpoint of the last finished step), instead of killing the process."
+    def __init__(self, trainer): self.t = trainer
+    def __enter__(self):
+        self.old = signal.signal(signal.SIGTERM, self._handle) if threading.current_thread() is threading.main_thread() else None
+        return self
+    def _handle(self, signum, frame):
+        self.t.stop_signal = 'SIGTERM'
+        raise KeyboardInterrupt
+    def __exit__(self, *exc):
+        if self.old is not None: signal.signal(signal.SIGTERM, self.old)
 
 # %% ../nbs/07_train.ipynb #g025
 @patch
@@ -1390,6 +1412,11 @@ def fit(self:Trainer, epochs:int|None=None, # passes over the training data
         resume=None, # a checkpoint or run directory to continue this run from
        )->Trainer:
     "Train for `epochs` or `steps` (continuing from `resume`); returns the trainer."
+    self.stop_signal = None
+    with _TermIsInterrupt(self), _claimed_run_dir(self, resume): return self._fit(epochs, steps, resume)
+
+@patch
+def _fit(self:Trainer, epochs, steps, resume)->Trainer:
     self._setup_run(epochs, steps, resume)
     self.stop, self.interrupted = False, False
     if self.opts.verbose: self.log(self._describe())
@@ -1404,15 +1431,33 @@ def fit(self:Trainer, epochs:int|None=None, # passes over the training data
         if self.run_dir is not None: self.save_checkpoint()
         self._save_best()
     except KeyboardInterrupt:
-        self.interrupted = True
+        self.interrupted, self.stop_signal = True, self.stop_signal or 'SIGINT'
         self.opt.zero_grad(set_to_none=True)
         ck = self.save_checkpoint()
-        if ck is not None: self.log(f"interrupted at step {self.step}: checkpoint saved to {ck}\nresume with trainer.fit(..., resume={str(ck.parent)!r})")
+        what = 'interrupted' if self.stop_signal == 'SIGINT' else f"stopped by {self.stop_signal}"
+        if ck is not None: self.log(f"{what} at step {self.step}: checkpoint saved to {ck}\nresume with trainer.fit(..., resume={str(ck.parent)!r})")
     finally:
         self.state.elapsed, self._running = self._elapsed_now(), False
         self._end_batchnorm_warmup()
         self._call('after_fit')
     return self
+
+# %% ../nbs/07_train.ipynb #g025c
+from .checkpoint import check_new_run, claim_run_dir, release_run_dir
+
+@contextlib.contextmanager
+def _claimed_run_dir(t:Trainer, resume):
+    "For the length of `fit`: hold `t`'s run directory (chapter 06a), refusing one another run holds or, for a new run, one with another run's files."
+    d = t.run_dir
+    if d is None or not t.is_main: yield; return  # the other data-parallel processes write nothing
+    claim_run_dir(d)
+    try:
+        r = Path(resume).resolve() if resume is not None else None
+        if getattr(t, '_own_run_dir', None) != d.resolve() and (r is None or d.resolve() not in (r, r.parent)):
+            check_new_run(d)  # a new run, or a run continued from elsewhere into `d`
+        t._own_run_dir = d.resolve()
+        yield
+    finally: release_run_dir(d)
 
 # %% ../nbs/07_train.ipynb #g026
 @patch
@@ -1447,7 +1492,9 @@ def _one_step(self:Trainer, batches:list):
     self._log_step()
     self._call('after_step')
     if self.opts.checkpoint_every and self.run_dir is not None and s.step % self.opts.checkpoint_every == 0: self.save_checkpoint()
-    if self._stop_requested: raise KeyboardInterrupt
+    # data-parallel: only the stop all processes agreed on in `after_step` (chapter 08a); a signal that lands after that
+    # agreement waits for the next step's, else this process would stop one step before the others and leave them waiting
+    if (self._stop_agreed if self.wrapper is not None else self._stop_requested): raise KeyboardInterrupt
 
 @patch
 def _fit_epochs(self:Trainer):
