@@ -1,4 +1,4 @@
-"""Every fault and bad input of issue 17, tried once each: the tally of faults survived and bad inputs rejected clearly.
+"""Every fault and bad input of issues 17 and 39, tried once each: the tally of faults survived and bad inputs rejected clearly.
 
 A *fault* is something that happens to a run — kill -9, a full disk, a flipped byte, divergence, an out-of-memory error,
 Ctrl-C, a writer killed mid-line — and it is *survived* when the run ends where the uninterrupted one would (or stops
@@ -358,6 +358,268 @@ def _():
     return None if rc == 2 and 'keeps its effective batch' in err else f"exit {rc}: {err[-200:]}"
 
 
+
+# --- issue 39: reliability, round two ------------------------------------------------------------------------------
+class Skip(Exception): "A case this machine cannot run (its reason is printed; it is not counted)."
+
+from netlite_nb.checkpoint import new_run_dir  # noqa: E402
+
+
+def holder(d):
+    "A live process holding run directory `d` (another run using it)."
+    p = subprocess.Popen([sys.executable, '-c', f"import time; from netlite_nb.checkpoint import claim_run_dir; claim_run_dir({str(d)!r}); "
+                          "print('claimed', flush=True); time.sleep(60)"], env=ENV, stdout=subprocess.PIPE, text=True)
+    if p.stdout.readline().strip() != 'claimed': p.kill(); raise RuntimeError('the holder could not claim the directory')
+    return p
+
+
+@bad('two runs given one run directory: the second refused before it writes', RuntimeError, 'is in use by process')
+def _():
+    d = tmpdir() / 'r'; p = holder(d)
+    try: trainer(d).fit(steps=2)
+    finally:
+        p.kill(); p.wait()
+        if [q.name for q in d.iterdir()] != ['.netlite.lock']: raise AssertionError('the second run wrote into the directory')
+
+
+@case('fault', 'kill -9 of a run holding its directory: the next run takes the stale lock over')
+def _():
+    d = tmpdir() / 'r'; p = holder(d); p.kill(); p.wait()
+    t = trainer(d).fit(steps=2)
+    return None if t.step == 2 and not (d / '.netlite.lock').exists() else 'the stale lock blocked the run'
+
+
+@bad("a new run in a finished run's directory: refused, its checkpoints kept", RuntimeError, 'holds another run')
+def _():
+    d = tmpdir(); trainer(d).fit(steps=2); before = (d / 'step-0000002' / 'state.pt').read_bytes()
+    try: trainer(d).fit(steps=3)
+    finally:
+        if (d / 'step-0000002' / 'state.pt').read_bytes() != before: raise AssertionError("the other run's checkpoint changed")
+
+
+@case('fault', 'four runs started in the same second: four run directories')
+def _():
+    d = tmpdir(); return None if len({new_run_dir(d, 'mlp') for _ in range(4)}) == 4 else 'names collide'
+
+
+class Term(Callback):
+    def __init__(self, at): self.at = at
+    def after_step(self, t):
+        if t.step == self.at: os.kill(os.getpid(), signal.SIGTERM)
+
+
+@case('fault', 'SIGTERM mid-run (docker stop, Kubernetes, SLURM): a checkpoint, then resume gives the uninterrupted weights')
+def _():
+    d = tmpdir(); trainer(d / 'a').fit(epochs=2)
+    cut = trainer(d / 'b', [Term(7)]).fit(epochs=2)
+    if not (cut.interrupted and cut.stop_signal == 'SIGTERM'): return 'not stopped by SIGTERM'
+    trainer(d / 'b').fit(epochs=2, resume=d / 'b')
+    return None if same(weights(d / 'a'), weights(d / 'b')) else 'resume not exact'
+
+
+def loading_torch(p)->bool:
+    "True once process `p` has begun loading torch's libraries: inside netlite's main, whose commands import it."
+    try: return 'libtorch' in Path(f'/proc/{p.pid}/maps').read_text()
+    except OSError: return False
+
+
+def signalled(args, sig, when):
+    p = subprocess.Popen(CLI + args, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.time()
+    while not when(p) and p.poll() is None and time.time() - t0 < 300: time.sleep(0.02)
+    p.send_signal(sig); _, err = p.communicate(timeout=300)
+    return p.returncode, err
+
+
+@case('fault', 'SIGTERM to netlite train: a checkpoint, a sentence naming --resume, exit 143')
+def _():
+    d = tmpdir(); run = d / 'r'
+    rc, err = signalled(['train', str(run_config(d, 400)), '--quiet', '--out', str(run)], signal.SIGTERM, lambda p: (run / 'latest').exists())
+    return None if rc == 143 and '--resume' in err and 'Traceback' not in err and latest(run) else f"exit {rc}: {err[-200:]}"
+
+
+for _sig, _rc in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+    def _f(sig=_sig, rc=_rc):
+        got, err = signalled(['plan', '--model', 'mlp'], sig, loading_torch)
+        return None if got == rc and 'Traceback' not in err and 'stopped by' in err else f"exit {got}: {err[-200:]}"
+    case('fault', f"{signal.Signals(_sig).name} while netlite imports torch: a sentence, exit {_rc}")(_f)
+
+
+def small_disk(size):
+    if os.geteuid() != 0: raise Skip('a real full disk needs a tmpfs mount, which needs root')
+    d = tmpdir() / 'disk'; d.mkdir()
+    r = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', str(d)], capture_output=True, text=True)
+    if r.returncode: raise Skip(f"mount -t tmpfs failed: {r.stderr.strip()[:200]}")
+    return d
+
+
+@case('fault', 'a real full disk (tmpfs) while safetensors writes: a sentence, the last checkpoint kept, nothing half-written, resume works')
+def _():
+    d = small_disk('2m')
+    try:
+        run = d / 'r'; t = trainer(run, lr_schedule=None).fit(steps=2)
+        (d / 'filler').write_bytes(b'\0' * (shutil.disk_usage(d).free - 12 * 1024))
+        why = rejected(lambda: t.fit(steps=2), OSError, 'No space left on device while writing', 'step-0000002 is still valid')
+        if why: return why
+        if [p for p in run.iterdir() if '.tmp-' in p.name]: return 'a half-written checkpoint stayed on the full disk'
+        (d / 'filler').unlink()
+        return None if trainer(run, lr_schedule=None).fit(steps=2, resume=run).step >= 2 else 'resume failed'
+    finally: subprocess.run(['umount', '-l', str(d)])
+
+
+@case('fault', 'a real full disk (tmpfs) during an ONNX export: a sentence, no truncated .onnx')
+def _():
+    from netlite_nb.export import export_onnx
+    d = small_disk('256k')
+    try:
+        m = nn.Sequential(nn.Linear(20, 4096), nn.ReLU(), nn.Linear(4096, 10)).eval()
+        why = rejected(lambda: export_onnx(m, torch.randn(16, 20), d / 'm.onnx', measure_speed=False), OSError, 'No space left on device')
+        return why or (None if not list(d.iterdir()) else f"left {[p.name for p in d.iterdir()]}")
+    finally: subprocess.run(['umount', '-l', str(d)])
+
+
+@case('fault', 'a re-export that fails its parity check: the good .onnx at that path is kept')
+def _():
+    from netlite_nb.export import ExportError, export_onnx
+    class Noisy(nn.Module):
+        def __init__(self): super().__init__(); self.l = nn.Linear(20, 10)
+        def forward(self, x): return self.l(x) + torch.randn(x.shape[0], 10)
+    d, x = tmpdir(), torch.randn(16, 20)
+    export_onnx(nn.Linear(20, 10).eval(), x, d / 'm.onnx', measure_speed=False); good = (d / 'm.onnx').read_bytes()
+    why = rejected(lambda: export_onnx(Noisy().eval(), x, d / 'm.onnx', measure_speed=False), ExportError, 'does not compute')
+    return why or (None if (d / 'm.onnx').read_bytes() == good and len(list(d.iterdir())) == 1 else 'the good file was replaced')
+
+
+@case('fault', "rotation: the user's own step-0000002-good copy in the run directory is kept")
+def _():
+    d = tmpdir(); t = trainer(d, keep_checkpoints=1).fit(steps=2); shutil.copytree(d / 'step-0000002', d / 'step-0000002-good')
+    t.fit(steps=4)
+    return None if (d / 'step-0000002-good').is_dir() else 'deleted'
+
+
+@case('fault', 'one damaged line of metrics.jsonl: the run resumes')
+def _():
+    d = tmpdir(); trainer(d, [Stop(5)]).fit(steps=8)
+    lines = (d / 'metrics.jsonl').read_text().splitlines(); lines[1] = 'garbage{'; (d / 'metrics.jsonl').write_text('\n'.join(lines) + '\n')
+    with warnings.catch_warnings(): warnings.simplefilter('ignore'); t = trainer(d).fit(steps=8, resume=d)
+    return None if t.step == 8 else f"stopped at {t.step}"
+
+
+@case('fault', 'symlinks planted in a shared run directory (.config.yaml.tmp, a dangling metrics.jsonl): never followed')
+def _():
+    d = tmpdir(); victim, elsewhere, run = d / 'victim', d / 'elsewhere', d / 'shared'
+    victim.write_text('precious'); t = trainer(run).fit(steps=2)
+    for n in ('.config.yaml.tmp', f'.config.yaml.tmp-{os.getpid()}', f'.latest.tmp-{os.getpid()}'): (run / n).symlink_to(victim)
+    (run / 'metrics.jsonl').unlink(); (run / 'metrics.jsonl').symlink_to(elsewhere)
+    t.fit(steps=2)
+    return None if victim.read_text() == 'precious' and not elsewhere.exists() else 'a link was followed'
+
+
+def rewritten(d, f):
+    ck = find_checkpoint(d); s = torch.load(ck / 'state.pt', weights_only=True); f(s); torch.save(s, ck / 'state.pt'); (ck / 'manifest.json').unlink()
+
+
+@bad('a state.pt of a newer format: refused', ValueError, 'newer netlite_nb')
+def _():
+    d = tmpdir(); trainer(d).fit(steps=2); rewritten(d, lambda s: s.update(format=99)); read_state(d)
+
+
+@bad('a DEFLATE-compressed state.pt (a zip bomb): refused before it inflates', ValueError, 'compressed entries')
+def _():
+    import zipfile
+    d = tmpdir(); trainer(d).fit(steps=1); ck = find_checkpoint(d); p = ck / 'state.pt'
+    with zipfile.ZipFile(p) as z: entries = [(i.filename, z.read(i)) for i in z.infolist()]
+    with zipfile.ZipFile(p, 'w', zipfile.ZIP_DEFLATED) as z:
+        for n, b in entries: z.writestr(n, b)
+    (ck / 'manifest.json').unlink(); load_checkpoint(d, mlp(dropout=0.2))
+
+
+@bad('resume of a float64 run into a float32 model: refused, the dtypes named', ValueError, 'float64', 'float32')
+def _():
+    d = tmpdir(); Trainer(mlp().double(), [(x.double(), y) for x, y in loaders()[0]], run_dir=d, lr_schedule=None, **KW).fit(steps=2)
+    Trainer(mlp(), loaders(), lr_schedule=None, **KW).fit(steps=3, resume=d)
+
+
+def images(mode):
+    import numpy as np
+    from PIL import Image
+    def f():
+        d = tmpdir()
+        for c in 'ab':
+            (d / c).mkdir()
+            for i in range(3):
+                a = np.full((8, 8), 0.531)
+                im = Image.fromarray((a * 65535).astype(np.uint16)) if mode == 'I;16' else Image.fromarray(a.astype(np.float32), 'F')
+                im.save(d / c / f"{i}.{'png' if mode == 'I;16' else 'tif'}")
+        m = float(image_folder(d, size=8, channels=1)[0][0][0].mean())
+        return None if abs(m - 0.531) < 0.01 else f"mean {m:.3f} for a true 0.531"
+    return f
+
+case('input', 'an image folder of 16-bit grey PNGs (I;16): their values, not white')(images('I;16'))
+case('input', 'an image folder of float TIFFs in [0, 1] (F): their values, not black')(images('F'))
+bad('a 400 KB configuration: refused before it is read', ConfigError, 'CONFIG_BYTES')(
+    lambda: load_config(yaml_file('strategy: cpu\n' + '# padding\n' * 40_000)))
+
+
+@case('input', 'a long plain list (3,000 values over a limit of 1,000): read, not called an alias bomb')
+def _():
+    import netlite_nb.strategies as strategies
+    old, strategies.YAML_LIMIT = strategies.YAML_LIMIT, 1000
+    try: return None if len(load_yaml('[' + ', '.join(['1'] * 3000) + ']')) == 3000 else 'wrong length'
+    except ConfigError as e: return f"refused: {str(e)[:100]}"
+    finally: strategies.YAML_LIMIT = old
+
+
+def cli_bytes(name, data, rc_want, *words, env=None):
+    def f():
+        p = tmpdir() / 'c.yaml'; p.write_bytes(data)
+        old = {k: os.environ.get(k) for k in (env or {})}; os.environ.update(env or {})
+        try: rc, out, err = netlite('train', str(p), '--quiet', '--out', str(tmpdir() / 'r'))
+        except Exception as e: return f"raised {type(e).__name__}: {str(e)[:150]}"
+        finally:
+            for k, v in old.items():
+                if v is None: os.environ.pop(k, None)
+                else: os.environ[k] = v
+        if rc != rc_want or 'Traceback' in err: return f"exit {rc}: {err[-200:]}"
+        return None if all(w in err for w in words) else f"message lacks {words}: {err[-200:]}"
+    CASES.append(('input', name, f))
+
+_OK = "# réglages\nstrategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample}\ntrain: {steps: 1}\n"
+cli_bytes('netlite train: a UTF-16 configuration (with its BOM): read', _OK.encode('utf-16'), 0)
+cli_bytes('netlite train: a Latin-1 configuration: a sentence, exit 2', _OK.encode('latin-1'), 2, 'is not UTF-8 text')
+cli_bytes('netlite train: WORLD_SIZE=two, NETLITE_TRACEBACK=0: a sentence, no traceback', _OK.encode(), 1, "WORLD_SIZE is 'two'",
+          env={'RANK': '0', 'WORLD_SIZE': 'two', 'NETLITE_TRACEBACK': '0'})
+for _line, _words in (('batch_size: 0', 'data.batch_size must be a whole number'), ('batch_size: -8', 'data.batch_size must be a whole number'),
+                      ('batch_size: 100000', 'more than the 4000 training samples')):
+    cli_case(f"netlite train: data.{_line}", f"strategy: cpu\nmodel: {{name: mlp}}\ndata: {{name: mnist_sample, {_line}}}\ntrain: {{steps: 1}}\n", 2, _words)
+cli_case('netlite train: train.seed 2**70', "strategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample}\ntrain: {steps: 1, seed: 1180591620717411303424}\n",
+         2, 'train.seed must be a whole number')
+for _what, _b, _w in (('dicts', {'x': torch.zeros(4, 20), 'y': torch.zeros(4, dtype=torch.long)}, 'is a dict'),
+                      ('(x, y, w)', (torch.zeros(4, 20), torch.zeros(4, dtype=torch.long), torch.ones(4)), 'has 3 parts'),
+                      ('x alone', torch.zeros(4, 20), 'inputs without targets'), ('0-dim tensors', (torch.tensor(1.), torch.tensor(0)), '0-dim')):
+    bad(f"loader batches that are {_what}: a sentence", DataCheckError, _w)(lambda b=_b: Trainer(mlp(), [b] * 3, **KW).fit(steps=1))
+
+
+@case('input', 'netlite plan --model FILE.py:Name: built on the meta device (no memory), or a note saying it could not be')
+def _():
+    d = tmpdir(); (d / 'big.py').write_text(
+        "import torch.nn as nn\nclass Big(nn.Module):\n    def __init__(self):\n        super().__init__(); self.a = nn.Linear(784, 256); self.b = nn.Linear(256, 10)\n"
+        "        open(__file__ + '.device', 'w').write(str(self.a.weight.device))\n    def forward(self, x): return self.b(self.a(x.flatten(1)).relu())\n"
+        "class Stubborn(Big):\n    def __init__(self): super().__init__(); self.scale = float(self.a.weight.abs().max())\n")
+    rc, _, err = netlite('plan', '--model', f"{d / 'big.py'}:Big")
+    if rc != 0 or (d / 'big.py.device').read_text() != 'meta': return f"built on {(d / 'big.py.device').read_text()}, exit {rc}"
+    rc, _, err = netlite('plan', '--model', f"{d / 'big.py'}:Stubborn")
+    return None if rc == 0 and 'could not be built on the meta device' in err else f"exit {rc}: {err[-200:]}"
+
+
+@case('fault', 'SIGTERM to netlite train --nproc-per-node 2 (torchrun): every process stops at one step, a checkpoint, exit 143')
+def _():
+    d = tmpdir(); run = d / 'r'
+    (d / 'c.yaml').write_text("strategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample, batch_size: 64}\ntrain: {steps: 5000, checkpoint_every: 50}\n")
+    rc, err = signalled(['train', str(d / 'c.yaml'), '--nproc-per-node', '2', '--out', str(run), '--quiet'], signal.SIGTERM, lambda p: (run / 'latest').exists())
+    ok = rc == 143 and 'every process saved the last finished step' in err and 'Unable to shutdown' not in err and 'Traceback' not in err
+    return None if ok and read_state(run)['step'] < 5000 else f"exit {rc}: {err[-300:]}"
+
 if __name__ == '__main__':
     ap = argparse.ArgumentParser(); ap.add_argument('--kills', type=int, default=10); a = ap.parse_args()
     CASES.insert(0, ('fault', f"kill -9 of netlite train at {a.kills} random moments, each resumed: the uninterrupted weights", kill_9(a.kills)))
@@ -365,6 +627,7 @@ if __name__ == '__main__':
     for kind, name, f in CASES:
         t0 = time.perf_counter()
         try: why = f()
+        except Skip as e: print(f"skip {kind:<5} {name} -- {e}", flush=True); continue
         except Exception as e: why = f"{type(e).__name__}: {str(e)[:200]}"
         tally[kind][1] += 1; tally[kind][0] += why is None
         print(f"{'ok ' if why is None else 'NOT'} {kind:<5} {name} ({time.perf_counter() - t0:.1f} s){'' if why is None else ' -- ' + why}", flush=True)

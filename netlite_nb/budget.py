@@ -222,6 +222,17 @@ def planned_by(self:TrainingStep, plan)->bool:
     return (plan.optimizer, plan.precision, plan.transform, 'EMA weights' in plan.breakdown) == (
         _optimizer_name(self.optimizer), self.precision, _transform_name(self.transform), self.ema)
 
+# %% ../nbs/01_budget.ipynb #bf16r
+from .memory.trace import OPTIMIZERS, _norm
+
+def _refuse_emulated_bf16(optimizer, target:Target):
+    "Refuse a step whose weights are bf16 (an optimizer marked `needs_bf16`, chapter 03) on a GPU that only emulates bf16."
+    f = OPTIMIZERS.get(_norm(optimizer)) if isinstance(optimizer, str) else optimizer
+    if not getattr(f, 'needs_bf16', False) or target.kind != 'cuda' or target.bf16_native is not False: return
+    raise ValueError(f"{target.name} (compute capability {target.compute_capability}) has no bf16 arithmetic: bf16 weights "
+                     f"({_optimizer_name(optimizer)}) would run every operation emulated, far slower than fp32. Bf16 needs "
+                     "compute capability 8.0 (Ampere) or newer; here use 'adamw8bit' with fp32 weights, and fp16 mixed precision.")
+
 # %% ../nbs/01_budget.ipynb #mp23
 def plan_memory(model:nn.Module, # the model to plan for; never run, moved or changed
                 batch, # (x, y), x, or a dict the model takes as keywords (labels too), a real batch or one on the 'meta' device; its first dimension is the batch size
@@ -243,6 +254,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
         precision, optimizer, micro_batch, transform, device_or_gpu, budget = _strategy_defaults(
             strategy, precision, optimizer, micro_batch, transform, device_or_gpu, budget)
     target = resolve_target(device_or_gpu)
+    _refuse_emulated_bf16(optimizer, target)
     b = _batch_size(batch)
     mb = min(micro_batch or b, b)
     kernels = 'cpu' if target.kind == 'cpu' else cuda_kernels(target, strategy) if target.kind == 'cuda' else None

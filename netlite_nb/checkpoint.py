@@ -4,16 +4,18 @@
 
 # %% ../nbs/06a_checkpoint.ipynb #k003
 from __future__ import annotations
-import errno, hashlib, itertools, json, os, random, re, shutil, warnings
+import contextlib, errno, hashlib, itertools, json, os, random, re, shutil, socket, warnings, zipfile
 from pathlib import Path
 import numpy as np, torch, yaml
 from torch import nn
 import safetensors.torch as st
-from .strategies import load_yaml
+from .strategies import load_yaml, read_config_text
 
 # %% auto #0
-__all__ = ['CHECKPOINT_FORMAT', 'seed_everything', 'rng_state', 'set_rng_state', 'loader_generators', 'clean_leftovers',
-           'write_metrics', 'save_checkpoint', 'find_checkpoint', 'read_state', 'load_checkpoint', 'read_run_config']
+__all__ = ['CHECKPOINT_FORMAT', 'seed_everything', 'rng_state', 'set_rng_state', 'loader_generators', 'write_atomic',
+           'writing_to', 'clean_leftovers', 'RunDirInUseError', 'claim_run_dir', 'release_run_dir', 'run_files',
+           'check_new_run', 'new_run_dir', 'write_metrics', 'save_checkpoint', 'find_checkpoint', 'read_state',
+           'load_checkpoint', 'read_run_config']
 
 # %% ../nbs/06a_checkpoint.ipynb #k006
 def seed_everything(seed:int=0, # the seed for Python, NumPy and PyTorch (all devices)
@@ -60,20 +62,85 @@ def loader_generators(loader)->list[torch.Generator]:
 def _fsync_file(p):
     with open(p, 'rb') as f: os.fsync(f.fileno())
 
-def _write_text_atomic(path:Path, text:str):
-    "Replace the file `path` with `text` in one step: readers see the old content or the new, never half of it."
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, 'w') as f: f.write(text); f.flush(); os.fsync(f.fileno())
-    os.replace(tmp, path)
+# never an existing file, never through a symlink someone planted in a shared run directory
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, 'O_NOFOLLOW', 0) | getattr(os, 'O_BINARY', 0)
+
+def _open_new(p:Path):
+    "Open `p` for writing only when nothing (no file, no link) is there yet."
+    return os.fdopen(os.open(p, _NEW, 0o644), 'wb')
+
+def _remove(p:Path):
+    "Delete the file, link or directory `p` (a link itself, never what it points at)."
+    if p.is_symlink() or p.is_file(): p.unlink(missing_ok=True)
+    elif p.is_dir(): shutil.rmtree(p, ignore_errors=True)
+
+def write_atomic(path, # the file to replace
+                 data:bytes|str,
+                 verify=None, # called with the finished temp file before it replaces `path`; raise to keep the old file
+                 run_dir=None, # the run it belongs to, whose last valid checkpoint a disk-full sentence names; default `path`'s folder
+                )->Path:
+    "Replace `path` with `data` in one step: a temp file created exclusively beside it, flushed, verified, then renamed over it."
+    path = Path(path); tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with writing_to(path, Path(run_dir or path.parent)): return _write_new(path, tmp, data, verify)
+
+def _write_new(path:Path, tmp:Path, data, verify)->Path:
+    _remove(tmp)  # a leftover of a process that had our pid; a link planted there is removed, not followed
+    try:
+        with _open_new(tmp) as f: f.write(data.encode() if isinstance(data, str) else data); f.flush(); os.fsync(f.fileno())
+        if verify is not None: verify(tmp)
+        os.replace(tmp, path)  # replaces a link at `path` itself, never the file it points at
+    except BaseException: _remove(tmp); raise
+    return path
+
+def _write_text_atomic(path:Path, text:str): write_atomic(path, text)
 
 def _replace_dir(tmp:Path, final:Path):
     "Move the finished directory `tmp` to `final`, swapping out an older `final` (the same step saved again)."
     if not final.exists(): os.replace(tmp, final); return
-    old = final.with_name(f".{final.name}.old-{os.getpid()}"); shutil.rmtree(old, ignore_errors=True)
+    old = final.with_name(f".{final.name}.old-{os.getpid()}"); _remove(old)
     os.replace(final, old); os.replace(tmp, final); shutil.rmtree(old, ignore_errors=True)
 
+# %% ../nbs/06a_checkpoint.ipynb #k022f
+_FULL = (errno.ENOSPC, getattr(errno, 'EDQUOT', -1), errno.EFBIG)
+_DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+def _disk_full(e:BaseException)->bool:
+    return getattr(e, 'errno', None) in _FULL or any(s in str(e) for s in ('No space left', 'unexpected pos', 'file write failed',
+                                                                           'os error 28', 'Disk quota exceeded', 'File too large'))
+
+def _denied(e:BaseException)->bool:
+    return getattr(e, 'errno', None) in _DENIED or any(s in str(e) for s in ('Permission denied', 'os error 13', 'Read-only file system', 'os error 30'))
+
+def _last_valid(run_dir:Path)->str:
+    try: return f"The previous checkpoint {find_checkpoint(run_dir, verify=False)} is still valid."
+    except (OSError, ValueError): return "There is no earlier checkpoint."
+
+def _write_error(e:BaseException, what, run_dir:Path|None)->OSError|None:
+    "One sentence for a write that failed for want of space or permission (from any writer), naming the last valid checkpoint; else None."
+    last = f" {_last_valid(run_dir)}" if run_dir is not None else ''
+    if _disk_full(e): return OSError(errno.ENOSPC, f"No space left on device while writing {what}; free space or set keep_checkpoints lower.{last}")
+    if _denied(e): return OSError(errno.EACCES, f"Permission denied while writing {what} (a read-only or someone else's directory); give a "
+                                                f"directory you can write to.{last}")
+    return None
+
+@contextlib.contextmanager
+def writing_to(what, # the file (or words for it) being written
+               run_dir:Path|None, # the run whose last valid checkpoint the sentence names; None: none is named
+               tmp:Path|None=None, # the temp file or directory to remove when the write fails
+              ):
+    "Around a write of `what`: on any failure remove `tmp`; a full disk or a refused write (from any writer) becomes one `OSError` sentence."
+    try: yield
+    except BaseException as e:
+        if tmp is not None: _remove(tmp)
+        err = _write_error(e, what, run_dir) if isinstance(e, Exception) else None
+        if err is None: raise
+        raise err from e
+
+def _finite(model:nn.Module)->bool:
+    return all(bool(torch.isfinite(t).all()) for t in model.state_dict().values() if torch.is_tensor(t) and t.is_floating_point())
+
 # %% ../nbs/06a_checkpoint.ipynb #k021b
-_LEFTOVER = re.compile(r'^\.(?:step-\d+|latest|metrics\.jsonl)\.(?:tmp|old)-(\d+)$')
+_LEFTOVER = re.compile(r'^\.(?:step-\d+|latest|metrics\.jsonl|config\.yaml|demo\.json|[^/]+\.onnx)\.(?:tmp|old)-(\d+)$')
 
 def _pid_alive(pid:int)->bool:
     try: os.kill(pid, 0)
@@ -88,10 +155,96 @@ def clean_leftovers(run_dir, # a run directory
     for p in Path(run_dir).glob('.*'):
         m = _LEFTOVER.match(p.name)
         if m is None or int(m[1]) == os.getpid() or _pid_alive(int(m[1])): continue
-        if p.is_dir(): shutil.rmtree(p, ignore_errors=True)
-        else: p.unlink(missing_ok=True)
+        _remove(p)
         gone.append(p)
     return gone
+
+# %% ../nbs/06a_checkpoint.ipynb #k021f
+class RunDirInUseError(RuntimeError):
+    "Another run holds this run directory, or its files are there (a resume continues it; a new run needs its own)."
+
+_LOCK = '.netlite.lock'
+
+def _start_time(pid:int)->int|None:
+    "When process `pid` started, in clock ticks since boot (Linux); None where it cannot be read."
+    try: return int(Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[19])
+    except (OSError, IndexError, ValueError): return None
+
+def _holder(lock:Path)->dict|None:
+    "The {pid, host, start} in a lock file; {} when unreadable, None when there is no lock."
+    try: h = json.loads(lock.read_text()[:1000])
+    except FileNotFoundError: return None
+    except (OSError, ValueError): return {}
+    return h if isinstance(h, dict) else {}
+
+def _stale(h:dict, lock:Path)->bool:
+    "A lock whose process is gone: the pid no longer runs on this host, or runs a process started after the lock's."
+    if not h:  # a writer killed between creating and filling it, or one filling it right now
+        try: return lock.stat().st_mtime < __import__('time').time() - 10
+        except FileNotFoundError: return True
+    if h.get('host') != socket.gethostname() or not isinstance(h.get('pid'), int): return False  # another machine's: cannot tell
+    return not _pid_alive(h['pid']) or (h.get('start') is not None and _start_time(h['pid']) not in (None, h['start']))
+
+# %% ../nbs/06a_checkpoint.ipynb #k021g
+def _take_over(lock:Path, h:dict):
+    "Remove the stale lock `lock` (holding `h`) unless another process replaced it meanwhile."
+    aside = lock.with_name(f"{lock.name}.stale-{os.getpid()}")
+    try: os.replace(lock, aside)  # atomic: of two processes breaking the same lock, one gets it
+    except FileNotFoundError: return
+    if _holder(aside) != h:  # a live process claimed it between our read and the rename: give it back
+        with contextlib.suppress(OSError): os.link(aside, lock)
+    aside.unlink(missing_ok=True)
+
+def claim_run_dir(run_dir, # the run directory this process is about to write
+                 )->Path:
+    "Claim `run_dir` for this process with a lock file created exclusively (pid, host, start time); a dead process's lock is taken over."
+    d = Path(run_dir); d.mkdir(parents=True, exist_ok=True); lock = d / _LOCK
+    me = {'pid': os.getpid(), 'host': socket.gethostname(), 'start': _start_time(os.getpid())}
+    for _ in range(5):
+        try:
+            with _open_new(lock) as f: f.write(json.dumps(me).encode()); f.flush(); os.fsync(f.fileno())
+            return lock
+        except FileExistsError: h = _holder(lock)
+        if h is None: continue  # released meanwhile: try again
+        if h.get('pid') == me['pid'] and h.get('host') == me['host']: return lock  # ours already (a second `fit`)
+        if not _stale(h, lock):
+            raise RunDirInUseError(f"The run directory {d} is in use by process {h.get('pid', '?')} on {h.get('host', 'an unknown host')} "
+                                   f"(its lock file {lock}): two runs in one directory overwrite each other's checkpoints and logs. Give this run "
+                                   f"another directory, or wait until that run ends; if that process is not a netlite run, delete the lock file.")
+        _take_over(lock, h)
+    raise RunDirInUseError(f"Could not claim the run directory {d}: other processes keep taking its lock file {lock}. Give this run its own directory.")
+
+def release_run_dir(run_dir):
+    "Give up this process's claim on `run_dir` (a lock of another process is left alone)."
+    lock = Path(run_dir) / _LOCK
+    h = _holder(lock)
+    if h and h.get('pid') == os.getpid() and h.get('host') == socket.gethostname(): lock.unlink(missing_ok=True)
+
+# %% ../nbs/06a_checkpoint.ipynb #k021h
+_STEP = re.compile(r'step-\d{7,}')  # exactly the names `save_checkpoint` writes: a user's `step-0000004-good` is never touched
+
+def run_files(run_dir)->list[str]:
+    "The names in `run_dir` that a run wrote: its checkpoints, `latest`, `best`, config.yaml, metrics.jsonl."
+    d = Path(run_dir)
+    if not d.is_dir(): return []
+    return sorted(p.name for p in d.iterdir() if _STEP.fullmatch(p.name) or p.name in ('latest', 'best', 'config.yaml', 'metrics.jsonl'))
+
+def check_new_run(run_dir):
+    "Refuse to start a new run (not a resume) in a directory that holds another run's files."
+    if files := run_files(run_dir):
+        raise RunDirInUseError(f"The run directory {run_dir} holds another run ({', '.join(files[:4])}): a new run there would replace its "
+                               f"checkpoints and logs. Resume it (`--resume {run_dir}`, or `fit(..., resume=...)`), or give the new run another directory.")
+
+def new_run_dir(parent, # where run directories go, e.g. train.checkpoint_dir
+                prefix:str, # e.g. the model's name
+               )->Path:
+    "Create and return a new, empty run directory PARENT/PREFIX-YYYYmmdd-HHMMSS (-2, -3, ... when a run started in the same second took it)."
+    parent = Path(parent); parent.mkdir(parents=True, exist_ok=True)
+    stamp = f"{prefix}-{__import__('time').strftime('%Y%m%d-%H%M%S')}"
+    for i in itertools.count(1):
+        d = parent / (stamp if i == 1 else f"{stamp}-{i}")
+        try: d.mkdir(); return d  # atomic: of two runs started in the same second, each gets its own name
+        except FileExistsError: continue
 
 # %% ../nbs/06a_checkpoint.ipynb #k022b
 def _sha256(p:Path)->str:
@@ -121,7 +274,8 @@ def _damage(ck:Path, weights_only:bool=False)->str|None:
 _LINES = {}  # metrics.jsonl path -> (its size, its lines) when last seen, so a save does not reread the file
 
 def _metrics_lines(p:Path)->int|None:
-    "The complete lines of `p`; None when it ends in half a line (its writer was killed mid-append)."
+    "The complete lines of `p`; None when it ends in half a line (its writer was killed mid-append) or is not a plain file."
+    if p.is_symlink(): return None  # a link planted in a shared directory: replaced by a file of our own, never followed
     if not p.is_file(): return 0
     size = p.stat().st_size
     if _LINES.get(str(p), (None,))[0] != size:
@@ -131,47 +285,59 @@ def _metrics_lines(p:Path)->int|None:
 
 def _json_line(r:dict)->str: return json.dumps(r, default=lambda o: o.item() if hasattr(o, 'item') else str(o)) + '\n'
 
+def _append(p:Path, text:str):
+    "Append to `p`, created exclusively when missing; never through a link."
+    try: fd = os.open(p, os.O_WRONLY | os.O_APPEND | getattr(os, 'O_NOFOLLOW', 0))
+    except FileNotFoundError: fd = os.open(p, _NEW, 0o644)
+    with os.fdopen(fd, 'w') as f: f.write(text); f.flush(); os.fsync(f.fileno())
+
 def write_metrics(run_dir:Path, history:list, keep:int|None=None):
     "Make `run_dir/metrics.jsonl` hold `history`: append the records it lacks, or rewrite it when it holds more (a resumed run)."
-    p = run_dir / 'metrics.jsonl'
+    p = Path(run_dir) / 'metrics.jsonl'
     n = _metrics_lines(p)
-    if n is None or n > len(history): _write_text_atomic(p, ''.join(_json_line(r) for r in history))
-    elif n < len(history):
-        with open(p, 'a') as f: f.write(''.join(_json_line(r) for r in history[n:])); f.flush(); os.fsync(f.fileno())
+    with writing_to(p, Path(run_dir)):
+        if n is None or n > len(history): write_atomic(p, ''.join(_json_line(r) for r in history))
+        elif n < len(history): _append(p, ''.join(_json_line(r) for r in history[n:]))
     _LINES.pop(str(p), None)
 
+def _records(lines, p:Path)->list:
+    "The records of metrics.jsonl's `lines`; a damaged line (not a JSON object) is skipped with a warning, never an error."
+    out = []
+    for i, l in enumerate(lines, 1):
+        try: r = json.loads(l)
+        except ValueError: r = None
+        if isinstance(r, dict): out.append(r)
+        else: warnings.warn(f"{p} line {i} is damaged (not a JSON record): skipped. The log is outside the checkpoint; "
+                            "the checkpoint itself is intact and the run resumes.")
+    return out
+
 def _read_metrics(run_dir:Path, n:int)->list:
-    "The first `n` records of `run_dir/metrics.jsonl` (fewer when the file was not copied with the checkpoint)."
+    "The first `n` records of `run_dir/metrics.jsonl` (fewer when the file was not copied with the checkpoint, or has damaged lines)."
     p = run_dir / 'metrics.jsonl'
-    if not p.is_file(): return []
-    with open(p) as f: return [json.loads(l) for l in itertools.islice(f, n)]
-
-# %% ../nbs/06a_checkpoint.ipynb #k022f
-def _disk_full(e:BaseException)->bool:
-    return getattr(e, 'errno', None) == errno.ENOSPC or any(s in str(e) for s in ('No space left', 'unexpected pos', 'file write failed'))
-
-def _disk_full_error(e, final:Path)->OSError:
-    try: prev = f"The previous checkpoint {find_checkpoint(final.parent, verify=False)} is still valid."
-    except (OSError, ValueError): prev = "There is no earlier checkpoint."
-    return OSError(errno.ENOSPC, f"No space left on device while writing checkpoint {final}; free space or set keep_checkpoints lower. {prev}")
-
-def _finite(model:nn.Module)->bool:
-    return all(bool(torch.isfinite(t).all()) for t in model.state_dict().values() if torch.is_tensor(t) and t.is_floating_point())
+    if not p.is_file() or p.is_symlink(): return []
+    with open(p, errors='replace') as f: return _records(itertools.islice(f, n), p)
 
 # %% ../nbs/06a_checkpoint.ipynb #k023
-CHECKPOINT_FORMAT = 1  # the layout of state.pt; raise it when the layout changes
+CHECKPOINT_FORMAT = 1  # the layout of state.pt; raise it when the layout changes (a reader refuses a newer one)
 
 def _state_dict(o): return o.state_dict() if o is not None else None
 
 def _write_files(tmp:Path, state:dict, model:nn.Module, ema, step:int, finite:bool):
-    "The files of a checkpoint, written and flushed to disk in the directory `tmp`, with their manifest."
-    shutil.rmtree(tmp, ignore_errors=True); tmp.mkdir()
+    "The files of a checkpoint, written and flushed to disk in the new directory `tmp`, with their manifest."
+    _remove(tmp); tmp.mkdir()  # exclusive: a link planted at `tmp` makes this fail instead of writing elsewhere
     st.save_model(model, str(tmp / 'model.safetensors'), metadata={'step': str(step)})
     if ema is not None: st.save_model(ema, str(tmp / 'ema.safetensors'))
-    with open(tmp / 'state.pt', 'wb') as f: torch.save(state, f); f.flush(); os.fsync(f.fileno())
+    with _open_new(tmp / 'state.pt') as f: torch.save(state, f); f.flush(); os.fsync(f.fileno())
     for p in tmp.glob('*.safetensors'): _fsync_file(p)
     _write_manifest(tmp, step, finite)
 
+def _rotate(run_dir:Path, final:Path, keep:int):
+    "Delete the oldest checkpoints beyond `keep`: only directories named exactly as `save_checkpoint` names them."
+    for p in sorted((q for q in run_dir.iterdir() if _STEP.fullmatch(q.name) and q.is_dir() and not q.is_symlink()),
+                    key=lambda q: int(q.name[5:]))[:-keep or None]:
+        if p != final: shutil.rmtree(p, ignore_errors=True)
+
+# %% ../nbs/06a_checkpoint.ipynb #k023b
 def save_checkpoint(run_dir, # the run directory; the checkpoint becomes RUN_DIR/step-NNNNNNN
                     step:int, # the optimizer step the checkpoint holds
                     model:nn.Module,
@@ -192,20 +358,15 @@ def save_checkpoint(run_dir, # the run directory; the checkpoint becomes RUN_DIR
              'scheduler': _state_dict(scheduler), 'scaler': _state_dict(scaler), 'rng': rng if rng is not None else rng_state()}
     if history is not None: state['history_len'] = len(history)
     finite = _finite(model)
-    try:
-        if history is not None: write_metrics(run_dir, history)
+    if history is not None: write_metrics(run_dir, history)
+    with writing_to(f"checkpoint {final}", run_dir, tmp):  # any writer's full disk or refusal: one sentence, the half-written directory removed
         _write_files(tmp, state, model, ema, step, finite)
-    except (OSError, RuntimeError) as e:
-        if not _disk_full(e): raise
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise _disk_full_error(e, final) from e
-    _replace_dir(tmp, final)
+        _replace_dir(tmp, final)
     if not finite:  # a diverged model never becomes `latest` nor pushes a good checkpoint out
         warnings.warn(f"Checkpoint {final} holds non-finite (nan/inf) weights: `latest` still names the last finite one, and none was deleted.")
         return final
-    _write_text_atomic(run_dir / 'latest', final.name)
-    for p in sorted(run_dir.glob('step-*'))[:-keep or None]:
-        if p != final: shutil.rmtree(p, ignore_errors=True)
+    write_atomic(run_dir / 'latest', final.name, run_dir=run_dir)
+    _rotate(run_dir, final, keep)
     return final
 
 # %% ../nbs/06a_checkpoint.ipynb #k028
@@ -225,7 +386,7 @@ def find_checkpoint(path, # a checkpoint directory, or a run directory holding `
                                  "and the newest undamaged checkpoint in it is used.")
         return p
     clean_leftovers(p)
-    found = sorted((q for q in p.glob('step-*') if _is_checkpoint(q, weights_only)), reverse=True)
+    found = sorted((q for q in p.iterdir() if _STEP.fullmatch(q.name) and _is_checkpoint(q, weights_only)), key=lambda q: int(q.name[5:]), reverse=True)
     latest = (p / 'latest').read_text().strip() if (p / 'latest').is_file() else None
     if latest is not None and not re.fullmatch(r'step-\d+', latest):  # a path elsewhere ('../other/step-9') is never followed
         raise ValueError(f"{p / 'latest'} names {latest[:100]!r}, which is not a checkpoint of this run directory: `latest` holds only "
@@ -255,12 +416,29 @@ def _weights_mismatch(model:nn.Module, path:Path)->str|None:
            + [f"{len(extra)} in the file are not in the model ({', '.join(extra[:3])})"] * bool(extra))
     return '; '.join(why) or None
 
+_ST_DTYPES = {'F64': torch.float64, 'F32': torch.float32, 'F16': torch.float16, 'BF16': torch.bfloat16}
+
+def _dtype_mismatch(model:nn.Module, path:Path)->str|None:
+    "The first floating tensor whose dtype in the file at `path` differs from the model's, as words; None when all agree."
+    from safetensors import safe_open
+    have = model.state_dict()
+    with safe_open(str(path), 'pt') as f:
+        for k in f.keys():
+            d = _ST_DTYPES.get(f.get_slice(k).get_dtype())
+            if d is not None and k in have and have[k].is_floating_point() and have[k].dtype != d:
+                return f"the checkpoint's weights are {str(d)[6:]} and the model's are {str(have[k].dtype)[6:]} ({k})"
+    return None
+
 def _check_fits(ck:Path, s:dict, model:nn.Module, optimizer=None, ema=None):
     "A `ValueError` sentence when checkpoint `ck` (its state `s`) does not fit `model`, `ema` or `optimizer`; nothing is loaded."
     why = _weights_mismatch(model, ck / 'model.safetensors')
     if why is None and ema is not None and (ck / 'ema.safetensors').is_file(): why = _weights_mismatch(ema, ck / 'ema.safetensors')
     if why: raise ValueError(f"The checkpoint {ck} does not fit this model: {why}. Nothing was loaded. Build the model the run trained "
                              "(the same name and options; the run's config.yaml says which).")
+    if (why := _dtype_mismatch(model, ck / 'model.safetensors')) and optimizer is not None:  # a resume: the run's numbers must stay
+        raise ValueError(f"The checkpoint {ck} does not fit this run: {why}. Nothing was loaded. A resumed run keeps its dtype: build the "
+                         f"model in the run's dtype (e.g. `model.to(torch.{why.split()[4]})`), or start a new run from the weights alone.")
+    if why: warnings.warn(f"Loading {ck}: {why}; the weights are converted to the model's dtype.")
     was, now = s.get('optimizer_class'), type(optimizer).__name__
     if optimizer is not None and s.get('optimizer') is not None and was is not None and was != now:
         raise ValueError(f"The checkpoint {ck} holds the state of the {was} optimizer, and this run's is {now}: their states do not "
@@ -274,11 +452,24 @@ def read_state(path, # a checkpoint or run directory (see `find_checkpoint`)
     "The contents of the `state.pt` of the checkpoint `path` names (plain tensors and numbers, loaded without running code), with its history."
     return _read_state(find_checkpoint(path), mmap)
 
+def _check_zip(p:Path):
+    "Refuse a state.pt whose entries are compressed: `torch.save` stores them as they are, so one would inflate past its size (a zip bomb)."
+    try:
+        with zipfile.ZipFile(p) as z: packed = [i for i in z.infolist() if i.compress_type != zipfile.ZIP_STORED]
+    except zipfile.BadZipFile: return  # not a zip (the legacy format): torch.load says what is wrong
+    if packed: raise ValueError(f"{p} holds {len(packed)} compressed entries ({packed[0].filename}: {packed[0].file_size:,} bytes from "
+                                f"{packed[0].compress_size:,}), which torch.save never writes: it was not written by netlite_nb and is not loaded.")
+
 def _read_state(ck:Path, mmap:bool=False)->dict:
+    _check_zip(ck / 'state.pt')
     s = torch.load(ck / 'state.pt', map_location='cpu', weights_only=True, mmap=mmap)
+    if not isinstance(s.get('format', 1), int) or s.get('format', 1) > CHECKPOINT_FORMAT:
+        raise ValueError(f"The checkpoint {ck} has state.pt format {s.get('format')!r}, written by a newer netlite_nb (this one reads formats up to "
+                         f"{CHECKPOINT_FORMAT}): nothing was loaded. Upgrade netlite_nb (`pip install -U netlite_nb`) to resume it.")
     if 'history_len' in s: s['history'] = _read_metrics(ck.parent, s['history_len'])
     return s
 
+# %% ../nbs/06a_checkpoint.ipynb #k033e
 def load_checkpoint(path, # a checkpoint or run directory (see `find_checkpoint`)
                     model:nn.Module, optimizer=None, scheduler=None, scaler=None, ema:nn.Module|None=None,
                     device='cpu', # where the weights are loaded to
@@ -303,5 +494,5 @@ def read_run_config(path, # a run directory, one of its checkpoints, or a weight
     p = Path(path)
     d = p if p.is_dir() else p.parent
     for c in (d / 'config.yaml', d.parent / 'config.yaml'):
-        if c.is_file(): return load_yaml(c.read_text(), repr(str(c))) or {}
+        if c.is_file(): return load_yaml(read_config_text(c), repr(str(c))) or {}
     return {}

@@ -4,7 +4,7 @@
 
 # %% ../nbs/11_cli.ipynb #c003
 from __future__ import annotations
-import argparse, dataclasses, difflib, importlib.metadata, importlib.util, inspect, json, os, platform, re, subprocess, sys
+import argparse, dataclasses, difflib, importlib.metadata, importlib.util, inspect, json, os, platform, re, signal, subprocess, sys, threading
 # before torch loads: OpenMP reads its wait policy once (why: chapter 11, "Threads on a busy machine")
 for _k, _v in (('OMP_WAIT_POLICY', 'PASSIVE'), ('KMP_BLOCKTIME', '0')): os.environ.setdefault(_k, _v)
 from pathlib import Path
@@ -98,16 +98,34 @@ def _sentence(e:BaseException)->str:
     msg = (str(e).strip().splitlines() or [''])[0]
     return msg if msg and isinstance(e, (ValueError, LookupError, OSError, RuntimeError)) else f"{type(e).__name__}: {msg}"
 
+class _Terminated(KeyboardInterrupt):
+    "SIGTERM (docker stop, Kubernetes, SLURM, systemd, torchrun) outside a `fit`, which handles its own: a stop, as Ctrl-C is."
+
+def _on_sigterm(signum, frame): raise _Terminated()
+
+def _traceback_wanted()->bool:
+    "NETLITE_TRACEBACK=1 (or yes, true, on) asks for the traceback; unset, empty, 0, no, false or off do not."
+    return os.environ.get('NETLITE_TRACEBACK', '').strip().lower() not in ('', '0', 'no', 'false', 'off')
+
 def main(argv:list[str]|None=None)->int:
-    "Entry point of the `netlite` console script: 0 done, 1 failed, 2 usage error (argparse exits with 2 itself), 130 interrupted."
-    args = _parse(argv)
-    if not args.command: return 2
-    try: return COMMANDS[args.command][1](args) or 0
-    except KeyboardInterrupt: return 130
+    "Entry point of the `netlite` console script: 0 done, 1 failed, 2 usage error (argparse exits with 2 itself), 130 interrupted, 143 SIGTERM."
+    main_thread = threading.current_thread() is threading.main_thread()
+    old, cmd = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None, None
+    try:  # the command's imports (torch and the chapters, seconds) happen inside: a Ctrl-C there is a stop like any other
+        args = _parse(argv)
+        if not args.command: return 2
+        cmd = args.command
+        return COMMANDS[cmd][1](args) or 0
+    except KeyboardInterrupt as e:
+        sig = 'SIGTERM' if isinstance(e, _Terminated) else 'Ctrl-C (SIGINT)'
+        print(f"netlite{' ' + cmd if cmd else ''}: stopped by {sig} before it finished.", file=sys.stderr)
+        return 143 if isinstance(e, _Terminated) else 130
     except Exception as e:
-        if os.environ.get('NETLITE_TRACEBACK'): raise
-        print(f"netlite {args.command}: {_sentence(e)}", file=sys.stderr)
+        if _traceback_wanted(): raise
+        print(f"netlite {cmd}: {_sentence(e)}", file=sys.stderr)
         return 2 if isinstance(e, _usage_errors()) else 1
+    finally:
+        if old is not None: signal.signal(signal.SIGTERM, old)
 
 def _json(o)->str:
     "`o` (a dataclass, or plain data holding some) as indented JSON for `--json`; paths and other objects become strings."
@@ -122,9 +140,24 @@ def _probe(args):
     print(hw.to_json() if args.json else hw)
 _probe.add_arguments = lambda p: p.add_argument('--json', action='store_true', help='print JSON (for bug reports)')
 
+# %% ../nbs/11_cli.ipynb #c011z
+def _built_without_memory(f, spec:str):
+    "`f()` on the meta device: a plan needs the shapes of the weights, never their memory; built for real, with a note, when it cannot be."
+    import torch
+    try:
+        with torch.device('meta'): m = f()
+    except Exception as e: why = f"{type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}"
+    else:
+        real = [n for n, t in (*m.named_parameters(), *m.named_buffers()) if t.device.type != 'meta'] if isinstance(m, torch.nn.Module) else []
+        if not real: return m
+        why = f"it puts {real[0]} on a real device, e.g. with an explicit device="
+    print(f"netlite plan: --model {spec} could not be built on the meta device ({why}); it was built in memory instead, "
+          "which takes the memory of its weights.", file=sys.stderr)
+    return f()
+
 # %% ../nbs/11_cli.ipynb #c012
-def _user_model(spec:str)->torch.nn.Module:
-    "`--model FILE.py:NAME`: NAME (a model class, or a function returning a model) from the user's file, called with no arguments."
+def _user_model(spec:str, meta:bool=True)->torch.nn.Module:
+    "`--model FILE.py:NAME`: NAME (a model class, or a function returning a model) from the user's file, called with no arguments (on the meta device when `meta`)."
     import torch
     src, _, name = spec.rpartition(':')
     if not src.endswith('.py') or not name: raise UsageError(f"--model {spec}: write your model as FILE.py:NAME, a file and the class or function in it that builds the model")
@@ -143,15 +176,15 @@ def _user_model(spec:str)->torch.nn.Module:
     try: inspect.signature(f).bind()
     except TypeError as e: raise UsageError(f"--model {spec}: {name}() cannot be called with no arguments ({e}); point at a function that builds the model with none") from None
     except ValueError: pass  # a builtin without a signature: calling it says
-    m = f()
+    m = _built_without_memory(f, spec) if meta else f()
     if not isinstance(m, torch.nn.Module): raise UsageError(f"--model {spec}: {name}() returned a {type(m).__name__}, not an nn.Module")
     return m
 
-def _cli_model(name:str, shape:tuple[int,...]=(1, 28, 28)):
+def _cli_model(name:str, shape:tuple[int,...]=(1, 28, 28), meta:bool=True):
     "The model `--model` names (a chapter 05 model, or the user's `FILE.py:NAME`) and a one-sample batch of `shape` on the meta device (no memory is used) for `netlite plan`."
     import torch
     if ':' in name or name.endswith('.py'):  # the user's own model: float samples of any shape, class labels as targets
-        return _user_model(name), (torch.empty(1, *shape, device='meta'), torch.empty(1, dtype=torch.long, device='meta'))
+        return _user_model(name, meta), (torch.empty(1, *shape, device='meta'), torch.empty(1, dtype=torch.long, device='meta'))
     if len(shape) != 3: raise UsageError(f"--input {'x'.join(map(str, shape))} is not one sample's shape for a zoo model: write CxHxW, e.g. 1x28x28 (MNIST) or 3x32x32 (CIFAR-10)")
     c, h, w = shape
     from netlite_nb.models import create_model
@@ -203,7 +236,7 @@ def _plan(args):
     if args.gpu.strip().lower() == 'list': return _gpu_list(args.json)
     from netlite_nb.budget import plan_memory
     from netlite_nb.memory.trace import resize_batch
-    model, sample = _cli_model(args.model, args.input)
+    model, sample = _cli_model(args.model, args.input, meta=not args.calibrate)  # calibration runs the model's kernels for real
     kw = dict(optimizer=args.optimizer, precision=args.precision, transform=_checkpointed() if args.checkpointing else None)
     plan = plan_memory(model, resize_batch(sample, args.batch_size), device_or_gpu=args.gpu, micro_batch=args.micro_batch,
                        calibrate=args.calibrate, **kw)
@@ -272,18 +305,22 @@ def _train(args):
     if args.nproc_per_node and not launched(): return _torchrun(args)
     quiet = args.quiet or args.json   # --json keeps stdout for the JSON alone
     overrides = args.set + (['train.check_data=false'] if args.no_data_check else [])
-    from netlite_nb.checkpoint import read_state
+    from netlite_nb.checkpoint import find_checkpoint, read_state
     resumed_from = read_state(args.resume, mmap=True)['step'] if args.resume else None  # said even with --quiet
     t = train_from_config(args.config, overrides=overrides, run_dir=args.out, resume=args.resume,
                           progress=False if quiet else None, verbose=not quiet)
-    if not t.is_main: return 130 if t.interrupted else 0  # data-parallel processes other than 0 report nothing
+    stopped = {'SIGTERM': 143, 'SIGINT': 130}.get(getattr(t, 'stop_signal', None), 130) if t.interrupted else 0
+    if not t.is_main: return stopped  # data-parallel processes other than 0 report nothing
+    if t.interrupted:  # said even with --quiet: the run is not finished
+        print(f"netlite train: stopped by {t.stop_signal} at step {t.step}; the checkpoint {find_checkpoint(t.run_dir)} holds it. "
+              f"Continue with: netlite train {args.config} --resume {t.run_dir}", file=sys.stderr)
     if args.json: print(_json(_train_summary(t, resumed_from)))
     else:
         m = t.last_metrics
         print((f"resumed at step {resumed_from}; " if resumed_from is not None else '') + f"{t.step} optimizer steps, {t.epoch} epochs" + (f"; valid loss {m['valid_loss']:.4f}" if 'valid_loss' in m else '')
               + (f", accuracy {100*m['accuracy']:.2f}%" if 'accuracy' in m else '') + f"; run directory {t.run_dir}")
         if getattr(t, 'export_report', None) is not None: print(t.export_report)
-    return 130 if t.interrupted else 0
+    return stopped
 
 def _train_args(p):
     p.add_argument('config', nargs='?', help="the run configuration, a YAML file (a run's config.yaml repeats that run)")
@@ -330,9 +367,20 @@ def _torchrun_argv(args)->list[str]:
     for flag, v in (('--out', args.out), ('--resume', args.resume)): train += [flag, str(v)] if v else []
     return run + train + (['--quiet'] if args.quiet else []) + (['--json'] if args.json else [])
 
+# torchrun's own main, whose stop by a signal (SIGTERM from docker stop or a scheduler, Ctrl-C) is a sentence and 128 + the signal's
+# number instead of its traceback; each process has already saved the last finished step (chapter 07's handler, 08a's agreement)
+_TORCHRUN_MAIN = """import sys
+from torch.distributed.run import main
+from torch.distributed.elastic.multiprocessing.api import SignalException
+try: main()
+except SignalException as e:
+    print(f"netlite train: stopped by {e.sigval.name}; every process saved the last finished step first. {HINT}", file=sys.stderr)
+    sys.exit(128 + int(e.sigval))"""
+
 def _torchrun(args)->int:
     "Replace this process by torchrun (PyTorch's launcher), which starts the processes and stops them all if one fails."
-    cmd = _torchrun_argv(args)
+    hint = f"Continue with: netlite train {args.config} --nproc-per-node {args.nproc_per_node} --resume {args.out or 'RUN_DIR'}"
+    cmd = [sys.executable, '-c', f"HINT = {hint!r}\n" + _TORCHRUN_MAIN] + _torchrun_argv(args)[3:]  # `-m torch.distributed.run`, wrapped
     sys.stdout.flush(); sys.stderr.flush()
     if os.name == 'posix': os.execv(cmd[0], cmd)
     return subprocess.call(cmd)
@@ -350,11 +398,16 @@ def _export(args):
         raise UsageError(f"The run's data ({_data_name(info)}) has images of shape {tuple(dls.input_shape)}, but the weights were built for "
                          f"{tuple(info['input_shape'])}: fix `data:` in the run's config.yaml, or pass --model for weights of another model.")
     quantize = 'int8' if args.int8 else 'fp16' if args.fp16 else None
+    runtime = _web_runtime(args)  # a wrong --offline fails before the export, not after
     out = args.out or onnx_path(info['run_dir'], info['name'], quantize)
     report = export_onnx(model, dls.one_batch(), out, opset=args.opset, dynamic_batch=not args.static_batch, quantize=quantize,
                          calibration=dls if quantize == 'int8' else None, valid=dls.valid, int8_target=args.int8_target,
                          calibration_samples=args.calibration_samples)
     print(_json(report) if args.json else report)
+    if args.web:  # chapter 09b: the exported file in a static web page, RUN/web/index.html
+        from netlite_nb.web import web_page
+        page = web_page(report.path, folder=Path(info['run_dir']) / 'web', data=info['data'] or None, offline=runtime)
+        print(_json({'web_page': str(page.path)}) if args.json else page)
 
 def _data_name(info:dict)->str:
     d = info['data']
@@ -384,7 +437,19 @@ def _export_args(p):
     p.add_argument('--opset', type=int, help="ONNX opset (default: the exporter's)")
     p.add_argument('--static-batch', action='store_true', help='fix the batch size to that of the sample (64)')
     p.add_argument('--json', action='store_true', help="print the export's report as JSON")
+    p.add_argument('--web', action='store_true', help="also write RUN/web/index.html, a static page that runs the file in the browser (chapter 09b)")
+    p.add_argument('--offline', type=Path, metavar='DIR', help="with --web: copy ONNX Runtime Web beside the page from an installed npm package "
+                   "(npm install onnxruntime-web@1.31.1; DIR is its node_modules/onnxruntime-web) instead of loading it from the pinned CDN")
 _export.add_arguments = _export_args
+
+# %% ../nbs/11_cli.ipynb #web01
+def _web_runtime(args):
+    "The `onnxruntime-web` package `--offline` names, checked (None: the page loads the pinned CDN copy)."
+    if args.offline is None: return None
+    if not args.web: raise UsageError("--offline copies ONNX Runtime Web beside the web page: it goes with --web.")
+    from netlite_nb.web import OfflineRuntimeError, ort_web_dist
+    try: return ort_web_dist(args.offline)
+    except OfflineRuntimeError as e: raise UsageError(str(e)) from None
 
 # %% ../nbs/11_cli.ipynb #zz02
 if __name__ == '__main__' and '__file__' in globals(): sys.exit(main())

@@ -15,10 +15,10 @@ from fastcore.basics import patch
 from .probe import in_notebook
 
 # %% auto #0
-__all__ = ['DataCheckError', 'LabeledTensors', 'mnist_sample', 'DataReport', 'check_dataset', 'DatasetNotFoundError',
-           'load_dataset', 'FolderDataset', 'stratified_split', 'image_folder', 'digit_augment', 'cifar_augment',
-           'SeededAugment', 'BatchAugment', 'LoaderSettings', 'loader_settings', 'TensorLoader', 'DeviceLoader',
-           'DataLoaders', 'make_loaders', 'mnist_sample_loaders']
+__all__ = ['DataCheckError', 'LabeledTensors', 'mnist_sample', 'DataReport', 'check_dataset', 'check_batch',
+           'DatasetNotFoundError', 'load_dataset', 'FolderDataset', 'stratified_split', 'image_folder', 'digit_augment',
+           'cifar_augment', 'SeededAugment', 'BatchAugment', 'LoaderSettings', 'loader_settings', 'TensorLoader',
+           'DeviceLoader', 'DataLoaders', 'make_loaders', 'mnist_sample_loaders']
 
 # %% ../nbs/04_data.ipynb #c006
 def _as_float(x:torch.Tensor)->torch.Tensor:
@@ -34,7 +34,8 @@ def _whole_labels(y)->torch.Tensor:
     if y.is_floating_point() and not torch.equal(y, y.round()):
         i = int((y != y.round()).nonzero()[0])
         raise DataCheckError(f"Labels must be whole class numbers, but label {i} is {float(y.flatten()[i])}. Fix: pass class indices "
-                             "(0, 1, 2, ...) as a long tensor, not scores or one-hot rows; converting would truncate them.")
+                             "(0, 1, 2, ...) as a long tensor, not scores or one-hot rows; converting would truncate them. Numbers to predict "
+                             "(regression) are kept as floats by LabeledTensors(x, y, task='regression').")
     return y.long()
 
 def _len_msg(nx, ny)->str:
@@ -43,13 +44,17 @@ def _len_msg(nx, ny)->str:
 
 # %% ../nbs/04_data.ipynb #c006a
 class LabeledTensors(Dataset):
-    "Images `x` [N, C, H, W] (uint8 or float) with integer labels `y` [N] and class names, all in memory."
-    def __init__(self, x:torch.Tensor, # images [N, C, H, W]; uint8 (0..255) or float (0..1)
-                 y:torch.Tensor,       # integer class of each image [N]
-                 classes:list[str]|None=None): # class names, index = label; default '0', '1', ...
+    "Inputs `x` [N, ...] (images: uint8 or float) with targets `y`: integer class labels [N] and class names, or float values to predict."
+    def __init__(self, x:torch.Tensor, # inputs [N, ...]: images [N, C, H, W] uint8 (0..255) or float (0..1), or any float features
+                 y:torch.Tensor,       # targets [N]: the class of each item, or (task='regression') float values [N] or [N, k]
+                 classes:list[str]|None=None, # class names, index = label; default '0', '1', ...
+                 task:str='classification'): # 'classification' (whole labels, kept as long) or 'regression' (float targets, kept as float32)
         if len(x) != len(y): raise DataCheckError(_len_msg(len(x), len(y)))
-        self.x, self.y = x, _whole_labels(y)
-        self.classes = list(classes) if classes is not None else [str(i) for i in range(int(self.y.max()) + 1 if len(self.y) else 0)]
+        if task not in ('classification', 'regression'): raise DataCheckError(f"task must be 'classification' or 'regression', not {task!r}.")
+        self.x, self.task = x, task
+        self.y = torch.as_tensor(y).float() if task == 'regression' else _whole_labels(y)
+        n = int(self.y.max()) + 1 if len(self.y) and task == 'classification' else 0
+        self.classes = [] if task == 'regression' else list(classes) if classes is not None else [str(i) for i in range(n)]
 
     def __len__(self)->int: return len(self.y)
     def __getitem__(self, i): return _as_float(self.x[i]), self.y[i]
@@ -66,7 +71,8 @@ def nbytes(self:LabeledTensors)->int: return self.x.nbytes + self.y.nbytes
 
 @patch
 def __repr__(self:LabeledTensors)->str:
-    return f"LabeledTensors({len(self)} images {'×'.join(map(str, self.input_shape))} {str(self.x.dtype).replace('torch.', '')}, {self.num_classes} classes)"
+    what = f"float targets {'×'.join(map(str, self.y.shape[1:])) or 'scalar'}" if self.task == 'regression' else f"{self.num_classes} classes"
+    return f"LabeledTensors({len(self)} items {'×'.join(map(str, self.input_shape))} {str(self.x.dtype).replace('torch.', '')}, {what})"
 
 # %% ../nbs/04_data.ipynb #c007
 def mnist_sample(raw:bool=False, # keep images as uint8 0..255 instead of float32 0..1
@@ -94,6 +100,7 @@ class DataReport:
     min:float
     max:float
     checked:int              # items whose pixels were checked (all of them for in-memory data)
+    complete:bool=True       # the counts are of every label (False: of a sample, which cannot prove a class missing)
 
 # %% ../nbs/04_data.ipynb #c013a
 @patch(as_prop=True)
@@ -231,31 +238,83 @@ def _images_and_labels(data, max_items:int, # images of a dataset read item by i
     if isinstance(getattr(data, 'x', None), torch.Tensor): return data.x, data.y, True, None
     if len(data) == 0: return None, torch.zeros(0, dtype=torch.long), True, None
     pixels, t = _sample_index(len(data), max_items), _targets(data)
+    if t is None and (rows := _stacked_rows(data)) is not None: t = rows[1] if rows[2] is None else rows[1][rows[2]]  # all labels: one index
     if t is not None: return _read_items(data, pixels, pixels)[0], t, True, pixels
     every = not sample_labels or len(data) <= max_items
     xs, y = _read_items(data, torch.arange(len(data)) if every else pixels, pixels)
     return xs, y, every, pixels
 
+# %% ../nbs/04_data.ipynb #cv01
+def _flat_labels(y:torch.Tensor, index:torch.Tensor|None, ignore_index:int|None)->tuple[torch.Tensor, torch.Tensor|None]:
+    "Sequence labels [N, T, ...] flattened, with the item each position came from; labels equal to `ignore_index` left out."
+    if y.ndim > 1:
+        index = (torch.arange(len(y)) if index is None else index).repeat_interleave(y[0].numel()); y = y.reshape(-1)
+    if ignore_index is not None and (y == ignore_index).any():
+        keep = y != ignore_index
+        index, y = (torch.arange(len(y)) if index is None else index)[keep], y[keep]
+    return y, index
+
+def _check_soft(y:torch.Tensor, num_classes:int|None, name:str)->list[int]:
+    "Soft targets [N, C, ...]: probabilities over dim 1 (finite, >= 0, summing to 1), as wide as the classes; items per most likely class."
+    if num_classes and y.shape[1] != num_classes:
+        raise DataCheckError(f"The targets of {name} are class probabilities {y.shape[1]} wide, but there are {num_classes} classes (the "
+                             f"model's output width). Fix: make each target row as wide as the output, or give class indices as integers.")
+    p = y.movedim(1, -1).reshape(-1, y.shape[1]).double()
+    bad = (~torch.isfinite(p).all(1)) | (p < 0).any(1) | ((p.sum(1) - 1).abs() > 1e-3)
+    if bad.any():
+        j = int(bad.nonzero()[0]); i = j // max(1, p.shape[0] // len(y))
+        raise DataCheckError(f"The target of item {i} of {name} is not a probability distribution over the classes (sum {float(p[j].sum()):.4g}, "
+                             f"smallest {float(p[j].min()):.4g}): soft targets must be >= 0 and sum to 1. Fix: apply softmax to scores, "
+                             f"or give class indices as integers.")
+    return torch.bincount(p.argmax(1), minlength=y.shape[1]).tolist()
+
 # %% ../nbs/04_data.ipynb #c015l
 def check_dataset(data, # a `LabeledTensors`, an (x, y) pair of tensors, or a dataset of (x, y) items
-                  num_classes:int|None=None, # default: from the dataset's `classes`, else max label + 1
+                  num_classes:int|None=None, # default: from the dataset's `classes`, else max label + 1 (the width of soft targets)
                   name:str='dataset', # what to call it in messages ('train', 'valid')
                   max_items:int=2000, # pixel checks on a lazy dataset look at this many items
                   classes_missing:str='raise', # one class only, or a class with no items: 'raise', 'warn' or 'ignore'
                   sample_labels:bool=False, # a lazy dataset without `targets`: read the labels of `max_items` items, not all
+                  ignore_index:int|None=None, # a label meaning "no target here" (cross-entropy's, e.g. -100): left out of the label checks
                  )->DataReport:
-    "Check images and labels before training; raise `DataCheckError` naming the item and the fix, else summarise."
+    "Check inputs and targets before training; raise `DataCheckError` naming the item and the fix, else summarise."
     classes = getattr(data, 'classes', None) or getattr(getattr(data, 'dataset', None), 'classes', None)
     x, y, every, index = _images_and_labels(data, max_items, sample_labels)
     if len(y) == 0: raise DataCheckError(f"{name} is empty: no items to train on. Fix: check the path or the filter that built it.")
-    num_classes = num_classes or (len(classes) if classes else int(y.max()) + 1)
-    classes = list(classes) if classes and len(classes) == num_classes else [str(i) for i in range(num_classes)]
-    counts = _check_labels(y, num_classes, classes, name, classes_missing if every else 'ignore', None if every else index)  # a sample may miss a rare class
+    y = torch.as_tensor(y)
+    if getattr(data, 'task', None) == 'regression': classes, counts = [], []  # values to predict: no labels to check
+    elif y.is_floating_point() and y.ndim >= 2:
+        counts = _check_soft(y, num_classes, name)
+        classes = list(classes) if classes and len(classes) == len(counts) else [str(i) for i in range(len(counts))]
+    else:
+        flat, at = _flat_labels(y, None if every else index, ignore_index)
+        num_classes = num_classes or (len(classes) if classes else int(flat.max()) + 1 if len(flat) else 1)
+        classes = list(classes) if classes and len(classes) == num_classes else [str(i) for i in range(num_classes)]
+        counts = _check_labels(flat, num_classes, classes, name, classes_missing if every else 'ignore', at)  # a sample may miss a rare class
     total, squares, lo, hi, cnt = _tensor_stats(x, index)
-    shape, checked = tuple(x.shape[1:]), len(x)
     mean = total / cnt
     std = math.sqrt(max(0.0, squares / cnt - mean**2))
-    return DataReport(name, len(y), shape, classes, counts, mean, std, lo, hi, checked)
+    return DataReport(name, len(y), tuple(x.shape[1:]), classes, counts, mean, std, lo, hi, len(x), every)
+
+# %% ../nbs/04_data.ipynb #c015m
+def check_batch(b, # one batch a loader gave
+                where:str='A training batch', # what to call it in the message
+               )->tuple[torch.Tensor, torch.Tensor]:
+    "`b` as an (x, y) pair of tensors with one row per sample; a `DataCheckError` sentence for any other shape (a dict, (x, y, w), x alone, 0-dim)."
+    fix = "Return (x, y) from the dataset's __getitem__, or wrap the loader, e.g. `[(b['image'], b['label']) for b in loader]`."
+    if isinstance(b, dict): raise DataCheckError(f"{where} is a dict (keys {', '.join(map(str, list(b)[:4]))}); training takes (inputs, targets) pairs. {fix}")
+    if torch.is_tensor(b): raise DataCheckError(f"{where} is one tensor of shape {tuple(b.shape)}: inputs without targets; training takes (inputs, targets) pairs. {fix}")
+    if not isinstance(b, (tuple, list)) or len(b) != 2:
+        n = len(b) if isinstance(b, (tuple, list)) else type(b).__name__
+        raise DataCheckError(f"{where} has {n} parts; training takes (inputs, targets) pairs (for per-sample weights, fold them into the "
+                             f"loss_fn and drop the third part: `[(x, y) for x, y, *_ in loader]`). {fix}")
+    x, y = b
+    for name, t in (('inputs', x), ('targets', y)):
+        if not torch.is_tensor(t) or t.dim() == 0:
+            raise DataCheckError(f"{where}'s {name} are {'a 0-dim tensor' if torch.is_tensor(t) else type(t).__name__}: they must be a tensor "
+                                 f"with one row per sample (a batch of 1 has shape [1, ...]). {fix}")
+    if x.shape[0] != y.shape[0]: raise DataCheckError(f"{where} has {x.shape[0]} inputs and {y.shape[0]} targets: one target per sample. {fix}")
+    return x, y
 
 # %% ../nbs/04_data.ipynb #c023
 _TV = {  # name -> (torchvision class, folder torchvision reads, files it needs, download size)
@@ -302,6 +361,17 @@ def load_dataset(name:str, # 'mnist', 'fashion_mnist' or 'cifar10'
         raise _not_found(key, root, f"download failed: {e}") from e
     return _as_labeled(parts[0]), _as_labeled(parts[1])
 
+# %% ../nbs/04_data.ipynb #c027z
+def _as_8bit(im):
+    "A PIL image of 16-bit, 32-bit integer or float pixels as 8-bit grey, scaled by its real range (PIL's `convert('L')` clips them)."
+    import numpy as np
+    from PIL import Image
+    if im.mode not in ('I', 'F') and not im.mode.startswith('I;16'): return im
+    a = np.asarray(im, dtype=np.float64)
+    if im.mode == 'F': scale = 255.0 if a.size and 0 <= a.min() and a.max() <= 1 else 1.0  # [0, 1] floats, else values as 0-255
+    else: top = a.max() if a.size else 0; scale = 1.0 if top <= 255 else 255 / 65535 if top <= 65535 else 255 / top  # 8-, 16-bit, wider
+    return Image.fromarray(np.clip(np.rint(a * scale), 0, 255).astype(np.uint8), 'L')
+
 # %% ../nbs/04_data.ipynb #c028
 class FolderDataset(Dataset):
     "Images read from files on demand, resized, as float32 [C, size, size] in [0, 1], with their labels and class names."
@@ -315,7 +385,7 @@ class FolderDataset(Dataset):
     def __getitem__(self, i):
         from PIL import Image
         path, y = self.samples[i]
-        with Image.open(path) as im: img = im.convert('L' if self.channels == 1 else 'RGB')
+        with Image.open(path) as im: img = _as_8bit(im).convert('L' if self.channels == 1 else 'RGB')  # 16-bit and float images by their range
         return self.transform(img), self.targets[i]
 
 @patch(as_prop=True)
@@ -511,7 +581,8 @@ class TensorLoader:
         x, y = (data.x, data.y) if hasattr(data, 'x') else data
         if len(x) != len(y): raise DataCheckError(_len_msg(len(x), len(y)))
         self.device = torch.device(device)
-        self.x, self.y = x.to(self.device), _whole_labels(y).to(self.device)
+        floats = getattr(data, 'task', None) == 'regression'  # a regression dataset's targets stay float
+        self.x, self.y = x.to(self.device), (y.float() if floats else _whole_labels(y)).to(self.device)
         self.dataset = data if hasattr(data, 'x') else LabeledTensors(x, y)
         self.batch_size, self.shuffle, self.drop_last, self.transform = batch_size, shuffle, drop_last, transform
         self.generator = torch.Generator().manual_seed(seed)
@@ -574,7 +645,7 @@ def one_batch(self:DataLoaders)->tuple[torch.Tensor, torch.Tensor]:
 def __str__(self:DataLoaders)->str:
     n = lambda l: len(getattr(l, 'dataset', ()) or ())
     return (f"DataLoaders: {n(self.train)} train / {n(self.valid)} valid images {'×'.join(map(str, self.input_shape))}, "
-            f"{self.num_classes} classes, batch {self.batch_size}, {type(self.train).__name__} on {self.device}")
+            f"{f'{self.num_classes} classes' if self.classes else 'float targets'}, batch {self.batch_size}, {type(self.train).__name__} on {self.device}")
 @patch
 def __repr__(self:DataLoaders)->str: return str(self)
 @patch
@@ -617,7 +688,8 @@ def make_loaders(train_ds, valid_ds, # datasets of (x, y): `LabeledTensors`, `Fo
     if resident is None: resident = _resident_ok(train_ds, dev, max_resident_bytes) and _resident_ok(valid_ds, dev, max_resident_bytes)
     tfm = _augment_for(augment, shape, seed, batched=resident)
     train, valid, settings = _loaders(train_ds, valid_ds, bs, valid_batch_size or 2 * bs, dev, resident, tfm, seed, settings)
-    classes = list(getattr(train_ds, 'classes', None) or [str(i) for i in range(int(train_ds.targets.max()) + 1)])
+    regression = getattr(train_ds, 'task', None) == 'regression'  # float targets: no classes to name
+    classes = [] if regression else list(getattr(train_ds, 'classes', None) or [str(i) for i in range(int(train_ds.targets.max()) + 1)])
     return DataLoaders(train, valid, classes, shape, bs, str(dev), settings)
 
 # %% ../nbs/04_data.ipynb #c053j

@@ -27,8 +27,15 @@ __all__ = ['RANK_ZERO_ONLY', 'dist_env', 'launched', 'pick_backend', 'free_port'
 # %% ../nbs/08a_distributed.ipynb #c007
 def dist_env()->tuple[int, int, int]:
     "(rank, local rank, world size) of this process, from the variables torchrun sets; (0, 0, 1) for a process it did not start."
-    get = lambda k, d: int(os.environ.get(k, d))
-    return get('RANK', 0), get('LOCAL_RANK', 0), get('WORLD_SIZE', 1)
+    return _env_int('RANK', 0), _env_int('LOCAL_RANK', 0), _env_int('WORLD_SIZE', 1)
+
+def _env_int(k:str, default:int)->int:
+    "The whole number torchrun puts in the environment variable `k`; a sentence naming it when it holds anything else."
+    v = os.environ.get(k, str(default))
+    if not v.strip().isdigit() or (k == 'WORLD_SIZE' and int(v) < 1):
+        raise ValueError(f"The environment variable {k} is {v[:40]!r}, but torchrun sets it to a whole number{' of at least 1' if k == 'WORLD_SIZE' else ''}: "
+                         f"unset it to train in one process, or start data-parallel training with `netlite train CONFIG --nproc-per-node N`.")
+    return int(v)
 
 def launched()->bool:
     "True when torchrun (or `launch`) started this process as one of a data-parallel job."
@@ -130,7 +137,7 @@ class DataParallel(Callback):
         if self.world == 1: return
         flag = torch.tensor([float(t._stop_requested)], device=t.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        t._stop_requested = bool(flag.item())
+        t._stop_requested = t._stop_agreed = bool(flag.item())
 
 # %% ../nbs/08a_distributed.ipynb #c030
 RANK_ZERO_ONLY = ('ProgressBar', 'TensorBoardLogger', 'LiveDashboard')  # callbacks that only show or write, and their subclasses

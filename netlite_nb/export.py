@@ -4,8 +4,8 @@
 
 # %% ../nbs/09_export.ipynb #c003
 from __future__ import annotations
-import contextlib, copy, ctypes, io, logging, os, platform, re, sys, tempfile, time, warnings
-from dataclasses import dataclass, field
+import contextlib, copy, ctypes, io, logging, os, platform, re, shutil, sys, tempfile, time, warnings
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 import numpy as np, torch, torch.nn as nn
 import safetensors.torch as st
@@ -13,7 +13,7 @@ import onnx, onnxruntime as ort
 from fastcore.basics import patch
 from .probe import fmt_bytes, rows_html, rows_text
 from .models import create_model
-from .checkpoint import find_checkpoint, read_run_config
+from .checkpoint import clean_leftovers, find_checkpoint, read_run_config, writing_to
 from safetensors import SafetensorError, safe_open
 
 # %% auto #0
@@ -533,6 +533,26 @@ def _check_parity(r:ExportReport):
            if float('inf') in r.max_abs_diff.values() else "Is there randomness or a Python branch on tensor values in forward?")
     raise ExportError(f"The exported file does not compute what PyTorch computes ({bad}). {why}\n{r}")
 
+# %% ../nbs/09_export.ipynb #c035s
+def _export_staged(m, x, path, fp32_path, opset, dynamic_batch, quantize, calib, valid, tolerance, measure_speed, int8_target, few)->ExportReport:
+    "`export_onnx`'s work, into the files `path` and `fp32_path` of its staging directory: export, quantize, verify, report."
+    exporter, reason = _export_file(m, x, fp32_path, opset, dynamic_batch)
+    files, tol, decided = {'fp32': fp32_path}, {'fp32': tolerance}, {}
+    if quantize:
+        tol[quantize], decided = _derived_file(m, x, fp32_path, path, quantize, calib, opset, dynamic_batch, int8_target)
+        files[quantize] = path
+    sessions = {p: onnx_session(f) for p, f in files.items()}
+    if dynamic_batch: _check_batch_of_one(m, sessions, x)
+    diff, acc, agree, n = _compare(m, sessions, x, valid)
+    opset_used, shape = _file_facts(path)
+    lat = {p: _latency(s, x.numpy()) for p, s in sessions.items()} if measure_speed else {}
+    r = ExportReport(path=path, precision=quantize or 'fp32', size=path.stat().st_size, opset=opset_used, exporter=exporter,
+                     fallback_reason=reason, input_shape=shape, max_abs_diff=diff, tolerance=tol, n_compared=n, accuracy=acc,
+                     agreement=agree, latency_ms=lat, fp32_path=fp32_path if quantize else None,
+                     fp32_size=fp32_path.stat().st_size if quantize else None,
+                     **{**decided, 'notes': [str(w.message) for w in few] + decided.get('notes', []) + _notes(quantize, acc, reason)})
+    return r
+
 # %% ../nbs/09_export.ipynb #c035
 def export_onnx(model:nn.Module,              # the trained model; it is not modified
                 sample,                       # a batch of real inputs `x` (or an `(x, y)` batch), as the model takes them
@@ -557,23 +577,16 @@ def export_onnx(model:nn.Module,              # the trained model; it is not mod
         calib = (calibration_batches(calibration, tuple(x.shape[1:]), max_samples=calibration_samples)
                  if (quantize == 'int8' and calibration is not None) else None)
     m = copy.deepcopy(model).cpu().float().eval()
-    fp32_path = fp32_path_of(path, quantize)
-    exporter, reason = _export_file(m, x, fp32_path, opset, dynamic_batch)
-    files, tol, decided = {'fp32': fp32_path}, {'fp32': tolerance}, {}
-    if quantize:
-        tol[quantize], decided = _derived_file(m, x, fp32_path, path, quantize, calib, opset, dynamic_batch, int8_target)
-        files[quantize] = path
-    sessions = {p: onnx_session(f) for p, f in files.items()}
-    if dynamic_batch: _check_batch_of_one(m, sessions, x)
-    diff, acc, agree, n = _compare(m, sessions, x, valid)
-    opset_used, shape = _file_facts(path)
-    lat = {p: _latency(s, x.numpy()) for p, s in sessions.items()} if measure_speed else {}
-    r = ExportReport(path=path, precision=quantize or 'fp32', size=path.stat().st_size, opset=opset_used, exporter=exporter,
-                     fallback_reason=reason, input_shape=shape, max_abs_diff=diff, tolerance=tol, n_compared=n, accuracy=acc,
-                     agreement=agree, latency_ms=lat, fp32_path=fp32_path if quantize else None,
-                     fp32_size=fp32_path.stat().st_size if quantize else None,
-                     **{**decided, 'notes': [str(w.message) for w in few] + decided.get('notes', []) + _notes(quantize, acc, reason)})
-    _check_parity(r)
+    final, final32 = path, fp32_path_of(path, quantize)
+    clean_leftovers(final.parent)  # the stages of killed exports (chapter 06a)
+    stage = final.parent / f".{final.name}.tmp-{os.getpid()}"; shutil.rmtree(stage, ignore_errors=True); stage.mkdir()
+    with writing_to(final, None, stage):  # files are written and verified in `stage`, then renamed into place; any failure removes it
+        r = _export_staged(m, x, stage / final.name, stage / final32.name, opset, dynamic_batch, quantize, calib, valid, tolerance,
+                           measure_speed, int8_target, few)
+        r = replace(r, path=final, fp32_path=final32 if quantize else None)
+        _check_parity(r)  # a file that fails it never replaces the one at `path`
+        for f, g in {stage / final32.name: final32, stage / final.name: final}.items(): os.replace(f, g)
+        shutil.rmtree(stage, ignore_errors=True)
     return r
 
 # %% ../nbs/09_export.ipynb #c064

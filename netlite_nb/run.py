@@ -4,7 +4,7 @@
 
 # %% ../nbs/10_run.ipynb #r003
 from __future__ import annotations
-import dataclasses, inspect, json, time
+import dataclasses, inspect, json, os, time
 from importlib import resources
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,8 +15,8 @@ from .probe import check_libraries, device_memory, fmt_bytes, probe, rows_html, 
 from .memory.trace import resize_batch
 from .data import image_folder, load_dataset, make_loaders, mnist_sample, mnist_sample_loaders
 from .models import MODELS, UnknownModelError, create_model
-from .strategies import ConfigError, RunConfig, did_you_mean, load_config, load_yaml, pick_strategy, short_repr, size_config
-from .checkpoint import find_checkpoint, read_state, seed_everything
+from .strategies import ConfigError, RunConfig, did_you_mean, load_config, load_yaml, pick_strategy, read_config_text, short_repr, size_config
+from .checkpoint import find_checkpoint, new_run_dir, read_state, seed_everything, write_atomic
 from .train import Callback, EarlyStopping, Trainer
 from .lora import merged, with_lora
 from .distributed import distribute, distributed_run, launched
@@ -58,13 +58,12 @@ def _split_of_run(cfg:RunConfig, resume)->RunConfig:
                           f"in the epoch depend on it). Resume with `--set data.batch_size={s['loader_batch'] * s['window']}`, or start a new run.")
     return replace(cfg, strategy=replace(cfg.strategy, micro_batch=s['loader_batch'], accum_steps=s['window']), size_for_model=False)
 
-def _timestamp()->str: return time.strftime('%Y%m%d-%H%M%S')
 
 # %% ../nbs/10_run.ipynb #r010b
 def _run_section(config)->tuple:
     "(`config`, None), or (its `run:` section, a note) when `config` is the `config.yaml` a run saved, or that file's mapping."
     path = Path(config) if isinstance(config, (str, Path)) else None
-    raw = load_yaml(path.read_text(), repr(str(path))) if path is not None and path.is_file() else config
+    raw = load_yaml(read_config_text(path), repr(str(path))) if path is not None and path.is_file() else config
     if not (isinstance(raw, dict) and isinstance(raw.get('run'), dict) and 'versions' in raw): return config, None
     where = f"{str(path)!r}" if path is not None else 'this configuration'
     if 'demo' in raw['run']:
@@ -120,13 +119,17 @@ def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path (a run's o
     _check_device(cfg.strategy)
     if resume is not None: cfg = _split_of_run(cfg, resume)
     t, ds = cfg.train, datasets_for(cfg.data, seed=cfg.train.seed)
+    if cfg.data.batch_size > len(ds[0]):  # else every step sees the whole set while config.yaml records the batch asked for
+        raise ConfigError(f"data.batch_size is {cfg.data.batch_size}, more than the {len(ds[0])} training samples of {cfg.data.name}: use "
+                          f"data.batch_size of at most {len(ds[0])} (`--set data.batch_size={min(len(ds[0]), 64)}`), or more data.")
     dls = loaders_for(cfg.data, cfg.strategy, seed=t.seed, datasets=ds)
     if t.seed is not None: seed_everything(t.seed, t.deterministic)  # the model's initial weights come from the seed too
     model = _model_for(cfg, dls.num_classes, dls.input_shape[0])
     if cfg.lora.base: cfg, model = with_lora(cfg, model)  # chapter 09a: the base run's weights, frozen, with adapters
     cfg, dls = _size_for_model(cfg, model, dls, ds)
     if run_dir is None and resume is not None: run_dir = find_checkpoint(resume).parent
-    if run_dir is None and t.checkpoint_dir: run_dir = Path(t.checkpoint_dir) / f"{cfg.model.name}-{_timestamp()}"
+    if run_dir is None and t.checkpoint_dir:  # a new directory of its own, even for runs started in the same second (chapter 06a)
+        run_dir = new_run_dir(t.checkpoint_dir, cfg.model.name) if not launched() or os.environ.get('RANK', '0') == '0' else None
     trainer = _trainer_for(cfg, model, dls, run_dir, callbacks, progress, verbose)
     if launched() or (resume is not None and distributed_run(resume)):  # chapter 08a: one process of a data-parallel run,
         distribute(trainer)                                             # or one that continues it, with its effective batch
@@ -255,7 +258,7 @@ def next_commands(self:DemoResult)->list[str]:
 # %% ../nbs/10_run.ipynb #dm07
 def _save_result(r:DemoResult):
     "Record the demo's summary as `RUN_DIR/demo.json`, so that a later `--resume` of the finished run can show it."
-    (Path(r.run_dir) / 'demo.json').write_text(json.dumps(dataclasses.asdict(r), indent=1, default=str))
+    write_atomic(Path(r.run_dir) / 'demo.json', json.dumps(dataclasses.asdict(r), indent=1, default=str))  # chapter 06a: never half a file, never through a link
 
 def _saved_result(run_dir:Path, s:dict)->DemoResult:
     "The finished demo in `run_dir`: its `demo.json`, or what its checkpoint state `s` and metrics recorded."

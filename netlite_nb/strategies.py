@@ -18,11 +18,11 @@ from .layers import memory_transform
 from . import optim as _optim  # importing chapter 03 adds 'adamw8bit' to the optimizer names (OPTIMIZERS) profiles use
 
 # %% auto #0
-__all__ = ['DEVICES', 'PRECISIONS', 'DATASETS', 'QUANTIZE', 'YAML_LIMIT', 'ConfigError', 'UnknownStrategyError', 'Strategy',
-           'short_repr', 'did_you_mean', 'list_strategies', 'strategy_table', 'strategy_for_gpu', 'load_strategy',
-           'apply_allocator_settings', 'pick_strategy', 'split_batch', 'ModelConfig', 'DataConfig', 'OptimConfig',
-           'ScheduleConfig', 'TrainConfig', 'ExportConfig', 'LoRAConfig', 'RunConfig', 'load_yaml', 'load_config',
-           'save_config', 'size_config']
+__all__ = ['DEVICES', 'PRECISIONS', 'DATASETS', 'QUANTIZE', 'YAML_LIMIT', 'CONFIG_BYTES', 'ConfigError', 'UnknownStrategyError',
+           'Strategy', 'short_repr', 'did_you_mean', 'list_strategies', 'strategy_table', 'strategy_for_gpu',
+           'load_strategy', 'apply_allocator_settings', 'pick_strategy', 'split_batch', 'ModelConfig', 'DataConfig',
+           'OptimConfig', 'ScheduleConfig', 'TrainConfig', 'ExportConfig', 'LoRAConfig', 'RunConfig', 'load_yaml',
+           'read_config_text', 'load_config', 'save_config', 'size_config']
 
 # %% ../nbs/06_strategies.ipynb #c007
 DEVICES = ('cuda', 'mps', 'xpu', 'cpu')
@@ -565,7 +565,7 @@ def _expanded(node, memo:dict, where:str)->int:
     kids = (node.value if isinstance(node, yaml.SequenceNode) else
             [c for kv in node.value for c in kv] if isinstance(node, yaml.MappingNode) else [])
     n = 1 + sum(_expanded(c, memo, where) for c in kids)
-    if n > YAML_LIMIT:
+    if n > YAML_LIMIT and n > 2 * len(memo):  # many more values than nodes: aliases multiply them (a long plain list does not)
         raise ConfigError(f"{where} stands for more than {YAML_LIMIT:,} values once its aliases (*name) are expanded — the "
                           "'billion laughs' pattern of nested &anchors — so it is refused. Write the values out; a configuration needs no aliases.")
     memo[id(node)] = n
@@ -601,6 +601,29 @@ def load_yaml(text:str, # the YAML document
     except RecursionError: raise ConfigError(f"{where} nests lists or mappings thousands of levels deep; a configuration is a few levels deep.") from None
     finally: loader.dispose()
 
+# %% ../nbs/06_strategies.ipynb #y005b
+CONFIG_BYTES = 64_000  # the largest configuration file read (a real one is about 1 KB); checked before reading: PyYAML's pure-Python
+# parser took 15 s for a 252 KB list on a busy 2-core machine (load 13), so a limit of 64 KB keeps any file to a few seconds
+
+def read_config_text(path, # a YAML file
+                     where:str|None=None, # what to call it in messages; default its path
+                     limit:int=CONFIG_BYTES)->str:
+    "The text of a configuration file, refused in a sentence when larger than `limit` bytes (checked before reading) or not UTF-8 text."
+    path = Path(path); where = where or repr(str(path))
+    with open(path, 'rb') as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit: raise ConfigError(f"{where} is {size:,} bytes; a configuration file is read only up to {limit:,} bytes (CONFIG_BYTES; a "
+                                           "real one is about 1 KB). Give the right file, or write long value lists to a data file.")
+        raw = f.read(limit + 1)  # a pipe or device reports no size: read at most one byte past the limit
+    if len(raw) > limit: raise ConfigError(f"{where} holds more than {limit:,} bytes (CONFIG_BYTES): a configuration file is about 1 KB.")
+    if raw.startswith((b'\xff\xfe', b'\xfe\xff')): return raw.decode('utf-16')  # UTF-16 with its byte-order mark: unambiguous
+    try: text = raw.decode('utf-8-sig')
+    except UnicodeDecodeError as e: text, bad = None, e
+    if text is None or '\x00' in text:
+        at = f" (byte 0x{raw[bad.start]:02x} at offset {bad.start})" if text is None else ' (it holds NUL bytes: UTF-16 without a byte-order mark, or binary)'
+        raise ConfigError(f"{where} is not UTF-8 text{at}: save it as UTF-8 (Latin-1 or UTF-16 files show this), then run again.")
+    return text
+
 # %% ../nbs/06_strategies.ipynb #c058
 def _set_dotted(raw:dict, item:str):
     "Apply one 'a.b.c=value' override to the raw configuration mapping."
@@ -632,7 +655,7 @@ def _read_raw(src, overrides)->dict:
     else:
         path = Path(src)
         if not path.is_file(): raise FileNotFoundError(f"No run configuration at {str(path)!r}.")
-        raw = load_yaml(path.read_text(), repr(str(path))) or {}
+        raw = load_yaml(read_config_text(path), repr(str(path))) or {}
     if not isinstance(raw, dict): raise ConfigError(f"A run configuration is a mapping of sections, not {type(raw).__name__}.")
     for item in [overrides] if isinstance(overrides, str) else overrides: _set_dotted(raw, item)
     _check_keys(raw)
@@ -660,6 +683,7 @@ def load_config(src:str|Path|dict|None=None, # a YAML file, a mapping, or None f
     d, o = parts['data'], parts['optim']
     # a smaller micro-batch alone is a memory decision, not a training one: the effective batch stays the profile's
     if d.batch_size is None: d.batch_size = s.effective_batch if 'accum_steps' in sec else base.effective_batch
+    _check(type(d.batch_size) is int and d.batch_size >= 1, f"data.batch_size must be a whole number of samples, at least 1; got {short_repr(d.batch_size)}.")
     if o.name is None: o.name = s.optimizer
     if o.lr is None: o.lr = s.lr
     _check(o.lr == 'auto' or (isinstance(o.lr, float) and o.lr > 0), f"optim.lr must be a positive number or 'auto', not {o.lr!r}.")
@@ -677,6 +701,7 @@ def _validate_config(c:RunConfig):
     _check(d.batch_size >= 1, f"data.batch_size must be at least 1; got {d.batch_size}.")
     _check(c.optim.weight_decay >= 0, "optim.weight_decay cannot be negative.")
     _check(c.schedule.warmup >= 0, "schedule.warmup cannot be negative.")
+    _check(t.seed is None or (type(t.seed) is int and 0 <= t.seed < 2**63), f"train.seed must be a whole number from 0 to 2**63 - 1 (PyTorch's range), or null; got {short_repr(t.seed)}.")
     _check(t.epochs is not None or t.steps is not None, "Set train.epochs or train.steps: the run needs a length.")
     _check((t.epochs is None or t.epochs >= 1) and (t.steps is None or t.steps >= 1), "train.epochs and train.steps must be at least 1.")
     _check(t.grad_clip is None or t.grad_clip > 0, "train.grad_clip must be positive or null.")

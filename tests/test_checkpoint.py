@@ -47,7 +47,7 @@ def test_previous_checkpoint_survives_a_write_that_dies(tmp_path, monkeypatch):
     with pytest.raises(OSError): t.fit(steps=2)
     monkeypatch.undo()
     assert find_checkpoint(tmp_path).name == 'step-0000002'
-    assert any(p.name.startswith('.step-0000004.tmp') for p in tmp_path.iterdir())  # the half-written one is ignored
+    assert not any(p.name.startswith('.step-0000004.tmp') for p in tmp_path.iterdir())  # a failed write removes what it half wrote
     t2 = Trainer(mlp(), loaders(), run_dir=tmp_path, **KW).fit(steps=2, resume=tmp_path)
     assert t2.step == 2
 

@@ -337,3 +337,24 @@ def test_plan_prints_headlines_and_verbose_prints_every_note_in_full(capsys):
     main(args + ['--verbose']); full = capsys.readouterr().out
     assert 'assumes: CUDA context' in short and 'note:' not in short and max(map(len, short.splitlines())) < 200
     assert 'note: CUDA context' in full and len(full) > len(short)
+
+
+def test_plan_builds_the_users_model_on_the_meta_device_and_says_when_it_cannot(tmp_path):
+    "Issue 39: planning a 200 M-parameter model must not allocate its weights; a model that reads its values is built for real, with a note."
+    import contextlib, io
+    from netlite_nb.cli import main
+    (tmp_path / 'big.py').write_text('''import torch.nn as nn
+class Big(nn.Module):
+    def __init__(self):
+        super().__init__(); self.a = nn.Linear(28 * 28, 256); self.b = nn.Linear(256, 10)
+        open(__file__ + '.device', 'w').write(str(self.a.weight.device))
+    def forward(self, x): return self.b(self.a(x.flatten(1)).relu())
+class Stubborn(Big):
+    def __init__(self):
+        super().__init__(); self.scale = float(self.a.weight.abs().max())
+''')
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err): rc = main(['plan', '--model', f"{tmp_path / 'big.py'}:Big"])
+    assert rc == 0 and (tmp_path / 'big.py.device').read_text() == 'meta' and 'meta device' not in err.getvalue()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err): rc = main(['plan', '--model', f"{tmp_path / 'big.py'}:Stubborn"])
+    assert rc == 0 and 'could not be built on the meta device' in err.getvalue() and 'Tensor.item()' in err.getvalue()

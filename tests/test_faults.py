@@ -1,4 +1,4 @@
-"Issue 17: faults a run must survive and bad inputs it must refuse with a sentence — empty data, divergence, damaged checkpoints, bad arguments, leftovers and a full disk, a second fit mid-epoch."
+"Issues 17 and 39: faults a run must survive and bad inputs it must refuse with a sentence — empty data, divergence, damaged checkpoints, bad arguments, leftovers and a full disk, a second fit mid-epoch."
 import errno, json, math, os, subprocess, sys, warnings
 import pytest, torch
 from torch import nn
@@ -440,3 +440,276 @@ def test_netlite_train_checks_the_data_and_no_data_check_skips_it(tmp_path, monk
     assert rc == 1 and 'Image 17 contains NaN' in err and '--no-data-check' in err, err
     rc, _, err = netlite('train', str(cfg), '--quiet', '--out', str(tmp_path / 'b'), '--no-data-check', '--set', 'train.steps=1')
     assert 'contains NaN' not in err, err
+
+
+# --- issue 39, reliability round two: each test below fails on the code before its fix -------------------------------
+import shutil, signal, socket, time, zipfile
+from pathlib import Path
+from netlite_nb.checkpoint import load_checkpoint
+
+
+def live_holder(d):
+    "A live process that claims run directory `d` and sleeps (another run using it)."
+    p = subprocess.Popen([sys.executable, '-c', f"import time; from netlite_nb.checkpoint import claim_run_dir; claim_run_dir({str(d)!r}); "
+                          "print('claimed', flush=True); time.sleep(60)"], env=ENV, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == 'claimed'
+    return p
+
+
+def test_r2_a_run_directory_another_live_run_holds_is_refused_before_anything_is_written(tmp_path):
+    p = live_holder(tmp_path / 'r')
+    try: fails(lambda: Trainer(mlp(), loaders(), run_dir=tmp_path / 'r', **KW).fit(steps=1), 'is in use by process', str(p.pid),
+               'Give this run another directory', exc=RuntimeError)
+    finally: p.kill(); p.wait()
+    assert sorted(q.name for q in (tmp_path / 'r').iterdir()) == ['.netlite.lock']   # no config.yaml, no metrics, no checkpoint
+    t = Trainer(mlp(), loaders(), run_dir=tmp_path / 'r', **KW).fit(steps=1)   # its holder was killed: the stale lock is taken over
+    assert t.step == 1 and not (tmp_path / 'r' / '.netlite.lock').exists()     # and released when fit ends
+
+
+def test_r2_a_new_run_never_writes_into_another_runs_files(tmp_path):
+    t = Trainer(mlp(), loaders(), run_dir=tmp_path, lr_schedule=None, **KW).fit(steps=2)
+    before = (tmp_path / 'step-0000002' / 'model.safetensors').read_bytes()
+    fails(lambda: Trainer(mlp(), loaders(), run_dir=tmp_path, lr_schedule=None, **KW).fit(steps=3), 'holds another run', 'Resume it', exc=RuntimeError)
+    assert (tmp_path / 'step-0000002' / 'model.safetensors').read_bytes() == before and not (tmp_path / 'step-0000003').exists()
+    assert t.fit(steps=1).step == 3     # the same trainer continues its own run
+    assert Trainer(mlp(), loaders(), run_dir=tmp_path, lr_schedule=None, **KW).fit(steps=1, resume=tmp_path).step >= 3   # a resume is no new run
+
+
+def test_r2_two_cli_runs_given_the_same_out_one_refused_and_default_names_unique_in_one_second(tmp_path):
+    cfg = run_config(tmp_path, 3)
+    ps = [subprocess.Popen(CLI + ['train', str(cfg), '--quiet', '--out', str(tmp_path / 'r')], env=ENV, cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    res = sorted((p.wait(timeout=600), p.stderr.read()) for p in ps)
+    assert [rc for rc, _ in res] == [0, 1], res
+    assert ('is in use by process' in res[1][1] or 'holds another run' in res[1][1]) and 'Traceback' not in res[1][1]
+    from netlite_nb.checkpoint import new_run_dir
+    assert len({new_run_dir(tmp_path / 'runs', 'mlp') for _ in range(4)}) == 4
+
+
+class Sigterm(Callback):
+    "Send this process a real SIGTERM (docker stop, Kubernetes, SLURM, systemd, torchrun) after step `at`."
+    def __init__(self, at): self.at = at
+    def after_step(self, t):
+        if t.step == self.at: os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_r2_sigterm_stops_the_trainer_with_a_checkpoint_and_resume_is_exact(tmp_path):
+    torch.manual_seed(0); full = Trainer(mlp(), loaders(), run_dir=tmp_path / 'a', checkpoint_every=100, log_every=1, **KW).fit(steps=8)
+    torch.manual_seed(0); cut = Trainer(mlp(), loaders(), run_dir=tmp_path / 'b', checkpoint_every=100, log_every=1, callbacks=[Sigterm(3)], **KW).fit(steps=8)
+    assert cut.interrupted and cut.stop_signal == 'SIGTERM' and find_checkpoint(tmp_path / 'b').name == 'step-0000003'
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL     # the handler is put back after fit
+    torch.manual_seed(0); res = Trainer(mlp(), loaders(), run_dir=tmp_path / 'b', checkpoint_every=100, log_every=1, **KW).fit(steps=8, resume=tmp_path / 'b')
+    assert losses(res)[-5:] == losses(full)[-5:]
+
+
+def loading_torch(p)->bool:
+    "True once process `p` has begun loading torch's libraries: inside `netlite`'s main, whose commands import it (seconds)."
+    try: return 'libtorch' in Path(f'/proc/{p.pid}/maps').read_text()
+    except OSError: return False
+
+
+def cli_signal(tmp_path, args, sig, when):
+    "`netlite ARGS` sent `sig` when `when()` is true: exit status and stderr."
+    p = subprocess.Popen(CLI + args, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.time()
+    while not when(p) and p.poll() is None and time.time() - t0 < 300: time.sleep(0.02)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=300)
+    return p.returncode, err
+
+
+def test_r2_sigterm_stops_netlite_train_with_a_checkpoint_a_sentence_and_143(tmp_path):
+    cfg, run = run_config(tmp_path, 400), tmp_path / 'r'
+    rc, err = cli_signal(tmp_path, ['train', str(cfg), '--quiet', '--out', str(run)], signal.SIGTERM, lambda p: (run / 'latest').exists())
+    assert rc == 143 and 'SIGTERM' in err and 'Traceback' not in err, err[-2000:]
+    assert '--resume' in err and find_checkpoint(run).name >= 'step-0000001'
+
+
+@pytest.mark.parametrize('sig,rc', [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_r2_a_signal_while_the_cli_imports_is_a_sentence(tmp_path, sig, rc):
+    got, err = cli_signal(tmp_path, ['plan', '--model', 'mlp'], sig, loading_torch)
+    assert got == rc and 'Traceback' not in err and 'netlite' in err, err[-2000:]
+
+
+def small_disk(tmp_path, size):
+    "A tmpfs of `size` at tmp_path/disk: a real full disk (root only)."
+    if os.geteuid() != 0: pytest.skip('a real full disk needs a tmpfs mount, which needs root')
+    d = tmp_path / 'disk'; d.mkdir()
+    r = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', str(d)], capture_output=True, text=True)
+    if r.returncode != 0: pytest.skip(f"mount -t tmpfs failed: {r.stderr.strip()[:200]}")
+    return d
+
+
+def test_r2_a_real_full_disk_is_a_sentence_and_the_last_checkpoint_stays(tmp_path):
+    d = small_disk(tmp_path, '2m')
+    try:
+        run = d / 'r'; t = Trainer(mlp(hidden=256), loaders(), run_dir=run, log_every=1, lr_schedule=None, keep_checkpoints=5, **KW).fit(steps=1)
+        weights = (run / 'step-0000001' / 'model.safetensors').stat().st_size
+        assert weights > 24 * 1024
+        (d / 'filler').write_bytes(b'\0' * (shutil.disk_usage(d).free - 12 * 1024))   # room for config.yaml and the log, not the weights
+        e = fails(lambda: t.fit(steps=1), 'No space left on device while writing', 'step-0000001 is still valid', exc=OSError)
+        assert e.errno == errno.ENOSPC and not [p for p in run.iterdir() if '.tmp-' in p.name]   # the half-written one removed
+        (d / 'filler').unlink()
+        assert Trainer(mlp(hidden=256), loaders(), run_dir=run, log_every=1, lr_schedule=None, **KW).fit(steps=2, resume=run).step == 2
+    finally: subprocess.run(['umount', '-l', str(d)])
+
+
+def test_r2_rotation_deletes_only_the_names_the_library_wrote(tmp_path):
+    t = Trainer(mlp(), loaders(), run_dir=tmp_path, keep_checkpoints=1, **KW).fit(steps=2)
+    shutil.copytree(tmp_path / 'step-0000002', tmp_path / 'step-0000002-good')
+    (tmp_path / 'step-keep').mkdir()
+    t.fit(steps=2)
+    assert sorted(p.name for p in tmp_path.glob('step-*')) == ['step-0000002-good', 'step-0000004', 'step-keep']
+
+
+def rewrite_state(ck, f):
+    "Apply `f` to checkpoint `ck`'s state.pt and drop its manifest (as a tool that rewrote it would)."
+    s = torch.load(ck / 'state.pt', weights_only=True); f(s); torch.save(s, ck / 'state.pt'); (ck / 'manifest.json').unlink()
+
+
+def test_r2_a_newer_state_format_is_refused(tmp_path):
+    Trainer(mlp(), loaders(), run_dir=tmp_path, **KW).fit(steps=2)
+    rewrite_state(tmp_path / 'step-0000002', lambda s: s.update(format=99))
+    fails(lambda: read_state(tmp_path), 'format 99', 'newer netlite_nb', 'Upgrade', exc=ValueError)
+
+
+def test_r2_a_resume_in_another_dtype_is_refused_with_the_dtypes_named(tmp_path):
+    Trainer(mlp().double(), [(x.double(), y) for x, y in loaders()[0]], run_dir=tmp_path, lr_schedule=None, **KW).fit(steps=2)
+    t = Trainer(mlp(), loaders(), lr_schedule=None, **KW)
+    before = [p.clone() for p in t.model.parameters()]
+    fails(lambda: t.fit(steps=3, resume=tmp_path), 'float64', 'float32', 'Nothing was loaded', exc=ValueError)
+    assert all(torch.equal(p, q) for p, q in zip(before, t.model.parameters()))
+
+
+def test_r2_a_damaged_metrics_line_never_blocks_a_resume(tmp_path):
+    class Stop(Callback):
+        def after_step(self, t):
+            if t.step == 5: raise KeyboardInterrupt
+    Trainer(mlp(), loaders(), run_dir=tmp_path, log_every=1, callbacks=[Stop()], **KW).fit(steps=8)
+    lines = (tmp_path / 'metrics.jsonl').read_text().splitlines(); lines[1] = '{"step": 2, "lo\x00ss": garbage'
+    (tmp_path / 'metrics.jsonl').write_text('\n'.join(lines) + '\n')
+    with pytest.warns(UserWarning, match='line 2 is damaged'):
+        t = Trainer(mlp(), loaders(), run_dir=tmp_path, log_every=1, **KW).fit(steps=8, resume=tmp_path)
+    assert t.step == 8 and all(isinstance(json.loads(l), dict) for l in (tmp_path / 'metrics.jsonl').read_text().splitlines())
+
+
+def test_r2_writes_never_follow_planted_symlinks(tmp_path):
+    victim, elsewhere, run = tmp_path / 'victim.txt', tmp_path / 'elsewhere.jsonl', tmp_path / 'shared'
+    victim.write_text('precious')
+    t = Trainer(mlp(), loaders(), run_dir=run, log_every=1, **KW).fit(steps=1)
+    for name in ('.config.yaml.tmp', f'.config.yaml.tmp-{os.getpid()}', f'.latest.tmp-{os.getpid()}'): (run / name).symlink_to(victim)
+    (run / 'metrics.jsonl').unlink(); (run / 'metrics.jsonl').symlink_to(elsewhere)   # dangling: following it creates a file elsewhere
+    t.fit(steps=2)
+    assert victim.read_text() == 'precious' and not elsewhere.exists()
+    assert not (run / 'metrics.jsonl').is_symlink() and len((run / 'metrics.jsonl').read_text().splitlines()) >= 3
+
+
+def test_r2_a_compressed_state_pt_is_refused_before_it_inflates(tmp_path):
+    Trainer(mlp(), loaders(), run_dir=tmp_path, **KW).fit(steps=1)
+    ck = tmp_path / 'step-0000001'; raw = ck / 'state.pt'
+    with zipfile.ZipFile(raw) as z: entries = [(i.filename, z.read(i)) for i in z.infolist()]
+    with zipfile.ZipFile(raw, 'w', zipfile.ZIP_DEFLATED) as z:
+        for n, b in entries: z.writestr(n, b)
+    (ck / 'manifest.json').unlink()
+    fails(lambda: load_checkpoint(tmp_path, mlp()), 'compressed entries', 'torch.save never writes', exc=ValueError)
+
+
+@pytest.mark.parametrize('mode', ['I;16', 'F'])
+def test_r2_16_bit_and_float_images_keep_their_values(tmp_path, mode):
+    import numpy as np
+    from PIL import Image
+    from netlite_nb.data import image_folder
+    for c in ('a', 'b'):
+        (tmp_path / c).mkdir()
+        for i in range(3):
+            a = np.full((8, 8), 0.531)
+            (Image.fromarray((a * 65535).astype(np.uint16)) if mode == 'I;16' else Image.fromarray(a.astype(np.float32), 'F')).save(tmp_path / c / f"{i}.{'png' if mode == 'I;16' else 'tif'}")
+    assert Image.open(next((tmp_path / 'a').iterdir())).mode == mode
+    tr, va = image_folder(tmp_path, size=8, channels=1)
+    assert abs(float(tr[0][0].mean()) - 0.531) < 0.01
+
+
+def test_r2_a_failed_onnx_export_never_replaces_the_good_file(tmp_path):
+    from netlite_nb.export import ExportError, export_onnx
+    class Noisy(nn.Module):
+        def __init__(self): super().__init__(); self.l = nn.Linear(20, 10)
+        def forward(self, x): return self.l(x) + torch.randn(x.shape[0], 10)   # never the same twice: parity fails
+    x = torch.randn(16, 20)
+    good = export_onnx(nn.Linear(20, 10).eval(), x, tmp_path / 'm.onnx', measure_speed=False)
+    before = (tmp_path / 'm.onnx').read_bytes()
+    with pytest.raises(ExportError, match='does not compute what PyTorch computes'):
+        export_onnx(Noisy().eval(), x, tmp_path / 'm.onnx', measure_speed=False)
+    assert (tmp_path / 'm.onnx').read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ['m.onnx']
+    assert good.path == tmp_path / 'm.onnx'
+
+
+def test_r2_a_full_disk_during_an_onnx_export_is_a_sentence_and_leaves_nothing(tmp_path):
+    from netlite_nb.export import export_onnx
+    d = small_disk(tmp_path, '256k')
+    try:
+        e = fails(lambda: export_onnx(nn.Sequential(nn.Linear(20, 4096), nn.ReLU(), nn.Linear(4096, 10)).eval(), torch.randn(16, 20), d / 'm.onnx',
+                                      measure_speed=False), 'No space left on device while writing', 'm.onnx', exc=OSError)
+        assert e.errno == errno.ENOSPC and list(d.iterdir()) == []   # no truncated .onnx, no staging directory
+    finally: subprocess.run(['umount', '-l', str(d)])
+
+
+def test_r2_a_configuration_file_is_bounded_before_it_is_read(tmp_path):
+    from netlite_nb.strategies import ConfigError, load_config
+    p = tmp_path / 'big.yaml'; p.write_text('strategy: cpu\n' + '# padding\n' * 40_000)   # 400 KB of comments
+    fails(lambda: load_config(p), 'bytes', 'CONFIG_BYTES', exc=ConfigError)
+
+
+def test_r2_a_long_plain_list_is_not_called_an_alias_bomb(monkeypatch):
+    import netlite_nb.strategies as strategies
+    monkeypatch.setattr(strategies, 'YAML_LIMIT', 1000)
+    assert len(strategies.load_yaml('[' + ', '.join(['1'] * 3000) + ']')) == 3000
+    fails(lambda: strategies.load_yaml(laughs(4, 'x: *d')), 'billion laughs', exc=strategies.ConfigError)   # 9^4 from 40 nodes: still refused
+
+
+@pytest.mark.parametrize('encoding,rc,words', [('utf-16', 0, None), ('latin-1', 2, 'is not UTF-8 text')])
+def test_r2_utf16_and_latin1_configurations(tmp_path, encoding, rc, words):
+    (tmp_path / 'c.yaml').write_bytes("# réglages\nstrategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample}\ntrain: {steps: 1}\n".encode(encoding))
+    got, out, err = netlite('train', str(tmp_path / 'c.yaml'), '--out', str(tmp_path / 'r'), '--quiet')
+    assert got == rc and 'Traceback' not in err and (words is None or words in err), err[-2000:]
+
+
+@pytest.mark.parametrize('line,words', [
+    ('data: {name: mnist_sample, batch_size: 0}', 'data.batch_size must be a whole number of samples, at least 1'),
+    ('data: {name: mnist_sample, batch_size: -8}', 'data.batch_size must be a whole number of samples, at least 1'),
+    ('data: {name: mnist_sample, batch_size: 100000}', 'more than the 4000 training samples'),
+    ('data: {name: mnist_sample}\ntrain: {steps: 1, seed: 1180591620717411303424}', 'train.seed must be a whole number')])
+def test_r2_bad_cli_values_are_a_sentence_naming_the_key(tmp_path, line, words):
+    text = "strategy: cpu\nmodel: {name: mlp}\n" + line + ("\ntrain: {steps: 1}\n" if 'train:' not in line else '\n')
+    (tmp_path / 'c.yaml').write_text(text)
+    rc, out, err = netlite('train', str(tmp_path / 'c.yaml'), '--out', str(tmp_path / 'r'), '--quiet')
+    assert rc == 2 and words in err and 'Traceback' not in err, err[-2000:]
+
+
+def test_r2_world_size_two_and_netlite_traceback_0(tmp_path, monkeypatch):
+    (tmp_path / 'c.yaml').write_text("strategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample}\ntrain: {steps: 1}\n")
+    monkeypatch.setenv('NETLITE_TRACEBACK', '0'); monkeypatch.setenv('RANK', '0'); monkeypatch.setenv('WORLD_SIZE', 'two')
+    rc, out, err = netlite('train', str(tmp_path / 'c.yaml'), '--out', str(tmp_path / 'r'), '--quiet')
+    assert rc == 1 and "WORLD_SIZE is 'two'" in err and 'Traceback' not in err, err[-2000:]
+
+
+@pytest.mark.parametrize('batch,words', [
+    ({'x': torch.zeros(4, 20), 'y': torch.zeros(4, dtype=torch.long)}, 'is a dict'),
+    ((torch.zeros(4, 20), torch.zeros(4, dtype=torch.long), torch.ones(4)), 'has 3 parts'),
+    (torch.zeros(4, 20), 'inputs without targets'),
+    ((torch.tensor(1.), torch.tensor(0)), '0-dim')])
+def test_r2_loader_batches_of_another_shape_are_a_sentence(batch, words):
+    from netlite_nb.data import DataCheckError
+    fails(lambda: Trainer(mlp(), [batch] * 3, **KW).fit(steps=1), words, '(inputs, targets) pairs' if words != '0-dim' else 'one row per sample',
+          exc=DataCheckError)
+
+
+@pytest.mark.slow
+def test_r2_sigterm_to_netlite_train_under_torchrun_stops_every_process_with_a_checkpoint(tmp_path):
+    "torchrun, stopped by SIGTERM, sends it to its processes: they agree on one step, process 0 saves, and netlite says so (143)."
+    (tmp_path / 'c.yaml').write_text("strategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample, batch_size: 64}\ntrain: {steps: 5000, checkpoint_every: 50}\n")
+    run = tmp_path / 'r'
+    rc, err = cli_signal(tmp_path, ['train', str(tmp_path / 'c.yaml'), '--nproc-per-node', '2', '--out', str(run), '--quiet'], signal.SIGTERM,
+                         lambda p: (run / 'latest').exists())
+    assert rc == 143 and 'stopped by SIGTERM; every process saved the last finished step' in err and 'Traceback' not in err, err[-3000:]
+    assert 'Unable to shutdown' not in err   # no process was still training when torchrun's 30 s grace ran out
+    assert 50 <= read_state(run)['step'] < 5000
