@@ -46,7 +46,7 @@ steps + bytes of the tensors already alive then (weights, buffers, batch), which
 import argparse, functools, itertools, json, math, os, platform, re, shutil, subprocess, sys, time
 from unittest import mock
 from pathlib import Path
-import torch
+import torch, torch.utils._python_dispatch
 from torch import nn
 import torch.nn.functional as F
 
@@ -62,7 +62,7 @@ HOLES = False  # --warmup-holes: measure as before the autograd graph was planne
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/sets, when imported from elsewhere (tests, budget_cuda.py)
 from sets import SETS, ALL, TARGETS, LOSSES, TOKENS, MODULES  # the models, one file a round: bench/sets/NAME.py, chosen by --set NAME
-MODELS, FAMILIES, VARIANTS, UNSEEN, BROUGHT, FOURTH, FIFTH, SIXTH, SEVENTH, EIGHTH, NINTH, TENTH, ELEVENTH = SETS.values()  # the rounds' old names
+MODELS, FAMILIES, VARIANTS, UNSEEN, BROUGHT, FOURTH, FIFTH, SIXTH, SEVENTH, EIGHTH, NINTH, TENTH, ELEVENTH, TWELFTH = SETS.values()  # the rounds' old names
 
 def make(name, bs, seed=0):
     f, shape, _ = ALL[name]
@@ -113,7 +113,15 @@ def _autocast():
     "The measured steps' autocast: CPU bf16 mixed precision with --precision bf16, nothing otherwise."
     return torch.autocast('cpu', dtype=torch.bfloat16, enabled=_precision() == 'bf16')
 
+class _NothingMode(torch.utils._python_dispatch.TorchDispatchMode):
+    "A dispatch mode that does nothing: under it autograd adds second gradients out of place, as it did under the planner's tracker (`BENCH_DISPATCH_MODE=1`)."
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None): return func(*args, **(kwargs or {}))
+
 def _steps(model, opt, x, y, n=2, loss_fn=F.cross_entropy):
+    import contextlib
+    with _NothingMode() if os.environ.get('BENCH_DISPATCH_MODE') else contextlib.nullcontext(): _plain_steps(model, opt, x, y, n, loss_fn)
+
+def _plain_steps(model, opt, x, y, n, loss_fn):
     for _ in range(n):
         with _autocast():
             out = model(x)  # held through backward, as a loop that also computes accuracy does (and as the planner traces)

@@ -4,10 +4,11 @@ trained by the book on the digits 0-4 of the embedded MNIST sample, then adapted
     python bench/lora.py                         # every arm below, 3 seeds, 20 epochs of adaptation (about 30 minutes on 2 busy cores)
     python bench/lora.py --seeds 1 --epochs 4    # a short look
     python bench/lora.py --arm full,lr=auto --arm rank=16,bias=all,lr=auto   # arms of your own (each --arm replaces the list)
+    python bench/lora.py --epochs 4 --arm full --arm lr=3e-3 --arm lr=3e-3,bits=4 --json bench/results/lora/qlora.json   # QLoRA against LoRA
 
 An arm is `key=value` pairs: `full` (every weight trains; `bias=none` freezes the biases, a probe), or LoRA's `rank` (8), `alpha` (16), `dropout` (0.1), `bias` ('none',
 'all', 'lora_only': which biases train, as peft's LoraConfig), `rslora` (1: scale alpha/sqrt(rank) instead of alpha/rank, as
-peft's use_rslora), and `lr`: a number, 'auto' (the Trainer's lr='auto': chapter 07's `lr_find` with its default rule, the
+peft's use_rslora), `bits` (4: a 4-bit NF4 frozen base with double-quantized scales, 8: an 8-bit one; 0: fp32), and `lr`: a number, 'auto' (the Trainer's lr='auto': chapter 07's `lr_find` with its default rule, the
 steepest descent of the smoothed loss but not below a tenth of the rate at its lowest) or 'steepest' (`lr_find(rule='steepest')`),
 so no arm's rate is tuned by hand; `epochs` (the arm's own, instead of --epochs). LoRA arms put adapters on every layer and train the 10-way head in full.
 
@@ -37,7 +38,7 @@ from netlite_nb.models import create_model
 from netlite_nb.train import Trainer
 
 BATCH = 64
-LORA = dict(rank=8, alpha=16.0, dropout=0.1, bias='none', rslora=0, lr=3e-3)
+LORA = dict(rank=8, alpha=16.0, dropout=0.1, bias='none', rslora=0, bits=0, lr=3e-3)
 ARMS = ['full,lr=1e-3', 'full,lr=auto', 'full,lr=1e-3,bias=none',  # full fine-tuning: the book's default rate, lr_find's, biases frozen
         'lr=3e-3', 'lr=auto', 'lr=1e-3', 'lr=1e-2',                   # LoRA as the chapter had it; lr_find's rate; the rate either side
         'lr=3e-3,bias=all', 'lr=3e-3,dropout=0',                      # one mechanism at a time
@@ -60,7 +61,8 @@ def adapt(model, arm:dict):
     if arm['full']:
         for n, p in model.named_parameters(): p.requires_grad_(arm['bias'] == 'all' or 'bias' not in n)
         return model
-    m = add_lora(model, rank=int(arm['rank']), alpha=arm['alpha'], dropout=arm['dropout'], train=['head'], bias=arm['bias'])
+    m = add_lora(model, rank=int(arm['rank']), alpha=arm['alpha'], dropout=arm['dropout'], train=['head'], bias=arm['bias'],
+                 base_bits=int(arm['bits']) or None, double_quant=True)
     if arm['rslora']:
         for a in m.modules():
             if isinstance(a, LowRank): a.scale = a.alpha / math.sqrt(a.rank)
@@ -79,6 +81,13 @@ def planned(arm:dict, device_or_gpu='cpu')->int:
     torch.manual_seed(0)
     with budget_accuracy._as_measured():  # glibc's settings are those of the processes `measured` runs
         return plan_memory(build(arm), (torch.randn(BATCH, 1, 28, 28), torch.randint(0, 10, (BATCH,))), device_or_gpu=device_or_gpu).peak
+
+def weight_bytes(arm:dict)->tuple[int, int]:
+    "(planned, held) bytes of the weights: the plan's 'weights' term, and the parameters and buffers the adapted model holds."
+    torch.manual_seed(0)
+    m = build(arm)
+    p = plan_memory(m, (torch.randn(BATCH, 1, 28, 28), torch.randint(0, 10, (BATCH,)))).breakdown['weights']
+    return p, sum(t.numel() * t.element_size() for t in (*m.parameters(), *m.buffers()))
 
 def step_times(arms:dict, pairs:int=20)->dict:
     "spec -> median seconds of one training step, every arm's model stepped in turn in each round."
@@ -106,7 +115,7 @@ def accuracy(arms:dict, seeds:int, epochs:int)->dict:
         for s, a in arms.items():
             torch.manual_seed(1000 + seed)  # every arm's adapters start from the same random A: arms differ by their settings alone
             m, t0 = adapt(copy.deepcopy(base), a), time.time()
-            n = (sum(p.numel() for p in m.parameters() if p.requires_grad), sum(p.numel() for p in m.parameters()))
+            n = (sum(p.numel() for p in m.parameters() if p.requires_grad), m.lora_summary.total if getattr(m, 'lora_summary', None) else sum(p.numel() for p in m.parameters()))  # a quantized base's weights are buffers
             lr = a['lr'] if a['lr'] != 'steepest' else Trainer(m, second, device='cpu', progress=False, verbose=False, plan=False).lr_find(rule='steepest').suggestion
             r = fine_tune(m, second, int(a['epochs']) or epochs, lr)  # lr_find leaves model and data as they were: the run starts as any other
             res[s].append((r['accuracy'], r['lr'], *n, r['train_loss']))
@@ -126,12 +135,19 @@ def report(arms:dict, seeds:int, epochs:int, out:str|None):
         a, (p, m, pt) = acc[s], mem[s]
         gaps = [x[0] - f[0] for x, f in zip(a, acc[ref])]
         rows[s] = dict(accuracy=[x[0] for x in a], lr=[x[1] for x in a], train_loss=[x[4] for x in a], trainable=a[0][2] / a[0][3], planned=p, measured=m, tensors=pt,
-                       peak_ratio=m / mem[ref][1], step_ratio=times[s] / times[ref], step_s=times[s], gaps=gaps)
+                       peak_ratio=m / mem[ref][1], step_ratio=times[s] / times[ref], step_s=times[s], gaps=gaps,
+                       weights_planned=weight_bytes(arms[s])[0], weights_held=weight_bytes(arms[s])[1])
         r = rows[s]
         print(f"{s:<28}{' '.join(f'{x:6.2f}' for x in r['accuracy']):>24}{statistics.median(r['accuracy']):>8.2f}"
               f"{' '.join(f'{g:+5.1f}' for g in gaps):>22}{statistics.median(r['lr']):>12.3g}{100 * r['trainable']:>9.1f}%"
               f"{p / 2**20:>7.1f}Mi{m / 2**20:>8.1f}Mi{100 * (p - m) / m:>+8.1f}%{(pt - m) / 2**20:>+6.1f}MiB{r['peak_ratio']:>6.2f}{r['step_ratio']:>6.2f}{statistics.median(r['train_loss']):>11.4f}")
-    if out: Path(out).write_text(json.dumps(dict(epochs=epochs, seeds=seeds, reference=ref, arms=rows), indent=1))
+    for s, r in rows.items(): print(f"{s:<28} weights: planned {r['weights_planned'] / 2**20:.2f} MiB, held {r['weights_held'] / 2**20:.2f} MiB")
+    if out:
+        tags = dict(bench='lora', torch=torch.__version__, date=time.strftime('%Y-%m-%dT%H:%M:%S%z'), cpu=budget_accuracy.machine(),
+                    commit=subprocess.run(['git', 'rev-parse', '--short=10', 'HEAD'], capture_output=True, text=True, cwd=ROOT).stdout.strip() or None)
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out + '.tmp').write_text(json.dumps(dict(**tags, epochs=epochs, seeds=seeds, reference=ref, arms=rows), indent=1))
+        os.replace(out + '.tmp', out)
 
 if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])

@@ -10,15 +10,16 @@ final validation accuracy averaged over seeds.
     python bench/optim_state.py --runs 5         # the step-time table in 5 fresh processes: medians over runs
     python bench/optim_state.py --chunks         # AdamW8bit's step time by chunk size
     python bench/optim_state.py --instructions   # instructions per step under valgrind's callgrind (load-independent; ~10 minutes)
+    python bench/optim_state.py --bf16           # bf16 weights: stochastic rounding vs round-to-nearest vs fp32, 3 seeds; JSON in bench/results/optim_state/
 """
 from __future__ import annotations
-import argparse, json, math, os, resource, statistics, subprocess, sys, time
+import argparse, json, math, os, platform, resource, statistics, subprocess, sys, time
 import torch, torch.nn as nn, torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from netlite_nb.data import mnist_sample
 from netlite_nb import optim
-from netlite_nb.optim import AdamW8bit, state_bytes
+from netlite_nb.optim import AdamW, AdamW8bit, bf16_weights, state_bytes
 
 OPTIMIZERS = {
     'torch.optim.AdamW': lambda p, lr: torch.optim.AdamW(p, lr=lr, weight_decay=0.01),
@@ -83,6 +84,69 @@ def accuracy_table(seeds=(0, 1, 2), epochs=5, data=None):
            f"{'optimizer':32s} {'valid acc %':>11s} {'± std':>6s} {'Δ pp':>6s} {'state B/param':>13s} {'step ms':>8s} {'final loss':>10s}"]
     out += [f"{n:32s} {m:11.2f} {s:6.2f} {d:+6.2f} {b:13.3f} {t:8.2f} {l:10.4f}" for n, m, s, d, b, t, l in rows]
     return '\n'.join(out)
+
+
+BF16 = {  # name -> (optimizer, weights in bf16?)
+    'AdamW, fp32 weights': (lambda p, lr: torch.optim.AdamW(p, lr=lr, weight_decay=0.01), False),
+    'AdamW8bit, fp32 weights': (lambda p, lr: AdamW8bit(p, lr=lr, weight_decay=0.01), False),
+    'AdamW8bit, bf16 weights, stochastic rounding': (lambda p, lr: AdamW8bit(p, lr=lr, weight_decay=0.01, master_weights='bf16-sr'), True),
+    'AdamW8bit, bf16 weights, round to nearest': (lambda p, lr: AdamW8bit(p, lr=lr, weight_decay=0.01), True),
+}
+
+
+def train_weights(make_opt, bf16:bool, data, seed, epochs=5, bs=64, lr=2e-3):
+    "Final validation accuracy (%) and the mean of the last 20 training losses, with the weights (and so the forward) in bf16 or fp32."
+    (xt, yt), (xv, yv) = data
+    torch.manual_seed(seed)
+    model = small_cnn()
+    if bf16: model = bf16_weights(model)
+    dt = torch.bfloat16 if bf16 else torch.float32
+    opt = make_opt(model.parameters(), lr)
+    steps = epochs * math.ceil(len(yt) / bs)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * s / steps)))
+    g, losses = torch.Generator().manual_seed(seed), []
+    for _ in range(epochs):
+        for idx in torch.randperm(len(yt), generator=g).split(bs):
+            loss = F.cross_entropy(model(xt[idx].to(dt)).float(), yt[idx])
+            opt.zero_grad(); loss.backward(); opt.step(); sched.step(); losses.append(loss.item())
+    model.eval()
+    with torch.no_grad(): acc = (model(xv.to(dt)).float().argmax(1) == yv).float().mean().item()
+    return 100 * acc, statistics.mean(losses[-20:])
+
+
+def _git(*args):
+    try: return subprocess.run(['git', *args], capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
+    except OSError: return ''
+
+
+def _cpu_name():
+    try: return next(l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name'))
+    except (OSError, StopIteration): return platform.processor() or platform.machine()
+
+
+def bf16_table(seeds=(0, 1, 2), epochs=5, data=None, out=None):
+    "fp32 AdamW against 8-bit AdamW with bf16 weights (stochastic rounding, round to nearest): accuracy per seed, medians; stored as JSON."
+    tr, va, src = data or load_data()
+    rows = {}
+    for name, (make, bf16) in BF16.items():
+        res = []
+        for s in seeds:
+            res.append(train_weights(make, bf16, (tr, va), s, epochs))
+            print(f"  {name}, seed {s}: {res[-1][0]:.2f}%", flush=True)
+        rows[name] = dict(accuracy=[r[0] for r in res], final_loss=[r[1] for r in res], median_accuracy=statistics.median(r[0] for r in res))
+    result = dict(bench='optim_state', set='bf16', data=src, model='small_cnn', epochs=epochs, batch=64, lr='cosine from 2e-3', seeds=list(seeds),
+                  machine=dict(cpu=_cpu_name(), isa=torch.backends.cpu.get_cpu_capability()), torch=torch.__version__,
+                  date=time.strftime('%Y-%m-%dT%H:%M:%S%z'), commit=_git('rev-parse', '--short=10', 'HEAD') or None,
+                  dirty=bool(_git('status', '--porcelain', '--untracked-files=no')), rows=rows)
+    if out:
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out + '.tmp', 'w') as f: json.dump(result, f, indent=1); f.write('\n')
+        os.replace(out + '.tmp', out)
+    base = rows['AdamW, fp32 weights']['median_accuracy']
+    lines = [f"data: {src}; small CNN, {epochs} epochs, batch 64, cosine lr 2e-3, seeds {list(seeds)}; medians",
+             f"{'optimizer':46s} {'valid acc %':>11s} {'vs fp32 AdamW':>13s}  per seed"]
+    lines += [f"{n:46s} {r['median_accuracy']:11.2f} {r['median_accuracy'] - base:+13.2f}  {', '.join(f'{a:.1f}' for a in r['accuracy'])}" for n, r in rows.items()]
+    return '\n'.join(lines)
 
 
 def large_tensor_state():
@@ -262,6 +326,7 @@ def main():
     ap.add_argument('--chunks', action='store_true', help="only the step time by chunk size")
     ap.add_argument('--instructions', action='store_true', help='instructions per step under valgrind (callgrind), AdamW and AdamW8bit')
     ap.add_argument('--callgrind-child', default=None, help=argparse.SUPPRESS)  # one optimizer's steps, for --instructions
+    ap.add_argument('--bf16', action='store_true', help='only the bf16-weights table (stochastic rounding vs round-to-nearest vs fp32), stored as JSON')
     a = ap.parse_args()
     if a.threads: torch.set_num_threads(a.threads)
     if a.callgrind_child: _callgrind_child(a.callgrind_child, a.rounds); return
@@ -270,6 +335,9 @@ def main():
     if a.runs: print(step_runs(a.runs, a.rounds, a.threads)); return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)\n")
     if a.chunks: print(chunk_sweep()); return
+    if a.bf16:
+        out = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'results', 'optim_state', f"bf16.{platform.machine()}.json")
+        print(bf16_table([int(s) for s in a.seeds.split(',')], a.epochs, out=out)); return
     print(step_time(a.rounds), '\n')
     if a.step_only: return
     print(large_tensor_state(), '\n')

@@ -22,7 +22,7 @@ from .probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes, 
 from .memory.trace import (
     Allocation, AllocationTracker, CompiledModelWarning, GRAPH_KEY, NothingToTrainError, Target, UntraceableError,
     _BN_ONE, _BatchOfOneError, _as_dict, _batch_size, _call, _compiled_note, _needs_closure, _optimizer_name,
-    _per_sample, _resized_shape, _split_batch, _stand_in_note, default_loss, make_optimizer, resize_batch,
+    _per_sample, _real_shares, _resized_shape, _split_batch, _stand_in_note, default_loss, make_optimizer, resize_batch,
     resolve_target, trace_step)
 from .memory.heap import GlibcHeap, MALLOPT, glibc_settings, on_glibc
 from .memory.cpu import calibration_cache, calibrate_kernels, calibration_file, cpu_terms
@@ -175,10 +175,14 @@ def _kept_inputs_note(batch)->list[str]:
     return [f"the batch's tensors of shape {', '.join(map(str, kept))} have no row per sample (an edge list, a scalar, a shared table): "
             "they are planned as given, at any batch size"] if kept else []
 
+_BOUND = 'an upper bound where the data decides a size'  # how a plan says so (`max_batch_size` looks for it)
+
 def _bounded_note(tr:AllocationTracker)->list[str]:
     "The plan's note on ops it ran at their largest because the data decides their size (`_data_shaped`)."
     if not tr.bounded: return []
-    return [f"an upper bound where the data decides a size: {_op_counts(tr.bounded)} planned at their largest (every element of a mask True, every "
+    if tr.shares: return [f"sized by the batch given: {_op_counts(tr.bounded)} made the share of rows this batch's values made (routing, masks: "
+                          "`data_shares`), at any batch size; data routed otherwise uses more or less, at most every element of a mask True"]
+    return [f"{_BOUND}: {_op_counts(tr.bounded)} planned at their largest (every element of a mask True, every "
             "value distinct, every packed sequence at full length); the step uses less when they select less"]
 
 # %% ../nbs/01_budget.ipynb #mp19
@@ -251,6 +255,17 @@ def _host_terms(tr:AllocationTracker, target:Target)->tuple[dict, list]:
         rows.update(r); notes += n
     return rows, notes
 
+# %% ../nbs/01_budget.ipynb #bf16r
+from .memory.trace import OPTIMIZERS, _norm
+
+def _refuse_emulated_bf16(optimizer, target:Target):
+    "Refuse a step whose weights are bf16 (an optimizer marked `needs_bf16`, chapter 03) on a GPU that only emulates bf16."
+    f = OPTIMIZERS.get(_norm(optimizer)) if isinstance(optimizer, str) else optimizer
+    if not getattr(f, 'needs_bf16', False) or target.kind != 'cuda' or target.bf16_native is not False: return
+    raise ValueError(f"{target.name} (compute capability {target.compute_capability}) has no bf16 arithmetic: bf16 weights "
+                     f"({_optimizer_name(optimizer)}) would run every operation emulated, far slower than fp32. Bf16 needs "
+                     "compute capability 8.0 (Ampere) or newer; here use 'adamw8bit' with fp32 weights, and fp16 mixed precision.")
+
 # %% ../nbs/01_budget.ipynb #mp23
 def plan_memory(model:nn.Module, # the model to plan for; never run, moved or changed
                 batch, # (x, y), x, or a dict the model takes as keywords (labels too), a real batch or one on the 'meta' device; its first dimension is the batch size
@@ -272,6 +287,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
         precision, optimizer, micro_batch, transform, device_or_gpu, budget = _strategy_defaults(
             strategy, precision, optimizer, micro_batch, transform, device_or_gpu, budget)
     target = resolve_target(device_or_gpu)
+    _refuse_emulated_bf16(optimizer, target)
     b = _batch_size(batch)
     mb = min(micro_batch or b, b)
     check_step(TrainingStep(optimizer, precision, micro_batch, transform, ema, loss_fn), b, target)
@@ -415,6 +431,8 @@ def max_batch_size(model:nn.Module, # the model to plan for
         if micro_of is None: return plan_memory(model, resize_batch(sample, b), device_or_gpu=target, budget=budget, **kw)
         return plan_memory(model, resize_batch(sample, micro_of), micro_batch=b, device_or_gpu=target, budget=budget, **kw)
     lo = smallest_batch(plan)
+    if _BOUND in ' '.join(getattr(plan(lo), 'notes', ())) and _real_shares(model, sample, kw.get('loss_fn')):  # a sample with values: route every size as it routes
+        plan.cache_clear(); lo = smallest_batch(plan)
     if lo > max_batch: raise ValueError(f"The model cannot train at a batch of {max_batch} (a batch of 1 cannot train it; the smallest is {lo}): raise max_batch.")
     if not plan(lo).fits: raise BudgetTooSmallError(_too_small(model, sample, budget, target, plan(lo), kw, lo, suggest=micro_of is None))
     b = _search(plan, budget, max_batch, lo)

@@ -399,11 +399,16 @@ def _export(args):
         raise UsageError(f"The run's data ({_data_name(info)}) has images of shape {tuple(dls.input_shape)}, but the weights were built for "
                          f"{tuple(info['input_shape'])}: fix `data:` in the run's config.yaml, or pass --model for weights of another model.")
     quantize = 'int8' if args.int8 else 'fp16' if args.fp16 else None
+    runtime = _web_runtime(args)  # a wrong --offline fails before the export, not after
     out = args.out or onnx_path(info['run_dir'], info['name'], quantize)
     report = export_onnx(model, dls.one_batch(), out, opset=args.opset, dynamic_batch=not args.static_batch, quantize=quantize,
                          calibration=dls if quantize == 'int8' else None, valid=dls.valid, int8_target=args.int8_target,
                          calibration_samples=args.calibration_samples)
     print(_json(report) if args.json else report)
+    if args.web:  # chapter 09b: the exported file in a static web page, RUN/web/index.html
+        from netlite_nb.web import web_page
+        page = web_page(report.path, folder=Path(info['run_dir']) / 'web', data=info['data'] or None, offline=runtime)
+        print(_json({'web_page': str(page.path)}) if args.json else page)
 
 def _data_name(info:dict)->str:
     d = info['data']
@@ -433,7 +438,19 @@ def _export_args(p):
     p.add_argument('--opset', type=int, help="ONNX opset (default: the exporter's)")
     p.add_argument('--static-batch', action='store_true', help='fix the batch size to that of the sample (64)')
     p.add_argument('--json', action='store_true', help="print the export's report as JSON")
+    p.add_argument('--web', action='store_true', help="also write RUN/web/index.html, a static page that runs the file in the browser (chapter 09b)")
+    p.add_argument('--offline', type=Path, metavar='DIR', help="with --web: copy ONNX Runtime Web beside the page from an installed npm package "
+                   "(npm install onnxruntime-web@1.31.1; DIR is its node_modules/onnxruntime-web) instead of loading it from the pinned CDN")
 _export.add_arguments = _export_args
+
+# %% ../nbs/11_cli.ipynb #web01
+def _web_runtime(args):
+    "The `onnxruntime-web` package `--offline` names, checked (None: the page loads the pinned CDN copy)."
+    if args.offline is None: return None
+    if not args.web: raise UsageError("--offline copies ONNX Runtime Web beside the web page: it goes with --web.")
+    from netlite_nb.web import OfflineRuntimeError, ort_web_dist
+    try: return ort_web_dist(args.offline)
+    except OfflineRuntimeError as e: raise UsageError(str(e)) from None
 
 # %% ../nbs/11_cli.ipynb #zz02
 if __name__ == '__main__' and '__file__' in globals(): sys.exit(main())

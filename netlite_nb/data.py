@@ -34,7 +34,8 @@ def _whole_labels(y)->torch.Tensor:
     if y.is_floating_point() and not torch.equal(y, y.round()):
         i = int((y != y.round()).nonzero()[0])
         raise DataCheckError(f"Labels must be whole class numbers, but label {i} is {float(y.flatten()[i])}. Fix: pass class indices "
-                             "(0, 1, 2, ...) as a long tensor, not scores or one-hot rows; converting would truncate them.")
+                             "(0, 1, 2, ...) as a long tensor, not scores or one-hot rows; converting would truncate them. Numbers to predict "
+                             "(regression) are kept as floats by LabeledTensors(x, y, task='regression').")
     return y.long()
 
 def _len_msg(nx, ny)->str:
@@ -43,13 +44,17 @@ def _len_msg(nx, ny)->str:
 
 # %% ../nbs/04_data.ipynb #c006a
 class LabeledTensors(Dataset):
-    "Images `x` [N, C, H, W] (uint8 or float) with integer labels `y` [N] and class names, all in memory."
-    def __init__(self, x:torch.Tensor, # images [N, C, H, W]; uint8 (0..255) or float (0..1)
-                 y:torch.Tensor,       # integer class of each image [N]
-                 classes:list[str]|None=None): # class names, index = label; default '0', '1', ...
+    "Inputs `x` [N, ...] (images: uint8 or float) with targets `y`: integer class labels [N] and class names, or float values to predict."
+    def __init__(self, x:torch.Tensor, # inputs [N, ...]: images [N, C, H, W] uint8 (0..255) or float (0..1), or any float features
+                 y:torch.Tensor,       # targets [N]: the class of each item, or (task='regression') float values [N] or [N, k]
+                 classes:list[str]|None=None, # class names, index = label; default '0', '1', ...
+                 task:str='classification'): # 'classification' (whole labels, kept as long) or 'regression' (float targets, kept as float32)
         if len(x) != len(y): raise DataCheckError(_len_msg(len(x), len(y)))
-        self.x, self.y = x, _whole_labels(y)
-        self.classes = list(classes) if classes is not None else [str(i) for i in range(int(self.y.max()) + 1 if len(self.y) else 0)]
+        if task not in ('classification', 'regression'): raise DataCheckError(f"task must be 'classification' or 'regression', not {task!r}.")
+        self.x, self.task = x, task
+        self.y = torch.as_tensor(y).float() if task == 'regression' else _whole_labels(y)
+        n = int(self.y.max()) + 1 if len(self.y) and task == 'classification' else 0
+        self.classes = [] if task == 'regression' else list(classes) if classes is not None else [str(i) for i in range(n)]
 
     def __len__(self)->int: return len(self.y)
     def __getitem__(self, i): return _as_float(self.x[i]), self.y[i]
@@ -66,7 +71,8 @@ def nbytes(self:LabeledTensors)->int: return self.x.nbytes + self.y.nbytes
 
 @patch
 def __repr__(self:LabeledTensors)->str:
-    return f"LabeledTensors({len(self)} images {'×'.join(map(str, self.input_shape))} {str(self.x.dtype).replace('torch.', '')}, {self.num_classes} classes)"
+    what = f"float targets {'×'.join(map(str, self.y.shape[1:])) or 'scalar'}" if self.task == 'regression' else f"{self.num_classes} classes"
+    return f"LabeledTensors({len(self)} items {'×'.join(map(str, self.input_shape))} {str(self.x.dtype).replace('torch.', '')}, {what})"
 
 # %% ../nbs/04_data.ipynb #c007
 def mnist_sample(raw:bool=False, # keep images as uint8 0..255 instead of float32 0..1
@@ -94,6 +100,7 @@ class DataReport:
     min:float
     max:float
     checked:int              # items whose pixels were checked (all of them for in-memory data)
+    complete:bool=True       # the counts are of every label (False: of a sample, which cannot prove a class missing)
 
 # %% ../nbs/04_data.ipynb #c013a
 @patch(as_prop=True)
@@ -231,31 +238,63 @@ def _images_and_labels(data, max_items:int, # images of a dataset read item by i
     if isinstance(getattr(data, 'x', None), torch.Tensor): return data.x, data.y, True, None
     if len(data) == 0: return None, torch.zeros(0, dtype=torch.long), True, None
     pixels, t = _sample_index(len(data), max_items), _targets(data)
+    if t is None and (rows := _stacked_rows(data)) is not None: t = rows[1] if rows[2] is None else rows[1][rows[2]]  # all labels: one index
     if t is not None: return _read_items(data, pixels, pixels)[0], t, True, pixels
     every = not sample_labels or len(data) <= max_items
     xs, y = _read_items(data, torch.arange(len(data)) if every else pixels, pixels)
     return xs, y, every, pixels
 
+# %% ../nbs/04_data.ipynb #cv01
+def _flat_labels(y:torch.Tensor, index:torch.Tensor|None, ignore_index:int|None)->tuple[torch.Tensor, torch.Tensor|None]:
+    "Sequence labels [N, T, ...] flattened, with the item each position came from; labels equal to `ignore_index` left out."
+    if y.ndim > 1:
+        index = (torch.arange(len(y)) if index is None else index).repeat_interleave(y[0].numel()); y = y.reshape(-1)
+    if ignore_index is not None and (y == ignore_index).any():
+        keep = y != ignore_index
+        index, y = (torch.arange(len(y)) if index is None else index)[keep], y[keep]
+    return y, index
+
+def _check_soft(y:torch.Tensor, num_classes:int|None, name:str)->list[int]:
+    "Soft targets [N, C, ...]: probabilities over dim 1 (finite, >= 0, summing to 1), as wide as the classes; items per most likely class."
+    if num_classes and y.shape[1] != num_classes:
+        raise DataCheckError(f"The targets of {name} are class probabilities {y.shape[1]} wide, but there are {num_classes} classes (the "
+                             f"model's output width). Fix: make each target row as wide as the output, or give class indices as integers.")
+    p = y.movedim(1, -1).reshape(-1, y.shape[1]).double()
+    bad = (~torch.isfinite(p).all(1)) | (p < 0).any(1) | ((p.sum(1) - 1).abs() > 1e-3)
+    if bad.any():
+        j = int(bad.nonzero()[0]); i = j // max(1, p.shape[0] // len(y))
+        raise DataCheckError(f"The target of item {i} of {name} is not a probability distribution over the classes (sum {float(p[j].sum()):.4g}, "
+                             f"smallest {float(p[j].min()):.4g}): soft targets must be >= 0 and sum to 1. Fix: apply softmax to scores, "
+                             f"or give class indices as integers.")
+    return torch.bincount(p.argmax(1), minlength=y.shape[1]).tolist()
+
 # %% ../nbs/04_data.ipynb #c015l
 def check_dataset(data, # a `LabeledTensors`, an (x, y) pair of tensors, or a dataset of (x, y) items
-                  num_classes:int|None=None, # default: from the dataset's `classes`, else max label + 1
+                  num_classes:int|None=None, # default: from the dataset's `classes`, else max label + 1 (the width of soft targets)
                   name:str='dataset', # what to call it in messages ('train', 'valid')
                   max_items:int=2000, # pixel checks on a lazy dataset look at this many items
                   classes_missing:str='raise', # one class only, or a class with no items: 'raise', 'warn' or 'ignore'
                   sample_labels:bool=False, # a lazy dataset without `targets`: read the labels of `max_items` items, not all
+                  ignore_index:int|None=None, # a label meaning "no target here" (cross-entropy's, e.g. -100): left out of the label checks
                  )->DataReport:
-    "Check images and labels before training; raise `DataCheckError` naming the item and the fix, else summarise."
+    "Check inputs and targets before training; raise `DataCheckError` naming the item and the fix, else summarise."
     classes = getattr(data, 'classes', None) or getattr(getattr(data, 'dataset', None), 'classes', None)
     x, y, every, index = _images_and_labels(data, max_items, sample_labels)
     if len(y) == 0: raise DataCheckError(f"{name} is empty: no items to train on. Fix: check the path or the filter that built it.")
-    num_classes = num_classes or (len(classes) if classes else int(y.max()) + 1)
-    classes = list(classes) if classes and len(classes) == num_classes else [str(i) for i in range(num_classes)]
-    counts = _check_labels(y, num_classes, classes, name, classes_missing if every else 'ignore', None if every else index)  # a sample may miss a rare class
+    y = torch.as_tensor(y)
+    if getattr(data, 'task', None) == 'regression': classes, counts = [], []  # values to predict: no labels to check
+    elif y.is_floating_point() and y.ndim >= 2:
+        counts = _check_soft(y, num_classes, name)
+        classes = list(classes) if classes and len(classes) == len(counts) else [str(i) for i in range(len(counts))]
+    else:
+        flat, at = _flat_labels(y, None if every else index, ignore_index)
+        num_classes = num_classes or (len(classes) if classes else int(flat.max()) + 1 if len(flat) else 1)
+        classes = list(classes) if classes and len(classes) == num_classes else [str(i) for i in range(num_classes)]
+        counts = _check_labels(flat, num_classes, classes, name, classes_missing if every else 'ignore', at)  # a sample may miss a rare class
     total, squares, lo, hi, cnt = _tensor_stats(x, index)
-    shape, checked = tuple(x.shape[1:]), len(x)
     mean = total / cnt
     std = math.sqrt(max(0.0, squares / cnt - mean**2))
-    return DataReport(name, len(y), shape, classes, counts, mean, std, lo, hi, checked)
+    return DataReport(name, len(y), tuple(x.shape[1:]), classes, counts, mean, std, lo, hi, len(x), every)
 
 # %% ../nbs/04_data.ipynb #c015m
 def check_batch(b, # one batch a loader gave
@@ -542,7 +581,8 @@ class TensorLoader:
         x, y = (data.x, data.y) if hasattr(data, 'x') else data
         if len(x) != len(y): raise DataCheckError(_len_msg(len(x), len(y)))
         self.device = torch.device(device)
-        self.x, self.y = x.to(self.device), _whole_labels(y).to(self.device)
+        floats = getattr(data, 'task', None) == 'regression'  # a regression dataset's targets stay float
+        self.x, self.y = x.to(self.device), (y.float() if floats else _whole_labels(y)).to(self.device)
         self.dataset = data if hasattr(data, 'x') else LabeledTensors(x, y)
         self.batch_size, self.shuffle, self.drop_last, self.transform = batch_size, shuffle, drop_last, transform
         self.generator = torch.Generator().manual_seed(seed)
@@ -605,7 +645,7 @@ def one_batch(self:DataLoaders)->tuple[torch.Tensor, torch.Tensor]:
 def __str__(self:DataLoaders)->str:
     n = lambda l: len(getattr(l, 'dataset', ()) or ())
     return (f"DataLoaders: {n(self.train)} train / {n(self.valid)} valid images {'×'.join(map(str, self.input_shape))}, "
-            f"{self.num_classes} classes, batch {self.batch_size}, {type(self.train).__name__} on {self.device}")
+            f"{f'{self.num_classes} classes' if self.classes else 'float targets'}, batch {self.batch_size}, {type(self.train).__name__} on {self.device}")
 @patch
 def __repr__(self:DataLoaders)->str: return str(self)
 @patch
@@ -648,7 +688,8 @@ def make_loaders(train_ds, valid_ds, # datasets of (x, y): `LabeledTensors`, `Fo
     if resident is None: resident = _resident_ok(train_ds, dev, max_resident_bytes) and _resident_ok(valid_ds, dev, max_resident_bytes)
     tfm = _augment_for(augment, shape, seed, batched=resident)
     train, valid, settings = _loaders(train_ds, valid_ds, bs, valid_batch_size or 2 * bs, dev, resident, tfm, seed, settings)
-    classes = list(getattr(train_ds, 'classes', None) or [str(i) for i in range(int(train_ds.targets.max()) + 1)])
+    regression = getattr(train_ds, 'task', None) == 'regression'  # float targets: no classes to name
+    classes = [] if regression else list(getattr(train_ds, 'classes', None) or [str(i) for i in range(int(train_ds.targets.max()) + 1)])
     return DataLoaders(train, valid, classes, shape, bs, str(dev), settings)
 
 # %% ../nbs/04_data.ipynb #c053j

@@ -5,12 +5,12 @@
 # %% ../nbs/06c_lr_find.ipynb #l003
 from __future__ import annotations
 import io, math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import numpy as np
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['smooth_losses', 'suggest_lr', 'LRFinder', 'range_test']
+__all__ = ['smooth_losses', 'suggest_lr', 'LRFinder', 'range_test', 'no_real_fall', 'find_lr']
 
 # %% ../nbs/06c_lr_find.ipynb #l008
 def smooth_losses(lrs, # the learning rates of a range test
@@ -53,14 +53,19 @@ class LRFinder:
     suggestion:float # what `rule` reads off the smoothed curve
     rule:str         # a key of `_RULES`
     stopped:str      # why the sweep ended
+    decision:str=''  # what `find_lr` made of the sweeps, and why (empty for a single `range_test`)
+    fallback:bool=False  # True: no sweep showed a fall, and `suggestion` is the default rate, not a reading
+    sweeps:int=1     # range tests run to reach `suggestion` (this one's curve is the last)
 
     def summary(self)->dict:
         "The result as plain data (what config.yaml records)."
         return {'suggestion': self.suggestion, 'rule': f"{self.rule}: {_RULES[self.rule]}", 'steps': len(self.lrs),
-                'lr_range': [self.lrs[0], self.lrs[-1]], 'stopped': self.stopped}
+                'lr_range': [self.lrs[0], self.lrs[-1]], 'stopped': self.stopped, 'sweeps': self.sweeps, 'fallback': self.fallback,
+                'decision': self.decision}
     def __repr__(self):
+        if self.fallback: return f"lr_find: no rate found, using the default lr {self.suggestion:.3g}: {self.decision}"
         return (f"lr_find: suggested lr {self.suggestion:.3g} ({_RULES[self.rule]}); {len(self.lrs)} steps "
-                f"from {self.lrs[0]:.1g} to {self.lrs[-1]:.2g}, {self.stopped}")
+                f"from {self.lrs[0]:.1g} to {self.lrs[-1]:.2g}, {self.stopped}" + (f". {self.decision}" if self.sweeps > 1 else ''))
 
 # %% ../nbs/06c_lr_find.ipynb #l019
 @patch
@@ -70,7 +75,7 @@ def plot(self:LRFinder):
     fig = Figure(figsize=(6, 3.2), dpi=80); ax = fig.subplots()
     ax.plot(self.lrs, self.losses, color='C0', alpha=0.3, label='loss')
     ax.plot(self.lrs, self.smoothed, color='C0', label='smoothed')
-    ax.axvline(self.suggestion, color='C3', ls='--', label=f"suggestion {self.suggestion:.2g} ({self.rule})")
+    ax.axvline(self.suggestion, color='C3', ls='--', label=f"{'fallback' if self.fallback else 'suggestion'} {self.suggestion:.2g}" + ('' if self.fallback else f" ({self.rule})"))
     lo, hi = min(self.smoothed), max(self.smoothed[0], min(self.smoothed)) * 1.3
     steep = lo > 0 and hi > 13 * lo  # a fall of more than tenfold (a new head on a trained network) reads on a log axis
     ax.set(xscale='log', xlabel='learning rate', ylabel='training loss', title='lr_find', yscale='log' if steep else 'linear',
@@ -109,3 +114,43 @@ def range_test(step, # step(lr) -> the loss of one training step at learning rat
                                          "output first (nan inputs, labels out of range), or start the sweep lower (start_lr).")
     lrs = [float(x) for x in lrs[:len(smooth)]]
     return LRFinder(lrs, losses, smooth, suggest_lr(lrs, smooth, rule), rule, stopped)
+
+# %% ../nbs/06c_lr_find.ipynb #fl02
+def no_real_fall(lrs, # the learning rates of a range test
+                 losses, # each step's loss
+                 smoothed, # the smoothed losses
+                 min_fall:float=0.05, # the smallest fall that counts, as a fraction of the starting loss
+                )->str|None:
+    "Why a sweep's loss shows no real fall, in a sentence; None when it fell by more than `min_fall` and twice the step-to-step noise."
+    l, sm = np.asarray(losses, dtype=float), np.asarray(smoothed, dtype=float)
+    log = bool(np.all(l > 0) and np.all(sm > 0))  # falls as fractions of the loss, as `smooth_losses` smooths them
+    l, sm = (np.log(l), np.log(sm)) if log else (l, sm)
+    i = int(np.argmin(sm))
+    fall, noise = sm[0] - sm[i], float(np.std((l - sm)[:max(i + 1, 3)]))
+    need = max(min_fall if log else min_fall * abs(sm[0]), 2 * noise)
+    if fall > need: return None
+    pct = lambda v: f"{100 * (1 - math.exp(-v)):.1f} %" if log else f"{v:.3g}"
+    return (f"its smoothed loss fell by {pct(fall)} at most (at lr {lrs[i]:.2g}), within the {pct(need)} that its noise and "
+            f"`min_fall` ask for: a plateau the sweep did not leave, not a curve to read a rate off")
+
+# %% ../nbs/06c_lr_find.ipynb #fl03
+def find_lr(sweep, # sweep(start_lr, end_lr, num_steps) -> `LRFinder`: one range test, each from the same starting point
+            start_lr:float=1e-7, end_lr:float=10.0, num_steps:int=100,
+            fallback:float=1e-3, # the rate to train at when no sweep shows a fall (the caller's default rate)
+            slower:int=3, # a sweep with no fall is run again with this many times the steps...
+            decades:float=5.0, # ...over this many decades below where it ended
+           )->LRFinder:
+    "A range test that knows when it failed: no real fall, then a slower sweep over fewer decades, then `fallback`; `decision` says which and why."
+    first = sweep(start_lr, end_lr, num_steps)
+    why = no_real_fall(first.lrs, first.losses, first.smoothed)
+    if why is None: return replace(first, decision=f"the sweep's suggestion ({num_steps} steps from {start_lr:.2g} to {end_lr:.2g})")
+    hi = first.lrs[-1]; lo = max(start_lr, hi / 10 ** decades)
+    said = f"a {num_steps}-step sweep from {start_lr:.2g} to {end_lr:.2g} failed: {why}"
+    second = sweep(lo, hi, slower * num_steps)
+    why2 = no_real_fall(second.lrs, second.losses, second.smoothed)
+    if why2 is None:
+        return replace(second, sweeps=2, decision=f"{said}. A {slower * num_steps}-step sweep from {lo:.2g} to {hi:.2g} (more steps "
+                       f"at each rate, where rates move the weights) showed a fall: its suggestion, {second.suggestion:.3g}")
+    return replace(second, suggestion=float(fallback), fallback=True, sweeps=2, decision=(
+        f"{said}; a {slower * num_steps}-step sweep from {lo:.2g} to {hi:.2g} failed too: {why2}. Training at the default lr "
+        f"{fallback:g} instead of a rate read off noise. Check that the model can fit a small subset at all, or give lr= yourself"))

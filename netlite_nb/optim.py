@@ -4,18 +4,20 @@
 
 # %% ../nbs/03_optim.ipynb #c003
 from __future__ import annotations
-import importlib.util, itertools, math, os, pathlib, subprocess, sys
+import hashlib, importlib.util, itertools, math, os, pathlib, subprocess, sys
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from functools import lru_cache
 import torch
+from torch import nn
 from fastcore.basics import patch
 from .budget import register_lever
 from .memory.trace import is_traced, make_optimizer, register_optimizer
 
 # %% auto #0
 __all__ = ['dynamic_map', 'code_and_mids_lists', 'nearest_code', 'quantize_blockwise', 'dequantize_blockwise', 'AdamW8bit',
-           'adamw_8bit_reference', 'chunk_values', 'quant_table', 'quantize_into', 'state_bytes', 'adamw8bit_backend']
+           'stochastic_round_bf16', 'adamw_8bit_reference', 'chunk_values', 'quant_table', 'quantize_into',
+           'state_bytes', 'adamw8bit_backend', 'AdamW', 'bf16_weights']
 
 # %% ../nbs/03_optim.ipynb #c007
 @lru_cache(None)
@@ -134,13 +136,16 @@ class AdamW8bit(torch.optim.Optimizer):
                  block_size:int=256, # values sharing one absmax
                  min_8bit_size:int=4096, # smaller tensors keep fp32 moments
                  first_moment:str='8bit', # '8bit', 'fp16' or 'fp32' storage for m
+                 master_weights:str|None=None, # None: update in the parameters' dtype; 'bf16-sr': bf16 parameters, each update rounded stochastically
+                 seed:int=0, # the stochastic rounding's random bits: the same seed, the same run
                 ):
         if lr < 0: raise ValueError(f"lr must be >= 0, got {lr}.")
         if not all(0 <= b < 1 for b in betas): raise ValueError(f"betas must be in [0, 1), got {betas}.")
         if first_moment not in ('8bit', 'fp16', 'fp32'): raise ValueError(f"first_moment must be '8bit', 'fp16' or 'fp32', got {first_moment!r}.")
         if not isinstance(block_size, int) or block_size <= 0: raise ValueError(f"block_size must be a positive whole number, got {block_size!r}.")
+        if master_weights not in (None, 'bf16-sr'): raise ValueError(f"master_weights must be None or 'bf16-sr', got {master_weights!r}.")
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, block_size=block_size,
-                                      min_8bit_size=min_8bit_size, first_moment=first_moment))
+                                      min_8bit_size=min_8bit_size, first_moment=first_moment, master_weights=master_weights, seed=seed))
 
 # %% ../nbs/03_optim.ipynb #ad2
 @patch
@@ -173,14 +178,38 @@ def _init_state(self:AdamW8bit, p:torch.Tensor, group:dict, st:dict):
     st['exp_avg_sq_q'] = torch.zeros(nb * bs, dtype=torch.uint8, device=p.device)
     st['exp_avg_sq_absmax'] = torch.zeros(nb, dtype=torch.float32, device=p.device)
 
+# %% ../nbs/03_optim.ipynb #sr1
+def stochastic_round_bf16(x:torch.Tensor, # fp32, overwritten
+                          generator:torch.Generator|None=None, # where the random bits come from
+                          noise:torch.Tensor|None=None, # int32 scratch shaped like `x` (made when None)
+                         )->torch.Tensor:
+    "`x` rounded to bf16 at random: up with probability (x - lower) / (upper - lower), so E[result] = x. The bf16 values, as fp32."
+    bits = x.view(torch.int32)
+    r = torch.empty_like(bits) if noise is None else noise
+    if not is_traced(x): r.random_(0, 2**16, generator=generator)  # a planner's trace needs the buffer, not its values
+    # adding 16 random low bits to the magnitude carries into bit 16 with exactly the probability above; then drop them
+    return bits.add_(r).bitwise_and_(-2**16).view(torch.float32)
+
+def _not_bf16(group:dict, i:int, p:torch.Tensor)->str:
+    return (f"master_weights='bf16-sr' keeps the weights themselves in bf16, but parameter {_describe(group, i, p)} is {p.dtype}. "
+            "Convert the model first (`bf16_weights(model)`), or leave master_weights=None to train fp32 weights.")
+
+def _sr_generator(device:torch.device, *key:int)->torch.Generator:
+    "A generator seeded by `key` (seed, step, parameter, chunk): the same bits on every run and after a resume."
+    g = torch.Generator(device=device)
+    return g.manual_seed(int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), 'little') >> 1)
+
 # %% ../nbs/03_optim.ipynb #ad10
-def _adamw_fp32(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float):
+def _adamw_fp32(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float,
+                sr:torch.Generator|None=None, decay:float=1.0): # with `sr`: the decayed, updated weight rounded stochastically
     "AdamW's update with fp32 moments: exactly torch.optim.AdamW's arithmetic."
     b1, b2 = group['betas']
     g = p.grad.float()
     m, v = st['exp_avg'], st['exp_avg_sq']
     m.lerp_(g, 1 - b1); v.mul_(b2).addcmul_(g, g, value=1 - b2)
-    p.add_((m / ((v.sqrt() / bc2_sqrt).add_(group['eps']))).to(p.dtype), alpha=-step_size)
+    u = m / ((v.sqrt() / bc2_sqrt).add_(group['eps']))
+    if sr is None: p.add_(u.to(p.dtype), alpha=-step_size)
+    else: p.copy_(stochastic_round_bf16(u.mul_(-step_size).add_(p, alpha=decay), sr))
 
 # %% ../nbs/03_optim.ipynb #ad10b
 def adamw_8bit_reference(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float):
@@ -294,7 +323,8 @@ def quantize_into(x:torch.Tensor, q:torch.Tensor, absmax:torch.Tensor, table:tor
 
 # %% ../nbs/03_optim.ipynb #fs9
 def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float, sc:dict, chunk:int, part:int=0, parts:int=1,
-                decay:float=1.0): # the weight decay factor, applied to each chunk of `p` before its update
+                decay:float=1.0, # the weight decay factor, applied to each chunk of `p` before its update
+                sr_key:tuple|None=None): # (seed, step, parameter): round each chunk's new weights stochastically
     "`adamw_8bit_reference`'s update, `chunk` values at a time in the buffers `sc` (chunks `part`, `part + parts`, ...), bias correction folded into two scalars."
     (b1, b2), bs, eight = group['betas'], group['block_size'], 'exp_avg_q' in st
     signed, unsigned = _tables(True, p), _tables(False, p)
@@ -303,7 +333,7 @@ def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
     scales = lambda a: a.view(-1, 1).split(chunk // bs)
     pieces = zip(p.view(-1).split(chunk), p.grad.reshape(-1).split(chunk), (st['exp_avg_q'] if eight else st['exp_avg']).split(chunk),
                  scales(st['exp_avg_absmax']) if eight else itertools.repeat(None), st['exp_avg_sq_q'].split(chunk), scales(st['exp_avg_sq_absmax']))
-    for pc, gc, qm, am, qv, av in itertools.islice(pieces, part, None, parts):
+    for c, (pc, gc, qm, am, qv, av) in itertools.islice(enumerate(pieces), part, None, parts):
         k, w = pc.numel(), _cut(sc, qv.numel())
         m, v = w['m'], w['v']
         if eight: _dequantize_into(qm, am, signed[0], m, w, bs)
@@ -312,9 +342,13 @@ def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
         mk, vk, gc = m[:k], v[:k], gc.float()
         mk.lerp_(gc, 1 - b1); vk.addcmul_(gc, gc, value=1 - b2)
         d = torch.sqrt(vk, out=w['t'][:k]).add_(eps_c)
-        if decay != 1: pc.mul_(decay)
-        if p.dtype == torch.float32: pc.addcdiv_(mk, d, value=-lr_c)
-        else: pc.add_(torch.div(mk, d, out=d).to(p.dtype), alpha=-lr_c)
+        if sr_key is not None:  # the decay and the update in fp32, one rounding (the int32 buffer is free until quantizing)
+            u = torch.div(mk, d, out=d).mul_(-lr_c).add_(pc, alpha=decay)
+            pc.copy_(stochastic_round_bf16(u, None if is_traced(p) else _sr_generator(p.device, *sr_key, c), w['i'][:k]))
+        else:
+            if decay != 1: pc.mul_(decay)
+            if p.dtype == torch.float32: pc.addcdiv_(mk, d, value=-lr_c)
+            else: pc.add_(torch.div(mk, d, out=d).to(p.dtype), alpha=-lr_c)
         if k < m.numel(): m[k:].zero_(); v[k:].zero_()  # the padding of the last block, as the reference pads
         if eight: quantize_into(m, qm, am, table_s, w, bs)
         else: qm.copy_(mk)
@@ -339,7 +373,7 @@ def _in_threads(fn, n:int):
     for f in [pool.submit(fn, j) for j in range(n)]: f.result()
 
 @patch
-def _update_8bit(self:AdamW8bit, p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float, decay:float=1.0):
+def _update_8bit(self:AdamW8bit, p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float, decay:float=1.0, sr_key=None):
     "The 8-bit update of `p`: on a CPU on one intra-op thread, split over the pool when it is large enough; elsewhere as it is."
     bs, n = group['block_size'], st['exp_avg_sq_q'].numel()
     chunk, threads, cpu = chunk_values(p.device, bs), 1, p.device.type == 'cpu' and not is_traced(p)
@@ -349,7 +383,7 @@ def _update_8bit(self:AdamW8bit, p:torch.Tensor, st:dict, group:dict, step_size:
         threads = min(threads, math.ceil(n / chunk))
     def work(j):
         with torch.no_grad(), (_one_intraop_thread() if cpu else nullcontext()):
-            _adamw_8bit(p, st, group, step_size, bc2_sqrt, self._scratch(p, min(chunk, n), j), chunk, j, threads, decay)
+            _adamw_8bit(p, st, group, step_size, bc2_sqrt, self._scratch(p, min(chunk, n), j), chunk, j, threads, decay, sr_key)
     if threads == 1: work(0)
     else: _in_threads(work, threads)
 
@@ -361,22 +395,25 @@ def step(self:AdamW8bit, closure=None):
     loss = None
     if closure is not None:
         with torch.enable_grad(): loss = closure()
-    for group in self.param_groups:
+    for gi, group in enumerate(self.param_groups):
         b1, b2 = group['betas']
         lr, wd = group['lr'], group['weight_decay']
         for i, p in enumerate(group['params']):
             if p.grad is None: continue
             if p.grad.is_sparse: raise ValueError(f"AdamW8bit does not support sparse gradients (parameter {_describe(group, i, p)}).")
+            sr = group.get('master_weights') == 'bf16-sr'
+            if sr and p.dtype != torch.bfloat16: raise ValueError(_not_bf16(group, i, p))
             st = self.state[p]
             with _one_intraop_thread() if p.device.type == 'cpu' and not is_traced(p) else nullcontext():  # no OpenMP: see the pool
                 if not st: self._init_state(p, group, st)
                 st['step'] += 1
                 t = st['step']
                 step_size, bc2_sqrt = lr / (1 - b1 ** t), math.sqrt(1 - b2 ** t)
+                key = (group['seed'], t, gi, i) if sr else None  # the rounding's random bits, fixed by where and when
                 if 'exp_avg_sq' in st:
-                    if wd: p.mul_(1 - lr * wd)
-                    _adamw_fp32(p, st, group, step_size, bc2_sqrt)
-                else: self._update_8bit(p, st, group, step_size, bc2_sqrt, 1 - lr * wd)  # the decay applied chunk by chunk
+                    if wd and not sr: p.mul_(1 - lr * wd)
+                    _adamw_fp32(p, st, group, step_size, bc2_sqrt, key and (None if is_traced(p) else _sr_generator(p.device, *key)), 1 - lr * wd)
+                else: self._update_8bit(p, st, group, step_size, bc2_sqrt, 1 - lr * wd, key)  # the decay applied chunk by chunk
     return loss
 
 # %% ../nbs/03_optim.ipynb #ad16
@@ -449,3 +486,41 @@ def _adamw8bit_lever(target, kw:dict, model)->list:
     opt = kw.get('optimizer')
     if not (isinstance(opt, str) and opt.lower() == 'adamw'): return []
     return [("8-bit AdamW state (chapter 03)", dict(optimizer='adamw8bit'), 0.05)]
+
+# %% ../nbs/03_optim.ipynb #bf7
+class AdamW(AdamW8bit):
+    "`torch.optim.AdamW`'s arithmetic with fp32 moments (8 bytes of state per parameter), with `AdamW8bit`'s `master_weights` option."
+    def __init__(self, params, lr:float=1e-3, betas:tuple=(0.9, 0.999), eps:float=1e-8, weight_decay:float=0.01,
+                 master_weights:str|None=None, # None or 'bf16-sr', as `AdamW8bit`
+                 seed:int=0):
+        super().__init__(params, lr, betas, eps, weight_decay, min_8bit_size=2**62, master_weights=master_weights, seed=seed)
+
+def bf16_weights(model:nn.Module)->nn.Module:
+    "`model` with every floating parameter and buffer in bf16 (changed in place): the weights `master_weights='bf16-sr'` trains."
+    for mod in model.modules():
+        for n, p in list(mod.named_parameters(recurse=False)):
+            if p.is_floating_point(): setattr(mod, n, nn.Parameter(p.detach().to(torch.bfloat16), requires_grad=p.requires_grad))
+        for n, b in list(mod.named_buffers(recurse=False)):
+            if b.is_floating_point(): setattr(mod, n, b.to(torch.bfloat16))
+    return model
+
+# %% ../nbs/03_optim.ipynb #bf12
+def _adamw_bf16sr(params, lr, weight_decay, foreach): return AdamW(params, lr=lr, weight_decay=weight_decay, master_weights='bf16-sr')
+def _adamw8bit_bf16sr(params, lr, weight_decay, foreach): return AdamW8bit(params, lr=lr, weight_decay=weight_decay, master_weights='bf16-sr')
+for _f in (_adamw_bf16sr, _adamw8bit_bf16sr): _f.needs_bf16 = True  # chapter 01's planner refuses them where bf16 is emulated
+register_optimizer('adamw-bf16sr', _adamw_bf16sr)
+register_optimizer('adamw8bit-bf16sr', _adamw8bit_bf16sr)
+
+@patch(as_prop=True)
+def needs_bf16(self:AdamW8bit)->bool: return any(g.get('master_weights') == 'bf16-sr' for g in self.param_groups)
+
+# %% ../nbs/03_optim.ipynb #bf14b
+@register_lever
+def _bf16_weights_lever(target, kw:dict, model)->list:
+    "bf16 weights with stochastic rounding and 8-bit AdamW state, where the plan keeps fp32 weights and the device has bf16 arithmetic."
+    opt = kw.get('optimizer')
+    if not (isinstance(opt, str) and opt.lower().replace('-', '') in ('adamw', 'adamw8bit')) or kw.get('precision', 'fp32') != 'fp32': return []
+    if target.kind == 'cuda' and target.bf16_native is False: return []  # the planner would refuse it: emulated bf16
+    slow = 0.0 if target.kind == 'cuda' else 0.5
+    return [("bf16 weights with stochastic rounding + 8-bit AdamW state (chapter 03)",
+             dict(optimizer='adamw8bit-bf16sr', transform=bf16_weights, precision='bf16'), slow)]

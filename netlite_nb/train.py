@@ -24,14 +24,15 @@ from .strategies import apply_allocator_settings, load_strategy, pick_strategy, 
 from .checkpoint import (find_checkpoint, load_checkpoint, loader_generators, read_state, rng_state, save_checkpoint,
                                    seed_everything, set_rng_state, read_run_config, write_metrics)
 from .data import DataCheckError, check_batch, check_dataset
-from .lr_find import LRFinder, _check_range_test, range_test
+from .lr_find import LRFinder, _check_range_test, find_lr, range_test
 
 # %% auto #0
-__all__ = ['NOTEBOOK_PROGRESS', 'PrecisionPolicy', 'choose_precision', 'micro_batches', 'Callback', 'ProgressBar',
+__all__ = ['NOTEBOOK_PROGRESS', 'METRICS', 'PrecisionPolicy', 'choose_precision', 'micro_batches', 'Callback', 'ProgressBar',
            'register_notebook_progress', 'TensorBoardLogger', 'EarlyStopping', 'OOMReport', 'InjectOOM',
-           'SimulatedMemoryLimit', 'warmup_cosine', 'one_cycle', 'TrainOptions', 'TrainState', 'Trainer',
-           'NonFiniteError', 'usable_cores', 'torch_default_threads', 'explicit_threads', 'ThreadChoice',
-           'thread_candidates', 'choose_threads', 'time_threads', 'ThreadWatch']
+           'SimulatedMemoryLimit', 'warmup_cosine', 'one_cycle', 'EpochMetric', 'BalancedAccuracy', 'F1',
+           'binary_auroc', 'AUROC', 'MSE', 'MAE', 'R2', 'TrainOptions', 'TrainState', 'Trainer', 'NonFiniteError',
+           'infer_task', 'usable_cores', 'torch_default_threads', 'explicit_threads', 'ThreadChoice',
+           'thread_candidates', 'choose_threads', 'time_threads', 'ThreadWatch', 'OverfitReport']
 
 # %% ../nbs/07_train.ipynb #c009
 @dataclass
@@ -188,7 +189,7 @@ class EarlyStopping(Callback):
         better = self.best is None or (v < self.best - self.min_delta if self.mode == 'min' else v > self.best + self.min_delta)
         if better:
             self.best, self.wait = v, 0
-            if self.restore_best: self.best_weights = (t.step, _cpu_copy(t.model), _cpu_copy(t.ema) if t.ema is not None else None)
+            if self.restore_best: self.best_weights = (t.step, _cpu_copy(t.model), _cpu_copy(t.ema) if t.ema is not None else None, dict(t.last_metrics))
         else:
             self.wait += 1
             if self.wait >= self.patience:
@@ -196,9 +197,10 @@ class EarlyStopping(Callback):
                 t.log(f"early stopping: {self.monitor} has not improved for {self.patience} validations (best {self.best:.4f})")
     def after_fit(self, t):
         if not (self.restore_best and self.best_weights and self.wait): return  # the last validation was the best: nothing to undo
-        step, weights, ema = self.best_weights
+        step, weights, ema, metrics = self.best_weights
         t.model.load_state_dict(weights)
         if ema is not None: t.ema.load_state_dict(ema)
+        t.last_metrics = metrics  # what the run ends on is what it reports
         t.log(f"restored the weights of step {step}, the best {self.monitor} ({self.best:.4f}), from {self.wait} validations ago")
     def state_dict(self): return {'best': self.best, 'wait': self.wait}
     def load_state_dict(self, d): self.best, self.wait = d['best'], d['wait']
@@ -309,6 +311,114 @@ def _build_schedule(opt, sch, steps:int, warmup:int, min_lr_ratio:float):
 def _need(ok:bool, msg:str):
     if not ok: raise ValueError(msg)
 
+# %% ../nbs/07_train.ipynb #em01
+class EpochMetric:
+    "A validation metric over the whole epoch, torchmetrics' protocol: `reset()`, then `update(output, target)` per batch, then `compute()`."
+    name = 'metric'
+    def __init__(self): self.reset()
+    def reset(self): self.outs, self.ys = [], []
+    def update(self, out:torch.Tensor, y:torch.Tensor):
+        "Keep this batch's outputs and targets (on the CPU) for `compute`."
+        self.outs.append(out.detach().float().cpu()); self.ys.append(y.detach().cpu())
+    def compute(self)->float: raise NotImplementedError
+    def __repr__(self): return f"{type(self).__name__}()"
+
+def _is_epoch_metric(m)->bool: return all(callable(getattr(m, k, None)) for k in ('reset', 'update', 'compute'))
+
+# %% ../nbs/07_train.ipynb #em02
+def _class_preds(out:torch.Tensor)->torch.Tensor:
+    "Predicted classes: the arg-max over dim 1 (class dim for CE, also of sequences), or logit > 0 for a single output."
+    return (out[:, 0] > 0).long() if out.shape[1] == 1 else out.argmax(1)
+
+class _Confusion(EpochMetric):
+    "Counts of (target, predicted) pairs added up over the epoch (targets < 0, such as ignore_index -100, left out)."
+    def reset(self): self.cm = None
+    def update(self, out, y):
+        k = max(out.shape[1], 2)
+        p, y = _class_preds(out.detach()).flatten().cpu(), y.detach().flatten().long().cpu()
+        keep = y >= 0
+        cm = torch.bincount(y[keep] * k + p[keep], minlength=k * k).reshape(k, k)
+        self.cm = cm if self.cm is None else self.cm + cm
+
+class BalancedAccuracy(_Confusion):
+    "The mean recall over the classes present in the targets (scikit-learn's `balanced_accuracy_score`)."
+    name = 'balanced_accuracy'
+    def compute(self)->float:
+        support = self.cm.sum(1)
+        return float((self.cm.diag()[support > 0].double() / support[support > 0]).mean())
+
+# %% ../nbs/07_train.ipynb #em03
+class F1(_Confusion):
+    "F1 over the epoch: 'macro' (the mean over classes seen in targets or predictions), 'weighted' (by support) or 'binary' (class 1)."
+    name = 'f1'
+    def __init__(self, average:str='macro'):
+        _need(average in ('macro', 'weighted', 'binary'), f"F1's average must be 'macro', 'weighted' or 'binary', not {average!r}.")
+        self.average = average; super().__init__()
+    def compute(self)->float:
+        cm = self.cm.double(); tp = cm.diag()
+        denom = 2 * tp + (cm.sum(0) - tp) + (cm.sum(1) - tp)  # 2tp + fp + fn
+        f1 = torch.where(denom > 0, 2 * tp / denom.clamp(min=1), torch.zeros_like(tp))  # no sample and no prediction: 0, as scikit-learn
+        if self.average == 'binary': return float(f1[1])
+        seen = (cm.sum(0) + cm.sum(1)) > 0
+        if self.average == 'weighted': return float((f1 * cm.sum(1)).sum() / cm.sum())
+        return float(f1[seen].mean())
+    def __repr__(self): return f"F1(average={self.average!r})"
+
+# %% ../nbs/07_train.ipynb #em04
+def binary_auroc(scores:torch.Tensor, # higher = more likely positive
+                 positive:torch.Tensor, # bool: which samples are positive
+                )->float:
+    "The area under the ROC curve, exactly: the Mann-Whitney statistic with ties counted half (nan without both kinds)."
+    s, pos = scores.double().flatten(), positive.bool().flatten()
+    n1 = int(pos.sum()); n0 = len(pos) - n1
+    if n1 == 0 or n0 == 0: return math.nan
+    order = s.argsort()
+    _, inv, counts = torch.unique_consecutive(s[order], return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).double()
+    ranks = torch.empty_like(s); ranks[order] = (ends - (counts - 1) / 2)[inv]  # tied scores share their mean rank
+    return float((ranks[pos].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+class AUROC(EpochMetric):
+    "Area under the ROC curve over the epoch: binary on one logit or two classes, else one-vs-rest on the softmax, averaged over classes."
+    name = 'auroc'
+    def compute(self)->float:
+        out, y = torch.cat(self.outs), torch.cat(self.ys).long().flatten()
+        if out.shape[1] == 1: return binary_auroc(out[:, 0], y == 1)
+        p = out.softmax(1)
+        if out.shape[1] == 2: return binary_auroc(p[:, 1], y == 1)
+        return float(np.nanmean([binary_auroc(p[:, c], y == c) for c in range(out.shape[1]) if (y == c).any()]))
+
+# %% ../nbs/07_train.ipynb #em05
+def _as_output(y:torch.Tensor, out:torch.Tensor)->torch.Tensor:
+    "Targets in the output's shape: (N,) against (N, 1) would broadcast to N × N."
+    return y.reshape(out.shape) if y.shape != out.shape and y.numel() == out.numel() else y
+
+class _Sums(EpochMetric):
+    "Sums per output column over the epoch, in float64: count, targets, squared targets, squared and absolute errors."
+    def reset(self): self.s = None
+    def update(self, out, y):
+        o = out.detach().double().cpu(); y = _as_output(y.detach().cpu(), o).double()
+        o, y = o.reshape(len(o), -1), y.reshape(len(y), -1)
+        s = torch.stack([torch.full_like(y[0], len(y)), y.sum(0), (y * y).sum(0), ((y - o) ** 2).sum(0), (y - o).abs().sum(0)])
+        self.s = s if self.s is None else self.s + s
+
+class MSE(_Sums):
+    "Mean squared error over the epoch (over all outputs)."
+    name = 'mse'
+    def compute(self)->float: return float(self.s[3].sum() / self.s[0].sum())
+class MAE(_Sums):
+    "Mean absolute error over the epoch."
+    name = 'mae'
+    def compute(self)->float: return float(self.s[4].sum() / self.s[0].sum())
+class R2(_Sums):
+    "R², 1 − residual / total sum of squares around the epoch's mean, per output column, averaged (scikit-learn's `r2_score`)."
+    name = 'r2'
+    def compute(self)->float:
+        n, sy, syy, sse = self.s[:4]
+        return float((1 - sse / (syy - sy * sy / n)).mean())
+
+METRICS = {'f1': F1, 'balanced_accuracy': BalancedAccuracy, 'auroc': AUROC, 'mse': MSE, 'mae': MAE, 'r2': R2}  # by name: metrics=['f1']
+
 # %% ../nbs/07_train.ipynb #d001
 @dataclass
 class TrainOptions:
@@ -323,7 +433,7 @@ class TrainOptions:
     warmup:float=0.05                  # warmup length: a fraction of the run (<1) or a number of steps
     min_lr_ratio:float=0.0             # where the cosine ends, as a fraction of `lr`
     ema:float|None=None                # EMA decay of the weights (e.g. 0.999); validation and predict then use the EMA model
-    seed:int|None=0                    # seeds a fresh run at the start of `fit`
+    seed:int|None=None                 # seeds a fresh run at the start of `fit`; None: a seed drawn from torch's global generator (recorded)
     deterministic:bool=False           # ask PyTorch for deterministic kernels
     checkpoint_every:int|None=None     # optimizer steps between checkpoints (with a `run_dir`)
     keep_checkpoints:int=2             # newest checkpoints kept in the run directory
@@ -335,7 +445,8 @@ class TrainOptions:
     plan:bool=True                     # ask chapter 01's planner for `.plan` at the start of `fit`
     verbose:bool=True                  # print the run description, reports and notes
     on_nonfinite:str='stop'            # a nan/inf loss or gradient: 'stop' the run, or 'skip' that update (fp16: the GradScaler decides)
-    metrics:object=None                # more validation metrics: functions fn(output, target) -> mean, or a dict name -> fn
+    metrics:object=None                # more validation metrics: names ('f1', 'auroc', 'r2', ...), epoch-metric objects, functions fn(output, target) -> mean, or a dict
+    task:str|None=None                 # 'classification' or 'regression' (default loss MSE); None: read off the loss, else the targets
     monitor:str='valid_loss'           # the validation value that decides the best checkpoint (RUN_DIR/best); lower is better for losses
     keep_best:bool=True                # keep the best checkpoint by `monitor` beside the latest (with a `run_dir`)
     threads:object='auto'             # CPU threads: 'auto' (the fastest count, re-checked as the run goes), a number, or None (torch's as they are)
@@ -362,16 +473,26 @@ def _check_options(o:TrainOptions)->TrainOptions:
     _need(o.ema is None or (num(o.ema) and 0 < o.ema < 1), f"ema is a decay between 0 and 1 (e.g. 0.999), or None, not {o.ema!r}.")
     _need(o.on_nonfinite in ('stop', 'skip'), f"on_nonfinite must be 'stop' or 'skip', not {o.on_nonfinite!r}.")
     _need(o.threads in ('auto', None) or _positive_int(o.threads), f"threads must be 'auto', a whole number of at least 1, or None (torch's setting left alone), not {o.threads!r}.")
+    _need(o.task in (None, 'classification', 'regression'), f"task must be 'classification', 'regression' or None (read off the loss and the targets), not {o.task!r}.")
     _metric_fns(o.metrics)
     return o
 
+def _one_metric(f, named:bool=False): # named: a dict's value, whose key names it (a lambda is fine)
+    "(name, metric) of one entry of the metrics option: a name of `METRICS`, an object with update/compute/reset, or a named function."
+    if isinstance(f, str):
+        near = difflib.get_close_matches(f, list(METRICS), n=1)
+        _need(f in METRICS, f"metrics has no {f!r}{f' (did you mean {near[0]!r}?)' if near else ''}; by name it knows {', '.join(METRICS)}.")
+        return f, METRICS[f]()
+    if _is_epoch_metric(f): return getattr(f, 'name', None) or type(f).__name__.lower(), f
+    _need(callable(f) and (named or getattr(f, '__name__', '<lambda>') != '<lambda>'), f"metrics takes names ({', '.join(METRICS)}), objects with "
+          f"update/compute/reset (torchmetrics'), named functions fn(output, target) -> mean value, or a dict name -> any of those; not {f!r}.")
+    return f.__name__, f
+
 def _metric_fns(metrics)->dict:
-    "The metrics option as a dict name -> fn(output, target) -> mean value."
-    if metrics is None or isinstance(metrics, dict): return dict(metrics or {})
-    fs = [metrics] if callable(metrics) else list(metrics)
-    for f in fs: _need(callable(f) and getattr(f, '__name__', '<lambda>') != '<lambda>',
-                       f"metrics takes named functions fn(output, target) -> mean value, or a dict name -> fn (for a lambda), not {f!r}.")
-    return {f.__name__: f for f in fs}
+    "The metrics option as a dict name -> metric (an epoch metric object, or fn(output, target) -> mean value)."
+    if isinstance(metrics, dict): return {k: _one_metric(v, True)[1] for k, v in metrics.items()}
+    fs = [] if metrics is None else [metrics] if (callable(metrics) or isinstance(metrics, str)) else list(metrics)
+    return dict(_one_metric(f) for f in fs)
 
 # %% ../nbs/07_train.ipynb #op04
 def _resolve_options(kw:dict, s)->TrainOptions:
@@ -407,6 +528,7 @@ class TrainState:
     skipped:int=0                     # updates skipped for a non-finite loss or gradient (on_nonfinite='skip')
     rng_epoch:dict|None=None          # the random states at the start of the epoch: a resume rebuilds its shuffle from them
     gen_epoch:list|None=None          # ... and those of the loader's own generators
+    seed:int|None=None                # the seed the run started from: `seed=`, else drawn from torch's global generator
     best:dict|None=None               # the best validation so far by `monitor`: {'step': ..., monitor: value}
     history:list=field(default_factory=list)  # a record every `log_every` steps and after each validation (checkpoints: RUN_DIR/metrics.jsonl)
 
@@ -432,7 +554,7 @@ class Trainer:
     "Train `model` on `data` (`DataLoaders`, a `(train, valid)` pair of loaders, or one loader): precision by hardware, exact gradient accumulation, lossless checkpoints, OOM recovery."
     def __init__(self, model:nn.Module,
                  data, # what to train on: chapter 04's `DataLoaders` (any object with `.train` and `.valid`), a `(train, valid)` pair of loaders (`valid` may be None), or one loader or iterable of `(x, y)` batches (then no validation)
-                 loss_fn=None, # a mean-reduced loss(output, target); default cross-entropy
+                 loss_fn=None, # a mean-reduced loss(output, target); default cross-entropy (mean-squared error with task='regression')
                  optimizer=None, # anything chapter 01's `make_optimizer` takes; default the strategy's, else 'adamw'
                  strategy=None, # chapter 06 `Strategy`, its name, or 'auto'
                  callbacks=(),
@@ -447,7 +569,7 @@ class Trainer:
         self.device = torch.device(device or (s.device if s is not None else probe().device))
         self.run_dir = Path(run_dir) if run_dir else None
         self.data, (self.train_data, self.valid_data) = data, _split_data(data)
-        self.loss_fn = loss_fn or nn.CrossEntropyLoss()
+        self.loss_fn, self._default_loss = loss_fn or (nn.MSELoss() if self.opts.task == 'regression' else nn.CrossEntropyLoss()), loss_fn is None
         self.precision = choose_precision(self.device, precision or (s.precision if s is not None else None))
         self.notes, self.checkpointed, self._transforms, self._stats, self._sample = [], [], [], None, None
         self.model = self._place_model(model)
@@ -590,10 +712,10 @@ def resolved_config(self:Trainer)->dict:
         'data': {'loader_batch': s.loader_batch, 'train_batches': _len(self.train_data), 'valid_batches': _len(self.valid_data)},
         'device': str(self.device), 'precision': self.precision.name, 'precision_reason': self.precision.reason,
         'micro_batch': s.micro_batch, 'accum_steps': self.accum_steps, 'effective_batch': self.effective_batch, 'checkpointing': s.checkpointing,
-        'optimizer': {'class': type(self.opt).__name__, **g}, 'loss_fn': type(self.loss_fn).__name__,
-        'lr_find': self._lr_record, 'threads': [vars(c) for c in getattr(self, 'thread_choices', [])], 'metrics': list(_metric_fns(o.metrics)),
+        'optimizer': {'class': type(self.opt).__name__, **g}, 'loss_fn': type(self.loss_fn).__name__, 'task': self.opts.task or getattr(self, '_task', None),
+        'lr_find': self._lr_record, 'notes': list(self.notes), 'threads': [vars(c) for c in getattr(self, 'thread_choices', [])], 'metrics': list(_metric_fns(o.metrics)),
         'lr_schedule': o.lr_schedule, 'warmup': o.warmup, 'min_lr_ratio': o.min_lr_ratio, 'total_steps': s.total_steps, 'clip_grad': o.clip_grad, 'on_nonfinite': o.on_nonfinite,
-        'ema': o.ema, 'seed': o.seed, 'deterministic': o.deterministic, 'auto_recover_oom': o.auto_recover_oom, 'log_every': o.log_every,
+        'ema': o.ema, 'seed': s.seed, 'seed_given': o.seed is not None, 'deterministic': o.deterministic, 'auto_recover_oom': o.auto_recover_oom, 'log_every': o.log_every,
         'versions': {'torch': torch.__version__, 'netlite_nb': __version__}})
 
 @patch
@@ -862,6 +984,22 @@ def _log_step(self:Trainer, force=False):
                                     samples_per_s=sps, micro_batch=s.micro_batch, accum_steps=self.accum_steps)
     self._losses, self._log_t, self._log_samples = [], now, s.samples
 
+# %% ../nbs/07_train.ipynb #tk01
+_CLASS_LOSSES = (nn.CrossEntropyLoss, nn.NLLLoss, nn.BCEWithLogitsLoss, nn.BCELoss)
+_REGRESSION_LOSSES = (nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss, nn.HuberLoss, nn.GaussianNLLLoss, nn.PoissonNLLLoss)
+
+def infer_task(loss_fn, # the run's loss
+               y:torch.Tensor|None=None, # a batch of targets (for a loss of neither kind)
+               out:torch.Tensor|None=None, # the model's output for it
+              )->str:
+    "'classification' or 'regression', read off the loss, else off the targets (floats with the output's number of values: regression)."
+    if isinstance(loss_fn, _CLASS_LOSSES): return 'classification'
+    if isinstance(loss_fn, _REGRESSION_LOSSES): return 'regression'
+    floats = y is not None and torch.is_tensor(y) and y.is_floating_point()
+    return 'regression' if floats and (out is None or y.numel() == out.numel()) else 'classification'
+
+def _task_metrics(task:str)->dict: return {'mse': MSE(), 'mae': MAE(), 'r2': R2()} if task == 'regression' else {}
+
 # %% ../nbs/07_train.ipynb #g003
 @patch
 def _eval_forward(self:Trainer, model:nn.Module, xb:torch.Tensor)->torch.Tensor:
@@ -931,29 +1069,35 @@ def _check_running_stats(self:Trainer, model:nn.Module, xb, yb, out)->dict:
 @patch
 @torch.no_grad()
 def validate(self:Trainer, data=None, # an iterable of (x, y) batches; default the validation data
-             metrics:dict|None=None, # extra name -> fn(output, target) -> mean value
+             metrics:dict|None=None, # extra metrics, as the `metrics` option takes them
             )->dict:
-    "Loss (and accuracy, for class targets) on the validation data; appends a record to `history`."
+    "The loss and the task's metrics (accuracy for classes; MSE, MAE, R² for regression) over the validation data; appends a record to `history`."
     own, data = data is None, data if data is not None else self.valid_data
     if data is None: raise ValueError("No validation data: pass `data=` or give the Trainer a (train, valid) pair.")
-    model, metrics = self.eval_model, {**_metric_fns(self.opts.metrics), **(metrics or {})}
+    model, asked = self.eval_model, {**_metric_fns(self.opts.metrics), **_metric_fns(metrics)}
     was = model.training; model.eval()
-    tot, n, correct, extra, check = 0.0, 0, 0, {k: 0.0 for k in metrics}, {}
+    tot, n, correct, extra, check, classes = 0.0, 0, 0, {}, {}, False
     try:
         for i, (xb, yb) in enumerate(data):
             xb, yb = _to(xb, self.device), _to(yb, self.device)
             out = self._eval_forward(model, xb)
-            if i == 0: check = self._check_running_stats(model, xb, yb, out)
+            if i == 0:
+                check, self._task = self._check_running_stats(model, xb, yb, out), self.opts.task or infer_task(self.loss_fn, yb, out)
+                ms = {**_task_metrics(self._task), **asked}
+                for m in ms.values():
+                    if _is_epoch_metric(m): m.reset()
+                classes = self._task == 'classification' and out.ndim == 2 and out.shape[1] > 1 and yb.ndim == 1 and not yb.is_floating_point()
             k = len(yb)
             tot += self.loss_fn(out, yb).item() * k; n += k
-            if out.ndim == 2 and yb.ndim == 1 and not yb.is_floating_point(): correct += (out.argmax(1) == yb).sum().item()
-            for name, f in metrics.items(): extra[name] += float(f(out, yb)) * k
+            if classes: correct += (out.argmax(1) == yb).sum().item()
+            for name, f in ms.items():
+                if _is_epoch_metric(f): f.update(out, yb)
+                else: extra[name] = extra.get(name, 0.0) + float(f(out, yb)) * k  # a per-sample mean: weighted by the batch's samples
     finally: model.train(was)
     if n == 0: raise ValueError("The validation data gave no samples, so there is no validation loss to report: check that the "
                                 "validation set is not empty (a split of 0 samples, an empty folder), or train without one.")
-    res = {'valid_loss': tot / n}
-    if correct or (n and out.ndim == 2 and not yb.is_floating_point()): res['accuracy'] = correct / n
-    res.update({k: v / max(n, 1) for k, v in extra.items()})
+    res = {'valid_loss': tot / n, **({'accuracy': correct / n} if classes else {})}
+    res.update({k: extra[k] / n if k in extra else float(m.compute()) for k, m in ms.items()})
     self.last_metrics = res
     self._record(**res, **check)
     if own: self._keep_best(res)
@@ -964,6 +1108,7 @@ def validate(self:Trainer, data=None, # an iterable of (x, y) batches; default t
 @patch
 def _keep_best(self:Trainer, res:dict):
     "After a validation: when `res` is the best so far by `monitor`, note it in the state and have RUN_DIR/best saved beside the latest."
+    self._check_monitors(res)
     o, v = self.opts, res.get(self.opts.monitor)
     if v is None: return
     b = self.state.best
@@ -976,6 +1121,20 @@ def _keep_best(self:Trainer, res:dict):
 def _save_best(self:Trainer):
     "Write RUN_DIR/best (one checkpoint) when the last validation was the best so far."
     if self._best_due: self._best_due = False; self.save_checkpoint(self.run_dir / 'best', keep=1, history=False)
+
+@patch
+def _check_monitors(self:Trainer, res:dict):
+    "At the first validation: `monitor` and each callback's `monitor` must name a value of `res`; else a ValueError naming the closest."
+    if getattr(self, '_monitors_checked', False): return
+    self._monitors_checked = True
+    asks = [('Trainer(monitor=...)', self.opts.monitor)] + [(f"{type(c).__name__}(monitor=...)", c.monitor) for c in self.callbacks
+                                                             if isinstance(getattr(c, 'monitor', None), str)]
+    for who, m in asks:
+        if m in res: continue
+        near = difflib.get_close_matches(m, list(res), n=1, cutoff=0.3)
+        raise ValueError(f"{who} is {m!r}, but this run's validation reports {', '.join(map(repr, res))}"
+                         f"{f' (did you mean {near[0]!r}?)' if near else ''}: a name it does not report would keep no best checkpoint "
+                         "and stop nothing. Use one of those names (metrics=... adds more).")
 
 # %% ../nbs/07_train.ipynb #g005
 @patch
@@ -1332,7 +1491,9 @@ def _setup_run(self:Trainer, epochs, steps, resume):
     else:
         # a run that starts mid-epoch (after an earlier `fit(steps=...)`) counts that epoch's finished steps as done
         s.run_start, s.run_offset, self._ckpt = s.step, math.ceil(s.batch_in_epoch / s.window), None
-        if self.opts.seed is not None and s.step == 0: seed_everything(self.opts.seed, self.opts.deterministic)
+        if s.step == 0:  # without seed=, torch's generator decides: torch.manual_seed(s) before `fit` gives run s, as in plain PyTorch
+            s.seed = self.opts.seed if self.opts.seed is not None else self._drawn_seed()
+            seed_everything(s.seed, self.opts.deterministic)
     if steps is None:
         if epochs is None: raise ValueError("fit needs `epochs=` or `steps=`.")
         if self._steps_per_epoch() is None: raise ValueError("The training data has no length: give `steps=` instead of `epochs=`.")
@@ -1346,33 +1507,91 @@ def _setup_run(self:Trainer, epochs, steps, resume):
     if self.opts.plan and self.plan is None: self._initial_plan()
     self._save_config()
 
+# %% ../nbs/07_train.ipynb #g017s
+@patch
+def _drawn_seed(self:Trainer)->int:
+    "A seed from torch's global generator; in data-parallel training, process 0's for every process (a resume restores one set of random states)."
+    seed = [int(torch.randint(2**31 - 1, ()).item())]
+    if self.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized(): torch.distributed.broadcast_object_list(seed, src=0)
+    return seed[0]
+
 # %% ../nbs/07_train.ipynb #g017e
+_OFF = ("to skip the check: Trainer(check_data=False), `train.check_data: false` in a run configuration, "
+        "or `netlite train --no-data-check`")
+
 @patch
 def _check_data(self:Trainer):
-    "Chapter 04's `check_dataset` on the datasets behind the training and validation loaders, once per trainer (see above)."
-    if not self.opts.check_data or getattr(self, '_data_checked', False): return
+    "Targets the loss cannot take, then chapter 04's `check_dataset` on the training and validation datasets, once per trainer (see above)."
+    if getattr(self, '_data_checked', False): return
     self._data_checked = True
-    if not isinstance(self.loss_fn, (nn.CrossEntropyLoss, nn.NLLLoss)): return
+    self._check_targets()  # a wrong loss for the targets is not bad data: it stops the run with or without the check
+    if not self.opts.check_data or not isinstance(self.loss_fn, (nn.CrossEntropyLoss, nn.NLLLoss)): return
+    reports = {}
     for data, name in ((self.train_data, 'the training data'), (self.valid_data, 'the validation data')):
         ds = getattr(data, 'dataset', None)
         if ds is None or not _len(ds) or not hasattr(ds, '__getitem__'): continue
         named, width = len(getattr(ds, 'classes', None) or []), self._output_width(ds[0][0])
         k = min(named, width) if named and width else (named or width)  # labels must be classes the model can answer
-        try: check_dataset(ds, num_classes=k, name=name, max_items=512, classes_missing='warn', sample_labels=True)
-        except DataCheckError as e:
-            raise DataCheckError(f"{e} (Checked at the start of fit; to skip the check: Trainer(check_data=False), "
-                                 "`train.check_data: false` in a run configuration, or `netlite train --no-data-check`.)") from None
+        try: reports[name] = check_dataset(ds, num_classes=k, name=name, max_items=512, classes_missing='ignore', sample_labels=True,
+                                           ignore_index=getattr(self.loss_fn, 'ignore_index', None))
+        except DataCheckError as e: raise DataCheckError(f"{e} (Checked at the start of fit; {_OFF}.)") from None
+    self._compare_label_sets(reports)
+
+# %% ../nbs/07_train.ipynb #g017k
+@patch
+def _compare_label_sets(self:Trainer, reports:dict):
+    "Warn about one-label parts and classes in one part only (complete counts); note the classes neither part has (a chosen subset)."
+    tr, va = reports.get('the training data'), reports.get('the validation data')
+    say = lambda m: warnings.warn(f"{m} (Checked at the start of fit; {_OFF}.)", stacklevel=5)
+    for name, r in reports.items():
+        if r.complete and sum(c > 0 for c in r.counts) == 1: say(f"All items of {name} have one label, {r.counts.index(max(r.counts))}: a model would learn to always answer it.")
+    if tr is None or not tr.complete or not tr.counts: return
+    has = lambda r, c: r is not None and c < len(r.counts) and r.counts[c] > 0
+    names = lambda cs: ', '.join(map(str, cs[:8])) + (' …' if len(cs) > 8 else '')
+    neither = [c for c in range(len(tr.counts)) if not has(tr, c) and (va is None or not va.complete or not has(va, c))]
+    only_valid = [c for c in range(len(tr.counts)) if not has(tr, c) and has(va, c)]
+    only_train = [c for c in range(len(tr.counts)) if has(tr, c) and va is not None and va.complete and not has(va, c)]
+    if neither: self.notes.append(f"classes {names(neither)} have no items in the training{'' if va is None else ' or validation'} data: "
+                                  "a chosen subset of the model's classes, whose outputs this run never trains")
+    if only_valid: say(f"Classes {names(only_valid)} are in the validation data but not in the training data: the model is scored on classes it never sees. Fix the split (stratify it).")
+    if only_train: say(f"Classes {names(only_train)} have training items but no validation items: their errors are never measured. A stratified split keeps every class in both.")
+
+# %% ../nbs/07_train.ipynb #g017l
+@patch
+def _check_targets(self:Trainer):
+    "Targets the loss cannot take, read off the first training item: float targets without a loss_fn, and regression targets shaped unlike the output."
+    ds = getattr(self.train_data, 'dataset', None)
+    if ds is None or not _len(ds) or not hasattr(ds, '__getitem__'): return
+    x, y = ds[0][0], torch.as_tensor(ds[0][1])
+    out = self._output(x)
+    if out is None: return
+    self._task = self.opts.task or infer_task(self.loss_fn, y[None], out)
+    soft = y.is_floating_point() and y.ndim >= 1 and out.ndim >= 2 and y.shape[0] == out.shape[1] > 1
+    if self._default_loss and self._task == 'classification' and y.is_floating_point() and not soft:
+        raise ValueError(f"No loss_fn was given, so the trainer uses cross-entropy, which takes integer class labels (or class probabilities as "
+                         f"wide as the output); these targets are floats of shape {tuple(y.shape)} per item against an output of {tuple(out.shape[1:])}. "
+                         "For regression, pass task='regression' (mean-squared error; MSE, MAE and R² reported) or loss_fn=nn.MSELoss(); "
+                         "for classification, give the class of each item as an integer (a long tensor).")
+    if self._task == 'regression' and tuple(y.shape) != tuple(out.shape[1:]) and y.numel() == out[0].numel():
+        raise ValueError(f"The targets have shape {tuple(y.shape)} per item and the model's output {tuple(out.shape[1:])}: {type(self.loss_fn).__name__} "
+                         "would broadcast a batch of them to N × N and train on the wrong numbers. Make them alike: targets [N, 1] "
+                         "(y.unsqueeze(1)) for an output [N, 1], or squeeze the output.")
 
 # %% ../nbs/07_train.ipynb #g017i
 @patch
 @torch.no_grad()
-def _output_width(self:Trainer, x)->int|None:
-    "How many classes the model answers: its output's width for the one sample `x` (evaluation mode: no dropout drawn), else None."
+def _output(self:Trainer, x)->torch.Tensor|None:
+    "The model's output for the one sample `x` (evaluation mode: no dropout drawn), or None if the model cannot take it as it is."
     was = self.model.training; self.model.eval()
-    try: out = self.model(_to(torch.as_tensor(x), self.device).unsqueeze(0))
+    try: return self.model(_to(torch.as_tensor(x), self.device).unsqueeze(0))
     except Exception: return None  # a model that cannot take this sample fails at the first step, with its own error
     finally: self.model.train(was)
-    return out.shape[1] if out.ndim == 2 else None
+
+@patch
+def _output_width(self:Trainer, x)->int|None:
+    "How many classes the model answers: dim 1 of its output for `x` (also of sequence outputs [1, C, T]), else None."
+    out = self._output(x)
+    return out.shape[1] if out is not None and out.ndim >= 2 else None
 
 # %% ../nbs/07_train.ipynb #g018
 @patch
@@ -1590,17 +1809,22 @@ def lr_find(self:Trainer, start_lr:float=1e-7, end_lr:float=10.0, num_steps:int=
             width:float=0.25, # smoothing: σ of `smooth_losses`' centred window, in decades of learning rate
             diverge:float=4.0, # stop once the smoothed loss is this many times its lowest
             rule:str='steepest>=min/10', # how the suggestion is read off the curve (chapter 06c)
+            retry:bool=True, # a sweep with no real fall: a slower one, then the default rate (chapter 06c's `find_lr`); False: one sweep, as read
            )->LRFinder:
-    "Chapter 06c's `range_test` on this trainer's model, optimizer and data; the trainer is left exactly as it was."
+    "Chapter 06c's range test on this trainer's model, optimizer and data, knowing when it failed; the trainer is left exactly as it was."
     _check_range_test(start_lr, end_lr, num_steps, width, rule)
     self._resolve_sizes()
-    snap = self._snapshot()
-    self._hooks, self.opts = _hooks([]), replace(self.opts, on_nonfinite='stop')  # the sweep is not part of the run
-    try: return range_test(self._lr_step(), start_lr, end_lr, num_steps, width, diverge, rule)
-    finally:
-        mb = self.state.micro_batch
-        self._restore(snap)
-        self.state.micro_batch = mb  # an out-of-memory error in the sweep halved it: that holds for the run too
+    def sweep(lo, hi, n):
+        snap = self._snapshot()
+        self._hooks, self.opts = _hooks([]), replace(self.opts, on_nonfinite='stop')  # the sweep is not part of the run
+        try: return range_test(self._lr_step(), lo, hi, n, width, diverge, rule)
+        finally:
+            mb = self.state.micro_batch
+            self._restore(snap)
+            self.state.micro_batch = mb  # an out-of-memory error in the sweep halved it: that holds for the run too
+    if not retry: return sweep(start_lr, end_lr, num_steps)
+    s = self.strategy
+    return find_lr(sweep, start_lr, end_lr, num_steps, fallback=s.lr if s is not None and s.lr else 1e-3)
 
 # %% ../nbs/07_train.ipynb #lr16
 @patch
@@ -1622,7 +1846,72 @@ def _auto_lr(self:Trainer, resume):
     self.lr_found = self.lr_find()
     self._lr_record = self.lr_found.summary()
     self._set_lr(self.lr_found.suggestion)
+    if self.lr_found.sweeps > 1: self.notes.append(f"lr_find: {self.lr_found.decision}")  # a retry or a fallback is part of the run's story
     self.log(repr(self.lr_found))
     if self.opts.verbose and frontend() != 'text':
         from IPython.display import display  # a notebook, or nbdev-test: the curve, as a picture
         display(self.lr_found)
+
+# %% ../nbs/07_train.ipynb #of01
+@dataclass
+class OverfitReport:
+    "What `Trainer.overfit` found: whether the model fitted a small subset, with the numbers."
+    n:int              # samples in the subset
+    steps:int          # optimizer steps taken (it stops once fitted)
+    start_loss:float   # the loss on the subset before
+    end_loss:float     # after
+    accuracy:float|None  # classification: the share of the subset predicted right at the end
+    fitted:bool
+    verdict:str        # the sentence
+    def __repr__(self): return f"overfit(n={self.n}): {self.verdict}"
+
+# %% ../nbs/07_train.ipynb #of02
+@patch
+def _subset(self:Trainer, n:int)->list:
+    "The first `n` training samples, as loader batches (cut to `n`), read without moving the training loader's random state."
+    rng, gens, out, k = rng_state(), [g.get_state() for g in loader_generators(self.train_data)], [], 0
+    try:
+        for xb, yb in self.train_data:
+            take = min(n - k, len(yb)); out.append((xb[:take], yb[:take])); k += take
+            if k >= n: break
+    finally:
+        set_rng_state(rng)
+        for g, s in zip(loader_generators(self.train_data), gens): g.set_state(s)
+    return out
+
+@patch
+@torch.no_grad()
+def _subset_score(self:Trainer, batches:list)->tuple[float, float|None]:
+    "(mean loss, accuracy or None) of the model on `batches`, in evaluation mode."
+    outs = [(self._eval_forward(self.model, _to(x, self.device)), _to(y, self.device)) for x, y in batches]
+    n = sum(len(y) for _, y in outs); loss = sum(self.loss_fn(o, y).item() * len(y) for o, y in outs) / n
+    cls = all(o.ndim == 2 and o.shape[1] > 1 and y.ndim == 1 and not y.is_floating_point() for o, y in outs)
+    return loss, (sum((o.argmax(1) == y).sum().item() for o, y in outs) / n if cls else None)
+
+# %% ../nbs/07_train.ipynb #of03
+@patch
+def overfit(self:Trainer, n:int=128, # training samples to fit
+            steps:int=300, # the most optimizer steps (each on all `n`); it stops once fitted
+            lr:float|None=None, # default the trainer's rate
+           )->OverfitReport:
+    "Train on `n` training samples only and say whether the model and data path can fit them; the trainer is left exactly as it was."
+    _need(_positive_int(n) and _positive_int(steps), f"overfit needs whole numbers n >= 1 and steps >= 1, not n={n!r}, steps={steps!r}.")
+    self._resolve_sizes()
+    batches, snap = self._subset(n), self._snapshot()
+    n = sum(len(y) for _, y in batches)
+    self._hooks, self.opts = _hooks([]), replace(self.opts, on_nonfinite='stop')  # not part of the run
+    try:
+        for g, b in zip(self.opt.param_groups, self._base_lrs): g['lr'] = b if lr is None else lr * b / self._base_lrs[0]
+        start, acc = self._subset_score(batches); end, done = start, 0
+        while done < steps:
+            self.model.train(); self._train_window(batches); done += 1
+            if done % 10 == 0 or done == steps:
+                end, acc = self._subset_score(batches)
+                if (acc == 1.0 if acc is not None else end <= 0.01 * start): break
+    finally: self._restore(snap)
+    fitted = acc == 1.0 if acc is not None else end <= 0.01 * start
+    got = f"the loss went from {start:.4g} to {end:.4g} in {done} steps" + (f", {round(acc * n)}/{n} right" if acc is not None else '')
+    verdict = (f"fits: {got}. The model and the data path can learn; a run that does not is about the data's size, the rate or the schedule."
+               if fitted else f"does NOT fit {n} samples: {got}. Check that the targets match their inputs (the same order, the same "
+               "transform), the model's output width against the classes, the loss, and the rate (overfit(lr=...) tries another).")
+    return OverfitReport(n, done, start, end, acc, fitted, verdict)

@@ -213,3 +213,56 @@ def test_a_notebook_run_by_nbclient_keeps_the_dashboard_s_final_picture(tmp_path
     data = views[0]['data']
     assert base64.b64decode(data['image/png'])[:8] == PNG              # the final picture, for viewers without widgets
     assert 'step 48/48' in data['text/plain'] and 'cpu · fp32' in data['text/plain']
+
+
+# --- issue 38: the views people look at after a run (chapter 08b) --------------------------------------------------------------
+
+def _blob_run(run_dir, lr=3e-3, **kw):
+    import torch
+    from torch.utils.data import DataLoader
+    from netlite_nb.fixtures import blobs, mlp
+    ds = blobs(1024)
+    tr, va = torch.utils.data.random_split(ds, [768, 256], generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    return Trainer(mlp(), (DataLoader(tr, 64, shuffle=True), DataLoader(va, 64)), lr=lr, run_dir=run_dir, seed=0, device='cpu',
+                   progress=False, verbose=False, plan=False, **kw).fit(epochs=2)
+
+
+def test_epoch_table_from_a_trainer_and_from_its_run_directory(tmp_path):
+    from netlite_nb.views import epoch_table
+    t = _blob_run(tmp_path / 'a', metrics=['f1'])
+    tab = epoch_table(t)
+    assert tab.columns == ['epoch', 'step', 'valid_loss', 'accuracy', 'f1', 'time'] and len(tab.rows) == 2
+    assert epoch_table(tmp_path / 'a').rows == tab.rows and '<td>' in tab._repr_html_()
+    assert str(tab).splitlines()[2].split()[0] == '2'
+
+
+def test_results_table_prints_each_epoch_once_in_a_terminal(tmp_path, capsys):
+    from netlite_nb.views import ResultsTable
+    _blob_run(None, callbacks=[ResultsTable()])
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.strip()]
+    assert lines[0].split()[:3] == ['epoch', 'step', 'valid_loss'] and [l.split()[0] for l in lines[1:]] == ['1', '2']
+
+
+def test_confusion_matrix_and_top_losses_agree_with_a_hand_count(tmp_path):
+    import torch, torch.nn.functional as F
+    from netlite_nb.views import confusion_matrix, top_losses
+    t = _blob_run(None)
+    x = torch.cat([xb for xb, _ in t.valid_data]); y = torch.cat([yb for _, yb in t.valid_data])
+    out = t.predict(x)
+    cm = confusion_matrix(t)
+    hand = torch.zeros(10, 10, dtype=torch.long)
+    for a, b in zip(y.tolist(), out.argmax(1).tolist()): hand[a, b] += 1
+    assert torch.equal(cm.counts, hand) and cm._repr_png_().startswith(PNG)
+    top = top_losses(t, k=4)
+    per = F.cross_entropy(out, y, reduction='none')
+    assert top.index == per.argsort(descending=True)[:4].tolist() and top._repr_png_().startswith(PNG)
+
+
+def test_compare_runs_draws_one_line_per_run_from_metrics_jsonl(tmp_path):
+    from netlite_nb.views import compare_runs
+    for lr in (1e-3, 1e-2): _blob_run(tmp_path / f"lr{lr:g}", lr=lr)
+    fig = compare_runs(tmp_path / 'lr0.001', tmp_path / 'lr0.01', metric='accuracy')
+    assert [l.get_label() for l in fig.axes[0].get_lines()] == ['lr0.001', 'lr0.01']
+    assert all(len(l.get_xdata()) == 2 for l in fig.axes[0].get_lines())
+    with pytest.raises(ValueError, match="None of the runs recorded 'val_acc'"): compare_runs(tmp_path / 'lr0.001', metric='val_acc')

@@ -190,3 +190,151 @@ def test_trained_biases_are_saved_with_the_adapters_and_resume_exactly(tmp_path)
     other = add_lora(copy.deepcopy(base), targets=['0'], rank=4, dropout=0.2, train=['3'])   # bias='none': the same base weights
     other.load_state_dict(saved)                                               # not refused as another base, and the bias comes along
     assert torch.equal(other[0].base.bias, saved['0.base.bias'])
+
+
+# recurrent layers (issue 38, item 10) and quantized bases, peft's format (issue 41)
+import importlib.util, json
+from netlite_nb.lora import QuantizedWeight, dequantize_4bit, load_peft, quantize_4bit, save_peft
+import safetensors.torch as st
+
+
+class _Recurrent(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.rnn = kind(12, 16, num_layers=2, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(32, 5)
+    def forward(self, x): return self.head(self.rnn(x)[0].mean(1))
+
+
+@pytest.mark.parametrize('kind', [nn.RNN, nn.GRU, nn.LSTM])
+def test_recurrent_layers_get_adapters_that_train_and_merge(kind):
+    torch.manual_seed(0)
+    model = _as_trained(add_lora(_Recurrent(kind), rank=2))
+    assert model.lora_summary.adapted['rnn'] == '8 weight matrices (parametrization)'  # 2 layers x 2 directions x (ih, hh)
+    x = torch.randn(3, 7, 12)
+    model(x).sum().backward()
+    grads = [n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0]
+    assert sum('rnn.' in n for n in grads) == 16  # every adapter of the recurrent layer receives a gradient
+    with torch.no_grad():
+        flat = merge_lora(copy.deepcopy(model))
+        assert type(flat.rnn) is kind
+        torch.testing.assert_close(flat(x), model(x), atol=1e-5, rtol=1e-5)
+
+
+def _bnb_4bit_on_cpu():
+    if importlib.util.find_spec('bitsandbytes') is None: return False
+    try: import bitsandbytes.functional as bf; bf.quantize_4bit(torch.randn(64), blocksize=64, quant_type='nf4')
+    except Exception: return False
+    return True
+
+
+@pytest.mark.skipif(not _bnb_4bit_on_cpu(), reason='bitsandbytes does not quantize to 4 bits on this CPU')
+@pytest.mark.parametrize('quant_type', ['nf4', 'fp4'])
+@pytest.mark.parametrize('shape,blocksize', [((40, 37), 64), ((64, 128), 64), ((33, 64), 128), ((7, 3, 3, 3), 64)])
+def test_same_4bit_codes_and_values_as_bitsandbytes(quant_type, shape, blocksize):
+    import bitsandbytes.functional as bf
+    w = torch.randn(*shape, generator=torch.Generator().manual_seed(1)) * 0.05
+    w.view(-1)[5] = 0.0  # a zero, and a value exactly at a block's absmax
+    q, a = quantize_4bit(w, quant_type, blocksize, backend='netlite_nb')
+    qb, sb = bf.quantize_4bit(w, blocksize=blocksize, quant_type=quant_type)
+    assert torch.equal(q, qb.view(-1)) and torch.equal(a, sb.absmax)
+    assert torch.equal(dequantize_4bit(q, a, shape, quant_type, blocksize), bf.dequantize_4bit(qb, sb))
+
+
+def test_4bit_codes_round_to_the_nearest_level():
+    from netlite_nb.lora import NF4
+    levels = torch.tensor(NF4)
+    w = torch.linspace(-1, 1, 2001)
+    q, a = quantize_4bit(w, 'nf4', 2001, backend='netlite_nb')
+    assert a.item() == 1.0
+    got = dequantize_4bit(q, a, w.shape, 'nf4', 2001)
+    best = (w[:, None] - levels[None]).abs().min(1).values
+    assert torch.allclose((got - w).abs(), best, atol=1e-7)
+
+
+@pytest.mark.parametrize('bits,double_quant', [(4, False), (4, True), (8, False)])
+def test_quantized_base_trains_merges_and_checkpoints_adapters_only(bits, double_quant):
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Identity(), nn.Flatten(),
+                         nn.Linear(16 * 8 * 8, 64), nn.ReLU(), nn.Linear(64, 4))
+    model = add_lora(copy.deepcopy(base), rank=4, base_bits=bits, double_quant=double_quant, bias='lora_only')
+    assert all(getattr(model[i].base, 'weight') is None for i in (0, 4, 6))  # the fp32 weights are gone
+    x, y = torch.randn(5, 3, 8, 8), torch.randint(0, 4, (5,))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(3):
+        opt.zero_grad(); nn.functional.cross_entropy(model(x), y).backward(); opt.step()
+    # the quantized layer computes the layer with its dequantized weight, and its gradients are those of that dense layer
+    dense = copy.deepcopy(model)
+    for i in (0, 4, 6):
+        dense[i].base.weight = nn.Parameter(dense[i].qweight.dequantize(), requires_grad=False); del dense[i].qweight
+    xg = x.clone().requires_grad_(); xd = x.clone().requires_grad_()
+    model.zero_grad(); dense.zero_grad()
+    model(xg).square().sum().backward(); dense(xd).square().sum().backward()
+    torch.testing.assert_close(xg.grad, xd.grad)
+    torch.testing.assert_close(model[4].lora_A.grad, dense[4].lora_A.grad)
+    with torch.no_grad():
+        torch.testing.assert_close(merged(model)(x), model(x), atol=1e-5, rtol=1e-5)
+    sd = model.state_dict()
+    assert sorted(k for k in sd if k.rsplit('.', 1)[-1] not in ('lora_A', 'lora_B')) == ['0.base.bias', '4.base.bias', '6.base.bias', 'lora_base_sha256']
+    twin = add_lora(copy.deepcopy(base), rank=4, base_bits=bits, double_quant=double_quant, bias='lora_only')
+    twin.load_state_dict(sd)
+    with torch.no_grad(): assert torch.equal(twin(x), model(x))
+    with pytest.raises(ValueError, match='other base weights'):
+        add_lora(copy.deepcopy(base), rank=4, bias='lora_only').load_state_dict(sd)
+
+
+def test_planned_weights_of_a_4bit_base_are_a_fifth_of_fp32_lora():
+    torch.manual_seed(0)
+    wide = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    batch = (torch.randn(16, 512), torch.randint(0, 10, (16,)))
+    held = lambda m: sum(t.numel() * t.element_size() for t in (*m.parameters(), *m.buffers()))
+    p32, p4 = plan_memory(wide, batch, transform=add_lora), plan_memory(wide, batch, transform=partial(add_lora, base_bits=4))
+    assert p32.breakdown['weights'] == held(add_lora(copy.deepcopy(wide)))
+    assert p4.breakdown['weights'] == held(add_lora(copy.deepcopy(wide), base_bits=4))
+    assert p4.breakdown['weights'] <= 0.2 * p32.breakdown['weights']
+    q = add_lora(copy.deepcopy(wide), base_bits=4)
+    assert abs(plan_memory(q, batch).peak - measured_step_peak(q, batch)) <= 0.02 * measured_step_peak(q, batch)
+
+
+def test_peft_files_round_trip_and_refuse_what_they_cannot_hold(tmp_path):
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4))
+    model = _as_trained(add_lora(copy.deepcopy(base), rank=2, alpha=5.0))
+    save_peft(model, tmp_path / 'a')
+    cfg = json.loads((tmp_path / 'a' / 'adapter_config.json').read_text())
+    assert (cfg['peft_type'], cfg['r'], cfg['lora_alpha'], cfg['target_modules']) == ('LORA', 2, 5.0, ['0', '3'])
+    keys = st.load_file(tmp_path / 'a' / 'adapter_model.safetensors')
+    assert keys['base_model.model.0.lora_B.weight'].shape == (8, 2, 1, 1) and keys['base_model.model.3.lora_A.weight'].shape == (2, 288)
+    assert sorted(p.name for p in (tmp_path / 'a').iterdir()) == ['adapter_config.json', 'adapter_model.safetensors']  # no temporaries left
+    back = load_peft(copy.deepcopy(base), tmp_path / 'a')
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad(): assert torch.equal(back(x), model(x))
+    with pytest.raises(ValueError, match='Linear and Conv layers only'):
+        save_peft(add_lora(copy.deepcopy(base), rank=2, train=['3']), tmp_path / 'b')
+    cfg['use_dora'] = True; (tmp_path / 'a' / 'adapter_config.json').write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="use_dora"): load_peft(copy.deepcopy(base), tmp_path / 'a')
+
+
+@pytest.mark.skipif(importlib.util.find_spec('peft') is None, reason='peft is not installed (an optional check)')
+def test_peft_reads_our_files_and_writes_files_we_read(tmp_path):
+    import peft
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 4))
+    ours = _as_trained(add_lora(copy.deepcopy(base), rank=4, alpha=8.0))
+    save_peft(ours, tmp_path / 'ours')
+    theirs = peft.PeftModel.from_pretrained(copy.deepcopy(base), tmp_path / 'ours').eval()
+    x = torch.randn(3, 20)
+    with torch.no_grad(): torch.testing.assert_close(theirs(x), ours(x))
+    made = peft.get_peft_model(copy.deepcopy(base), peft.LoraConfig(r=2, lora_alpha=6, target_modules=['2']))
+    with torch.no_grad():
+        for n, p in made.named_parameters():
+            if 'lora_' in n: p.normal_()
+    made.save_pretrained(tmp_path / 'theirs')
+    back = load_peft(copy.deepcopy(base), tmp_path / 'theirs')
+    with torch.no_grad(): torch.testing.assert_close(back(x), made(x))
+
+
+def test_modules_that_train_in_full_keep_their_weights_under_a_quantized_base():
+    model = add_lora(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)), base_bits=4, train=['2'])
+    assert model[0].base.weight is None and hasattr(model[0], 'qweight')
+    assert not hasattr(model[2], 'qweight') and model[2].base.weight.requires_grad

@@ -386,3 +386,92 @@ def test_8bit_step_runs_in_a_forked_child_of_a_process_that_ran_parallel_ops():
         assert isinstance(got, bytes), got
         assert got == p.detach().numpy().tobytes()
     finally: torch.set_num_threads(threads)
+
+
+# bf16 weights with stochastic rounding (issue 41)
+from netlite_nb.optim import AdamW, bf16_weights, stochastic_round_bf16
+
+
+def _rounding_z(rnd, n=20_000, reps=100, seed=0)->float:
+    "z-score of the mean error of `rnd`, in units of bf16's gap, over `reps` roundings of `n` values in the lower half of their gap."
+    g = torch.Generator().manual_seed(seed)
+    high = torch.randint(100 << 7, 150 << 7, (n,), generator=g) | (torch.randint(0, 2, (n,), generator=g) << 15)  # sign, exponent, 7 bits
+    low = torch.randint(1, 2**15, (n,), generator=g)  # a fraction f < 1/2 of the gap: round-to-nearest always rounds down
+    x = ((high << 16) | low).to(torch.int32).view(torch.float32)
+    f = low.double() / 2**16
+    gap = ((high << 16) + 2**16).to(torch.int32).view(torch.float32).double().abs() - (high << 16).to(torch.int32).view(torch.float32).double().abs()
+    err = sum(((rnd(x.clone(), g).double().abs() - x.double().abs()) / gap).sum() for _ in range(reps))
+    return (err / (reps * (f * (1 - f)).sum()).sqrt()).item()
+
+
+def test_stochastic_rounding_is_unbiased_and_lands_on_bf16_neighbours():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(10_000, generator=g)
+    r = stochastic_round_bf16(x.clone(), g)
+    assert torch.equal(r, r.to(torch.bfloat16).float())  # bf16 values
+    lo = x.view(torch.int32).bitwise_and(-2**16).view(torch.float32)
+    hi = (x.view(torch.int32).bitwise_and(-2**16) + 2**16).view(torch.float32)
+    assert ((r == lo) | (r == hi)).all()
+    assert abs(_rounding_z(stochastic_round_bf16)) < 4.5
+    assert abs(_rounding_z(lambda x, g: x.to(torch.bfloat16).float())) > 10  # the test can see a bias: round-to-nearest's
+
+
+def _pulled(make, dtype, n=4096, steps=300):
+    w = nn.Parameter(torch.ones(n, dtype=dtype))
+    opt = make([w])
+    for _ in range(steps):
+        w.grad = torch.ones_like(w); opt.step()
+    return w.detach().float()
+
+
+@pytest.mark.parametrize('cls,n', [(AdamW, 4096), (AdamW8bit, 4096), (AdamW8bit, 3 * 2**16 + 100)])
+def test_bf16_sr_keeps_updates_that_round_to_nearest_loses(cls, n):
+    "Updates 1/78 of bf16's spacing at 1.0: round-to-nearest never moves, stochastic rounding moves as fp32 does (several chunks and threads too)."
+    kw = dict(lr=1e-4, weight_decay=0)
+    fp32 = 1 - _pulled(lambda ps: cls(ps, **kw), torch.float32, n).mean()
+    assert torch.equal(_pulled(lambda ps: cls(ps, **kw), torch.bfloat16, n), torch.ones(n))
+    with torch.no_grad():
+        old = torch.get_num_threads(); torch.set_num_threads(2)
+        try: sr = 1 - _pulled(lambda ps: cls(ps, master_weights='bf16-sr', **kw), torch.bfloat16, n).mean()
+        finally: torch.set_num_threads(old)
+    assert abs(sr - fp32) < 0.03 * fp32, (sr, fp32)
+
+
+def test_bf16_sr_repeats_with_its_seed_and_resumes_bit_exactly():
+    data = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(32, 64, generator=data).bfloat16(), torch.randint(0, 10, (32,), generator=data)) for _ in range(6)]
+    def run(seed, batches, state=None, model=None):
+        m = model or bf16_weights(_mlp())
+        opt = AdamW8bit(m.parameters(), lr=3e-3, min_8bit_size=1024, master_weights='bf16-sr', seed=seed)
+        if state is not None: opt.load_state_dict(state)
+        for x, y in batches: opt.zero_grad(); F.cross_entropy(m(x).float(), y).backward(); opt.step()
+        return m, opt
+    same = lambda a, b: all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    a, b, c = run(0, batches)[0], run(0, batches)[0], run(1, batches)[0]
+    assert same(a, b) and not same(a, c)
+    half, opt = run(0, batches[:3])
+    buf = io.BytesIO(); torch.save(opt.state_dict(), buf); buf.seek(0)
+    resumed, _ = run(0, batches[3:], torch.load(buf), copy.deepcopy(half))
+    assert same(a, resumed)
+
+
+def test_bf16_sr_refuses_fp32_weights_and_unknown_modes():
+    m = _mlp(); m(torch.randn(2, 64)).sum().backward()
+    with pytest.raises(ValueError, match=r"'0.weight' is torch.float32.*bf16_weights"):
+        AdamW(m.named_parameters(), master_weights='bf16-sr').step()
+    with pytest.raises(ValueError, match="None or 'bf16-sr'"): AdamW8bit(m.parameters(), master_weights='bf16')
+
+
+def test_bf16_sr_plan_is_six_bytes_per_parameter_and_refused_without_bf16():
+    wide = nn.Sequential(nn.Linear(784, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
+    sample = (torch.empty(64, 784, device='meta'), torch.empty(64, dtype=torch.long, device='meta'))
+    n = sum(p.numel() for p in wide.parameters())
+    per = lambda p: (p.breakdown['weights'] + p.breakdown['gradients'] + p.breakdown['optimizer']) / n
+    step = dict(optimizer='adamw8bit-bf16sr', transform=bf16_weights, precision='bf16')
+    assert per(plan_memory(wide, sample)) == 16
+    assert 6 <= per(plan_memory(wide, sample, **step)) < 6.1
+    assert 12 <= per(plan_memory(wide, sample, **{**step, 'optimizer': 'adamw-bf16sr'})) < 12.1
+    for gpu, cc in (('gtx 1080 ti', '6.1'), ('rtx 2080 ti', '7.5')):
+        with pytest.raises(ValueError, match=rf"compute capability {cc}\) has no bf16 arithmetic.*adamw8bit"):
+            plan_memory(wide, sample, device_or_gpu=gpu, **step)
+    assert plan_memory(wide, sample, device_or_gpu='rtx 3060', **step).total > 0

@@ -269,7 +269,7 @@ def test_run_description_names_the_schedule_it_uses():
 
 # --- issue 14: lr_find, lr='auto', schedules, metrics, best checkpoint, metrics.jsonl -------------------------------------
 
-import copy, json, random
+import copy, json, math, random
 import numpy as np
 from netlite_nb.train import EarlyStopping, one_cycle
 from netlite_nb.lr_find import LRFinder, range_test
@@ -302,7 +302,7 @@ def _everything(t):
 
 def _bn_trainer(**kw):
     dl = DataLoader(blobs(256, dtype=torch.float64), 16, shuffle=True, generator=torch.Generator().manual_seed(3))
-    return Trainer(bn_net(), dl, log_every=1, **{**KW, **kw})
+    return Trainer(bn_net(), dl, log_every=1, **{**KW, 'seed': 0, **kw})  # both trainers of a comparison seeded alike
 
 
 def test_lr_find_leaves_the_trainer_bit_for_bit():
@@ -713,3 +713,258 @@ def test_busy_machine_with_a_fake_clock(monkeypatch, torch_threads, tmp_path):
     t._timed_pass()
     assert all(torch.equal(a, b) for a, b in zip(before, t.model.parameters())) and all(p.grad is None for p in t.model.parameters())
     assert torch.equal(rng, torch.get_rng_state())
+
+
+# --- issue 38: a rate finder that knows when it failed -------------------------------------------------------------------------
+
+def _memory_task(n, seed, T=12):
+    "Ten classes held in the first of T noisy steps: a GRU must carry it to the end, and sits at chance for its first hundreds of steps."
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 10, (n,), generator=g)
+    x = torch.randn(n, T, 1, generator=g) * 0.5
+    x[:, 0, 0] = (y.float() - 4.5) / 2
+    return torch.utils.data.TensorDataset(x, y)
+
+
+class _GRU(torch.nn.Module):
+    def __init__(self): super().__init__(); self.gru, self.head = torch.nn.GRU(1, 32, batch_first=True), torch.nn.Linear(32, 10)
+    def forward(self, x): return self.head(self.gru(x)[0][:, -1])
+
+
+def _gru_trainer(**kw):
+    from torch.utils.data import DataLoader
+    torch.manual_seed(0)
+    return Trainer(_GRU(), (DataLoader(_memory_task(4096, 0), 64, shuffle=True), DataLoader(_memory_task(1024, 1), 256)), **KW, **kw)
+
+
+def test_lr_find_on_a_long_plateau_says_the_short_sweep_failed_and_finds_a_rate_that_trains(tmp_path):
+    one = _gru_trainer().lr_find(retry=False)                   # the old behaviour: a reading of noise, without a word
+    assert one.suggestion < 1e-5 and one.decision == ''
+    t = _gru_trainer(lr='auto', run_dir=tmp_path / 'gru').fit(steps=600)
+    f = t.lr_found
+    assert f.sweeps == 2 and not f.fallback and 'failed' in f.decision and 'showed a fall' in f.decision, f
+    assert f.suggestion > 1e-4 and t.last_metrics['accuracy'] > 0.9, (f, t.last_metrics)
+    cfg = yaml.safe_load((tmp_path / 'gru' / 'config.yaml').read_text())
+    assert cfg['lr_find']['decision'] == f.decision and cfg['lr_find']['sweeps'] == 2
+    assert any('lr_find: a 100-step sweep' in n for n in cfg['notes'])
+
+
+def test_lr_find_falls_back_to_the_default_rate_and_says_so(tmp_path):
+    noise = np.random.default_rng(0)
+    flat = lambda out, y: out.sum() * 0 + float(2.3 * np.exp(noise.normal(0, 0.01)))  # nothing any rate does moves this loss
+    torch.manual_seed(0)
+    t = Trainer(mlp(), loaders(), loss_fn=flat, lr='auto', strategy=load_strategy('cpu', lr=3e-3), run_dir=tmp_path / 'r', check_data=False, **KW)
+    t.fit(steps=2)
+    assert t.lr_found.fallback and t.lr_found.suggestion == 3e-3
+    assert 'Training at the default lr 0.003' in t.lr_found.decision and 'no rate found' in repr(t.lr_found)
+    cfg = yaml.safe_load((tmp_path / 'r' / 'config.yaml').read_text())
+    assert cfg['lr_find']['fallback'] is True and cfg['optimizer']['lr'] == 3e-3
+
+
+def test_lr_find_on_a_fresh_head_over_a_trained_body_picks_a_rate_that_trains_it():
+    import copy
+    from torch.utils.data import DataLoader, TensorDataset
+    x, y = blobs(4096, spread=2.0, seed=3).tensors
+    split = lambda y: (DataLoader(TensorDataset(x[:3072], y[:3072]), 64, shuffle=True), DataLoader(TensorDataset(x[3072:], y[3072:]), 256))
+    torch.manual_seed(0)
+    body = torch.nn.Sequential(torch.nn.Linear(20, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128), torch.nn.ReLU())
+    Trainer(torch.nn.Sequential(body, torch.nn.Linear(128, 10)), split(y), lr=1e-3, **KW).fit(epochs=3)
+    new_task = torch.randperm(10, generator=torch.Generator().manual_seed(1))[y]   # the body's features serve; the head is new
+    def head_run(lr):
+        torch.manual_seed(1)
+        return Trainer(torch.nn.Sequential(copy.deepcopy(body), torch.nn.Linear(128, 10)), split(new_task), lr=lr, **KW).fit(steps=150)
+    auto, plain = head_run('auto'), head_run(1e-3)
+    f = auto.lr_found
+    assert f.sweeps == 1 and f.decision.startswith("the sweep's suggestion") and f.smoothed[0] > 10 * min(f.smoothed), f
+    assert auto.last_metrics['accuracy'] >= plain.last_metrics['accuracy'] - 0.01, (f, auto.last_metrics, plain.last_metrics)
+
+
+# --- issue 38: names checked, last_metrics after restore_best, seeds --------------------------------------------------------------
+
+@pytest.mark.parametrize('kw,near', [(dict(monitor='val_accuracy'), "'accuracy'"), (dict(callbacks=[EarlyStopping(monitor='val_loss')]), "'valid_loss'")])
+def test_a_monitor_naming_no_metric_is_refused_at_the_first_validation_with_the_closest_name(kw, near):
+    torch.manual_seed(0)
+    t = Trainer(mlp(), loaders(), **KW, **kw)
+    with pytest.raises(ValueError, match=f"did you mean {near}"): t.fit(epochs=2)
+    assert t.epoch == 1                                       # at the first validation, not after the run
+
+
+def _noisy_run(restore_best):
+    "96 training samples, 8 labels in 10 flipped: the network memorises them and validation gets worse as it goes."
+    ds = blobs(1024)
+    g = torch.Generator().manual_seed(0)
+    y = torch.where(torch.rand(96, generator=g) < 0.8, torch.randint(0, 10, (96,), generator=g), ds.tensors[1][:96])
+    tr = DataLoader(TensorDataset(ds.tensors[0][:96], y), 32, shuffle=True)
+    torch.manual_seed(0)
+    return Trainer(mlp(hidden=256, dropout=0.0), (tr, DataLoader(TensorDataset(*[t[512:] for t in ds.tensors]), 256)), lr=3e-3,
+                   lr_schedule='constant', seed=0, callbacks=[EarlyStopping(patience=4, restore_best=restore_best)], **KW).fit(epochs=60)
+
+
+def test_last_metrics_follow_restore_best():
+    t = _noisy_run(True)
+    vals = [r for r in t.history if 'valid_loss' in r]
+    best = min(vals, key=lambda r: r['valid_loss'])
+    assert vals[-1]['valid_loss'] > best['valid_loss']           # it got worse before it stopped
+    assert t.last_metrics['valid_loss'] == best['valid_loss'] and t.last_metrics['accuracy'] == best['accuracy']
+    assert abs(t.validate()['valid_loss'] - best['valid_loss']) < 1e-6   # and the weights score it
+    assert _noisy_run(False).last_metrics['valid_loss'] == vals[-1]['valid_loss']   # without restore_best: the last one
+
+
+def _seeded_run(global_seed, run_dir=None, **kw):
+    torch.manual_seed(global_seed)
+    return Trainer(mlp(), loaders(), run_dir=run_dir, log_every=1, **KW, **kw).fit(steps=6)
+
+
+def test_without_seed_the_run_follows_torch_manual_seed_and_records_its_seed(tmp_path):
+    a, a2, b = _seeded_run(1, tmp_path / 'a'), _seeded_run(1), _seeded_run(2)
+    assert losses(a) == losses(a2) and losses(a) != losses(b) and a.state.seed == a2.state.seed != b.state.seed
+    cfg = yaml.safe_load((tmp_path / 'a' / 'config.yaml').read_text())
+    assert cfg['seed'] == a.state.seed and cfg['seed_given'] is False
+    # the model's initial weights are the same here; only the run's own random numbers (shuffle, dropout) differ
+    torch.manual_seed(0); m = mlp()
+    runs = []
+    for s in (1, 2):
+        torch.manual_seed(s)
+        runs.append(losses(Trainer(copy.deepcopy(m), loaders(), log_every=1, **KW).fit(steps=6)))
+    assert runs[0] != runs[1]
+
+
+def test_with_seed_the_run_is_exact_whatever_the_global_generator(tmp_path):
+    a, b = _seeded_run(1, tmp_path / 'a', seed=7), _seeded_run(1, seed=7)
+    assert losses(a) == losses(b) and a.state.seed == 7
+    assert yaml.safe_load((tmp_path / 'a' / 'config.yaml').read_text())['seed_given'] is True
+    torch.manual_seed(0); m = mlp()
+    c = Trainer(copy.deepcopy(m), loaders(), log_every=1, seed=7, **KW); torch.manual_seed(123); c.fit(steps=6)
+    d = Trainer(copy.deepcopy(m), loaders(), log_every=1, seed=7, **KW); torch.manual_seed(456); d.fit(steps=6)
+    assert losses(c) == losses(d)
+
+
+def test_resume_without_seed_is_bit_exact(tmp_path):
+    full = _seeded_run(3)
+    class Stop(Callback):
+        def after_step(self, t):
+            if t.step == 4: raise KeyboardInterrupt
+    _seeded_run(3, tmp_path / 'cut', callbacks=[Stop()])
+    torch.manual_seed(99)                                     # the resume takes the run's random states, not the global generator's
+    resumed = Trainer(mlp(), loaders(), run_dir=tmp_path / 'cut', log_every=1, **KW).fit(steps=6, resume=tmp_path / 'cut')
+    assert losses(resumed) == losses(full) and resumed.state.seed == full.state.seed
+
+
+# --- issue 38: metrics over the epoch, regression, the data check's conventions -------------------------------------------------
+
+def test_epoch_metrics_equal_scikit_learn_over_uneven_batches():
+    sk = pytest.importorskip('sklearn.metrics')
+    from netlite_nb.train import METRICS
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(700, 20, generator=g), torch.randint(0, 4, (700,), generator=g)
+    y[:400] = 0                                            # imbalanced: batch means of ratios drift from the epoch's
+    x[y == 1, :4] += 1.5
+    model = nn.Linear(20, 4)
+    val = DataLoader(TensorDataset(x, y), 64)              # 11 batches, the last of 60
+    t = Trainer(model, (DataLoader(TensorDataset(x, y), 64), val), metrics=['f1', 'balanced_accuracy', 'auroc'], **KW)
+    r = t.validate()
+    with torch.no_grad(): out = model(x)
+    pred = out.argmax(1)
+    assert r['f1'] == pytest.approx(sk.f1_score(y, pred, average='macro'), abs=1e-12)
+    assert r['balanced_accuracy'] == pytest.approx(sk.balanced_accuracy_score(y, pred), abs=1e-12)
+    assert r['auroc'] == pytest.approx(sk.roc_auc_score(y, out.softmax(1).double(), multi_class='ovr'), abs=1e-6)
+    per_batch = Trainer(model, (val, val), metrics={'f1': lambda o, t: sk.f1_score(t, o.argmax(1), average='macro')}, **KW).validate()['f1']
+    assert abs(per_batch - r['f1']) > 1e-3                 # the batch-mean the old code gave is a different number
+    b = torch.randint(0, 2, (300,), generator=g); s = torch.randn(300, 1, generator=g) + b[:, None]
+    m = METRICS['auroc'](); m.update(s[:100], b[:100]); m.update(s[100:], b[100:])
+    assert m.compute() == pytest.approx(sk.roc_auc_score(b, s[:, 0]), abs=1e-12)   # one logit: binary
+
+
+def test_torchmetrics_protocol_objects_are_reset_updated_and_computed_each_validation():
+    class Count:
+        name = 'count'
+        def __init__(self): self.calls = []
+        def reset(self): self.n = 0; self.calls.append('reset')
+        def update(self, out, y): self.n += len(y); self.calls.append('update')
+        def compute(self): return self.n
+    c = Count()
+    t = Trainer(mlp(), loaders(), metrics=[c], **KW)
+    assert t.validate()['count'] == 256 and t.validate()['count'] == 256 and c.calls.count('reset') == 2
+    with pytest.raises(ValueError, match="did you mean 'auroc'"): Trainer(mlp(), loaders(), metrics=['aucroc'], **KW)
+
+
+def _regression_loaders(integer=False):
+    from netlite_nb.data import LabeledTensors, make_loaders
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(1200, 5, generator=g)                   # Friedman #1, the standard regression benchmark
+    y = (10 * torch.sin(math.pi * x[:, 0] * x[:, 1]) + 20 * (x[:, 2] - 0.5) ** 2 + 10 * x[:, 3] + 5 * x[:, 4])[:, None]
+    y = y + torch.randn(1200, 1, generator=g)
+    if integer: y = y.round()
+    return make_loaders(LabeledTensors(x[:1000], y[:1000], task='regression'), LabeledTensors(x[1000:], y[1000:], task='regression'), batch_size=32)
+
+
+def _reg_net(): return nn.Sequential(nn.Linear(5, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1))
+
+
+@pytest.mark.parametrize('integer', [False, True])
+def test_regression_end_to_end_with_chapter_04_loaders(integer, tmp_path):
+    sk = pytest.importorskip('sklearn.metrics')
+    dls = _regression_loaders(integer)
+    assert dls.train.y.dtype == torch.float32 and dls.classes == []
+    torch.manual_seed(0)
+    t = Trainer(_reg_net(), dls, task='regression', lr=3e-3, run_dir=tmp_path / 'r', **KW).fit(epochs=15)
+    r = t.last_metrics
+    assert 'accuracy' not in r and set(r) >= {'valid_loss', 'mse', 'mae', 'r2'}
+    assert r['r2'] > 0.6, r                                  # it learned (a constant scores 0)
+    pred, yv = t.predict(dls.valid), dls.valid.y.cpu()
+    assert r['r2'] == pytest.approx(sk.r2_score(yv, pred), abs=1e-5) and r['mae'] == pytest.approx(sk.mean_absolute_error(yv, pred), abs=1e-5)
+    assert r['mse'] == pytest.approx(sk.mean_squared_error(yv, pred), rel=1e-5) and r['valid_loss'] == pytest.approx(r['mse'], rel=1e-5)
+    assert yaml.safe_load((tmp_path / 'r' / 'config.yaml').read_text())['task'] == 'regression'
+    torch.manual_seed(0)                                    # the task read off the loss, not given
+    assert 'r2' in Trainer(_reg_net(), dls, loss_fn=nn.L1Loss(), **KW).fit(steps=3).last_metrics
+
+
+def test_a_missing_loss_fn_with_float_targets_says_what_to_do():
+    dls = _regression_loaders()
+    with pytest.raises(ValueError, match=r"No loss_fn was given.*task='regression'"): Trainer(_reg_net(), dls, **KW).fit(steps=1)
+    flat = DataLoader(TensorDataset(torch.randn(64, 5), torch.randn(64)), 16)   # targets [N] against an output [N, 1]
+    with pytest.raises(ValueError, match='broadcast'): Trainer(_reg_net(), flat, loss_fn=nn.MSELoss(), **KW).fit(steps=1)
+
+
+def test_the_data_check_takes_soft_targets_ignore_index_and_sequence_labels():
+    x = torch.randn(256, 20)
+    soft = torch.softmax(torch.randn(256, 10), 1)
+    Trainer(mlp(), DataLoader(TensorDataset(x, soft), 32), **KW).fit(steps=2)          # class probabilities, as CE takes them
+    y = torch.randint(0, 10, (256,)); y[::7] = -100
+    Trainer(mlp(), DataLoader(TensorDataset(x, y), 32), **KW).fit(steps=2)             # the default loss's own ignore_index
+
+    class Tagger(nn.Module):
+        "One class per position: output [N, C, T], as cross-entropy takes sequences."
+        def __init__(self): super().__init__(); self.emb, self.out = nn.Embedding(50, 16), nn.Linear(16, 5)
+        def forward(self, t): return self.out(self.emb(t)).transpose(1, 2)
+    toks = torch.randint(0, 50, (256, 12)); tags = toks % 5; tags[:, 10:] = -100
+    Trainer(Tagger(), (DataLoader(TensorDataset(toks, tags), 32), DataLoader(TensorDataset(toks, tags), 64)), **KW).fit(steps=2)
+    bad = tags.clone(); bad[3, 2] = 7
+    with pytest.raises(Exception, match=r'Label of item 3 is 7.*check_data=False'):
+        Trainer(Tagger(), DataLoader(TensorDataset(toks, bad), 32), **KW).fit(steps=1)
+
+
+def test_a_partial_label_set_is_a_note_and_a_broken_split_a_warning_naming_the_switch(recwarn):
+    import warnings
+    x, y = blobs(1024).tensors
+    upper = y >= 5
+    part = (DataLoader(TensorDataset(x[upper][:300], y[upper][:300]), 32), DataLoader(TensorDataset(x[upper][300:], y[upper][300:]), 64))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')                      # fine-tuning on classes 5-9 only: no warning...
+        t = Trainer(mlp(), part, **KW).fit(steps=2)
+    assert any('classes 0, 1, 2, 3, 4 have no items' in n for n in t.notes)   # ...a note
+    broken = (DataLoader(TensorDataset(x[upper], y[upper]), 32), DataLoader(TensorDataset(x, y), 64))
+    with pytest.warns(UserWarning, match=r'in the validation data but not in the training data.*check_data=False'):
+        Trainer(mlp(), broken, **KW).fit(steps=2)
+
+
+def test_overfit_says_whether_a_small_subset_fits_and_leaves_the_trainer_as_it_was():
+    torch.manual_seed(0)
+    t = Trainer(mlp(), loaders(), lr=3e-3, **KW)
+    before = copy.deepcopy(t.model.state_dict()); opt = copy.deepcopy(t.opt.state_dict())
+    r = t.overfit(n=128)
+    assert r.fitted and r.accuracy == 1.0 and r.n == 128 and 'fits' in r.verdict
+    assert all(torch.equal(v, t.model.state_dict()[k]) for k, v in before.items()) and t.opt.state_dict()['state'] == opt['state'] and t.step == 0
+    noise = DataLoader(TensorDataset(torch.randn(128, 20), torch.randint(0, 10, (128,))), 32)
+    bad = Trainer(nn.Sequential(nn.Linear(20, 2), nn.ReLU(), nn.Linear(2, 10)), noise, lr=3e-3, **KW).overfit(steps=100)
+    assert not bad.fitted and 'does NOT fit' in bad.verdict and bad.steps == 100

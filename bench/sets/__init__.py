@@ -6,7 +6,7 @@ drawn from), for models that take token ids). A new model family is a new file h
 bench/results/budget_accuracy/changelog.json."""
 import importlib
 
-NAMES = ('default', 'families', 'variants', 'unseen', 'brought', 'fourth', 'fifth', 'sixth', 'seventh', 'eighth', 'ninth', 'tenth', 'eleventh')
+NAMES = ('default', 'families', 'variants', 'unseen', 'brought', 'fourth', 'fifth', 'sixth', 'seventh', 'eighth', 'ninth', 'tenth', 'eleventh', 'twelfth')
 MODULES = {n: importlib.import_module(f'{__name__}.{n}') for n in NAMES}
 SETS = {n: m.MODELS for n, m in MODULES.items()}
 TARGETS, LOSSES, TOKENS = ({k: v for m in MODULES.values() for k, v in getattr(m, table, {}).items()} for table in ('TARGETS', 'LOSSES', 'TOKENS'))

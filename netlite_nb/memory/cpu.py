@@ -22,7 +22,7 @@ from ..probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes,
 from .trace import (
     AUTOGRAD_GRAPH_BYTES, AllocationTracker, DeviceKernels, GRAPH_KEY, Target, _A, CONVS, _CTC_BACKWARD, _FQ,
     _FQ_BACKWARD, _MATMULS, graph_census, kernel_spec, register_kernels)
-from .heap import _glibc_note, glibc_replay, on_glibc
+from .heap import _glibc_note, glibc_replay, on_glibc, replay_note
 
 # %% auto #0
 __all__ = ['MKL_BLOCKING', 'ONEDNN_MATMUL_STATE', 'MALLOC_ENV', 'mkl_isa', 'mkl_panel', 'onednn_lowp', 'on_onednn',
@@ -726,14 +726,19 @@ def cpu_vendor()->str:
     try: return next((l.split(':', 1)[1].strip() for l in Path('/proc/cpuinfo').read_text().splitlines() if l.startswith('vendor_id')), '')
     except OSError: return ''
 
+def _kernel_isa()->str:
+    "The vector ISA this process's kernels run: ATen's (`ATEN_CPU_CAPABILITY` can lower it), held lower still where `ONEDNN_MAX_CPU_ISA` caps oneDNN's."
+    cap, most = torch.backends.cpu.get_cpu_capability(), os.environ.get('ONEDNN_MAX_CPU_ISA', 'ALL').upper()
+    return 'AVX2' if cap == 'AVX512' and most != 'ALL' and not most.startswith(('AVX512', 'AVX10', 'AMX')) else cap
+
 def kernel_model_covers_this_cpu()->bool:
-    "Were the kernel model's figures (oneDNN's convolution scratch, ATen's dtype copies) read off a CPU like this one? Intel x86 CPUs so far."
-    return cpu_vendor() == 'GenuineIntel'
+    "Were the kernel model's figures (oneDNN's convolution scratch, ATen's dtype copies) read off a CPU like this one? Intel x86 CPUs running AVX-512 kernels so far."
+    return cpu_vendor() == 'GenuineIntel' and _kernel_isa() == 'AVX512'
 
 def _uncovered_note()->list[str]:
     if kernel_model_covers_this_cpu(): return []
-    return [f"this CPU ({cpu_vendor() or platform.machine()}) is not one the kernel scratch model was read on (Intel x86): its kernels may "
-            "hold less or more than planned; calibrate=True measures them here"]
+    return [f"this CPU ({cpu_vendor() or platform.machine()}, {_kernel_isa()} kernels) is not one the kernel scratch model was read on (Intel x86, "
+            "AVX-512): its kernels may hold less or more than planned; calibrate=True measures them here"]
 
 # %% ../../nbs/01c_cpu.ipynb #801f02f1
 def cpu_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
@@ -743,7 +748,7 @@ def cpu_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
     g = MKL_BLOCKING[isa]
     tr.peak, tr.peak_at, rounding = glibc_replay(tr)  # the breakdown by category is read where glibc's peak is
     raw = tr.peak
-    return raw + ws + rounding, raw + ws + rounding, {'CPU kernel workspace': ws, 'allocator rounding': rounding}, [_glibc_note()] * on_glibc() + [
+    return raw + ws + rounding, raw + ws + rounding, {'CPU kernel workspace': ws, 'allocator rounding': rounding}, [_glibc_note()] * on_glibc() + replay_note(tr) + [
         f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, {g['kc']}) x (N + up to {g['m_block']}) "
         f"for each product that needs more than the ones before it), {g['state'] // 1024} KiB per oneDNN convolution shape"
         + (f" and {ONEDNN_MATMUL_STATE[how] // 1024} KiB per oneDNN bf16/fp16 matmul primitive (shape, layout, bias)" if (how := onednn_lowp('torch.bfloat16')) else '')

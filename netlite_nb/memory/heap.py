@@ -22,9 +22,9 @@ from ..probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes,
 from .trace import Allocation, AllocationTracker
 
 # %% auto #0
-__all__ = ['MALLOPT', 'TENSOR_OBJECTS', 'HEAP_HISTORIES', 'PLUGS', 'GlibcHeap', 'on_glibc', 'glibc_settings', 'heap_blocks',
-           'heap_history', 'glibc_resident', 'glibc_peak', 'heap_replays', 'glibc_replay', 'libc_handle', 'plug_heap',
-           'fix_glibc_thresholds', 'messy_heap']
+__all__ = ['MALLOPT', 'TENSOR_OBJECTS', 'HEAP_HISTORIES', 'REPLAYED_EVENTS', 'PLUGS', 'GlibcHeap', 'on_glibc', 'glibc_settings',
+           'heap_blocks', 'heap_history', 'glibc_resident', 'glibc_peak', 'heap_replays', 'glibc_replay', 'replay_note',
+           'libc_handle', 'plug_heap', 'fix_glibc_thresholds', 'messy_heap']
 
 # %% ../../nbs/01b_heap.ipynb #pr1
 _GLIBC_DEFAULT_MMAP_THRESHOLD, _GLIBC_MMAP_THRESHOLD_MAX = 128 * 1024, 32 * 2**20  # its default, and the most it raises it to (64-bit)
@@ -56,6 +56,7 @@ class GlibcHeap:
         self.dynamic = all(v is None for v in (*settings, mmap_max))  # glibc moves its thresholds until one of them is set
         self.size, self.end = {}, {}     # every chunk in the heap: start -> size, end -> start
         self.binned, self.bins = {}, {}  # free chunks: start -> bin (0 is the unsorted bin); bin -> deque (new on the left, taken from the right)
+        self.binmap = 0  # a bit per bin that may hold a chunk, cleared when a search finds it empty: glibc's binmap, so a search skips empty bins
         self.tcache, self.fast = {}, {}  # chunk size -> starts, last in first out; to the heap these chunks are still in use
         self.nfast, self.last_remainder = 0, None
         self.top = self.brk = self.resident = 0  # start of the top chunk, end of the heap, end of its pages touched and not given back
@@ -83,7 +84,9 @@ def _to_bin(self:GlibcHeap, a:int):
     s = self.size[a]
     i = _bin_index(s)
     b = self.bins.setdefault(i, deque()); self.binned[a] = i
+    self.binmap |= 1 << i
     if s < _LARGE: b.appendleft(a); return
+    if not b or self.size[b[-1]] > s: b.append(a); return  # the smallest yet, as most chunks sorted here are: no walk along the bin
     k = 0
     while k < len(b) and self.size[b[k]] > s: k += 1
     if k < len(b) and self.size[b[k]] == s: k += 1
@@ -179,12 +182,16 @@ def _from_bins(self:GlibcHeap, nb:int)->int|None:
         if j < k: k = j + 1  # of several the same size glibc takes the second, leaving the first linked
         a = b[k]; del b[k]; del self.binned[a]
         self._split(a, nb); return a
-    for j in range(_bin_index(nb) + 1, 127):  # the smallest chunk of the next bin that has one
+    i = _bin_index(nb) + 1
+    m = self.binmap >> i
+    while m:  # the smallest chunk of the next bin that has one, the bins marked in the binmap only
+        j = i + (m & -m).bit_length() - 1
         if b := self.bins.get(j):
             a = b.pop(); del self.binned[a]
             r = self._split(a, nb)
             if nb < _LARGE and r is not None: self.last_remainder = r
             return a
+        self.binmap &= ~(1 << j); m &= m - 1  # empty: unmarked, as glibc unmarks a bin its search finds empty
     return None
 
 # %% ../../nbs/01b_heap.ipynb #pr1i
@@ -289,6 +296,7 @@ def heap_blocks(rec:Allocation, graph:tuple|None, # the trace's `AUTOGRAD_GRAPH_
 
 # %% ../../nbs/01b_heap.ipynb #908fb78e
 HEAP_HISTORIES = 8  # the plan replays a step from this many heaps: an empty one, and ones up to 40 small blocks went into first
+REPLAYED_EVENTS = 300_000  # events a plan replays through `GlibcHeap` at most, over all its replays: a long trace replays from fewer heaps
 
 def heap_history(malloc:Callable, seed:int):
     "Leave up to 40 small blocks (16-600 bytes) alive, as a process allocates between two steps: `malloc(bytes)` for each; seed 0: none."
@@ -309,17 +317,30 @@ def glibc_resident(tr:AllocationTracker, history:int=0, cut:bool=False):
 
 def glibc_peak(tr:AllocationTracker, history:int=0, cut:bool=False)->tuple[int, int, int]:
     "(bytes resident, event index, bytes live) where the trace, replayed from `heap_history(history)`, peaks; resident -1: no allocation."
-    return max(((r, i, l) for i, l, r in glibc_resident(tr, history, cut) if tr.events[i][0] > 0), key=lambda p: p[0], default=(-1, -1, 0))
+    best = (-1, -1, 0)
+    for i, l, r in glibc_resident(tr, history, cut):
+        if r > best[0] and tr.events[i][0] > 0: best = (r, i, l)
+    return best
 
-def heap_replays()->list[tuple[int, bool]]:
-    "The (history, cut) of every replay the plan makes: each heap history, with the graph's bytes cut each way."
-    return [(s, cut) for s in range(HEAP_HISTORIES) for cut in (False, True)]
+def heap_replays(events:int|None=None, # events in the trace; None: every replay
+                )->list[tuple[int, bool]]:
+    "The (history, cut) of every replay the plan makes: each heap history, with the graph's bytes cut each way; the first few only where `REPLAYED_EVENTS` would be passed."
+    every = [(s, cut) for s in range(HEAP_HISTORIES) for cut in (False, True)]
+    return every if events is None else every[:max(2, min(len(every), REPLAYED_EVENTS // max(events, 1)))]
 
 def glibc_replay(tr:AllocationTracker)->tuple[int, int, int]:
     "(bytes live, event index, bytes glibc adds: mapped blocks' pages, the heap's holes) where the trace peaks, replayed from the heap that holds most."
     if not on_glibc(): return tr.peak, tr.peak_at, 0
-    best, at, at_live = max((glibc_peak(tr, s, cut) for s, cut in heap_replays()), key=lambda p: p[0])
+    tr.replays = heap_replays(len(tr.events))  # the note says when they are fewer than every one (`replay_note`)
+    best, at, at_live = max((glibc_peak(tr, s, cut) for s, cut in tr.replays), key=lambda p: p[0])
     return (at_live, at, best - at_live) if at >= 0 else (tr.peak, tr.peak_at, 0)
+
+def replay_note(tr:AllocationTracker)->list[str]:
+    "The plan's note when its trace was too long to replay from every heap (`REPLAYED_EVENTS`)."
+    n, every = len(getattr(tr, 'replays', heap_replays())), len(heap_replays())
+    if n >= every: return []
+    return [f"approximated: the step's {len(tr.events):,} allocations and frees were replayed through glibc's heap from {n} of the {every} "
+            "heaps a plan replays from (each replay of a long step takes seconds); the heaps left out moved other plans by under 1 %"]
 
 def _glibc_note()->str:
     h = GlibcHeap(**glibc_settings())

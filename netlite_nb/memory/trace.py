@@ -22,7 +22,7 @@ from ..probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes,
 
 # %% auto #0
 __all__ = ['CONVS', 'AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'KERNEL_MODELS', 'Allocation', 'kernel_spec',
-           'AllocationTracker', 'is_traced', 'PackedAtFullLength', 'two_packed_paths', 'graph_census',
+           'AllocationTracker', 'is_traced', 'data_shares', 'PackedAtFullLength', 'two_packed_paths', 'graph_census',
            'ShapeMismatchError', 'resize_batch', 'default_loss', 'register_optimizer', 'make_optimizer',
            'saved_for_backward', 'UntraceableError', 'NothingToTrainError', 'CompiledModelWarning', 'DeviceKernels',
            'register_kernels', 'device_kernels', 'Trace', 'trace_step', 'Target', 'resolve_target']
@@ -91,6 +91,10 @@ class AllocationTracker(TorchDispatchMode):
         self.graph:tuple|None = None  # heap bytes per autograd node, saved tensor, saved value (`AUTOGRAD_GRAPH_BYTES`); None: not counted
         self.nodes = object()  # this micro-batch's mark, left in the metadata of each autograd node counted (`count_nodes`)
         self.held:list[Allocation] = []  # the graph's records still alive
+        self.summing = None  # the autograd node whose gradients backward is adding into the buffers of the nodes after it (`_sum_in_place`)
+        self.shares:list[float]|None = None  # the share of its bound each data-shaped op kept on a real batch, in order (`data_shares`); None: the bound
+        self.shared, self.cum = 0, (None, 0.0)  # data-shaped ops this micro-batch so far; (bound, shares of it so far) (`rows`)
+        self.summed = 0      # gradients added in place where the tracker's presence would have made autograd add them out of place
 
     def record_of(self, t:torch.Tensor)->Allocation|None:
         "The record of `t`'s storage while it is tracked and alive."
@@ -142,9 +146,9 @@ _UNMODELLED = {getattr(_A, n).default for n in ('linalg_matrix_exp', '_linalg_sv
 
 def _is_mask(i)->bool: return isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) and i.dim() > 0
 
-def _all_true(indices:list)->list:
-    "The `indices` of `x[indices]` with each boolean mask replaced by the integer indices of a mask that is all True: the most it selects."
-    return [j for i in indices for j in ([torch.zeros(i.numel(), dtype=torch.long, device=i.device)] * i.dim() if _is_mask(i) else [i])]
+def _all_true(indices:list, k:int|None=None)->list:
+    "The `indices` of `x[indices]` with each boolean mask replaced by the integer indices of a mask that is all True (the most it selects), or that keeps `k`."
+    return [j for i in indices for j in ([torch.zeros(i.numel() if k is None else k, dtype=torch.long, device=i.device)] * i.dim() if _is_mask(i) else [i])]
 
 def _longest_target(a:dict)->int:
     "The longest target of a CTC loss's arguments `a`: from its lengths when the trace has their values, else the most its targets can hold."
@@ -154,21 +158,82 @@ def _longest_target(a:dict)->int:
     t = a['targets']  # padded (B, S); or every target end to end, none longer than the input (else it has no alignment)
     return t.shape[1] if t.dim() == 2 else min(t.numel(), a['log_probs'].shape[0])
 
-def _data_shaped(func, args:tuple, kwargs:dict):
-    "Run `func` (in `_DATA_SHAPED`) as if the data made its output as large as it can be; NotImplemented where the data does not decide it."
+def _data_shaped(func, args:tuple, kwargs:dict,
+                 rows:Callable=lambda bound: bound, # rows(bound) -> the rows to make of at most `bound` (`AllocationTracker.rows`); default: all
+                ):
+    "Run `func` (in `_DATA_SHAPED`) as if the data made its output as large as it can be (or `rows` says); NotImplemented where the data does not decide it."
     x = args[0]
     if not is_traced(x): return NotImplemented  # real data: the real op
     a = {**{s.name: v for s, v in zip(func._schema.arguments, args)}, **kwargs}
     empty = lambda *size, dtype=torch.long: torch.empty(size, dtype=dtype, device=x.device)
     if func in _MASKED:
         if not any(_is_mask(i) for i in a['indices']): return NotImplemented  # integer indices: the shapes decide
-        return func(x, _all_true(a['indices']), *args[2:], **kwargs)
-    if func is _A.nonzero.default: return empty(x.numel(), x.dim())
+        k = rows(next(i for i in a['indices'] if _is_mask(i)).numel()) if func in _SIZED else None  # a write through a mask sizes nothing
+        return func(x, _all_true(a['indices'], k), *args[2:], **kwargs)
+    if func is _A.nonzero.default: return empty(rows(x.numel()), x.dim())
     if func in _CTC: return empty(x.shape[1], dtype=x.dtype), empty(x.shape[1], x.shape[0], 2 * _longest_target(a) + 1, dtype=x.dtype)
-    if func is _A.masked_select.default: return empty(math.prod(torch.broadcast_shapes(x.shape, a['mask'].shape)), dtype=x.dtype)
+    if func is _A.masked_select.default: return empty(rows(math.prod(torch.broadcast_shapes(x.shape, a['mask'].shape))), dtype=x.dtype)
     if a.get('dim') is not None: return NotImplemented  # unique rows or slices: not bounded here
-    n = x.numel()
+    n = rows(x.numel())
     return empty(n, dtype=x.dtype), empty(*x.shape) if a.get('return_inverse') else empty(0), empty(n) if a.get('return_counts') else empty(0)
+
+# %% ../../nbs/01a_trace.ipynb #sh2
+@patch
+def rows(self:AllocationTracker, bound:int)->int:
+    "Rows the next data-shaped op makes, of at most `bound`: all of them, or the share a real batch kept (`shares`), rounded so shares of one bound add up."
+    if not self.shares or self.shared >= len(self.shares): return bound
+    r, self.shared = self.shares[self.shared], self.shared + 1
+    cum = self.cum[1] if self.cum[0] == bound else 0.0
+    self.cum = (bound, cum + r)
+    return max(0, min(bound, round((cum + r) * bound) - round(cum * bound)))
+
+def _kept_rows(func, args:tuple, kwargs:dict, out)->tuple[int, int]|None:
+    "(rows data-shaped `func` made on real data, the most it could make: `_data_shaped`'s bound); None where `_data_shaped` sizes nothing."
+    x, a = args[0], {**{s.name: v for s, v in zip(func._schema.arguments, args)}, **kwargs}
+    if func is _A.index.Tensor:
+        m = next((i for i in a['indices'] if _is_mask(i)), None)
+        return None if m is None else (int(m.count_nonzero()), m.numel())
+    if func is _A.nonzero.default: return out.shape[0], x.numel()
+    if func is _A.masked_select.default: return out.numel(), math.prod(torch.broadcast_shapes(x.shape, a['mask'].shape))
+    return None if a.get('dim') is not None else (out[0].numel(), x.numel())
+
+class _DataShares(TorchDispatchMode):
+    "On real tensors: the share of its bound each data-shaped op's output took, in order."
+    def __init__(self): super().__init__(); self.shares = []
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in _SIZED and (kept := _kept_rows(func, args, kwargs or {}, out)) is not None: self.shares.append(kept[0] / max(kept[1], 1))
+        return out
+
+# %% ../../nbs/01a_trace.ipynb #sh3
+def data_shares(model:nn.Module, # the model; run once, its weights, buffers, modes and random state left as they were
+                batch, # a batch with values, where `model` runs
+                loss_fn:Callable|None=None, # loss_fn(output, y); default: `default_loss`
+               )->list[float]:
+    "Run the forward and loss of `model` once on `batch`, without gradients: the share of its bound each data-shaped op kept, in order."
+    x, y = _check_batch(batch)
+    modes, kept = {m: m.training for m in model.modules()}, [b.detach().clone() for b in model.buffers()]
+    rec = _DataShares()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), _unvalidated_distributions(), rec:
+            (loss_fn or default_loss)(_call(model.train(), x), y)
+    finally:
+        for m, t in modes.items(): m.train(t)
+        with torch.no_grad():
+            for b, k in zip(model.buffers(), kept): b.copy_(k)
+    return rec.shares
+
+_SHARES = weakref.WeakKeyDictionary()  # model -> the shares its last real batch kept: a plan of a resized batch (`max_batch_size`) routes like it
+
+def _real_shares(model:nn.Module, batch, loss_fn)->list[float]|None:
+    "`data_shares` of a batch with values, kept for the model's resized batches; None when the batch has none or the model cannot run on it here."
+    if not _has_values(batch): return None
+    try: _SHARES[model] = shares = data_shares(model, batch, loss_fn)
+    except Exception: return None  # e.g. the model on another device than the batch: the bound stands
+    return shares
+
+def _has_values(batch)->bool: return all(not is_traced(t) for t in tree_flatten(_as_dict(batch))[0] if isinstance(t, torch.Tensor))
+def _data_sized(tr:AllocationTracker)->bool: return any(op != 'pack_padded_sequence' for op in getattr(tr, 'bounded', ()))
 
 # %% ../../nbs/01a_trace.ipynb #fb25c6b8
 _LIKE_INPUTS = {getattr(_A, n).default: ins for ins, names in (  # ops with no shape-only kernel -> the inputs their outputs are shaped like
@@ -238,17 +303,47 @@ def _item(tr:AllocationTracker, func, args)->float:
     try: return func(*args)
     except Exception: tr.stood_in += 1; return 1.0
 
+# %% ../../nbs/01a_trace.ipynb #sum2
+_SOLE = torch._C._storage_Use_Count(torch.empty(1, device='meta').untyped_storage()._cdata)  # a storage one tensor holds, seen from Python
+
+def _dense(t:torch.Tensor)->bool:
+    "Can autograd add into `t` in place (`can_accumulate_inplace`)? Dense, its storage held by this tensor alone, not a zero tensor, no lazy negation."
+    return (t.layout == torch.strided and torch._prims_common.is_non_overlapping_and_dense_or_false(t) and not t._is_zerotensor() and not t.is_neg()
+            and not t.is_conj() and torch._C._storage_Use_Count(t.untyped_storage()._cdata) <= _SOLE)
+
+def _sum_in_place(tr:AllocationTracker, func, args:tuple, kwargs:dict)->bool:
+    "Is `func` backward adding a second gradient into a buffer (`tr.summing`'s output meeting another), which a real step adds in place?"
+    if func is not _A.add.Tensor or kwargs or len(args) != 2 or tr.summing is None or torch.is_grad_enabled(): return False
+    old, new = args
+    return (torch._C._current_autograd_node() is tr.summing and isinstance(new, torch.Tensor) and new.layout == torch.strided
+            and old.shape == new.shape and old.dtype == new.dtype and _dense(old))
+
+@patch
+def hook_sums(self:AllocationTracker, loss:torch.Tensor):
+    "Before `loss.backward()`: a post hook on each node whose output meets another gradient, marking where the engine's adds start."
+    seen, todo, meets = set(), [loss.grad_fn], {}
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen: continue
+        seen.add(node)
+        for f, i in node.next_functions:
+            if f is not None: meets[f, i] = meets.get((f, i), 0) + 1; todo.append(f)
+    def done(grad_inputs, grad_outputs): self.summing = torch._C._current_autograd_node()  # returns None: the gradients stay
+    for node in seen:
+        if any(f is not None and meets[f, i] > 1 for f, i in node.next_functions): node.register_hook(done)
+
 # %% ../../nbs/01a_trace.ipynb #at7
 @patch
 def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None):
     if func is _A._local_scalar_dense.default and _stand_in(self, args[0]): return _item(self, func, args)
+    if _sum_in_place(self, func, args, kwargs or {}): self.summed += 1; return args[0].add_(args[1])  # as a real backward adds it
     if func in _MATMULS and (wrong := _dtype_mismatch(func, args, self.cuda_autocast)): raise RuntimeError(wrong)  # what the real kernel says
     if func in _MATMULS or func in CONVS: self.kernels.append(kernel_spec(func, args))
     if func is torch.ops.aten._safe_softmax.default: self.decomposed = True
     # the nodes of the ops before this one; not in `prim.device`, which FakeTensors dispatch while autograd records an in-place op
     # on a view: reading the view's grad_fn there dropped the op from the graph (`relu_` on InstanceNorm's output left no CopySlices)
     if self.graph is not None and self.phase in ('forward', 'loss') and func.namespace == 'aten': self.count_nodes(args)
-    out = _data_shaped(func, args, kwargs or {}) if func in _DATA_SHAPED else _shaped_like(func, args) if func in _LIKE_INPUTS else NotImplemented
+    out = _data_shaped(func, args, kwargs or {}, self.rows) if func in _DATA_SHAPED else _shaped_like(func, args) if func in _LIKE_INPUTS else NotImplemented
     if out is NotImplemented: out = func(*args, **(kwargs or {}))
     elif func in _SIZED: self.bounded.append(func.__name__)  # a write through a mask (x[mask] = v) sizes nothing
     scratch = 0
@@ -559,6 +654,7 @@ def _micro_step(m:nn.Module, xb, yb, tr:AllocationTracker, loss_fn:Callable, pre
                ):
     "Forward, loss and backward of one micro-batch under the tracker, each allocation labelled with its phase."
     tr.phase, tr.modules[:] = 'forward', []
+    tr.shared, tr.cum = 0, (None, 0.0)  # each micro-batch routes alike (`rows`)
     with saved_for_backward(tr):
         with torch.autocast('cpu', dtype=LOW_PRECISION.get(precision, torch.float32), enabled=precision in LOW_PRECISION):
             out = _call(m, xb)
@@ -569,7 +665,9 @@ def _micro_step(m:nn.Module, xb, yb, tr:AllocationTracker, loss_fn:Callable, pre
     if scale is not None: loss = loss * scale
     if tr.graph is not None: tr.count_nodes(loss)  # the loss's own nodes, and any made outside a module
     tr.phase = 'backward'
+    tr.hook_sums(loss)
     loss.backward()
+    tr.summing = None  # the last node run: holding it would keep it alive
     if tr.graph is not None: tr.free_graph()
 
 # %% ../../nbs/01a_trace.ipynb #tp14
@@ -667,6 +765,9 @@ def _user_line(e:Exception)->str:
 def _untraceable(e:Exception, tr:AllocationTracker, m:nn.Module)->UntraceableError|None:
     "Failure `e` as an `UntraceableError` naming where it happened, down to the user's line; None for other failures."
     if (why := _why_untraceable(e)) is None: return None
+    if _data_sized(tr) and 'tensor\'s value' in why:  # PyTorch reads a value only to word an error the bound itself caused
+        why = (f"it ran {', '.join(dict.fromkeys(tr.bounded))} at their largest (every element of a mask True: the batch had no values to "
+               "size them), which breaks the layer's own check of the sizes they made. Plan with a batch that has values (they size those ops)")
     name = tr.modules[-1] if tr.phase == 'forward' and tr.modules else None
     where = (f"layer `{name or type(m).__name__}` ({type(m.get_submodule(name) if name else m).__name__})" if name is not None
              else 'the loss' if tr.phase == 'loss' else 'the batch or the weights' if tr.phase == 'setup' else f"the {tr.phase} phase")
@@ -676,6 +777,16 @@ def _untraceable(e:Exception, tr:AllocationTracker, m:nn.Module)->UntraceableErr
         f"or size the batch by running real steps: `find_batch_size(model, batch, device)`. PyTorch said: {str(e).splitlines()[0][:300]}")
 
 # %% ../../nbs/01a_trace.ipynb #f053f588
+_SPARSE_WAY = ("a sparse tensor's memory, and that of the ops on it (`torch.sparse.mm`), is set by how many nonzeros it has, which the "
+    "data decides; the planner plans dense tensors from their shapes. Size the batch by running real steps: `find_batch_size(model, batch, "
+    "device)` (on the CPU, with start=), or plan the model with the tensor dense (`adj.to_dense()`), an upper bound.")
+
+def _sparse_batch(batch)->UntraceableError|None:
+    "The refusal of a batch that holds a sparse tensor (a graph's adjacency); None when it holds none."
+    sp = next((t for t in tree_flatten(_as_dict(batch))[0] if isinstance(t, torch.Tensor) and t.layout != torch.strided), None)
+    if sp is None: return None
+    return UntraceableError(f"The planner cannot plan the batch's sparse tensor ({str(sp.layout).replace('torch.', '')}, shape {tuple(sp.shape)}): " + _SPARSE_WAY)
+
 def _unplannable(model:nn.Module, sparse:bool=True)->UntraceableError|None:
     "The first layer of `model` a trace cannot be made of, as an `UntraceableError` (TorchScript, lazy layers not yet run; with `sparse`, sparse gradients); None when there is none."
     for name, mod in model.named_modules():
@@ -689,6 +800,9 @@ def _unplannable(model:nn.Module, sparse:bool=True)->UntraceableError|None:
                 "a size the data decides; the planner plans dense tensors. Plan it with `sparse=False` (the dense gradient is the whole "
                 "table: above the sparse one when a batch looks up fewer ids than the table has rows), or size the batch by running real "
                 "steps: `find_batch_size(model, batch, device)`.")
+        if (sp := next(((n, t) for n, t in (*mod.named_parameters(recurse=False), *mod.named_buffers(recurse=False), *vars(mod).items())
+                        if isinstance(t, torch.Tensor) and t.layout != torch.strided), None)):
+            return UntraceableError(where + f"its tensor `{sp[0]}` is sparse ({str(sp[1].layout).replace('torch.', '')}, shape {tuple(sp[1].shape)}): " + _SPARSE_WAY)
         if isinstance(mod, nn.modules.lazy.LazyModuleMixin) and mod.has_uninitialized_params():  # parameters or buffers
             return UntraceableError(where + "a lazy layer whose weights do not exist yet: PyTorch makes them on its first forward. "
                 "Run the model once on a batch (`model(x)`), then plan.")
@@ -784,10 +898,11 @@ class Trace:
     accum_steps:int            # micro-batches a real step has
 
 def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn, optimizer, precision, cuda, steps, kernels,
-           ragged:bool=False, ema:bool=False)->AllocationTracker:
+           ragged:bool=False, ema:bool=False, shares:list|None=None)->AllocationTracker:
     "Run `steps` steps of the fake copy `m` under a tracker (on FakeTensors of `fm`, else on 'meta'); `ragged`: packed sequences of unequal lengths (`PackedAtFullLength`)."
     dev = 'cpu' if fm else 'meta'
     tr = AllocationTracker(dev)
+    tr.shares = shares  # data-shaped ops sized as a real batch sized them (`data_shares`); None: at their bound
     tr.cuda_autocast = precision in LOW_PRECISION and not getattr(kernels, 'cpu_autocast', False)  # a CUDA target, or none named: CUDA's autocast may cast more
     if kernels is not None: tr.kernel_path = kernels(tr)  # a device's kernels (`DeviceKernels`): the CPU's, CUDA's
     try:
@@ -812,15 +927,17 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
     except Exception as e:
         err = _untraceable(e, tr, m) or _shape_error(e, tr, m, x, y)
         if err is None: raise
+        err.data_sized = _data_sized(tr)  # a size the data decides was planned at its bound: a real batch may size it (`trace_step`)
         raise err from e
     return tr
 
-# %% ../../nbs/01a_trace.ipynb #c016b
+# %% ../../nbs/01a_trace.ipynb #c016a
 def _made_on_cpu(e:Exception|None)->bool:
     "Did `e` come from a 'meta' tensor meeting a CPU tensor the model made itself (`torch.zeros(n)` with no device, inside forward)?"
     msg = str(e)
     return 'device' in msg and 'meta' in msg and 'cpu' in msg
 
+# %% ../../nbs/01a_trace.ipynb #c016b
 def trace_step(model:nn.Module, # the model; it is copied, never run or changed
                batch, # (x, y), x, or a dict of inputs the model takes as keywords; any device, including 'meta'
                loss_fn:Callable|None=None, # loss_fn(output, y); default: `default_loss`
@@ -843,6 +960,7 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
     if (err := _unplannable(model, sparse=transform is None)) is not None: raise err  # before the copy, which these would break
     kernels = device_kernels(kernels, measured=measured, missing=missing)
     cpu_path = precision in LOW_PRECISION or (kernels is not None and _cpu_dispatch_differs(model))
+    if (err := _sparse_batch(batch)) is not None: raise err  # resized, it would be planned dense
     x, y = _check_batch(batch)
     b = _batch_size(batch)
     mb = min(micro_batch or b, b)
@@ -856,16 +974,19 @@ def trace_step(model:nn.Module, # the model; it is copied, never run or changed
             m = transform(m)
             if (err := _unplannable(m)) is not None: raise err  # what the transform left or added
         return m.train()
+    shares = None if _has_values(batch) else _SHARES.get(model)  # a resized batch routes like the model's last real one
     try:
         while True:
             fm = FakeTensorMode(allow_non_fake_inputs=True) if cpu_path else None  # a real tensor the forward reads (a global) is a constant
             m = copy_of(fm)
-            try: tr = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, ema=ema)
+            try: tr = _trace(m, x, y, fm, mb, accum, loss_fn, optimizer, precision, cuda, steps, kernels, ema=ema, shares=shares)
             except _NeedsCpuTensors: cpu_path = True; continue  # e.g. a fused optimizer, which checks its parameters' device
             except (ShapeMismatchError, UntraceableError) as e:
+                if shares is None and getattr(e, 'data_sized', False) and (shares := _real_shares(model, batch, loss_fn)): continue  # the bound broke the model's own checks
                 if cpu_path or not _made_on_cpu(e.__cause__): raise
                 cpu_path = True  # the model makes tensors of its own (torch.zeros with no device): trace on FakeTensors that claim to be CPU ones
                 continue
+            if shares is None and _data_sized(tr) and (shares := _real_shares(model, batch, loss_fn)): continue  # size them as this batch does
             if cpu_path or kernels is None or not tr.decomposed: break
             cpu_path = True  # attention ran its reference path on 'meta': trace again on the CPU's dispatch (fused, as CUDA's is)
         if getattr(kernels, 'ragged_retrace', False) and 'pack_padded_sequence' in tr.bounded and two_packed_paths(model):  # the other kernels, where they hold more

@@ -1,0 +1,82 @@
+"""Quantization-aware training (chapter 09c) against chapter 09's post-training INT8, on a model where post-training INT8 loses points.
+
+The model is 09c's `wide_stem_cnn` (a depthwise-separable CNN whose stem channels span 10**spread in scale, 10**4 by default,
+no BatchNorm after the stem), trained on the embedded MNIST sample with chapter 07's Trainer (AdamW, lr 1e-2, 3 epochs), then:
+- post-training INT8: `export_onnx(model, quantize='int8', calibration=dls)` (static QDQ, this CPU's 7/8-bit choice);
+- QAT: `qat_fine_tune(model, dls, steps=300, lr=1e-3)`, then the same export of `strip_qat(...)`.
+Accuracy is on the 1,000 held-out images; agreement is top-1 agreement of the INT8 file with the model it was made from
+(PTQ: the fp32 model; QAT: the fake-quantized model that training saw). A control arm fine-tunes the fp32 model for the same
+steps without fake quantization (then post-training INT8), so QAT's gain is not mistaken for the gain of training longer. Results go to bench/results/qat/<machine>.json.
+
+    python bench/qat.py                   # seeds 0,1,2 (about 3 minutes a seed on 2 busy cores)
+    python bench/qat.py --seeds 0 --steps 100
+"""
+import argparse, copy, json, os, platform, statistics, subprocess, sys, tempfile, time
+from pathlib import Path
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's netlite_nb
+from netlite_nb.data import mnist_sample, mnist_sample_loaders
+from netlite_nb.export import export_onnx, onnx_session, run_onnx
+from netlite_nb.qat import qat_fine_tune, strip_qat, wide_stem_cnn
+from netlite_nb.train import Trainer
+
+
+def one_seed(seed:int, epochs:int, steps:int, lr:float, spread:float)->dict:
+    torch.manual_seed(seed)
+    dls = mnist_sample_loaders(batch_size=64, seed=seed)
+    va = mnist_sample()[1]
+    model = Trainer(wide_stem_cnn(spread=spread), dls, device='cpu', lr=1e-2, progress=False, verbose=False, plan=False, seed=seed).fit(epochs).model.eval()
+    with tempfile.TemporaryDirectory() as d:
+        ptq = export_onnx(model, va.x[:64], Path(d) / 'ptq.onnx', quantize='int8', calibration=dls, valid=va, measure_speed=False)
+        t0 = time.time()
+        qm = qat_fine_tune(model, dls, steps=steps, lr=lr, seed=seed)
+        seconds = time.time() - t0
+        # the control: the same steps of fine-tuning without fake quantization, then post-training INT8
+        ctl = Trainer(copy.deepcopy(model), dls, device='cpu', lr=lr, progress=False, verbose=False, plan=False, seed=seed).fit(steps=steps).model.eval()
+        ctl_r = export_onnx(ctl, va.x[:64], Path(d) / 'ctl.onnx', quantize='int8', calibration=dls, valid=va, measure_speed=False)
+        qat = export_onnx(strip_qat(qm), va.x[:64], Path(d) / 'qat.onnx', quantize='int8', calibration=dls, valid=va, measure_speed=False)
+        with torch.no_grad(): fq = qm.eval()(va.x).argmax(1)
+        q8 = torch.from_numpy(run_onnx(onnx_session(Path(d) / 'qat.onnx'), va.x.numpy())).argmax(1)
+    fp32 = ptq.accuracy['pytorch']
+    return dict(seed=seed, fp32=fp32, ptq_int8=ptq.accuracy['int8'], ptq_loss=fp32 - ptq.accuracy['int8'], ptq_agreement=ptq.agreement['int8'],
+                qat_fake_quant=100 * (fq == va.y).float().mean().item(), qat_int8=qat.accuracy['int8'], qat_loss=fp32 - qat.accuracy['int8'],
+                qat_agreement_with_fake_quant=100 * (fq == q8).float().mean().item(), qat_fp32_weights=qat.accuracy['pytorch'],
+                int8_range=ptq.int8_range, qat_seconds=seconds, control_fp32=ctl_r.accuracy['pytorch'], control_int8=ctl_r.accuracy['int8'],
+                qat_loss_vs_control_fp32=ctl_r.accuracy['pytorch'] - qat.accuracy['int8'])
+
+
+def _git(*a): return subprocess.run(['git', *a], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--seeds', default='0,1,2')
+    ap.add_argument('--epochs', type=int, default=3)
+    ap.add_argument('--steps', type=int, default=300)
+    ap.add_argument('--lr', type=float, default=1e-3)
+    ap.add_argument('--spread', type=float, default=4.0, help="the stem's channel scales span 10**spread")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    rows = []
+    for s in [int(x) for x in a.seeds.split(',')]:
+        rows.append(one_seed(s, a.epochs, a.steps, a.lr, a.spread))
+        r = rows[-1]
+        print(f"seed {s}: fp32 {r['fp32']:.2f}%  PTQ int8 {r['ptq_int8']:.2f}% (loses {r['ptq_loss']:+.2f} pp, agreement {r['ptq_agreement']:.2f}%)  "
+              f"QAT int8 {r['qat_int8']:.2f}% (loses {r['qat_loss']:+.2f} pp; agreement with the fake-quantized model {r['qat_agreement_with_fake_quant']:.2f}%); "
+              f"control (fp32 fine-tuned as long) {r['control_fp32']:.2f}%, its PTQ int8 {r['control_int8']:.2f}%", flush=True)
+    med = {k: statistics.median(r[k] for r in rows) for k in ('fp32', 'ptq_int8', 'ptq_loss', 'ptq_agreement', 'qat_int8', 'qat_loss', 'qat_agreement_with_fake_quant', 'control_fp32', 'control_int8', 'qat_loss_vs_control_fp32')}
+    print('medians:', {k: round(v, 2) for k, v in med.items()})
+    cpu = next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), platform.machine()) if os.path.exists('/proc/cpuinfo') else platform.machine()
+    out = ROOT / "bench" / "results" / "qat" / f"{platform.machine()}.spread{a.spread:g}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    res = dict(bench='qat', model=f'wide_stem_cnn(c=8, spread={a.spread:g})', epochs=a.epochs, steps=a.steps, lr=a.lr, seeds=[r['seed'] for r in rows], cpu=cpu,
+               torch=torch.__version__, date=time.strftime('%Y-%m-%dT%H:%M:%S%z'), commit=_git('rev-parse', '--short=10', 'HEAD') or None,
+               dirty=bool(_git('status', '--porcelain', '--untracked-files=no')), medians=med, rows=rows)
+    tmp = out.with_suffix('.tmp'); tmp.write_text(json.dumps(res, indent=1)); os.replace(tmp, out)
+    print(f"stored {out.relative_to(ROOT)}")
+
+
+if __name__ == '__main__':
+    main()
