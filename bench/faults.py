@@ -242,6 +242,22 @@ def _():
     image_folder(d.parent)
 
 
+
+class _CallsItself(nn.Module):
+    def __init__(self): super().__init__(); self.fc = nn.Linear(20, 3)
+    def forward(self, x): return self(x)  # a typo for self.fc(x)
+
+
+def _plan(model, batch):
+    from netlite_nb.budget import plan_memory
+    return plan_memory(model, batch)
+
+
+bad('a forward that calls itself forever, planned', ValueError, 'never returns', 'recursion limit')(
+    lambda: _plan(_CallsItself(), (torch.randn(8, 20), torch.zeros(8, dtype=torch.long))))
+bad('a planner batch of 0 samples', ValueError, '0 samples', '1 or more')(
+    lambda: _plan(mlp(), (torch.randn(0, 20), torch.zeros(0, dtype=torch.long))))
+
 def laughs(levels, where):
     names = 'abcdefghijk'[:levels]
     return ("a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"

@@ -1624,3 +1624,18 @@ def test_a_gpu_plan_names_the_cudnn_lstm_only_when_the_step_runs_one():
     lstm = lambda p: any(n.startswith('cuDNN LSTM') for n in p.notes)
     assert lstm(plan_memory(LSTMNet(), (torch.randn(8, 20, 16), torch.randint(0, 10, (8,))), device_or_gpu='gtx 1650'))
     assert not lstm(plan_memory(mlp(), MNIST, device_or_gpu='gtx 1650'))
+
+
+def test_a_forward_that_never_returns_is_named_not_called_a_shape_mismatch():
+    class Loop(nn.Module):
+        def __init__(self): super().__init__(); self.fc = nn.Linear(4, 2)
+        def forward(self, x): return self(x)  # a typo for self.fc(x)
+    with pytest.raises(ValueError) as e: plan_memory(Loop(), (torch.randn(8, 4), torch.randint(0, 2, (8,))))
+    msg = str(e.value)
+    assert 'never returns' in msg and 'recursion limit' in msg and 'self(x)' in msg, msg
+    assert 'shape (8, 4)' not in msg and 'expects' not in msg, msg
+
+
+def test_a_batch_of_no_samples_is_refused_in_a_sentence():
+    with pytest.raises(ValueError, match='0 samples.*1 or more'):
+        plan_memory(nn.Linear(4, 2), (torch.randn(0, 4), torch.randint(0, 2, (0,))))

@@ -475,7 +475,11 @@ def _first(x)->torch.Tensor:
     if not ts: raise ShapeMismatchError(f"The batch has no tensor in it: {type(x).__name__}. Give (x, y), x, or a dict of tensors.")
     return ts[0]
 
-def _batch_size(batch)->int: return _first(_split_batch(batch)[0]).shape[0]
+def _batch_size(batch)->int:
+    b = _first(_split_batch(batch)[0]).shape[0]
+    if b == 0: raise ShapeMismatchError("The batch has 0 samples (its first dimension is 0): a plan is made for the batch it is given. "
+                                        "Give a batch of 1 or more samples; plans for larger batches scale from it.")
+    return b
 
 def _call(m:nn.Module, x):
     "Run `m` on inputs `x` as a training loop does: `m(**x)` for a dict, `m(*x)` for a tuple, `m(x)` for a tensor."
@@ -698,6 +702,11 @@ def _dtypes(z)->str:
 
 def _shape_error(e:Exception, tr:AllocationTracker, m:nn.Module, x, y)->ShapeMismatchError|None:
     "The failure `e` explained with the layer (or the loss) that raised it and the shapes involved; None for other failures."
+    if isinstance(e, RecursionError) and tr.phase == 'forward':  # not a shape at all: a forward that never returns
+        name = tr.modules[0] if tr.modules else ''
+        return ShapeMismatchError(f"The model's forward never returns: layer `{name or type(m).__name__}` calls itself (directly or through "
+            f"the layers it calls) until Python stops it at its recursion limit ({sys.getrecursionlimit()} calls). Look for `self(x)` or "
+            "`self.forward(x)` inside `forward`, or a module that holds itself; the batch's shape is not the problem.")
     if tr.phase == 'forward' and tr.modules:
         name = tr.modules[-1]
         mod = m.get_submodule(name) if name else m
