@@ -11,7 +11,7 @@ import numpy as np, torch, onnx
 from fastcore.basics import patch
 from .probe import fmt_bytes, in_notebook, rows_html, rows_text
 from .data import FolderDataset, LabeledTensors, mnist_sample
-from .checkpoint import read_run_config
+from .checkpoint import read_run_config, write_atomic
 from .export import onnx_session
 
 # %% auto #0
@@ -51,15 +51,9 @@ def ort_web_dist(path)->Path:
 
 # %% ../nbs/09b_web.ipynb #w017
 def _write_atomic(path:Path, data:bytes, check=None):
-    "Write `data` to `path` through a temporary file beside it, renamed into place once `check(tmp)` passes."
+    "Write `data` to `path` as chapter 06a writes every file (exclusive temp file, verified by `check`, renamed), its folder made first."
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'wb') as f: f.write(data)
-        if check is not None: check(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True); raise
+    return write_atomic(path, data, verify=check)
 
 # %% ../nbs/09b_web.ipynb #w018
 def _embedded_runtime(dist:Path, backend:str)->bytes:
