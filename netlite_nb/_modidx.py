@@ -602,7 +602,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'netlite_nb.lora._quantize_base': ('lora.html#_quantize_base', 'netlite_nb/lora.py'),
                                  'netlite_nb.lora._register_state_hooks': ('lora.html#_register_state_hooks', 'netlite_nb/lora.py'),
                                  'netlite_nb.lora._trains_bias': ('lora.html#_trains_bias', 'netlite_nb/lora.py'),
-                                 'netlite_nb.lora._write_verified': ('lora.html#_write_verified', 'netlite_nb/lora.py'),
                                  'netlite_nb.lora.add_lora': ('lora.html#add_lora', 'netlite_nb/lora.py'),
                                  'netlite_nb.lora.compare_adaptation': ('lora.html#compare_adaptation', 'netlite_nb/lora.py'),
                                  'netlite_nb.lora.dequantize_4bit': ('lora.html#dequantize_4bit', 'netlite_nb/lora.py'),

@@ -19,7 +19,7 @@ from .budget import plan_memory, register_lever
 from .memory.trace import AllocationTracker, default_loss, is_traced, make_optimizer
 from .optim import dequantize_blockwise, quantize_blockwise
 from .data import LabeledTensors, make_loaders, mnist_sample
-from .checkpoint import find_checkpoint, read_run_config
+from .checkpoint import find_checkpoint, read_run_config, write_atomic
 from .train import Trainer
 
 # %% auto #0
@@ -404,16 +404,6 @@ def _peft_config(s:LoRASummary)->dict:
                 init_lora_weights=True, inference_mode=True, rank_pattern={}, alpha_pattern={}, layers_to_transform=None, base_model_name_or_path=None)
 
 # %% ../nbs/09a_lora.ipynb #q20
-def _write_verified(path:Path, write, check):
-    "Write `path` through a temporary file in its directory, `check` the temporary file, then rename it into place."
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(tmp); check(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp): os.unlink(tmp)
-
 def save_peft(model:nn.Module, # a model with `add_lora`'s adapters on Linear/Conv layers
               directory, # created if missing; adapter_model.safetensors and adapter_config.json are written into it
              )->Path:
@@ -422,12 +412,12 @@ def save_peft(model:nn.Module, # a model with `add_lora`'s adapters on Linear/Co
     tensors, cfg = _peft_tensors(model), _peft_config(model.lora_summary)
     d = Path(directory); d.mkdir(parents=True, exist_ok=True)
     def same_tensors(tmp):
-        back = st.load_file(tmp)
+        back = st.load_file(str(tmp))
         if back.keys() != tensors.keys() or not all(torch.equal(back[k], tensors[k].cpu()) for k in tensors): raise OSError(f"{tmp} did not read back as written.")
     def same_config(tmp):
         if json.loads(Path(tmp).read_text()) != cfg: raise OSError(f"{tmp} did not read back as written.")
-    _write_verified(d / 'adapter_model.safetensors', lambda tmp: st.save_file({k: v.cpu() for k, v in tensors.items()}, tmp), same_tensors)
-    _write_verified(d / 'adapter_config.json', lambda tmp: Path(tmp).write_text(json.dumps(cfg, indent=2)), same_config)
+    write_atomic(d / 'adapter_model.safetensors', st.save({k: v.cpu().contiguous() for k, v in tensors.items()}), verify=same_tensors)  # chapter 06a's writer
+    write_atomic(d / 'adapter_config.json', json.dumps(cfg, indent=2), verify=same_config)
     return d
 
 # %% ../nbs/09a_lora.ipynb #q21
