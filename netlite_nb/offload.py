@@ -16,10 +16,10 @@ from .memory.trace import AllocationTracker, Target, _norm, is_traced, make_opti
 from .optim import state_bytes
 
 # %% auto #0
-__all__ = ['IN_BACKWARD', 'GRADS_OFFLOADED', 'STATE_OFFLOADED', 'PCIE_LANE_GBS', 'PCIE_EFFICIENCY', 'OFFLOADS', 'offload_hooks',
-           'offload_activations', 'HostOptimizer', 'host_optimizer_backend', 'StepInBackward', 'offloads',
-           'check_offload', 'nvml_pcie_link', 'pcie_link', 'pcie_gbs', 'host_bandwidth', 'offload_seconds',
-           'apply_offload']
+__all__ = ['HALF', 'IN_BACKWARD', 'GRADS_OFFLOADED', 'STATE_OFFLOADED', 'PCIE_LANE_GBS', 'PCIE_EFFICIENCY', 'OFFLOADS',
+           'offload_hooks', 'offload_activations', 'HostOptimizer', 'host_optimizer_backend', 'LossScale',
+           'half_weights', 'half_weights_fp16', 'half_weights_bf16', 'StepInBackward', 'offloads', 'check_offload',
+           'nvml_pcie_link', 'pcie_link', 'pcie_gbs', 'host_bandwidth', 'offload_seconds', 'apply_offload']
 
 # %% ../nbs/03a_offload.ipynb #o007
 def _tracker()->AllocationTracker|None:
@@ -90,11 +90,12 @@ def offload_activations(model:nn.Module, # changed in place: two hooks on the to
     return model
 
 # %% ../nbs/03a_offload.ipynb #o014
-def _host_tensor(t:torch.Tensor, traced:bool, copy:bool=True)->torch.Tensor:
-    "A host tensor like `t` (a copy of it when `copy`): pinned when `t` is on CUDA, data-less ('meta', untracked) in a plan."
+def _host_tensor(t:torch.Tensor, traced:bool, copy:bool=True, dtype:torch.dtype|None=None)->torch.Tensor:
+    "A host tensor like `t` (a copy of it when `copy`, in `dtype` if given): pinned when `t` is on CUDA, data-less ('meta', untracked) in a plan."
+    dtype = dtype or t.dtype
     if traced:
-        with _disable_current_modes(): return torch.empty(t.shape, dtype=t.dtype, device='meta')
-    h = torch.empty(t.shape, dtype=t.dtype, device='cpu', pin_memory=t.device.type == 'cuda')
+        with _disable_current_modes(): return torch.empty(t.shape, dtype=dtype, device='meta')
+    h = torch.empty(t.shape, dtype=dtype, device='cpu', pin_memory=t.device.type == 'cuda')
     return h.copy_(t.detach()) if copy else h
 
 def _hyper(g:dict)->dict:
@@ -126,7 +127,7 @@ def _refuse_distributed(what:str, distributed:bool|None=None): # the run is data
 
 # %% ../nbs/03a_offload.ipynb #o015
 class HostOptimizer(torch.optim.Optimizer):
-    "Keep an optimizer's state, and a copy of each weight it updates, in host memory; run the update there and copy the new weights back."
+    "Keep an optimizer's state, and a copy of each weight it updates (fp32 for a half-precision weight), in host memory; update there, copy back."
     def __init__(self, params, optimizer='adamw', # what updates the host copies: anything `make_optimizer` takes
                  lr:float=1e-3, weight_decay:float=0.01,
                  offload_grads:bool=False, # move each gradient to the host as soon as backward completes it, freeing it on the device
@@ -135,9 +136,11 @@ class HostOptimizer(torch.optim.Optimizer):
         if offload_grads: _refuse_distributed("Moving each gradient to the host during backward (offload_grads=True)")
         ps = [p for g in self.param_groups for p in g['params']]
         self.traced, self.offload_grads, self.base = any(is_traced(p) for p in ps), offload_grads, optimizer
-        self.host = {p: _host_tensor(p, self.traced) for p in ps}  # keyed by the tensor object, as optimizer state is
+        self.host = {p: _host_tensor(p, self.traced, dtype=_master_dtype(p)) for p in ps}  # keyed by the tensor object, as optimizer state is
+        self.loss_scale = next((s for p in ps if (s := getattr(p, '_loss_scale', None)) is not None), None)  # fp16 weights (`half_weights`)
+        self.skipped = 0  # steps skipped because a loss-scaled gradient overflowed
         self.versions = {p: p._version for p in ps}
-        self.grad_buffers, self.accumulated = {}, set()
+        self.grad_buffers, self.accumulated, self.half_grads = {}, set(), {}
         with _disable_current_modes() if self.traced else contextlib.nullcontext():
             self.inner = make_optimizer(optimizer, [{'params': [self.host[p] for p in g['params']], **_hyper(g)} for g in self.param_groups],
                                         lr=lr, weight_decay=weight_decay, foreach=foreach)
@@ -146,7 +149,24 @@ class HostOptimizer(torch.optim.Optimizer):
         _own(self, ps)
         self.handles = [p.register_post_accumulate_grad_hook(_weak_hook(self, '_grad_to_host')) for p in ps] if offload_grads else []
 
-# %% ../nbs/03a_offload.ipynb #o016
+# %% ../nbs/03a_offload.ipynb #01d3e90b
+def _master_dtype(p:torch.Tensor)->torch.dtype:
+    "The dtype of `p`'s host copy: fp32 master weights for a half-precision weight (updates smaller than its rounding step survive)."
+    return torch.float32 if p.dtype in (torch.float16, torch.bfloat16) else p.dtype
+
+@patch
+def _take_grad(self:HostOptimizer, p:torch.Tensor, g:torch.Tensor):
+    "Add `p`'s device gradient `g` to the host's: the first micro-batch's by an asynchronous copy, later ones added in the master's dtype."
+    h = self.host[p]
+    if h.grad is None and p not in self.half_grads:  # a copy into the pinned buffer (the CPU's own tensor, on a CPU)
+        c = g if g.device == h.device else self.grad_buffers.setdefault(p, _host_tensor(g, False, copy=False)).copy_(g, non_blocking=True)
+        if c.dtype == h.dtype: h.grad = c
+        else: self.half_grads[p] = c  # a fp32 tensor takes no half gradient: it becomes one at the step, when the copy has landed
+        return
+    g = g.to(h.device)  # blocking, so the first copy has landed too
+    if p in self.half_grads: h.grad = self.half_grads.pop(p).to(h.dtype)  # accumulate in fp32
+    h.grad.add_(g)
+
 @patch
 def _grad_to_host(self:HostOptimizer, p:torch.Tensor):
     "Backward has completed `p`'s gradient: add it to the host's (accumulation works there) and free it on the device."
@@ -154,10 +174,7 @@ def _grad_to_host(self:HostOptimizer, p:torch.Tensor):
     if self.traced:
         with _disable_current_modes(): h.grad = h.grad if h.grad is not None else torch.empty_like(h)
         _moved('gradients', g.numel() * g.element_size())
-    elif h.grad is None:  # the step's first micro-batch: a copy into the pinned buffer (the CPU's own tensor, on a CPU)
-        if g.device == h.device: h.grad = g
-        else: h.grad = self.grad_buffers.setdefault(p, _host_tensor(g, False, copy=False)).copy_(g, non_blocking=True)
-    else: h.grad.add_(g.to(h.device))
+    else: self._take_grad(p, g)
     p.grad = None
 
 # %% ../nbs/03a_offload.ipynb #o017
@@ -167,10 +184,11 @@ def _to_host(self:HostOptimizer):
     for p, h in self.host.items():
         if p._version != self.versions[p]: h.copy_(p.detach())  # loaded or restored since our last copy: it wins
         if self.offload_grads: continue
-        if p.grad is None: h.grad = None
-        elif p.grad.device == h.device: h.grad = p.grad
-        else: h.grad = self.grad_buffers.setdefault(p, _host_tensor(p.grad, False, copy=False)).copy_(p.grad, non_blocking=True)
+        h.grad = None
+        if p.grad is not None: self._take_grad(p, p.grad)
     if any(p.is_cuda for p in self.host): torch.cuda.synchronize()  # the copies have landed before the host reads them
+    for p, g in self.half_grads.items(): self.host[p].grad = g.to(self.host[p].dtype)  # half-precision gradients, for the fp32 masters
+    self.half_grads.clear()
 
 @patch
 def _to_device(self:HostOptimizer):
@@ -188,11 +206,11 @@ def _traced_step(self:HostOptimizer):
         for p, h in self.host.items():
             if not self.offload_grads: h.grad = torch.empty_like(h) if p.grad is not None else None
         self.inner.step()
-    weights = sum(nbytes(h) for h in self.host.values())
+    weights, device = sum(nbytes(h) for h in self.host.values()), sum(nbytes(p) for p in self.host)  # host copies may be fp32 masters of half weights
     _hold('optimizer state', state_bytes(self.inner), absolute=True)
     _hold('weights and gradients', 2 * weights, absolute=True)
-    if not self.offload_grads: _moved('gradients', weights)
-    _moved('weights', weights)
+    if not self.offload_grads: _moved('gradients', device)
+    _moved('weights', device)
     _moved('host update', 3 * weights + 2 * state_bytes(self.inner))  # read weights, gradients, state; write weights, state
 
 @patch
@@ -204,8 +222,19 @@ def step(self:HostOptimizer, closure=None):
         with torch.enable_grad(): loss = closure()
     for g, ig in zip(self.param_groups, self.inner.param_groups): ig.update(_hyper(g))  # a scheduler changed the outer groups
     if self.traced: self._traced_step(); return loss
-    self._to_host(); self.inner.step(); self._to_device()
+    self._to_host()
+    if self._unscaled(): self.inner.step(); self._to_device()
     return loss
+
+@patch
+def _unscaled(self:HostOptimizer)->bool:
+    "fp16 weights: divide the host gradients by the loss scale; False (the step skipped, the scale halved) if one overflowed."
+    if self.loss_scale is None: return True
+    gs = [h.grad for h in self.host.values() if h.grad is not None]
+    if gs: torch._foreach_mul_(gs, 1 / self.loss_scale.scale)
+    finite = all(bool(torch.isfinite(g).all()) for g in gs)  # every gradient is on the host: the global check a GradScaler makes
+    self.loss_scale.update(finite); self.skipped += not finite
+    return finite
 
 # %% ../nbs/03a_offload.ipynb #o019
 @patch
@@ -213,15 +242,19 @@ def zero_grad(self:HostOptimizer, set_to_none:bool=True):
     "Clear the gradients on the device and on the host."
     torch.optim.Optimizer.zero_grad(self, set_to_none)
     for h in self.host.values(): h.grad = None
+    self.half_grads.clear()
 
 @patch
 def state_dict(self:HostOptimizer)->dict:
-    "The host optimizer's state, indexed as this optimizer's parameters are (the same order)."
-    return self.inner.state_dict()
+    "The host optimizer's state, indexed as this optimizer's parameters are (the same order); with fp16 weights, the loss scale too."
+    sd = self.inner.state_dict()
+    return sd if self.loss_scale is None else {**sd, 'loss_scale': self.loss_scale.state_dict()}
 
 @patch
 def load_state_dict(self:HostOptimizer, state_dict:dict):
     "Load a state saved by `state_dict` into the host optimizer; the host weights follow the model's at the next step."
+    state_dict = dict(state_dict); ls = state_dict.pop('loss_scale', None)
+    if ls is not None and self.loss_scale is not None: self.loss_scale.load_state_dict(ls)
     self.inner.load_state_dict(state_dict)
     for g, ig in zip(self.param_groups, self.inner.param_groups): g.update(_hyper(ig))
 
@@ -240,6 +273,61 @@ def host_optimizer_backend(device)->str:
     if device.type != 'cuda' or not torch.cuda.is_available(): return 'netlite_nb'  # torchao refuses machines without CUDA
     return 'torchao' if _torchao_offload() is not None else 'netlite_nb'
 
+
+# %% ../nbs/03a_offload.ipynb #c29ee8eb
+class LossScale:
+    "The dynamic loss scale of fp16 weights: halved when a step overflows (that step skipped), doubled after `interval` clean steps."
+    def __init__(self, scale:float=2.0**16, interval:int=2000): self.scale, self.interval, self.clean = scale, interval, 0
+    def update(self, finite:bool):
+        "Record one step: `finite` if no gradient overflowed."
+        if not finite: self.scale, self.clean = self.scale / 2, 0
+        elif self.clean + 1 >= self.interval: self.scale, self.clean = self.scale * 2, 0
+        else: self.clean += 1
+    def state_dict(self)->dict: return dict(scale=self.scale, clean=self.clean)
+    def load_state_dict(self, d:dict): self.scale, self.clean = float(d['scale']), int(d['clean'])
+
+class _ScaleGrad(torch.autograd.Function):
+    "Identity forward; backward multiplies the gradient by the loss scale: loss scaling, applied at the model's output."
+    @staticmethod
+    def forward(ctx, x, scale): ctx.scale = scale; return x.view_as(x)
+    @staticmethod
+    def backward(ctx, g): return g * ctx.scale, None
+
+# %% ../nbs/03a_offload.ipynb #30ec1f80
+HALF = {'fp16': torch.float16, 'bf16': torch.bfloat16}
+
+def _cast(x, dtype):
+    "`x` (a tensor, or a tuple, list or dict of them) with its floating tensors in `dtype`."
+    if isinstance(x, torch.Tensor): return x.to(dtype) if x.is_floating_point() else x
+    if isinstance(x, (tuple, list)): return type(x)(_cast(v, dtype) for v in x)
+    return {k: _cast(v, dtype) for k, v in x.items()} if isinstance(x, dict) else x
+
+def half_weights(model:nn.Module, # changed in place: its weights and buffers converted, two hooks on the top module
+                 dtype:str='fp16', # 'fp16' (any CUDA card; loss-scaled) or 'bf16' (cards with bf16 arithmetic)
+                )->nn.Module:
+    "Keep `model`'s weights in half precision, for a `HostOptimizer` that keeps their fp32 masters on the host; inputs cast in, the output back to fp32."
+    if getattr(model, '_half_weights', None): return model
+    dt = HALF[dtype]
+    scale = LossScale() if dtype == 'fp16' else None
+    model.to(dt)
+    for p in model.parameters(): p._loss_scale = scale  # how the optimizer finds it
+    def cast_in(m, args, kwargs): return _cast(args, dt), _cast(kwargs, dt)
+    def cast_out(m, args, kwargs, out):
+        out = _cast(out, torch.float32)
+        if scale is None or not isinstance(out, torch.Tensor) or not torch.is_grad_enabled(): return out
+        return _ScaleGrad.apply(out, scale.scale)
+    model.register_forward_pre_hook(cast_in, with_kwargs=True)
+    model.register_forward_hook(cast_out, with_kwargs=True)
+    model._half_weights = dtype
+    return model
+
+def half_weights_fp16(model:nn.Module)->nn.Module:
+    "`half_weights(model, 'fp16')`, as a named transform for plans and the `Trainer`."
+    return half_weights(model, 'fp16')
+
+def half_weights_bf16(model:nn.Module)->nn.Module:
+    "`half_weights(model, 'bf16')`, as a named transform for plans and the `Trainer`."
+    return half_weights(model, 'bf16')
 
 # %% ../nbs/03a_offload.ipynb #o028
 class StepInBackward(torch.optim.Optimizer):
@@ -306,7 +394,7 @@ def _register_offloads(base:str):
         def f(params, lr, weight_decay, foreach):
             params = list(params)
             first = next((p for p in params if isinstance(p, torch.Tensor)), None)
-            if base == 'adamw' and first is not None and not is_traced(first) and host_optimizer_backend(first.device) == 'torchao':
+            if base == 'adamw' and first is not None and first.dtype == torch.float32 and not is_traced(first) and host_optimizer_backend(first.device) == 'torchao':
                 return _torchao_offload()(params, torch.optim.AdamW, lr=lr, weight_decay=weight_decay, offload_gradients=grads)
             return HostOptimizer(params, base, lr=lr, weight_decay=weight_decay, offload_grads=grads, foreach=foreach)
         return f
