@@ -7,8 +7,9 @@ On the CPU (the host is the device, so nothing is saved; what is measured is the
   - whether each ends at the plain step's weights, bit for bit;
   - the planner's host rows (optimizer state, saved activations) against the bytes the real mechanisms hold.
 Planned (no GPU needed): for each card, the largest GPT-style model (4 blocks, width d, sequence 256, batch 8, AdamW) that fits
-with the best plan without the offload levers (8-bit AdamW state and checkpointing)
-and with them, each with its estimated offload time per step. The GPU figures are estimates until `bench/gpu_check.py` runs on a card.
+with the best plan without the offload levers (8-bit AdamW state and checkpointing; on cards with bf16 arithmetic also bf16 weights)
+and with them (half-precision weights on the card, fp32 masters, AdamW state and gradients on the host, checkpointed segments'
+inputs in host memory), each with its estimated compute and offload time per step (`step_seconds`, `offload_seconds`). The GPU figures are estimates until `bench/gpu_check.py` runs on a card.
 
     python bench/offload.py [--repeats 5] [--steps 5] [--cards 'gtx 1050 ti' 'gtx 1650' 'rtx 3060']
 """
@@ -18,10 +19,12 @@ import torch, torch.nn as nn, torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from budget_accuracy import machine, _git, _slug, save_result, ROOT
 from netlite_nb.budget import plan_memory
+from netlite_nb.memory.trace import resolve_target
 from netlite_nb.layers import memory_transform
 from netlite_nb.memory.trace import make_optimizer
-from netlite_nb.optim import state_bytes
-from netlite_nb.offload import HostOptimizer, StepInBackward, offload_activations, offload_hooks
+from netlite_nb.optim import bf16_weights, state_bytes
+from netlite_nb.offload import (HostOptimizer, StepInBackward, half_weights_bf16, half_weights_fp16, offload_activations, offload_hooks,
+                                offload_seconds, step_seconds)
 from netlite_nb.probe import lookup_gpu
 
 class Block(nn.Module):
@@ -80,42 +83,54 @@ def host_terms(d=128, seq=64, batch=8):
                 optimizer_state=dict(planned=plan.host['host: optimizer state (pinned)'], measured=state_bytes(opt.inner)))
 
 def fits(card, d, options, seq, batch):
-    "The best (smallest) plan among `options` (optimizer, precision, transform) for width `d` on `card`: (fits, plan)."
+    "The best (smallest) plan among `options` (optimizer, precision, transform) for width `d` on `card`: (fits, plan, model, batch)."
     b = (torch.empty(batch, seq, d, device='meta'), torch.empty(batch, seq, d, device='meta'))
     with torch.device('meta'): model = gpt(d)  # shapes only: a plan never reads the weights, and a 3-billion-parameter model would not fit here
     plans = [plan_memory(model, b, loss_fn=F.mse_loss, device_or_gpu=card, optimizer=o, precision=p, transform=t) for o, p, t in options]
     best = min(plans, key=lambda p: p.total)
-    return best.fits, best
+    return best.fits, best, model, b
 
 def largest(card, options, seq, batch, bytes_per_param):
-    "The largest width (a multiple of 128) whose best plan fits `card`, and that plan: bracketed around the width whose weights, gradients and state take the card at `bytes_per_param`, then bisected."
+    "The largest width (a multiple of 128) whose best plan fits `card`, that plan and its estimated time: bracketed around the width whose weights, gradients and state take the card at `bytes_per_param`, then bisected."
     guess = int(math.sqrt(lookup_gpu(card).memory_bytes / bytes_per_param / 48))  # a block has about 12 d² weights; 4 blocks
-    lo, hi = max(128, int(guess * 0.6) // 128 * 128), int(guess * 1.3) // 128 * 128 + 128
-    ok, plan = fits(card, lo, options, seq, batch)
+    lo, hi = max(128, int(guess * 0.6) // 128 * 128), int(guess * 1.4) // 128 * 128 + 128
+    ok, plan, model, b = fits(card, lo, options, seq, batch)
     if not ok: raise RuntimeError(f"{card}: width {lo} does not fit either; lower the bracket")
     if fits(card, hi, options, seq, batch)[0]: raise RuntimeError(f"{card}: width {hi} fits too; raise the bracket")
     while hi - lo > 128:
         mid = (lo + hi) // 2 // 128 * 128
-        f, p = fits(card, mid, options, seq, batch)
-        if f: lo, plan = mid, p
+        f, p, m, bb = fits(card, mid, options, seq, batch)
+        if f: lo, plan, model, b = mid, p, m, bb
         else: hi = mid
+    target = resolve_target(card)
+    compute, how_compute = step_seconds(model, b, target)
+    bus, host = plan.host.get('bus per step', 0), plan.host.get('host traffic per step', 0)
+    offload, how_offload = offload_seconds(bus, host, target)
     return dict(width=lo, params=plan.params, total=plan.total, how=f"{plan.optimizer}, {plan.precision}, {plan.transform or 'no transform'}",
-                time=plan.host.get('offload time per step', 'no offload'))
+                bus_bytes=bus, host_traffic_bytes=host, host_held_bytes=sum(v for k, v in plan.host.items() if k.startswith('host:')),
+                compute_s=round(compute, 4), offload_s=round(offload if bus or host else 0.0, 4), how_compute=how_compute,
+                how_offload=how_offload if bus or host else 'nothing offloaded')
 
 def largest_models(cards, seq=256, batch=8):
     ck = memory_transform(True)
     out = []
     for card in cards:
         spec = lookup_gpu(card)
-        # the smallest plan of each kind for a model whose weights dominate: 8-bit state and checkpointing, fp32 (autocast would add
-        # half-precision copies of the weights), against the gradients and state on the host and the saved segment inputs too
+        # without the levers, the smallest plan of each kind for a model whose weights dominate: 8-bit state and checkpointing, fp32
+        # (autocast would add half-precision copies of the weights), and, where the card computes in bf16, bf16 weights too (chapter 03)
         without = [('adamw8bit', 'fp32', ck)]
-        both = lambda m: offload_activations(ck(m))
-        both.__name__ = 'checkpointing + offload_activations'
-        with_ = [('adamw-offload-grads', 'fp32', both)]
-        out.append(dict(gpu=spec.name, without=largest(card, without, seq, batch, 10), **{'with': largest(card, with_, seq, batch, 4)}))
+        if spec.bf16_native: without.append(('adamw8bit-bf16sr', 'bf16', _named(lambda m: ck(bf16_weights(m)), 'bf16_weights + checkpointing')))
+        # with them: half-precision weights on the card (fp16 where bf16 is emulated), fp32 masters, state and gradients on the host,
+        # the checkpointed segments' inputs in host memory
+        half = half_weights_bf16 if spec.bf16_native else half_weights_fp16
+        with_ = [('adamw-offload-grads', 'fp32', _named(lambda m: offload_activations(ck(half(m))), f"{half.__name__} + checkpointing + offload_activations"))]
+        out.append(dict(gpu=spec.name, without=largest(card, without, seq, batch, 6 if spec.bf16_native else 10), **{'with': largest(card, with_, seq, batch, 2.5)}))
         print(out[-1], flush=True)
     return out
+
+def _named(f, name):
+    f.__name__ = name
+    return f
 
 if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -477,7 +477,7 @@ class Change:
 # %% ../nbs/01_budget.ipynb #fb4
 LEVERS:dict[str, Callable] = {}  # name -> fn(target, plan_kwargs, model) -> [(description, plan_memory overrides, slowdown)]
 
-def register_lever(fn:Callable, # fn(target:Target, plan_kwargs:dict, model) -> list of (description, plan_memory overrides, slowdown)
+def register_lever(fn:Callable, # fn(target:Target, plan_kwargs:dict (and 'batch'), model) -> list of (description, plan_memory overrides, slowdown: a fraction, or a function of the lever's plan giving one)
                    finetune_only:bool=False, # the change freezes trained weights (LoRA): offered only to `fit_to_budget(..., finetune=True)`
                   )->Callable:
     "Make `fit_to_budget` consider the changes `fn` proposes (a function registered again under its name replaces the old one)."
@@ -563,10 +563,10 @@ def fit_to_budget(model:nn.Module, # the model to plan for
         full = _changed(kw, over)
         try: p = plan_memory(model, batch, device_or_gpu=target, budget=budget, **full)
         except IncompatibleStepError: return None  # a lever that cannot join this step (`register_step_check`)
-        return Change(desc, {k: full[k] for k in over}, slow, base.total - p.total, p)
+        return Change(desc, {k: full[k] for k in over}, slow(p) if callable(slow) else slow, base.total - p.total, p)  # a lever may price itself on its plan
     use = [fn for fn in LEVERS.values() if finetune or not getattr(fn, 'finetune_only', False)]  # from scratch, nothing may stay frozen
-    proposed = [lv for fn in use for lv in fn(target, dict(kw), model)] + list(levers)
-    singles = [(over, c) for desc, over, slow in sorted(proposed, key=lambda l: l[2]) if (c := change(desc, over, slow)) is not None]
+    proposed = [lv for fn in use for lv in fn(target, dict(kw, batch=batch), model)] + list(levers)
+    singles = sorted([(over, c) for desc, over, slow in proposed if (c := change(desc, over, slow)) is not None], key=lambda oc: oc[1].slowdown)
     out = [c for _, c in singles if c.saving > 0]
     if base.fits is False and base.batch_size > 1:
         acc = _accumulation(model, batch, budget, target, kw, {}, change)

@@ -19,7 +19,8 @@ from .optim import state_bytes
 __all__ = ['HALF', 'IN_BACKWARD', 'GRADS_OFFLOADED', 'STATE_OFFLOADED', 'PCIE_LANE_GBS', 'PCIE_EFFICIENCY', 'OFFLOADS',
            'offload_hooks', 'offload_activations', 'HostOptimizer', 'host_optimizer_backend', 'LossScale',
            'half_weights', 'half_weights_fp16', 'half_weights_bf16', 'StepInBackward', 'offloads', 'check_offload',
-           'nvml_pcie_link', 'pcie_link', 'pcie_gbs', 'host_bandwidth', 'offload_seconds', 'apply_offload']
+           'nvml_pcie_link', 'pcie_link', 'pcie_gbs', 'host_bandwidth', 'offload_seconds', 'step_seconds',
+           'offload_slowdown', 'apply_offload', 'offload_transform']
 
 # %% ../nbs/03a_offload.ipynb #o007
 def _tracker()->AllocationTracker|None:
@@ -302,6 +303,17 @@ def _cast(x, dtype):
     if isinstance(x, (tuple, list)): return type(x)(_cast(v, dtype) for v in x)
     return {k: _cast(v, dtype) for k, v in x.items()} if isinstance(x, dict) else x
 
+def _convert(model:nn.Module, dt:torch.dtype):
+    "Each floating parameter replaced by one in `dt` (a shared one stays shared), each floating buffer converted; works on a plan's fake weights too."
+    new = {}
+    for mod in model.modules():
+        for n, p in list(mod.named_parameters(recurse=False)):
+            if p.is_floating_point():
+                if id(p) not in new: new[id(p)] = nn.Parameter(p.detach().to(dt), requires_grad=p.requires_grad)
+                setattr(mod, n, new[id(p)])
+        for n, b in list(mod.named_buffers(recurse=False)):
+            if b.is_floating_point(): setattr(mod, n, b.to(dt))
+
 def half_weights(model:nn.Module, # changed in place: its weights and buffers converted, two hooks on the top module
                  dtype:str='fp16', # 'fp16' (any CUDA card; loss-scaled) or 'bf16' (cards with bf16 arithmetic)
                 )->nn.Module:
@@ -309,7 +321,7 @@ def half_weights(model:nn.Module, # changed in place: its weights and buffers co
     if getattr(model, '_half_weights', None): return model
     dt = HALF[dtype]
     scale = LossScale() if dtype == 'fp16' else None
-    model.to(dt)
+    _convert(model, dt)
     for p in model.parameters(): p._loss_scale = scale  # how the optimizer finds it
     def cast_in(m, args, kwargs): return _cast(args, dt), _cast(kwargs, dt)
     def cast_out(m, args, kwargs, out):
@@ -405,11 +417,11 @@ def _register_offloads(base:str):
 
 for _base in ('sgd', 'adamw', 'adamw8bit'): _register_offloads(_base)
 
-# %% ../nbs/03a_offload.ipynb #o036
+# %% ../nbs/03a_offload.ipynb #4e45b12e
 def offloads(step:TrainingStep)->list[str]:
-    "The offloads `step` uses, by name: 'activations', 'optimizer state', 'gradients', 'step in backward'."
-    name = _norm(step.optimizer) if isinstance(step.optimizer, str) else ''
-    return ((['activations'] if 'offload_activations' in (_transform_name(step.transform) or '') else [])
+    "The offloads `step` uses, by name: 'activations', 'half weights', 'optimizer state', 'gradients', 'step in backward'."
+    name, tf = _norm(step.optimizer) if isinstance(step.optimizer, str) else '', _transform_name(step.transform) or ''
+    return ((['activations'] if 'offload_activations' in tf else []) + (['half weights'] if 'half_weights' in tf else [])
             + (['optimizer state'] if name in STATE_OFFLOADED else []) + (['gradients'] if name in GRADS_OFFLOADED and name not in IN_BACKWARD else [])
             + (['step in backward'] if name in IN_BACKWARD else []))
 
@@ -440,7 +452,20 @@ def check_offload(step:TrainingStep, # the step: its optimizer name, transform, 
             raise IncompatibleStepError(f"A global-norm clip (clip_grad={clip_grad}) cannot work with {what}: the norm is taken over all gradients "
                 "before any update, and here each one is used or moved as soon as it exists. Drop clip_grad, or use optimizer='adamw-offload'.")
         if distributed: _refuse_distributed(what[0].upper() + what[1:], True)
+    if 'half weights' in uses: _check_half(step, target)
 
+def _check_half(step:TrainingStep, target:Target|None):
+    "Refuse half-precision weights where nothing keeps their fp32 masters, under a GradScaler, or in bf16 on a card that only emulates it."
+    if 'optimizer state' not in offloads(step):
+        raise IncompatibleStepError(f"Half-precision weights on the card need fp32 master weights, and only the host optimizer keeps them: with "
+            f"optimizer {step.optimizer!r} updates smaller than a weight's rounding step would be lost (and fp16's loss scale never taken off). "
+            "Use optimizer='adamw-offload-grads' (or 'adamw-offload').")
+    if step.precision == 'fp16':
+        raise IncompatibleStepError("half_weights scales the loss itself, and precision='fp16' would add a GradScaler, which refuses fp16 "
+            "gradients. Use precision='fp32' (the weights are already half precision; the arithmetic follows them).")
+    if 'half_weights_bf16' in (_transform_name(step.transform) or '') and target is not None and target.kind == 'cuda' and target.bf16_native is False:
+        raise IncompatibleStepError(f"{target.name} has no bf16 arithmetic (it needs compute capability 8.0, Ampere or newer): bf16 weights "
+            "would run every operation emulated. Use half_weights_fp16 (offload='fp16-weights'), which scales the loss against underflow.")
 @register_step_check
 def _offload_check(step:TrainingStep, batch_size:int, target:Target): check_offload(step, batch_size, target)
 
@@ -503,7 +528,7 @@ def _offload_terms(tr:AllocationTracker, target:Target)->tuple[dict, list]:
     bus = sum(v for (s, k), v in o['bus'].items() if s == last and k != 'host update')
     streamed = sum(v for (s, k), v in o['bus'].items() if s == last and k == 'host update')
     rows = {f"host: {k} (pinned)": v for k, v in o['peak'].items() if v}
-    rows['bus per step'] = bus
+    rows['bus per step'], rows['host traffic per step'] = bus, streamed
     secs, how = offload_seconds(bus, streamed, target)
     rows['offload time per step'] = f"about {secs * 1e3:,.0f} ms"
     return rows, [f"offload time per step estimated from {how}", _ram_note(sum(o['peak'].values()))]
@@ -517,39 +542,73 @@ def _ram_note(held:int)->str:
     if held > ram.total / 2: return note + "; pinned pages cannot be swapped out, so more than half of the RAM leaves the system little room"
     return note
 
-# %% ../nbs/03a_offload.ipynb #o047
-_SLOWDOWN_AT_GEN3_X16 = {'activations': 0.3, 'optimizer': 0.25, 'grads': 0.35, 'in_backward': 0.05}  # rough fractions of a step, see the text
+# %% ../nbs/03a_offload.ipynb #9ca5f2dd
+def step_seconds(model:nn.Module, # the model (its weights are not read: the forward runs on 'meta' stand-ins)
+                 batch, # (x, y) or x, real or on 'meta'
+                 target:Target, # the card: its peak fp32 rate from the catalogue
+                )->tuple[float, str]:
+    "Estimated compute seconds of one training step of `model` on `batch` on `target`, and how it was estimated."
+    from torch.utils.flop_counter import FlopCounterMode
+    from torch.func import functional_call
+    x = batch[0] if isinstance(batch, (tuple, list)) else batch
+    meta = lambda t: torch.empty(t.shape, dtype=t.dtype, device='meta') if isinstance(t, torch.Tensor) else t
+    x = torch.utils._pytree.tree_map(meta, x)
+    state = {k: meta(v) for k, v in {**dict(model.named_parameters()), **dict(model.named_buffers())}.items()}
+    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+        functional_call(model, state, tuple(x.values()) if isinstance(x, dict) else (x,))
+    try: tflops, src = lookup_gpu(target.name).fp32_tflops, f"{target.name}'s peak fp32 rate in the catalogue"
+    except (UnknownGPUError, ValueError): tflops, src = None, ''
+    if not tflops: tflops, src = 5.0, "an assumed 5 TFLOPS (the card's rate is not in the catalogue)"
+    flops = 3 * fc.get_total_flops()  # backward costs about twice the forward
+    return flops / (tflops * 1e12), f"{flops / 1e12:,.2f} TFLOP a step (3× the forward's, counted) at {src} ({tflops:g} TFLOPS)"
 
-def _offload_slowdowns(target:Target)->dict:
-    "Each lever's estimated slowdown on `target`: its share of a step at PCIe 3.0 x16, scaled by how much slower or faster `target`'s link is."
-    scale = pcie_gbs(3, 16) / pcie_gbs(*pcie_link(target)[:2])
-    return {k: round(v * (scale if k != 'in_backward' else 1), 3) for k, v in _SLOWDOWN_AT_GEN3_X16.items()}
+def offload_slowdown(model:nn.Module, batch, target:Target):
+    "A function of a lever's plan: its offload seconds (bus bytes over the link, host traffic over host memory) over the step's compute seconds."
+    step = []
+    def slowdown(plan)->float:
+        if not step: step.append(step_seconds(model, batch, target)[0])
+        secs = offload_seconds(plan.host.get('bus per step', 0), plan.host.get('host traffic per step', 0), target)[0]
+        return round(secs / step[0], 3)
+    return slowdown
 
+# %% ../nbs/03a_offload.ipynb #fb1fb9b8
 @register_lever
 def _offload_lever(target:Target, kw:dict, model:nn.Module)->list:
-    "Host offload of saved activations, optimizer state (and gradients), and the step inside backward, on a GPU."
-    if target.kind != 'cuda': return []
-    slow, out = _offload_slowdowns(target), []
-    opt = kw.get('optimizer')
+    "Host offload of saved activations, optimizer state (and gradients, and half-precision device weights), and the step inside backward, on a GPU."
+    if target.kind != 'cuda' or kw.get('batch') is None: return []
+    slow, out = offload_slowdown(model, kw['batch'], target), []
+    opt, tf = kw.get('optimizer'), _transform_name(kw.get('transform')) or ''
     if isinstance(opt, str) and _norm(opt) in ('sgd', 'adamw', 'adamw8bit'):
-        out += [(f"{opt} state in host memory, updated there (chapter 03a)", dict(optimizer=f"{opt}-offload"), slow['optimizer']),
-                (f"{opt} state and gradients in host memory (chapter 03a)", dict(optimizer=f"{opt}-offload-grads"), slow['grads'])]
+        out += [(f"{opt} state in host memory, updated there (chapter 03a)", dict(optimizer=f"{opt}-offload"), slow),
+                (f"{opt} state and gradients in host memory (chapter 03a)", dict(optimizer=f"{opt}-offload-grads"), slow)]
         if kw.get('precision') != 'fp16':
-            out.append((f"{opt} step inside backward, one parameter at a time (chapter 03a)", dict(optimizer=f"{opt}-in-backward"), slow['in_backward']))
-    if 'offload_activations' not in (_transform_name(kw.get('transform')) or ''):
-        out.append(("saved activations in pinned host memory (chapter 03a)", dict(transform=offload_activations), slow['activations']))
+            out.append((f"{opt} step inside backward, one parameter at a time (chapter 03a)", dict(optimizer=f"{opt}-in-backward"), 0.0))  # nothing crosses the bus
+            half = half_weights_bf16 if target.bf16_native else half_weights_fp16
+            if 'half_weights' not in tf: out.append((f"{half.__name__[-4:]} weights on the card; fp32 masters, {opt} state and gradients in host memory "
+                                                    "(ZeRO-Offload, chapter 03a)", dict(optimizer=f"{opt}-offload-grads", transform=half), slow))
+    if 'offload_activations' not in tf:
+        out.append(("saved activations in pinned host memory (chapter 03a)", dict(transform=offload_activations), slow))
     return out
 
-# %% ../nbs/03a_offload.ipynb #o055
-OFFLOADS = {'activations': offload_activations}  # what `Trainer(offload=...)` applies to the model, by name
+# %% ../nbs/03a_offload.ipynb #9fb1a6e4
+OFFLOADS = {'activations': offload_activations, 'fp16-weights': half_weights_fp16, 'bf16-weights': half_weights_bf16}  # `Trainer(offload=...)`, a run config's `offload:`
 
 def apply_offload(model:nn.Module, # changed in place
-                  names, # None, a name of `OFFLOADS`, or several ('activations')
+                  names, # None, a name of `OFFLOADS`, or several (['fp16-weights', 'activations'])
                  )->list:
     "Apply the offloads `names` to `model`; returns the transforms applied (for the planner). Optimizer offloads are optimizer names."
     names = [names] if isinstance(names, str) else list(names or ())
     bad = [n for n in names if n not in OFFLOADS]
     if bad: raise ValueError(f"Unknown offload {bad[0]!r}: use {', '.join(map(repr, OFFLOADS))}; the optimizer's state, gradients and the step "
                              "inside backward are optimizer names ('adamw-offload', 'adamw-offload-grads', 'adamw-in-backward').")
-    for n in names: OFFLOADS[n](model)
-    return [OFFLOADS[n] for n in names]
+    for n in sorted(names, key=list(OFFLOADS).index, reverse=True): OFFLOADS[n](model)  # the weights converted before activations are hooked
+    return [OFFLOADS[n] for n in sorted(names, key=list(OFFLOADS).index, reverse=True)]
+
+def offload_transform(transforms:list): # what `apply_offload` returned
+    "The transforms applied, as one named model transform (for a plan and `check_offload`); None for none."
+    if not transforms: return None
+    def f(model):
+        for t in transforms: model = t(model)
+        return model
+    f.__name__ = ' + '.join(t.__name__ for t in transforms)
+    return f
