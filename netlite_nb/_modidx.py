@@ -1069,6 +1069,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'netlite_nb.offload.StepInBackward': ('offload.html#stepinbackward', 'netlite_nb/offload.py'),
                                     'netlite_nb.offload.StepInBackward.__init__': ( 'offload.html#stepinbackward.__init__',
                                                                                     'netlite_nb/offload.py'),
+                                    'netlite_nb.offload.StepInBackward._half_applied': ( 'offload.html#stepinbackward._half_applied',
+                                                                                         'netlite_nb/offload.py'),
                                     'netlite_nb.offload.StepInBackward._step_one': ( 'offload.html#stepinbackward._step_one',
                                                                                      'netlite_nb/offload.py'),
                                     'netlite_nb.offload.StepInBackward.load_state_dict': ( 'offload.html#stepinbackward.load_state_dict',

@@ -341,6 +341,8 @@ def half_weights_bf16(model:nn.Module)->nn.Module:
     "`half_weights(model, 'bf16')`, as a named transform for plans and the `Trainer`."
     return half_weights(model, 'bf16')
 
+half_weights_fp16.replaces_parameters = half_weights_bf16.replaces_parameters = True  # a `Trainer` builds its optimizer again after them
+
 # %% ../nbs/03a_offload.ipynb #o028
 class StepInBackward(torch.optim.Optimizer):
     "Update each parameter inside backward, as soon as its gradient is complete, and free that gradient: no full set of gradients ever exists."
@@ -381,9 +383,17 @@ def step(self:StepInBackward, closure=None):
 
 @patch
 def zero_grad(self:StepInBackward, set_to_none:bool=True):
-    "Clear any gradient left (of parameters backward did not reach) and end the step."
+    "Clear any gradient left (of parameters backward did not reach) and end the step; refuses to drop a step backward left half applied."
+    if self.done: raise IncompatibleStepError(self._half_applied())
     torch.optim.Optimizer.zero_grad(self, set_to_none)
-    self.done.clear()
+
+@patch
+def _half_applied(self:StepInBackward)->str:
+    n = sum(len(g['params']) for g in self.param_groups)
+    return (f"The optimizer step inside backward had already updated {len(self.done)} of {n} parameters when this step was abandoned before "
+            "`step()` (most often an out-of-memory error during backward; or a skipped non-finite step): the weights now mix the old and the new "
+            "step, and retrying would update those parameters twice. Resume from the last checkpoint (`Trainer.load`) with a smaller batch, "
+            "or use optimizer='adamw-offload-grads', which only moves gradients during backward and can retry a step.")
 
 # %% ../nbs/03a_offload.ipynb #o030
 @patch

@@ -19,7 +19,7 @@ from .budget import TrainingStep, fit_to_budget, plan_memory
 from .memory.trace import make_optimizer, resize_batch
 from .layers import CheckpointedSequential, memory_transform
 import netlite_nb.optim  # registers 'adamw8bit' with `make_optimizer`
-from .offload import apply_offload, check_offload  # and registers 'adamw-offload', 'adamw-in-backward', ...
+from .offload import apply_offload, check_offload, offload_transform  # and registers 'adamw-offload', 'adamw-in-backward', ...
 from .strategies import apply_allocator_settings, load_strategy, pick_strategy, save_config
 from .checkpoint import (find_checkpoint, load_checkpoint, loader_generators, read_state, rng_state, save_checkpoint,
                                    seed_everything, set_rng_state, read_run_config, write_metrics)
@@ -604,10 +604,12 @@ def _apply_offload(self:Trainer):
     "Chapter 03a: the offloads `offload=` names applied to the model (and its plans); the optimizer's offload checked against the run's options."
     applied = apply_offload(self.model, self.opts.offload)
     self._transforms += applied
+    if any(getattr(t, 'replaces_parameters', False) for t in applied):  # half-precision weights are new tensors: the optimizer must hold those
+        self.opt = make_optimizer(self.opt_spec, self.model.parameters(), lr=self.opt.param_groups[0]['lr'], weight_decay=self.opts.weight_decay)
     o, lb = self.opts, getattr(self.train_data, 'batch_size', None)
     accumulating = (o.accum_steps or 1) > 1 or bool(o.micro_batch and lb and o.micro_batch < lb)
     step = TrainingStep(optimizer=self.opt_spec, precision=self.precision.name, micro_batch=1 if accumulating else None,
-                        transform=applied[0] if applied else None)
+                        transform=offload_transform(applied))
     check_offload(step, 2 if accumulating else 1, clip_grad=o.clip_grad)
 
 # %% ../nbs/07_train.ipynb #d012c

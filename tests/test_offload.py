@@ -228,3 +228,135 @@ def test_trainer_switches_offloads_on_by_name(kw):
                                        (dict(offload='optimizer'), 'optimizer names')])
 def test_trainer_refuses_impossible_offloads(kw, match):
     with pytest.raises(ValueError, match=match): _trainer_run(**kw)
+
+
+# --- half-precision weights on the card, fp32 masters on the host (ZeRO-Offload) ---
+
+def _half_run(dtype, host=True, steps=3):
+    "`steps` AdamW steps of a half-weight `_mlp`: by HostOptimizer, or by hand (fp32 masters, rounded copies, unscaled fp32 gradients)."
+    from netlite_nb.offload import half_weights
+    m = half_weights(_mlp(), dtype)
+    if host: opt = HostOptimizer(m.parameters(), 'adamw', offload_grads=True); ws = list(opt.host.values())
+    else: ws = [p.detach().float().clone().requires_grad_() for p in m.parameters()]; opt = make_optimizer('adamw', ws)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        if not host:
+            with torch.no_grad():
+                for p, w in zip(m.parameters(), ws): p.copy_(w)
+        F.cross_entropy(m(torch.randn(8, 32, generator=g)), torch.randint(0, 10, (8,), generator=g)).backward()
+        if not host:
+            s = m[0].weight._loss_scale
+            for p, w in zip(m.parameters(), ws): w.grad, p.grad = p.grad.float() * (1 / (s.scale if s else 1.0)), None
+        opt.step(); opt.zero_grad()
+    return ws, m, opt
+
+
+@pytest.mark.parametrize('dtype', ['fp16', 'bf16'])
+def test_half_weights_keep_fp32_masters_on_the_host_bit_for_bit(dtype):
+    ws, m, opt = _half_run(dtype)
+    assert _same(ws, _half_run(dtype, host=False)[0])
+    assert {w.dtype for w in ws} == {torch.float32} and {p.dtype for p in m.parameters()} == {torch.float16 if dtype == 'fp16' else torch.bfloat16}
+    assert all(torch.equal(p, w.to(p.dtype)) for p, w in zip(m.parameters(), ws))
+    assert opt.skipped == 0
+
+
+def test_half_weights_accumulate_in_fp32_on_the_host():
+    "Two micro-batches: the second half-precision gradient is added to the first in fp32, as the hand-written step does."
+    from netlite_nb.offload import half_weights
+    m = half_weights(_mlp(), 'bf16'); opt = HostOptimizer(m.parameters(), 'adamw', lr=0.0, weight_decay=0.0, offload_grads=True)
+    g = torch.Generator().manual_seed(2); xs = [torch.randn(8, 32, generator=g) for _ in range(2)]; y = torch.randint(0, 10, (8,), generator=g)
+    grads = []
+    for x in xs:
+        ref = half_weights(_mlp(), 'bf16'); F.cross_entropy(ref(x), y).backward(); grads.append([p.grad.float() for p in ref.parameters()])
+        F.cross_entropy(m(x), y).backward()
+    opt.step()  # lr 0: the weights stay, the host gradients are left for us to read
+    assert all(torch.equal(h.grad, a + b) for h, a, b in zip(opt.host.values(), *grads))
+
+
+def test_fp16_overflow_skips_the_step_and_halves_the_scale():
+    _, m, opt = _half_run('fp16', steps=1)
+    before, scale = [h.clone() for h in opt.host.values()], opt.loss_scale.scale
+    (m(torch.randn(8, 32)).sum() * 1e30).backward(); opt.step()
+    assert opt.skipped == 1 and opt.loss_scale.scale == scale / 2 and _same(before, list(opt.host.values()))
+    sd = opt.state_dict(); opt.zero_grad()
+    _, _, opt2 = _half_run('fp16', steps=1); opt2.load_state_dict(sd)
+    assert opt2.loss_scale.scale == scale / 2
+
+
+def test_plan_of_half_weights_keeps_two_bytes_a_weight_on_the_card():
+    from netlite_nb.offload import half_weights_fp16
+    b = (torch.empty(64, 512, device='meta'), torch.empty(64, dtype=torch.long, device='meta'))
+    full = plan_memory(_wide(), b, device_or_gpu='gtx 1650', optimizer='adamw-offload-grads')
+    half = plan_memory(_wide(), b, device_or_gpu='gtx 1650', optimizer='adamw-offload-grads', transform=half_weights_fp16)
+    assert half.breakdown['weights'] * 2 == full.breakdown['weights'] == 4 * half.params
+    assert half.host['host: weights and gradients (pinned)'] == full.host['host: weights and gradients (pinned)'] == 8 * half.params  # fp32 masters + grads
+    assert half.host['bus per step'] * 2 == full.host['bus per step']  # half-precision gradients out, half-precision weights back
+
+
+@pytest.mark.parametrize('step, match', [(dict(optimizer='adamw'), 'master weights'), (dict(optimizer='adamw-in-backward'), 'master weights'),
+                                         (dict(optimizer='adamw-offload', precision='fp16'), 'GradScaler')])
+def test_half_weights_refusals(step, match):
+    from netlite_nb.offload import half_weights_fp16
+    with pytest.raises(IncompatibleStepError, match=match): check_offload(TrainingStep(transform=half_weights_fp16, **step), 8)
+
+
+def test_bf16_weights_refused_where_bf16_is_emulated():
+    from netlite_nb.offload import half_weights_bf16
+    b = (torch.empty(8, 32, device='meta'), torch.empty(8, dtype=torch.long, device='meta'))
+    with pytest.raises(IncompatibleStepError, match='no bf16 arithmetic'):
+        plan_memory(_mlp(), b, device_or_gpu='gtx 1650', optimizer='adamw-offload-grads', transform=half_weights_bf16)
+    plan_memory(_mlp(), b, device_or_gpu='rtx 3060', optimizer='adamw-offload-grads', transform=half_weights_bf16)
+
+
+def test_trainer_trains_half_weights_against_host_masters():
+    from netlite_nb.train import Trainer
+    g = torch.Generator().manual_seed(0)
+    X, Y = torch.randn(64, 32, generator=g), torch.randint(0, 10, (64,), generator=g)
+    dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=16)
+    m = _mlp(); w0 = [p.detach().clone() for p in m.parameters()]
+    t = Trainer(m, (dl, None), device='cpu', precision='fp32', verbose=False, progress=False, plan=False, lr_schedule=None, warmup=0,
+                threads=None, check_data=False, optimizer='adamw-offload-grads', offload='bf16-weights')
+    t.fit(1)
+    ps = list(t.model.parameters())
+    assert {id(p) for p in t.opt.host} == {id(p) for p in ps}  # the optimizer was built over the converted weights
+    assert all(p.dtype == torch.bfloat16 and torch.equal(p, h.to(p.dtype)) for p, h in t.opt.host.items())
+    assert all(not torch.equal(h, w) for h, w in zip(t.opt.host.values(), w0))  # it trained
+
+
+# --- pricing the levers by their plan ---
+
+def test_offload_levers_are_priced_by_their_bus_and_host_bytes():
+    from netlite_nb.offload import offload_seconds, step_seconds
+    from netlite_nb.memory.trace import resolve_target
+    b = (torch.empty(64, 512, device='meta'), torch.empty(64, dtype=torch.long, device='meta'))
+    base = plan_memory(_wide(), b, device_or_gpu='gtx 1650')
+    changes = fit_to_budget(_wide(), b, budget=base.total - base.breakdown['gradients'] // 2, device_or_gpu='gtx 1650')
+    target, off = resolve_target('gtx 1650'), [c for c in changes if '03a' in c.description and 'inside backward' not in c.description]
+    assert off
+    step = step_seconds(_wide(), b, target)[0]
+    assert step == pytest.approx(3 * 2 * 64 * sum(p.numel() for n, p in _wide().named_parameters() if n.endswith('weight')) / (lookup_tflops('gtx 1650') * 1e12))
+    for c in off:
+        h = c.new_plan.host
+        assert c.slowdown == round(offload_seconds(h['bus per step'], h['host traffic per step'], target)[0] / step, 3), c
+
+
+def lookup_tflops(name):
+    from netlite_nb.probe import lookup_gpu
+    return lookup_gpu(name).fp32_tflops
+
+
+# --- an out-of-memory error in the middle of the step inside backward ---
+
+def test_trainer_never_retries_a_half_applied_step_in_backward():
+    from netlite_nb.train import Trainer
+    g = torch.Generator().manual_seed(0)
+    X, Y = torch.randn(64, 32, generator=g), torch.randint(0, 10, (64,), generator=g)
+    dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=16)
+    m = _mlp()
+    fired = []
+    def oom(grad):  # the first layer's weight gradient fails once: the layers after it were already stepped
+        if not fired: fired.append(1); raise torch.OutOfMemoryError("CUDA out of memory (faked mid-backward)")
+    m[0].weight.register_hook(oom)
+    t = Trainer(m, (dl, None), device='cpu', precision='fp32', verbose=False, progress=False, plan=False, lr_schedule=None, warmup=0,
+                threads=None, check_data=False, optimizer='adamw-in-backward')
+    with pytest.raises(IncompatibleStepError, match='already updated 5 of 6 parameters'): t.fit(1)
