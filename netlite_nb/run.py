@@ -105,7 +105,7 @@ def _trainer_for(cfg:RunConfig, model:nn.Module, dls, run_dir, callbacks, progre
     return Trainer(model, dls, strategy=s, optimizer=cfg.optim.name, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay,
                    micro_batch=s.micro_batch, accum_steps=s.accum_steps, clip_grad=t.grad_clip, ema=t.ema,
                    lr_schedule='cosine' if cfg.schedule.cosine else 'constant', warmup=cfg.schedule.warmup,
-                   seed=t.seed, deterministic=t.deterministic, run_dir=run_dir, checkpoint_every=t.checkpoint_every, check_data=t.check_data, callbacks=cbs, progress=progress,
+                   seed=t.seed, deterministic=t.deterministic, run_dir=run_dir, checkpoint_every=t.checkpoint_every, check_data=t.check_data, offload=t.offload, callbacks=cbs, progress=progress,
                    verbose=verbose, config=cfg.to_dict())
 
 def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path (a run's own `config.yaml` too), or a mapping

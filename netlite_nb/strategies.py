@@ -13,7 +13,8 @@ import torch, yaml
 from fastcore.basics import patch
 from .probe import GPUInfo, GPUSpec, HardwareProfile, UnknownGPUError, find_gpu, fmt_bytes, lookup_gpu, probe, rows_html, rows_text
 from .budget import BudgetTooSmallError, max_batch_size, plan_memory
-from .memory.trace import OPTIMIZERS, resize_batch
+from .memory.trace import OPTIMIZERS, _norm, resize_batch
+from .offload import OFFLOADS  # chapter 03a: what `train.offload` may name
 from .layers import memory_transform
 from . import optim as _optim  # importing chapter 03 adds 'adamw8bit' to the optimizer names (OPTIMIZERS) profiles use
 
@@ -135,7 +136,7 @@ def _validate(s:Strategy):
     _check(re.fullmatch(r'[a-z0-9_]+', s.name), f"{w}: a name is lower-case letters, digits and '_'.")
     _check(s.device in DEVICES, f"{w}: device must be one of {', '.join(DEVICES)}, not {s.device!r}.")
     _check(s.precision in PRECISIONS, f"{w}: precision must be one of {', '.join(PRECISIONS)}, not {s.precision!r}.")
-    _check(s.optimizer in OPTIMIZERS, f"{w}: optimizer must be one of {', '.join(OPTIMIZERS)}, not {s.optimizer!r}.")
+    _check(_norm(s.optimizer) in OPTIMIZERS, f"{w}: optimizer must be one of {', '.join(OPTIMIZERS)}, not {s.optimizer!r}.")
     _check(0 < s.budget_fraction <= 1, f"{w}: budget_fraction is a share of memory, between 0 (excluded) and 1; got {s.budget_fraction}.")
     _check(s.memory_gb is None or s.memory_gb > 0, f"{w}: memory_gb must be positive or null; got {s.memory_gb}.")
     _check(s.micro_batch >= 1 and s.accum_steps >= 1, f"{w}: micro_batch and accum_steps must be at least 1.")
@@ -503,6 +504,7 @@ class TrainConfig:
     checkpoint_dir:str|None='runs'  # where checkpoints and the resolved configuration go; None: nowhere
     checkpoint_every:int|None=100 # optimizer steps between checkpoints (a killed run resumes from the last); None: only at the end
     check_data:bool=True          # chapter 04's data checks at the start (NaN/inf inputs, labels); false skips them
+    offload:list|str|None=None    # chapter 03a: 'activations', 'fp16-weights', 'bf16-weights' or a list of them; state/gradient offload is an optim.name
 
 @dataclass
 class ExportConfig:
@@ -708,6 +710,10 @@ def _validate_config(c:RunConfig):
     _check(t.ema is None or 0 < t.ema < 1, f"train.ema is a decay between 0 and 1, e.g. 0.999; got {t.ema}.")
     _check(t.early_stopping is None or t.early_stopping >= 1, "train.early_stopping is a patience in epochs, at least 1.")
     _check(t.checkpoint_every is None or t.checkpoint_every >= 1, "train.checkpoint_every is a number of optimizer steps, at least 1, or null.")
+    bad = [o for o in ([t.offload] if isinstance(t.offload, str) else t.offload or []) if not isinstance(o, str) or o not in OFFLOADS]
+    _check(isinstance(t.offload, (str, list, type(None))) and not bad, f"train.offload names what moves to host memory: {', '.join(OFFLOADS)}, or a list "
+           f"of them, not {short_repr(bad[0] if bad else t.offload)}.{did_you_mean(str(bad[0])[:100], OFFLOADS) if bad else ''} The optimizer's state and "
+           "gradients are optim.name values ('adamw-offload', 'adamw-offload-grads', 'adamw-in-backward').")
     _check(e.quantize in QUANTIZE, f"export.quantize must be null, 'int8' or 'fp16', not {e.quantize!r}.")
     _check(e.onnx is None or isinstance(e.onnx, (str, bool)), f"export.onnx must be true, a file name or null, not {short_repr(e.onnx)}.")
     lo = c.lora

@@ -135,3 +135,14 @@ def test_the_trainer_says_what_each_epoch_s_validation_found(capsys):
     Trainer(mlp(), loaders(), device='cpu', progress=False, plan=False).fit(epochs=2)
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith('epoch ')]
     assert [l.split(':')[0] for l in lines] == ['epoch 1', 'epoch 2'] and all('accuracy' in l and 'step ' in l for l in lines), lines
+
+
+def test_a_run_config_switches_an_offload_on(tmp_path):
+    "train.offload reaches the Trainer: half-precision weights, their fp32 masters in the host optimizer (micro-batch fixed: a CPU plan refuses offloads)."
+    t = train_from_config(yaml.safe_load(SMALL), ['train.offload=[bf16-weights]', 'optim.name=adamw-offload-grads', 'train.grad_clip=null',
+                           'strategy.micro_batch=128'],
+                          run_dir=tmp_path / 'a', progress=False, verbose=False)
+    import torch
+    assert t.opts.offload == ['bf16-weights'] and {p.dtype for p in t.model.parameters()} == {torch.bfloat16}
+    assert {h.dtype for h in t.opt.host.values()} == {torch.float32} and t.step == 2
+    assert yaml.safe_load((tmp_path / 'a' / 'config.yaml').read_text())['run']['train']['offload'] == ['bf16-weights']

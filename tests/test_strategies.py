@@ -547,3 +547,14 @@ def test_lora_bias_is_a_config_key_and_is_checked():
     assert load_config({**base, 'lora': {'bias': 'lora_only'}}).lora.bias == 'lora_only'
     assert load_config(base).lora.bias == 'none'
     with pytest.raises(ConfigError, match="Did you mean 'all'"): load_config({**base, 'lora': {'bias': 'al'}})
+
+
+@pytest.mark.parametrize('value, match', [('activation', "Did you mean 'activations'"), (['activations', 'optimizer'], "'optimizer'"), (3, 'train.offload')])
+def test_run_config_offload_key_is_checked(value, match):
+    with pytest.raises(ConfigError, match=match): load_config({'train': {'offload': value}})
+
+
+def test_run_config_offload_key_takes_names_and_lists():
+    assert load_config({'train': {'offload': 'activations'}}).train.offload == 'activations'
+    assert load_config({'train': {'offload': ['fp16-weights', 'activations']}}).train.offload == ['fp16-weights', 'activations']
+    assert load_config({}).train.offload is None
