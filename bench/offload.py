@@ -90,23 +90,46 @@ def fits(card, d, options, seq, batch):
     best = min(plans, key=lambda p: p.total)
     return best.fits, best, model, b
 
-def largest(card, options, seq, batch, bytes_per_param):
-    "The largest width (a multiple of 128) whose best plan fits `card`, that plan and its estimated time: bracketed around the width whose weights, gradients and state take the card at `bytes_per_param`, then bisected."
-    guess = int(math.sqrt(lookup_gpu(card).memory_bytes / bytes_per_param / 48))  # a block has about 12 d² weights; 4 blocks
-    lo, hi = max(128, int(guess * 0.6) // 128 * 128), int(guess * 1.4) // 128 * 128 + 128
-    ok, plan, model, b = fits(card, lo, options, seq, batch)
-    if not ok: raise RuntimeError(f"{card}: width {lo} does not fit either; lower the bracket")
-    if fits(card, hi, options, seq, batch)[0]: raise RuntimeError(f"{card}: width {hi} fits too; raise the bracket")
+def _bisect(ok, lo, hi):
+    "The largest multiple of 128 in [lo, hi) for which `ok` holds, given ok(lo) and not ok(hi)."
     while hi - lo > 128:
         mid = (lo + hi) // 2 // 128 * 128
-        f, p, m, bb = fits(card, mid, options, seq, batch)
-        if f: lo, plan, model, b = mid, p, m, bb
-        else: hi = mid
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+def _bracket(card, ok, bytes_per_param):
+    "(lo, hi) around the width whose weights, gradients and state take `card` at `bytes_per_param`: ok(lo), not ok(hi)."
+    guess = int(math.sqrt(lookup_gpu(card).memory_bytes / bytes_per_param / 48))  # a block has about 12 d² weights; 4 blocks
+    lo, hi = max(128, int(guess * 0.6) // 128 * 128), int(guess * 1.4) // 128 * 128 + 128
+    if not ok(lo): raise RuntimeError(f"{card}: width {lo} does not fit either; lower the bracket")
+    if ok(hi): raise RuntimeError(f"{card}: width {hi} fits too; raise the bracket")
+    return lo, hi
+
+def largest(card, options, seq, batch, bytes_per_param, proxy=None):
+    """The largest width (a multiple of 128) whose best plan among `options` fits `card`, that plan and its estimated time.
+    With `proxy` (options that are cheaper to plan: chapter 03's 8-bit step is traced chunk by chunk, minutes a plan at these sizes),
+    the proxy plans find the boundary, corrected by the bytes per parameter the real options save over the proxy at one width
+    (optimizer state: proportional to the parameters); real plans then confirm it: the width fits and the next one does not."""
+    ok = lambda d, opts=options: fits(card, d, opts, seq, batch)[0]
+    if proxy is None: d = _bisect(ok, *_bracket(card, ok, bytes_per_param))
+    else:
+        dp = _bisect(lambda d: ok(d, proxy), *_bracket(card, lambda d: ok(d, proxy), bytes_per_param * 1.6))
+        real, cheap = fits(card, dp, options, seq, batch)[1], fits(card, dp, proxy, seq, batch)[1]
+        saved = (cheap.total - real.total) / real.params
+        def predicted(d):
+            p = fits(card, d, proxy, seq, batch)[1]
+            return p.total - saved * p.params <= p.budget
+        d = _bisect(predicted, dp, 2 * dp)
+        if ok(d):
+            while ok(d + 128): d += 128
+        else:
+            while not ok(d): d -= 128
+    _, plan, model, b = fits(card, d, options, seq, batch)
     target = resolve_target(card)
     compute, how_compute = step_seconds(model, b, target)
     bus, host = plan.host.get('bus per step', 0), plan.host.get('host traffic per step', 0)
     offload, how_offload = offload_seconds(bus, host, target)
-    return dict(width=lo, params=plan.params, total=plan.total, how=f"{plan.optimizer}, {plan.precision}, {plan.transform or 'no transform'}",
+    return dict(width=d, params=plan.params, total=plan.total, how=f"{plan.optimizer}, {plan.precision}, {plan.transform or 'no transform'}",
                 bus_bytes=bus, host_traffic_bytes=host, host_held_bytes=sum(v for k, v in plan.host.items() if k.startswith('host:')),
                 compute_s=round(compute, 4), offload_s=round(offload if bus or host else 0.0, 4), how_compute=how_compute,
                 how_offload=how_offload if bus or host else 'nothing offloaded')
@@ -117,14 +140,15 @@ def largest_models(cards, seq=256, batch=8):
     for card in cards:
         spec = lookup_gpu(card)
         # without the levers, the smallest plan of each kind for a model whose weights dominate: 8-bit state and checkpointing, fp32
-        # (autocast would add half-precision copies of the weights), and, where the card computes in bf16, bf16 weights too (chapter 03)
-        without = [('adamw8bit', 'fp32', ck)]
-        if spec.bf16_native: without.append(('adamw8bit-bf16sr', 'bf16', _named(lambda m: ck(bf16_weights(m)), 'bf16_weights + checkpointing')))
+        # (autocast would add half-precision copies of the weights), or, where the card computes in bf16, bf16 weights with stochastic
+        # rounding (chapter 03), whose weights and gradients take 2 bytes instead of 4 and so always plan smaller
+        bf = _named(lambda m: ck(bf16_weights(m)), 'bf16_weights + checkpointing')
+        without, proxy = ([('adamw8bit-bf16sr', 'bf16', bf)], [('adamw-bf16sr', 'bf16', bf)]) if spec.bf16_native else ([('adamw8bit', 'fp32', ck)], [('adamw', 'fp32', ck)])
         # with them: half-precision weights on the card (fp16 where bf16 is emulated), fp32 masters, state and gradients on the host,
         # the checkpointed segments' inputs in host memory
         half = half_weights_bf16 if spec.bf16_native else half_weights_fp16
         with_ = [('adamw-offload-grads', 'fp32', _named(lambda m: offload_activations(ck(half(m))), f"{half.__name__} + checkpointing + offload_activations"))]
-        out.append(dict(gpu=spec.name, without=largest(card, without, seq, batch, 6 if spec.bf16_native else 10), **{'with': largest(card, with_, seq, batch, 2.5)}))
+        out.append(dict(gpu=spec.name, without=largest(card, without, seq, batch, 6 if spec.bf16_native else 10, proxy), **{'with': largest(card, with_, seq, batch, 2.5)}))
         print(out[-1], flush=True)
     return out
 
