@@ -549,7 +549,7 @@ def test_lora_bias_is_a_config_key_and_is_checked():
     with pytest.raises(ConfigError, match="Did you mean 'all'"): load_config({**base, 'lora': {'bias': 'al'}})
 
 
-@pytest.mark.parametrize('value, match', [('activation', "Did you mean 'activations'"), (['activations', 'optimizer'], "'optimizer'"), (3, 'names what moves to host memory')])
+@pytest.mark.parametrize('value, match', [('activation', "Did you mean 'activations'"), (['activations', 'optimizer'], "'optimizer'"), (3, 'train.offload must be list or str or null')])
 def test_run_config_offload_key_is_checked(value, match):
     with pytest.raises(ConfigError, match=match): load_config({'train': {'offload': value}})
 
