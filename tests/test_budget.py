@@ -1674,3 +1674,16 @@ def test_a_refused_or_bounded_plan_falls_back_to_a_measured_batch():
     assert m > bound and not isinstance(bound, MeasuredBatchSize), (m, bound)   # the bound's batch is safe but smaller
     fix, = fit_to_budget(gcn, resize_batch(batch, 2 * b), budget=budget, device_or_gpu='cpu', fallback='measure')
     assert fix.fits and 'measured' in fix.description and fix.changes['micro_batch'] <= b
+
+
+def test_slow3d_columns_are_planned_as_atens_vol2col_makes_them():
+    "A 1x1x1 3-D convolution at a small batch on one thread runs ATen's Slow3d (oneDNN passed over): its backward gathers the input's gradient from the whole batch's columns. ATen's own code, so the same on every CPU; the model had nothing."
+    from netlite_nb.memory.cpu import cpu_conv_scratch, measure_conv_scratch, conv_key
+    torch.set_num_threads(1)
+    x, w = torch.empty(4, 16, 32, 32, 32, device='meta'), torch.empty(2, 16, 1, 1, 1, device='meta')
+    if conv_backend(tuple(x.shape), tuple(w.shape), (1,) * 3, (0,) * 3, (1,) * 3, False, 1, torch.float32, 1) != 'Slow3d': pytest.skip('oneDNN takes this one here')
+    y = torch.empty(4, 2, 32, 32, 32, device='meta')
+    args = (y, x, w, None, [1] * 3, [0] * 3, [1] * 3, False, [0] * 3, 1, [True, True, False])
+    model = cpu_conv_scratch(torch.ops.aten.convolution_backward.default, args, y)
+    got = measure_conv_scratch([conv_key(torch.ops.aten.convolution_backward.default, args)[1]], (4,))[0][0]
+    assert model == x.numel() * 4 and abs(model - got) <= 0.05 * model + 2**18, (model, got)   # 8 MiB: was 0
