@@ -650,6 +650,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                     'netlite_nb/memory/accuracy.py'),
                                             'netlite_nb.memory.accuracy._summary_row': ( 'accuracy.html#_summary_row',
                                                                                          'netlite_nb/memory/accuracy.py'),
+                                            'netlite_nb.memory.accuracy.budget_tables': ( 'accuracy.html#budget_tables',
+                                                                                          'netlite_nb/memory/accuracy.py'),
                                             'netlite_nb.memory.accuracy.changelog_table': ( 'accuracy.html#changelog_table',
                                                                                             'netlite_nb/memory/accuracy.py'),
                                             'netlite_nb.memory.accuracy.load_results': ( 'accuracy.html#load_results',

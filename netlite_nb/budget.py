@@ -672,7 +672,7 @@ def find_batch_size(model:nn.Module, # the model; a copy is moved to `device`
     device = torch.device(device)
     if start is None and device.type == 'cpu' and try_batch is None and budget is None:
         raise ValueError("On the CPU an allocation that does not fit swaps or gets the process killed instead of raising, "
-                         "so find_batch_size cannot back off there: pass budget= (bytes), or start= (e.g. from max_batch_size with a budget).")
+                         "so find_batch_size cannot back off there: pass start= (e.g. from max_batch_size with a budget), or budget= (bytes) to count a step over it as out of memory.")
     kw = dict(loss_fn=loss_fn, optimizer=optimizer, precision=precision, transform=transform)
     attempt = try_batch or (_budget_attempt(model, sample, device, budget, {}, kw) if budget is not None else lambda b: try_batch_once(model, sample, b, device, **kw))
     if start is None:
