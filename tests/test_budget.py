@@ -1646,7 +1646,7 @@ class _SparseGCN(nn.Module):
     def __init__(self, n=300, d=16):
         super().__init__()
         i = torch.arange(n); idx = torch.cat([torch.stack([i, i]), torch.stack([i, (i + 1) % n]), torch.stack([(i + 1) % n, i])], 1)
-        self.register_buffer('adj', torch.sparse_coo_tensor(idx, torch.full((3 * n,), 1 / 3), (n, n)).coalesce())
+        self.register_buffer('adj', torch.sparse_coo_tensor(idx, torch.full((3 * n,), 1 / 3), (n, n), check_invariants=True).coalesce())
         self.l1, self.head = nn.Linear(d, 64), nn.Linear(64, 10)
     def forward(self, x):
         b, n, f = x.shape
