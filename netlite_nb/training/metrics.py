@@ -5,7 +5,7 @@
 # %% ../../nbs/07d_metrics.ipynb #x003
 from __future__ import annotations
 import math
-import torch
+import numpy as np, torch
 
 def _need(ok:bool, msg:str):
     if not ok: raise ValueError(msg)
