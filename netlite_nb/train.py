@@ -976,14 +976,14 @@ def predict(self:Trainer, x, # a tensor of inputs, or an iterable of batches (x 
 # %% ../nbs/07_train.ipynb #g017b
 @patch
 def _resume_settings(self:Trainer)->dict:
-    "The options a checkpoint records so that a resume can tell what changed (the table in *What may change on resume*, below)."
+    "The options a checkpoint records so that a resume can tell what changed (chapter 07c's table, *What may change on resume*)."
     o = self.opts
     return {'lr': o.lr, 'weight_decay': o.weight_decay, 'micro_batch': o.micro_batch, 'lr_schedule': o.lr_schedule, 'warmup': o.warmup,
             'min_lr_ratio': o.min_lr_ratio, 'train_batches': _len(self.train_data), 'world_size': self.world_size}
 
 @patch
 def _check_resume(self:Trainer, ck:Path, epochs=None, steps=None):
-    "Refuse, before anything is loaded, a resume from checkpoint `ck` that changes what *What may change on resume* (below) says must stay."
+    "Refuse, before anything is loaded, a resume from checkpoint `ck` that changes what chapter 07c's *What may change on resume* says must stay."
     s, o, lb = read_state(ck, mmap=True), self.opts, self.state.loader_batch
     old, n = s.get('settings') or {}, _len(self.train_data)
     def refuse(what): raise ValueError(f"Cannot resume from {ck}: {what}. Nothing was loaded. Resume with the run's setting, or start a new "
@@ -1258,7 +1258,7 @@ def _setup_run(self:Trainer, epochs, steps, resume):
         if self._steps_per_epoch() is None: raise ValueError("The training data has no length: give `steps=` instead of `epochs=`.")
         steps = epochs * self._steps_per_epoch() - s.run_offset
     s.total_steps = s.run_start + steps
-    self._choose_threads()  # before the range test: its steps run at the chosen count too (*Threads on a busy machine*)
+    self._choose_threads()  # before the range test: its steps run at the chosen count too (chapter 07b)
     if self.opts.lr == 'auto': self._auto_lr(resume)
     self._bn_warm = _batchnorms(self.model)  # BatchNorm's first batches, averaged evenly
     self._make_scheduler(steps)
