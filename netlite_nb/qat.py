@@ -5,16 +5,21 @@
 # %% ../nbs/09c_qat.ipynb #q003
 from __future__ import annotations
 import copy, math
+from dataclasses import dataclass, field
 import torch
 from torch import nn
 import torch.nn.functional as F
+import torch.fx
+from fastcore.basics import patch
 from torch.nn.utils.fusion import fuse_conv_bn_eval, fuse_linear_bn_eval
+from .probe import rows_html, rows_text
 from .export import calibration_batches, int8_weight_range
 from .train import Callback, Trainer
 
 # %% auto #0
 __all__ = ['weight_qmax', 'fake_quant_weight', 'activation_qparams', 'ActivationQuant', 'QuantAware', 'fold_batchnorm',
-           'QATModel', 'prepare_qat', 'observe', 'strip_qat', 'Reobserve', 'qat_fine_tune', 'wide_stem_cnn']
+           'equalization_pairs', 'Equalization', 'cross_layer_equalize', 'wide_stem_cnn', 'QATModel', 'prepare_qat',
+           'observe', 'strip_qat', 'Reobserve', 'qat_fine_tune']
 
 # %% ../nbs/09c_qat.ipynb #q010
 def weight_qmax(reduce_range:bool)->int:
@@ -79,25 +84,171 @@ def fold_batchnorm(model:nn.Module)->nn.Module:
                 seq._modules[k1], seq._modules[k2] = fuse_linear_bn_eval(a, b), nn.Identity()
     return m
 
+# %% ../nbs/09c_qat.ipynb #cle01
+_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+# positively homogeneous: f(x / s) = f(x) / s for s > 0, per channel, so a channel's scale passes through them unchanged
+_ELEMENTWISE = (nn.ReLU, nn.LeakyReLU, nn.PReLU, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d)
+_POOLS = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AvgPool3d, nn.AdaptiveAvgPool1d,
+          nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d, nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d, nn.AdaptiveMaxPool3d)
+_RELU_FNS = (F.relu, torch.relu, F.leaky_relu)
+
+def _step_kind(gm:torch.fx.GraphModule, n:torch.fx.Node)->str|None:
+    "What the node `n` does to a channel's scale: 'layer' (a Linear/Conv), 'elementwise' or 'pool' (passes it on), 'flatten', or None (it does not pass a per-channel scale through)."
+    if n.op == 'call_module':
+        m = gm.get_submodule(n.target)
+        if isinstance(m, _LAYERS) and (isinstance(m, nn.Linear) or m.padding_mode == 'zeros'): return 'layer'
+        if isinstance(m, _ELEMENTWISE): return 'elementwise'
+        if isinstance(m, _POOLS): return 'pool'
+        if isinstance(m, nn.Flatten) and m.start_dim == 1 and m.end_dim == -1: return 'flatten'
+    if n.op == 'call_function' and n.target in _RELU_FNS: return 'elementwise'
+    if n.op == 'call_method' and n.target in ('relu', 'relu_'): return 'elementwise'
+    return None
+
+# %% ../nbs/09c_qat.ipynb #cle02
+def _follow(gm, start:torch.fx.Node, is_linear:bool)->tuple[str|None, bool, str]:
+    "From the output of layer node `start`, walk single-use scale-preserving steps to the next layer: (its name or None, through a Flatten, why not)."
+    n, flat = start, False
+    while True:
+        users = list(n.users)
+        if len(users) != 1:
+            return None, flat, ("its output is the model's output" if not users or users[0].op == 'output' else
+                                f"its output feeds {len(users)} operations ({', '.join(u.name for u in users)}), e.g. a residual branch")
+        u = users[0]
+        if u.op == 'output': return None, flat, "its output is the model's output"
+        kind = _step_kind(gm, u)
+        if kind == 'layer':
+            m = gm.get_submodule(u.target)
+            if isinstance(m, nn.Linear) != (is_linear or flat):
+                return None, flat, f"{u.target} ({type(m).__name__}) reads its channels along another dimension"
+            return u.target, flat, ''
+        if kind is None or (kind == 'pool' and is_linear) or (kind == 'flatten' and (is_linear or flat)):
+            what = type(gm.get_submodule(u.target)).__name__ if u.op == 'call_module' else getattr(u.target, '__name__', str(u.target))
+            return None, flat, f"{what} follows it and does not pass a per-channel scale through unchanged"
+        flat, n = flat or kind == 'flatten', u
+
+# %% ../nbs/09c_qat.ipynb #cle03
+def equalization_pairs(model:nn.Module, # a model with BatchNorm folded (`fold_batchnorm`)
+                      )->tuple[list[tuple[str, str, bool]], dict[str, str]]:
+    "([(layer, next layer, through a Flatten)] that cross-layer equalization can rescale exactly, {layer: why not} for the other Linear/Conv layers)."
+    layers = [n for n, m in model.named_modules() if isinstance(m, _LAYERS)]
+    try: gm = torch.fx.symbolic_trace(model)
+    except Exception as e:
+        return [], {n: f"torch.fx could not trace the model ({type(e).__name__}), so where its outputs go is unknown" for n in layers}
+    calls = {}
+    for n in gm.graph.nodes:
+        if n.op == 'call_module': calls.setdefault(n.target, []).append(n)
+    pairs, skipped = [], {}
+    for name in layers:
+        nodes = calls.get(name, [])
+        if len(nodes) != 1: skipped[name] = f"it is called {len(nodes)} times in forward"; continue
+        nxt, flat, why = _follow(gm, nodes[0], isinstance(model.get_submodule(name), nn.Linear))
+        if nxt is not None and len(calls[nxt]) != 1: nxt, why = None, f"the next layer {nxt} is called {len(calls[nxt])} times in forward"
+        if nxt is None: skipped[name] = why
+        else: pairs.append((name, nxt, flat))
+    return pairs, skipped
+
+# %% ../nbs/09c_qat.ipynb #cle04
+def _in_view(b:nn.Module, c:int)->torch.Tensor:
+    "`b.weight` viewed as (groups, out per group, in-channels per group, rest), so that input channel i = group * (in per group) + j is `[g, :, j]`."
+    w = b.weight
+    if isinstance(b, nn.Linear): return w.view(1, w.shape[0], c, -1)  # a Flatten before it: channel i is a block of in_features / c columns
+    return w.view(b.groups, w.shape[0] // b.groups, w.shape[1], -1)
+
+def _pow2_scales(a:nn.Module, b:nn.Module)->torch.Tensor:
+    "Per channel between `a` and `b`, the power of two nearest to Nagel et al.'s sqrt(range of a's output channel / range of b's input channel)."
+    c = a.weight.shape[0]
+    r1 = a.weight.detach().reshape(c, -1).abs().amax(1)
+    r2 = _in_view(b, c).detach().abs().amax((1, 3)).reshape(-1)
+    ok = (r1 > 0) & (r2 > 0)  # a dead channel keeps its scale
+    # a power of two only changes exponents, so every product and sum is the same float times 2**k: the model computes the same numbers
+    return torch.where(ok, torch.exp2(torch.round(0.5 * torch.log2(torch.where(ok, r1 / r2, torch.ones_like(r1))))), torch.ones_like(r1))
+
+@torch.no_grad()
+def _rescale(a:nn.Module, b:nn.Module, s:torch.Tensor):
+    "Divide `a`'s output channel i by s[i] and multiply `b`'s input channel i by s[i]."
+    c = len(s)
+    a.weight.div_(s.view(-1, *[1] * (a.weight.dim() - 1)))
+    if a.bias is not None: a.bias.div_(s)
+    v = _in_view(b, c)
+    v.mul_(s.view(v.shape[0], 1, v.shape[2], 1))
+
+# %% ../nbs/09c_qat.ipynb #cle05
+@dataclass
+class Equalization:
+    "What `cross_layer_equalize` did: the layer pairs it rescaled, the layers it left alone and why, and the channel spread it removed."
+    pairs:list                  # (layer, next layer) names, rescaled between them
+    skipped:dict                # layer name -> why it was left alone
+    sweeps:int                  # passes over the pairs until no scale changed
+    spread_before:dict = field(default_factory=dict)  # layer -> largest / smallest output-channel weight range, before
+    spread_after:dict = field(default_factory=dict)   # ... and after
+
+def _rows(e:Equalization)->list[tuple[str, str]]:
+    rows = [(f"{a} → {b}", f"channel spread {e.spread_before[a]:.3g} → {e.spread_after[a]:.3g}") for a, b in e.pairs]
+    return rows + [(k, f"left alone: {v}") for k, v in e.skipped.items()] + [('sweeps', str(e.sweeps))]
+
+@patch
+def __str__(self:Equalization): return rows_text(_rows(self))
+@patch
+def _repr_html_(self:Equalization): return rows_html(_rows(self), 'Cross-layer equalization')
+
+def _spread(w:torch.Tensor)->float:
+    r = w.detach().reshape(len(w), -1).abs().amax(1)
+    r = r[r > 0]
+    return float(r.max() / r.min()) if len(r) else 1.0
+
+def cross_layer_equalize(model:nn.Module, # a trained model (not changed)
+                         max_sweeps:int=20, # passes over the pairs (Nagel et al. iterate until the scales settle)
+                        )->tuple[nn.Module, Equalization]:
+    "A copy of `model`, BatchNorm folded, whose consecutive layers are rescaled per channel so their ranges match (Nagel et al. 2019); it computes the same floats."
+    m = fold_batchnorm(model)
+    pairs, skipped = equalization_pairs(m)
+    mods = [(m.get_submodule(a), m.get_submodule(b)) for a, b, _ in pairs]
+    before = {a: _spread(m.get_submodule(a).weight) for a, _, _ in pairs}
+    sweeps = 0
+    for sweeps in range(1, max_sweeps + 1):
+        changed = False
+        for a, b in mods:
+            s = _pow2_scales(a, b)
+            if (s != 1).any(): _rescale(a, b, s); changed = True
+        if not changed: break
+    after = {a: _spread(m.get_submodule(a).weight) for a, _, _ in pairs}
+    return m, Equalization([(a, b) for a, b, _ in pairs], skipped, sweeps, before, after)
+
+# %% ../nbs/09c_qat.ipynb #q037
+def wide_stem_cnn(c:int=8, # stem channels (the blocks have 2c and 4c)
+                  spread:float=4.0, # the stem's channel scales span 10**spread
+                  num_classes:int=10)->nn.Sequential:
+    "A depthwise-separable CNN for 1×28×28 images whose stem's channels differ in scale by 10**spread, with no BatchNorm after it."
+    def block(ci, co, stride=1):
+        return [nn.Conv2d(ci, ci, 3, stride, 1, groups=ci, bias=False), nn.BatchNorm2d(ci), nn.ReLU(),
+                nn.Conv2d(ci, co, 1, bias=False), nn.BatchNorm2d(co), nn.ReLU()]
+    stem = nn.Conv2d(1, c, 3, 1, 1)
+    with torch.no_grad():
+        s = torch.logspace(-spread / 2, spread / 2, c)
+        stem.weight.mul_(s[:, None, None, None]); stem.bias.mul_(s)
+    return nn.Sequential(stem, nn.ReLU(), *block(c, 2 * c, 2), *block(2 * c, 4 * c, 2), *block(4 * c, 4 * c),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * c, num_classes))
+
 # %% ../nbs/09c_qat.ipynb #q026
 class QATModel(nn.Module):
     "A model prepared for QAT, its output fake-quantized too (a static QDQ file quantizes the last layer's output)."
-    def __init__(self, model:nn.Module, reduce_range:bool):
+    def __init__(self, model:nn.Module, reduce_range:bool, equalization:Equalization|None=None):
         super().__init__()
-        self.model, self.out, self.reduce_range = model, ActivationQuant(), reduce_range
+        self.model, self.out, self.reduce_range, self.equalization = model, ActivationQuant(), reduce_range, equalization
     def forward(self, *args, **kw): return self.out(self.model(*args, **kw))
 
 def prepare_qat(model:nn.Module, # a trained model (not changed)
                 int8_target:str='auto', # the CPU the INT8 file is for, as `export_onnx`'s: decides 7- or 8-bit weights
+                equalize:bool=True, # cross-layer equalization first (`cross_layer_equalize`; its report is the result's `.equalization`)
                )->nn.Module:
-    "A copy of `model` for quantization-aware training: BatchNorm folded, every Linear and Conv a `QuantAware` layer (observing)."
+    "A copy of `model` for quantization-aware training: BatchNorm folded, channels equalized, every Linear and Conv a `QuantAware` layer (observing)."
     reduce_range, _ = int8_weight_range(int8_target)
-    m = fold_batchnorm(model)
+    m, how = cross_layer_equalize(model) if equalize else (fold_batchnorm(model), None)
     for name, mod in list(m.named_modules()):
         if isinstance(mod, (nn.Linear, nn.modules.conv._ConvNd)) and not isinstance(mod, nn.modules.conv._ConvTransposeNd):
             parent, _, child = name.rpartition('.')
             setattr(m.get_submodule(parent), child, QuantAware(mod, reduce_range))
-    return QATModel(m, reduce_range)
+    return QATModel(m, reduce_range, how)
 
 def observe(model:nn.Module, # a `prepare_qat` model
             batches, # input batches (x, or (x, y)): the calibration data export will use
@@ -135,27 +286,13 @@ def qat_fine_tune(model:nn.Module, # a trained model (not changed)
                   lr:float=1e-3, # a fine-tuning rate: well below the one the model was trained with
                   int8_target:str='auto', # as `export_onnx`'s
                   observe_every:int|None=25, # re-observe the calibration data every this many steps (None: ranges frozen once, at the start)
+                  equalize:bool=True, # cross-layer equalization before fine-tuning (`prepare_qat`'s)
                   **trainer_kw, # more `Trainer` arguments (device, seed, ...)
                  )->QATModel:
     "Fine-tune a fake-quantized copy of `model` for `steps` steps; export `strip_qat` of the result with `quantize='int8', calibration=dls`."
     x = next(iter(dls.train))[0]
     calib = calibration_batches(dls, tuple(x.shape[1:]))
-    qm = observe(prepare_qat(model, int8_target), calib)
+    qm = observe(prepare_qat(model, int8_target, equalize), calib)
     cbs = [Reobserve(calib, observe_every)] if observe_every else []
     Trainer(qm, dls, lr=lr, callbacks=cbs, **{'progress': False, 'verbose': False, 'plan': False, 'device': 'cpu', **trainer_kw}).fit(steps=steps)
     return observe(qm.cpu(), calib)
-
-# %% ../nbs/09c_qat.ipynb #q037
-def wide_stem_cnn(c:int=8, # stem channels (the blocks have 2c and 4c)
-                  spread:float=4.0, # the stem's channel scales span 10**spread
-                  num_classes:int=10)->nn.Sequential:
-    "A depthwise-separable CNN for 1×28×28 images whose stem's channels differ in scale by 10**spread, with no BatchNorm after it."
-    def block(ci, co, stride=1):
-        return [nn.Conv2d(ci, ci, 3, stride, 1, groups=ci, bias=False), nn.BatchNorm2d(ci), nn.ReLU(),
-                nn.Conv2d(ci, co, 1, bias=False), nn.BatchNorm2d(co), nn.ReLU()]
-    stem = nn.Conv2d(1, c, 3, 1, 1)
-    with torch.no_grad():
-        s = torch.logspace(-spread / 2, spread / 2, c)
-        stem.weight.mul_(s[:, None, None, None]); stem.bias.mul_(s)
-    return nn.Sequential(stem, nn.ReLU(), *block(c, 2 * c, 2), *block(2 * c, 4 * c, 2), *block(4 * c, 4 * c),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4 * c, num_classes))

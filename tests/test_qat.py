@@ -29,7 +29,7 @@ def test_ranges_and_weights_are_those_of_the_exported_int8_file(tmp_path, int8_t
     model(torch.randn(16, 2, 8, 8)); model.eval()  # BatchNorm statistics as after training
     calib = [torch.randn(16, 2, 8, 8) * 3 for _ in range(3)]
     qm = observe(prepare_qat(model, int8_target), calib).eval()
-    export_onnx(model, calib[0], tmp_path / 'm.onnx', quantize='int8', calibration=[(c, torch.zeros(16, dtype=torch.long)) for c in calib],
+    export_onnx(strip_qat(qm), calib[0], tmp_path / 'm.onnx', quantize='int8', calibration=[(c, torch.zeros(16, dtype=torch.long)) for c in calib],
                 measure_speed=False, int8_target=int8_target)
     rows, out_scale = _file_layers(tmp_path / 'm.onnx')
     ours = [m for m in qm.modules() if isinstance(m, QuantAware)]
