@@ -1,15 +1,17 @@
-"""Quantization-aware training (chapter 09c) against chapter 09's post-training INT8, on a model where post-training INT8 loses points.
+"""Post-training INT8, cross-layer equalization and QAT (chapter 09c) on a model where chapter 09's post-training INT8 loses points.
 
 The model is 09c's `wide_stem_cnn` (a depthwise-separable CNN whose stem channels span 10**spread in scale, 10**4 by default,
-no BatchNorm after the stem), trained on the embedded MNIST sample with chapter 07's Trainer (AdamW, lr 1e-2, 3 epochs), then:
-- post-training INT8: `export_onnx(model, quantize='int8', calibration=dls)` (static QDQ, this CPU's 7/8-bit choice);
-- QAT: `qat_fine_tune(model, dls, steps=300, lr=1e-3)`, then the same export of `strip_qat(...)`.
-Accuracy is on the 1,000 held-out images; agreement is top-1 agreement of the INT8 file with the model it was made from
-(PTQ: the fp32 model; QAT: the fake-quantized model that training saw). A control arm fine-tunes the fp32 model for the same
-steps without fake quantization (then post-training INT8), so QAT's gain is not mistaken for the gain of training longer. Results go to bench/results/qat/<machine>.json.
+no BatchNorm after the stem), trained on the embedded MNIST sample with chapter 07's Trainer (AdamW, lr 1e-2, 3 epochs). Each seed
+makes five INT8 files with `export_onnx(m, quantize='int8', calibration=dls)` (static QDQ, this CPU's 7/8-bit choice), m being:
+- ptq: the trained model;                 - cle_ptq: `cross_layer_equalize(model)[0]` (the same floats);
+- qat: `strip_qat(qat_fine_tune(model, dls, steps=300, lr=1e-3))` (equalized by `prepare_qat`, then fine-tuned with fake quantization);
+- control_ptq / control_cle_ptq: the trained model fine-tuned in fp32 for the same steps (then without / with equalization).
+An arm's loss is the held-out accuracy (1,000 images) of the fp32 model m minus its INT8 file's, its agreement the file's top-1
+agreement with m (QAT: the fine-tuned weights with fake quantization off); `qat_loss_vs_control_fp32` compares QAT's file with the
+control's fp32 accuracy. Medians of the seeds, per column. Results go to bench/results/qat/<machine>.spread<spread>.json.
 
-    python bench/qat.py                   # seeds 0,1,2 (about 3 minutes a seed on 2 busy cores)
-    python bench/qat.py --seeds 0 --steps 100
+    OMP_NUM_THREADS=1 python bench/qat.py --spread 4     # seeds 0,1,2 (about 4 minutes a seed on 2 busy cores)
+    OMP_NUM_THREADS=1 python bench/qat.py --spread 3
 """
 import argparse, copy, json, os, platform, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
