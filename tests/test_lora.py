@@ -283,10 +283,16 @@ def test_quantized_base_trains_merges_and_checkpoints_adapters_only(bits, double
         add_lora(copy.deepcopy(base), rank=4, bias='lora_only').load_state_dict(sd)
 
 
-def test_planned_weights_of_a_4bit_base_are_a_fifth_of_fp32_lora():
+@pytest.mark.parametrize('kind', ['linear', 'conv'])
+def test_planned_weights_of_a_4bit_base_are_a_fifth_of_fp32_lora(kind):
     torch.manual_seed(0)
-    wide = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
-    batch = (torch.randn(16, 512), torch.randint(0, 10, (16,)))
+    if kind == 'linear':
+        wide = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+        batch = (torch.randn(16, 512), torch.randint(0, 10, (16,)))
+    else:  # 3x3 kernels: a rank-8 adapter adds rank/out + rank/(in*9) of each weight, and the blocks of 64 run across channels
+        wide = nn.Sequential(nn.Conv2d(16, 128, 3, padding=1), nn.ReLU(), nn.Conv2d(128, 256, 3, padding=1), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 10))
+        batch = (torch.randn(16, 16, 8, 8), torch.randint(0, 10, (16,)))
     held = lambda m: sum(t.numel() * t.element_size() for t in (*m.parameters(), *m.buffers()))
     p32, p4 = plan_memory(wide, batch, transform=add_lora), plan_memory(wide, batch, transform=partial(add_lora, base_bits=4))
     assert p32.breakdown['weights'] == held(add_lora(copy.deepcopy(wide)))
