@@ -17,9 +17,9 @@ from .export import calibration_batches, int8_weight_range
 from .train import Callback, Trainer
 
 # %% auto #0
-__all__ = ['weight_qmax', 'fake_quant_weight', 'activation_qparams', 'ActivationQuant', 'QuantAware', 'fold_batchnorm',
-           'equalization_pairs', 'Equalization', 'cross_layer_equalize', 'wide_stem_cnn', 'QATModel', 'prepare_qat',
-           'observe', 'strip_qat', 'Reobserve', 'qat_fine_tune']
+__all__ = ['weight_qmax', 'fake_quant_weight', 'activation_qparams', 'ActivationQuant', 'QuantAware', 'batchnorm_pairs',
+           'fold_batchnorm', 'equalization_pairs', 'Equalization', 'cross_layer_equalize', 'wide_stem_cnn', 'QATModel',
+           'prepare_qat', 'observe', 'strip_qat', 'Reobserve', 'FreezeBatchNorm', 'qat_fine_tune']
 
 # %% ../nbs/09c_qat.ipynb #q010
 def weight_qmax(reduce_range:bool)->int:
@@ -60,28 +60,60 @@ class ActivationQuant(nn.Module):
         return xc + (q - xc).detach()
 
 # %% ../nbs/09c_qat.ipynb #q018
+def _folded(layer:nn.Module, bn:nn.Module|None)->tuple[torch.Tensor, torch.Tensor|None, torch.Tensor|None]:
+    "(weight, bias) of `layer` with `bn`'s running statistics folded in, and the per-channel factor gamma / sqrt(var + eps) it multiplied the weight by."
+    if bn is None: return layer.weight, layer.bias, None
+    f = torch.rsqrt(bn.running_var + bn.eps) * (bn.weight if bn.weight is not None else 1)
+    b = layer.bias if layer.bias is not None else torch.zeros_like(bn.running_mean)
+    return layer.weight * f.view(-1, *[1] * (layer.weight.dim() - 1)), (b - bn.running_mean) * f + (bn.bias if bn.bias is not None else 0), f
+
 class QuantAware(nn.Module):
-    "A Linear or Conv layer computed as ONNX Runtime's static INT8 computes it: its input fake-quantized per tensor, its weight per channel."
-    def __init__(self, layer:nn.Module, reduce_range:bool):
+    "A Linear or Conv layer (and the BatchNorm after it, if any) computed as ONNX Runtime's static INT8 computes it: its input fake-quantized per tensor, its folded weight per channel."
+    def __init__(self, layer:nn.Module, reduce_range:bool, bn:nn.Module|None=None):
         super().__init__()
-        self.layer, self.act, self.qmax = layer, ActivationQuant(), weight_qmax(reduce_range)
+        self.layer, self.bn, self.act, self.qmax = layer, bn, ActivationQuant(), weight_qmax(reduce_range)
+        self.bn_frozen = False  # True: BatchNorm's running statistics in training too, the folded graph the file computes
+    def _op(self, x, w, b): return F.linear(x, w, b) if isinstance(self.layer, nn.Linear) else self.layer._conv_forward(x, w, b)
     def forward(self, x):
-        l = self.layer
-        w = l.weight if self.act.observing else fake_quant_weight(l.weight, self.qmax)  # calibrating: the fp32 model
-        x = self.act(x)
-        return F.linear(x, w, l.bias) if isinstance(l, nn.Linear) else l._conv_forward(x, w, l.bias)
+        l, bn, x = self.layer, self.bn, self.act(x)
+        batch_stats = bn is not None and self.training and not self.bn_frozen
+        if bn is not None: bn.train(batch_stats)
+        if self.act.observing:  # calibrating: the fp32 model
+            return self._op(x, l.weight, l.bias) if bn is None else bn(self._op(x, l.weight, l.bias))
+        w, b, f = _folded(l, bn)
+        wq = fake_quant_weight(w, self.qmax)
+        if not batch_stats: return self._op(x, wq, b)  # exactly the folded layer the file holds
+        # Krishnamoorthi 2018, 3.2: the grid of the folded weight, the output normalized with the batch's statistics
+        fs = torch.where(f.abs() > 0, f, torch.ones_like(f)).view(-1, *[1] * (w.dim() - 1))
+        return bn(self._op(x, wq / fs, l.bias))
 
 # %% ../nbs/09c_qat.ipynb #q022
+def batchnorm_pairs(model:nn.Module)->dict[str, str]:
+    "{layer name: name of the BatchNorm that directly follows it in an `nn.Sequential`}: the pairs ORT's pre-processing folds."
+    pairs = {}
+    for pre, seq in [(n, s) for n, s in model.named_modules() if isinstance(s, nn.Sequential)]:
+        kids = list(seq._modules.items())
+        for (k1, a), (k2, b) in zip(kids, kids[1:]):
+            conv = isinstance(a, nn.modules.conv._ConvNd) and not isinstance(a, nn.modules.conv._ConvTransposeNd) and isinstance(b, nn.modules.batchnorm._BatchNorm)
+            if (conv or isinstance(a, nn.Linear) and isinstance(b, nn.BatchNorm1d)) and b.track_running_stats:
+                pairs[f'{pre}.{k1}' if pre else k1] = f'{pre}.{k2}' if pre else k2
+    return pairs
+
+def _set(m:nn.Module, name:str, mod:nn.Module):
+    parent, _, child = name.rpartition('.')
+    setattr(m.get_submodule(parent) if parent else m, child, mod)
+
+def _fuse(layer:nn.Module, bn:nn.Module)->nn.Module:
+    "A copy of `layer` with `bn` folded in (`_folded`'s arithmetic, so fake quantization and the exported weights are the same floats)."
+    fused, (w, b, _) = copy.deepcopy(layer), _folded(layer, bn)
+    fused.weight, fused.bias = nn.Parameter(w.detach().clone()), nn.Parameter(b.detach().clone())
+    return fused
+
 def fold_batchnorm(model:nn.Module)->nn.Module:
     "A copy of `model` (eval mode) with each BatchNorm that directly follows a Conv or Linear in an `nn.Sequential` folded into it, as ORT's pre-processing folds it."
     m = copy.deepcopy(model).eval()
-    for seq in [s for s in m.modules() if isinstance(s, nn.Sequential)]:
-        kids = list(seq._modules.items())
-        for (k1, a), (k2, b) in zip(kids, kids[1:]):
-            if isinstance(a, nn.modules.conv._ConvNd) and not isinstance(a, nn.modules.conv._ConvTransposeNd) and isinstance(b, nn.modules.batchnorm._BatchNorm) and b.track_running_stats:
-                seq._modules[k1], seq._modules[k2] = fuse_conv_bn_eval(a, b), nn.Identity()
-            elif isinstance(a, nn.Linear) and isinstance(b, nn.BatchNorm1d) and b.track_running_stats:
-                seq._modules[k1], seq._modules[k2] = fuse_linear_bn_eval(a, b), nn.Identity()
+    for a, b in batchnorm_pairs(m).items():
+        _set(m, a, _fuse(m.get_submodule(a), m.get_submodule(b))); _set(m, b, nn.Identity())
     return m
 
 # %% ../nbs/09c_qat.ipynb #cle01
@@ -181,6 +213,7 @@ class Equalization:
     sweeps:int                  # passes over the pairs until no scale changed
     spread_before:dict = field(default_factory=dict)  # layer -> largest / smallest output-channel weight range, before
     spread_after:dict = field(default_factory=dict)   # ... and after
+    scales:dict = field(default_factory=dict)         # layer -> what each output channel was divided by (its next layer's input channel multiplied by), all sweeps
 
 def _rows(e:Equalization)->list[tuple[str, str]]:
     rows = [(f"{a} → {b}", f"channel spread {e.spread_before[a]:.3g} → {e.spread_after[a]:.3g}") for a, b in e.pairs]
@@ -204,15 +237,15 @@ def cross_layer_equalize(model:nn.Module, # a trained model (not changed)
     pairs, skipped = equalization_pairs(m)
     mods = [(m.get_submodule(a), m.get_submodule(b)) for a, b, _ in pairs]
     before = {a: _spread(m.get_submodule(a).weight) for a, _, _ in pairs}
-    sweeps = 0
+    sweeps, total = 0, {a: torch.ones(m.get_submodule(a).weight.shape[0]) for a, _, _ in pairs}
     for sweeps in range(1, max_sweeps + 1):
         changed = False
-        for a, b in mods:
+        for (name, _, _), (a, b) in zip(pairs, mods):
             s = _pow2_scales(a, b)
-            if (s != 1).any(): _rescale(a, b, s); changed = True
+            if (s != 1).any(): _rescale(a, b, s); total[name] *= s; changed = True
         if not changed: break
     after = {a: _spread(m.get_submodule(a).weight) for a, _, _ in pairs}
-    return m, Equalization([(a, b) for a, b, _ in pairs], skipped, sweeps, before, after)
+    return m, Equalization([(a, b) for a, b, _ in pairs], skipped, sweeps, before, after, total)
 
 # %% ../nbs/09c_qat.ipynb #q037
 def wide_stem_cnn(c:int=8, # stem channels (the blocks have 2c and 4c)
@@ -240,14 +273,23 @@ class QATModel(nn.Module):
 def prepare_qat(model:nn.Module, # a trained model (not changed)
                 int8_target:str='auto', # the CPU the INT8 file is for, as `export_onnx`'s: decides 7- or 8-bit weights
                 equalize:bool=True, # cross-layer equalization first (`cross_layer_equalize`; its report is the result's `.equalization`)
+                batchnorm:str='train', # 'train': each BatchNorm kept beside its layer, trained on batch statistics until frozen; 'fold': folded first
                )->nn.Module:
-    "A copy of `model` for quantization-aware training: BatchNorm folded, channels equalized, every Linear and Conv a `QuantAware` layer (observing)."
+    "A copy of `model` for quantization-aware training: channels equalized, every Linear and Conv a `QuantAware` layer (observing) with its BatchNorm."
+    if batchnorm not in ('train', 'fold'): raise ValueError(f"batchnorm={batchnorm!r}: use 'train' (keep BatchNorm, train it, then freeze it) or 'fold'.")
     reduce_range, _ = int8_weight_range(int8_target)
-    m, how = cross_layer_equalize(model) if equalize else (fold_batchnorm(model), None)
+    m = copy.deepcopy(model).eval() if batchnorm == 'train' else fold_batchnorm(model)
+    bns = batchnorm_pairs(m) if batchnorm == 'train' else {}
+    how = cross_layer_equalize(m)[1] if equalize else None
+    for a, b in (how.pairs if how else []):  # the same scales on the unfolded copy: through a's BatchNorm if it has one
+        first = m.get_submodule(bns.get(a, a))
+        if first.weight is None: first.weight, first.bias = nn.Parameter(torch.ones_like(first.running_var)), nn.Parameter(torch.zeros_like(first.running_var))
+        _rescale(first, m.get_submodule(b), how.scales[a])
     for name, mod in list(m.named_modules()):
         if isinstance(mod, (nn.Linear, nn.modules.conv._ConvNd)) and not isinstance(mod, nn.modules.conv._ConvTransposeNd):
-            parent, _, child = name.rpartition('.')
-            setattr(m.get_submodule(parent), child, QuantAware(mod, reduce_range))
+            bn = m.get_submodule(bns[name]) if name in bns else None
+            _set(m, name, QuantAware(mod, reduce_range, bn))
+            if bn is not None: _set(m, bns[name], nn.Identity())
     return QATModel(m, reduce_range, how)
 
 def observe(model:nn.Module, # a `prepare_qat` model
@@ -268,9 +310,7 @@ def strip_qat(model:QATModel)->nn.Module:
     "The plain model a `prepare_qat` model trained: its Linear and Conv layers (BatchNorm folded in), for `export_onnx`."
     m = copy.deepcopy(model.model)
     for name, mod in list(m.named_modules()):
-        if isinstance(mod, QuantAware):
-            parent, _, child = name.rpartition('.')
-            setattr(m.get_submodule(parent) if parent else m, child, mod.layer)
+        if isinstance(mod, QuantAware): _set(m, name, mod.layer if mod.bn is None else _fuse(mod.layer, mod.bn))
     return m.eval()
 
 # %% ../nbs/09c_qat.ipynb #q035
@@ -280,6 +320,16 @@ class Reobserve(Callback):
     def after_step(self, t):
         if t.step % self.every == 0: observe(t.model, self.batches)
 
+class FreezeBatchNorm(Callback):
+    "From optimizer step `at` on, every `QuantAware` BatchNorm uses its running statistics: training then computes the folded graph of the file."
+    def __init__(self, at:int): self.at = at
+    def before_fit(self, t): self._set(t.model, self.at <= 0)
+    def after_step(self, t):
+        if t.step == self.at: self._set(t.model, True)
+    def _set(self, model, frozen):
+        for m in model.modules():
+            if isinstance(m, QuantAware): m.bn_frozen = frozen
+
 def qat_fine_tune(model:nn.Module, # a trained model (not changed)
                   dls, # chapter 04 `DataLoaders`: training batches, and the calibration data (as `export_onnx(calibration=dls)`)
                   steps:int=300, # optimizer steps with fake quantization
@@ -287,12 +337,15 @@ def qat_fine_tune(model:nn.Module, # a trained model (not changed)
                   int8_target:str='auto', # as `export_onnx`'s
                   observe_every:int|None=25, # re-observe the calibration data every this many steps (None: ranges frozen once, at the start)
                   equalize:bool=True, # cross-layer equalization before fine-tuning (`prepare_qat`'s)
+                  batchnorm:str='train', # `prepare_qat`'s: 'train' (batch statistics, then frozen) or 'fold'
+                  freeze_bn:int|None=None, # the step after which BatchNorm uses its running statistics (None: half of `steps`)
                   **trainer_kw, # more `Trainer` arguments (device, seed, ...)
                  )->QATModel:
     "Fine-tune a fake-quantized copy of `model` for `steps` steps; export `strip_qat` of the result with `quantize='int8', calibration=dls`."
     x = next(iter(dls.train))[0]
     calib = calibration_batches(dls, tuple(x.shape[1:]))
-    qm = observe(prepare_qat(model, int8_target, equalize), calib)
-    cbs = [Reobserve(calib, observe_every)] if observe_every else []
+    qm = observe(prepare_qat(model, int8_target, equalize, batchnorm), calib)
+    cbs = [FreezeBatchNorm(steps // 2 if freeze_bn is None else freeze_bn)] + ([Reobserve(calib, observe_every)] if observe_every else [])
     Trainer(qm, dls, lr=lr, callbacks=cbs, **{'progress': False, 'verbose': False, 'plan': False, 'device': 'cpu', **trainer_kw}).fit(steps=steps)
+    FreezeBatchNorm(0)._set(qm, True)  # done training: the folded graph, whatever the schedule
     return observe(qm.cpu(), calib)
