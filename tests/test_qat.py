@@ -200,8 +200,6 @@ def _conv_bn_1d():
 
 
 def test_batchnorm_trains_on_batch_statistics_until_frozen_then_computes_the_folded_graph():
-    from netlite_nb.qat import FreezeBatchNorm
-    from types import SimpleNamespace
     m = _conv_bn_1d()
     qm = observe(prepare_qat(m), [torch.randn(32, 3, 12) * 2])
     layers = [q for q in qm.modules() if isinstance(q, QuantAware)]
@@ -219,6 +217,8 @@ def test_batchnorm_trains_on_batch_statistics_until_frozen_then_computes_the_fol
     assert not torch.equal(first.bn.running_mean, rm)
     qm(x).sum().backward()
     assert first.layer.weight.grad.abs().sum() > 0 and first.bn.weight.grad.abs().sum() > 0   # the layer and its BatchNorm learn
+    from netlite_nb.qat import FreezeBatchNorm
+    from types import SimpleNamespace
     cb = FreezeBatchNorm(at=3)
     cb.after_step(SimpleNamespace(step=2, model=qm)); assert not any(q.bn_frozen for q in layers)
     cb.after_step(SimpleNamespace(step=3, model=qm)); assert all(q.bn_frozen for q in layers)
@@ -235,6 +235,8 @@ def test_equalization_on_kept_batchnorm_gives_the_folded_equalized_weights_exact
     eq, how = cross_layer_equalize(m)
     qm = prepare_qat(m)
     assert qm.equalization.pairs == how.pairs and how.pairs   # something was rescaled
+    kept = [q.bn for q in qm.modules() if isinstance(q, QuantAware) and getattr(q, 'bn', None) is not None]
+    assert len(kept) == 3   # the copy keeps its BatchNorms (rescaled through gamma and beta), yet folds to the equalized weights
     plain = strip_qat(qm)
     for n, p in eq.named_parameters(): assert torch.equal(p, plain.get_parameter(n)), n
     x = torch.randn(16, 3, 12)
