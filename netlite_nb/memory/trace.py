@@ -373,7 +373,9 @@ def _memo_entry(func, args:tuple, kwargs:dict, out, before):
     tops = {a.untyped_storage()._cdata: i for i, a in enumerate(args) if isinstance(a, FakeTensor)}
     ins = {a.untyped_storage()._cdata for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
     metas = [_out_meta(t, tops, ins) for t in outs]
-    if None in metas or all(m == 'none' for m in metas): return 'no'
+    if None in metas: return 'no'
+    stores = [t.untyped_storage()._cdata for t in outs if t is not None]
+    if not stores or len(set(stores)) < len(stores): return 'no'  # outputs sharing a storage: FakeTensor's answer
     fm = next(t.fake_mode for t in outs if t is not None)
     return fm, type(out) if isinstance(out, (tuple, list)) else None, metas
 
