@@ -245,7 +245,7 @@ def result_path(set_name:str, mach:dict, options:dict, out:Path=RESULTS)->Path:
                for k, v in options.items() if v not in (False, None) and v != OPTIONS.get(k)]
     return out / f"{set_name}.{who}.{'_'.join(map(_slug, changed)) or 'default'}.json"
 
-OPTIONS = dict(threads=1, precision='fp32', glibc='bench', full_warmup=False, warmup_holes=False, calibrate=False, models=None)  # the defaults
+OPTIONS = dict(threads=1, precision='fp32', glibc='bench', full_warmup=False, warmup_holes=False, calibrate=False, models=None, budgets=None)  # the defaults
 
 def save_result(path:Path, result:dict):
     "Write `result` as JSON to `path` atomically (a temporary file beside it, then os.replace): a reader never sees half a file."
@@ -564,10 +564,15 @@ def run_child(flag, arg)->list:
                          capture_output=True, text=True, check=True)
     return json.loads(out.stdout.split('\n')[-2])
 
-def budgets_table(models=tuple(MODELS), budgets=(0.5, 1, 2), next_up=True):
+def budgets_table(models=tuple(MODELS), budgets=(0.5, 1, 2), next_up=True, set_name=None, options=None, out=RESULTS):
     """Solve max_batch_size on the CPU for each budget and measure the solved batch (and, with next_up, the next one up) in fresh
-    processes. ok: the solved batch measures within the budget and uses at least 90 % of it."""
+    processes. ok: the solved batch measures within the budget and uses at least 90 % of it. With set_name, the rows are stored
+    as the accuracy table's are (one file per set, machine and budgets), each with the budget, the share of it used and the verdict."""
     from netlite_nb.budget import max_batch_size
+    t_all = time.time()
+    if set_name:
+        result = new_result(set_name, {**(options or {}), 'budgets': list(budgets)})
+        path = result_path(set_name, result['machine'], result['options'], out)
     print(f"{'model':<13}{'budget':>8}{'solved':>8}{'predicted@b':>13}{'measured@b':>12}{'used':>7}" + (f"{'measured@b+1':>14}{'per sample':>12}" if next_up else '') + "  ok")
     for name in models:
         for gb in budgets:
@@ -583,6 +588,15 @@ def budgets_table(models=tuple(MODELS), budgets=(0.5, 1, 2), next_up=True):
                     ok = f"yes; b+1 fits too: {(budget - m0)/2**20:.1f} MiB left = {int((budget - m0) / max(1, p1 - p0))} samples"
                 line += f"{m1/2**20:>12.1f}Mi{(p1 - p0)/2**20:>10.3f}Mi"
             print(f"{line}  {ok}  ({time.time() - t0:.0f} s)", flush=True)
+            if set_name:
+                result['rows'].append(dict(model=name, batch=b, budget=budget, measured=m0, planned=p0, error_pct=round(100 * (p0 - m0) / m0, 2),
+                                           used_pct=round(100 * m0 / budget, 1), ok=ok, seconds=round(time.time() - t0, 1)))
+                result['seconds'] = round(time.time() - t_all, 1)
+                save_result(path, result)
+    if set_name:
+        result.update(complete=True, seconds=round(time.time() - t_all, 1))
+        save_result(path, result)
+        print(f"stored: {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 
 def libc_handle():
     import ctypes
@@ -904,7 +918,7 @@ if __name__ == '__main__':
     elif a.set and not (a.set == 'default' and a.budgets):
         if unknown := [m for m in a.models or [] if m not in SETS[a.set]]: ap.error(f"not in --set {a.set}: {', '.join(unknown)} (it has {', '.join(SETS[a.set])})")
         models = {k: v for k, v in SETS[a.set].items() if not a.models or k in a.models}
-        if a.budgets: budgets_table(list(models), a.gib, next_up=False)  # the margin leaves room for b+1
+        if a.budgets: budgets_table(list(models), a.gib, next_up=False, set_name=a.set, options=_options(a), out=a.results)  # the margin leaves room for b+1
         else: accuracy_table(a.full_warmup, models, a.calibrate, a.set, _options(a), a.results)
     elif a.budgets: budgets_table(a.models or list(MODELS), a.gib)
     elif a.real_budgets: budgets_table(a.models or ['cnn', 'transformer'], [2, 4, 8])

@@ -13,7 +13,7 @@ ratios measured side by side mean anything. The load average before and after sa
 
 `--readme` measures what a reader runs instead: the README's "path through the book" (its Python block, read from
 README.md) as a script in a fresh process, torch imported first and no thread variable in the environment, so only the
-Trainer's own thread policy (chapter 07, "Threads on a busy machine") can help. Wall time of the whole script, idle and
+Trainer's own thread policy (chapter 07b, "Threads on a busy machine") can help. Wall time of the whole script, idle and
 with one core busy, alternated; the medians and ratio are stored as JSON in bench/results/contention/, tagged with the
 machine, torch, commit and date. Target: busy/idle <= 2.
 

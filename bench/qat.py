@@ -1,15 +1,17 @@
-"""Quantization-aware training (chapter 09c) against chapter 09's post-training INT8, on a model where post-training INT8 loses points.
+"""Post-training INT8, cross-layer equalization and QAT (chapter 09c) on a model where chapter 09's post-training INT8 loses points.
 
 The model is 09c's `wide_stem_cnn` (a depthwise-separable CNN whose stem channels span 10**spread in scale, 10**4 by default,
-no BatchNorm after the stem), trained on the embedded MNIST sample with chapter 07's Trainer (AdamW, lr 1e-2, 3 epochs), then:
-- post-training INT8: `export_onnx(model, quantize='int8', calibration=dls)` (static QDQ, this CPU's 7/8-bit choice);
-- QAT: `qat_fine_tune(model, dls, steps=300, lr=1e-3)`, then the same export of `strip_qat(...)`.
-Accuracy is on the 1,000 held-out images; agreement is top-1 agreement of the INT8 file with the model it was made from
-(PTQ: the fp32 model; QAT: the fake-quantized model that training saw). A control arm fine-tunes the fp32 model for the same
-steps without fake quantization (then post-training INT8), so QAT's gain is not mistaken for the gain of training longer. Results go to bench/results/qat/<machine>.json.
+no BatchNorm after the stem), trained on the embedded MNIST sample with chapter 07's Trainer (AdamW, lr 1e-2, 3 epochs). Each seed
+makes five INT8 files with `export_onnx(m, quantize='int8', calibration=dls)` (static QDQ, this CPU's 7/8-bit choice), m being:
+- ptq: the trained model;                 - cle_ptq: `cross_layer_equalize(model)[0]` (the same floats);
+- qat: `strip_qat(qat_fine_tune(model, dls, steps=300, lr=1e-3))` (equalized by `prepare_qat`, then fine-tuned with fake quantization);
+- control_ptq / control_cle_ptq: the trained model fine-tuned in fp32 for the same steps (then without / with equalization).
+An arm's loss is the held-out accuracy (1,000 images) of the fp32 model m minus its INT8 file's, its agreement the file's top-1
+agreement with m (QAT: the fine-tuned weights with fake quantization off); `qat_loss_vs_control_fp32` compares QAT's file with the
+control's fp32 accuracy. Medians of the seeds, per column. Results go to bench/results/qat/<machine>.spread<spread>.json.
 
-    python bench/qat.py                   # seeds 0,1,2 (about 3 minutes a seed on 2 busy cores)
-    python bench/qat.py --seeds 0 --steps 100
+    OMP_NUM_THREADS=1 python bench/qat.py --spread 4     # seeds 0,1,2 (about 4 minutes a seed on 2 busy cores)
+    OMP_NUM_THREADS=1 python bench/qat.py --spread 3
 """
 import argparse, copy, json, os, platform, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
@@ -19,8 +21,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's netlite_nb
 from netlite_nb.data import mnist_sample, mnist_sample_loaders
 from netlite_nb.export import export_onnx, onnx_session, run_onnx
-from netlite_nb.qat import qat_fine_tune, strip_qat, wide_stem_cnn
+from netlite_nb.qat import cross_layer_equalize, qat_fine_tune, strip_qat, wide_stem_cnn
 from netlite_nb.train import Trainer
+
+
+ARMS = ('ptq', 'cle_ptq', 'qat', 'control_ptq', 'control_cle_ptq')
+
+
+def _arm(r)->dict:
+    "Accuracy of an INT8 file, its loss against the fp32 model it was made from, and top-1 agreement with that model."
+    return dict(fp32=r.accuracy['pytorch'], int8=r.accuracy['int8'], loss=r.accuracy['pytorch'] - r.accuracy['int8'], agreement=r.agreement['int8'])
 
 
 def one_seed(seed:int, epochs:int, steps:int, lr:float, spread:float)->dict:
@@ -28,23 +38,25 @@ def one_seed(seed:int, epochs:int, steps:int, lr:float, spread:float)->dict:
     dls = mnist_sample_loaders(batch_size=64, seed=seed)
     va = mnist_sample()[1]
     model = Trainer(wide_stem_cnn(spread=spread), dls, device='cpu', lr=1e-2, progress=False, verbose=False, plan=False, seed=seed).fit(epochs).model.eval()
+    ex = lambda m, d, name: export_onnx(m, va.x[:64], Path(d) / f'{name}.onnx', quantize='int8', calibration=dls, valid=va, measure_speed=False)
     with tempfile.TemporaryDirectory() as d:
-        ptq = export_onnx(model, va.x[:64], Path(d) / 'ptq.onnx', quantize='int8', calibration=dls, valid=va, measure_speed=False)
-        t0 = time.time()
+        ptq = ex(model, d, 'ptq')
+        cle_ptq = ex(cross_layer_equalize(model)[0], d, 'cle_ptq')
+        t0 = time.process_time()
         qm = qat_fine_tune(model, dls, steps=steps, lr=lr, seed=seed)
-        seconds = time.time() - t0
-        # the control: the same steps of fine-tuning without fake quantization, then post-training INT8
-        ctl = Trainer(copy.deepcopy(model), dls, device='cpu', lr=lr, progress=False, verbose=False, plan=False, seed=seed).fit(steps=steps).model.eval()
-        ctl_r = export_onnx(ctl, va.x[:64], Path(d) / 'ctl.onnx', quantize='int8', calibration=dls, valid=va, measure_speed=False)
-        qat = export_onnx(strip_qat(qm), va.x[:64], Path(d) / 'qat.onnx', quantize='int8', calibration=dls, valid=va, measure_speed=False)
+        cpu_s = time.process_time() - t0
+        qat = ex(strip_qat(qm), d, 'qat')
         with torch.no_grad(): fq = qm.eval()(va.x).argmax(1)
         q8 = torch.from_numpy(run_onnx(onnx_session(Path(d) / 'qat.onnx'), va.x.numpy())).argmax(1)
-    fp32 = ptq.accuracy['pytorch']
-    return dict(seed=seed, fp32=fp32, ptq_int8=ptq.accuracy['int8'], ptq_loss=fp32 - ptq.accuracy['int8'], ptq_agreement=ptq.agreement['int8'],
-                qat_fake_quant=100 * (fq == va.y).float().mean().item(), qat_int8=qat.accuracy['int8'], qat_loss=fp32 - qat.accuracy['int8'],
-                qat_agreement_with_fake_quant=100 * (fq == q8).float().mean().item(), qat_fp32_weights=qat.accuracy['pytorch'],
-                int8_range=ptq.int8_range, qat_seconds=seconds, control_fp32=ctl_r.accuracy['pytorch'], control_int8=ctl_r.accuracy['int8'],
-                qat_loss_vs_control_fp32=ctl_r.accuracy['pytorch'] - qat.accuracy['int8'])
+        # the control: the same steps of fine-tuning without fake quantization, then post-training INT8 (plain and equalized)
+        ctl = Trainer(copy.deepcopy(model), dls, device='cpu', lr=lr, progress=False, verbose=False, plan=False, seed=seed).fit(steps=steps).model.eval()
+        ctl_ptq, ctl_cle = ex(ctl, d, 'ctl'), ex(cross_layer_equalize(ctl)[0], d, 'ctl_cle')
+    row = dict(seed=seed, int8_range=ptq.int8_range, qat_cpu_seconds=cpu_s,
+               qat_agreement_with_fake_quant=100 * (fq == q8).float().mean().item(), qat_fake_quant=100 * (fq == va.y).float().mean().item())
+    for k, r in dict(ptq=ptq, cle_ptq=cle_ptq, qat=qat, control_ptq=ctl_ptq, control_cle_ptq=ctl_cle).items():
+        row.update({f'{k}_{f}': v for f, v in _arm(r).items()})
+    row['qat_loss_vs_control_fp32'] = ctl_ptq.accuracy['pytorch'] - qat.accuracy['int8']
+    return row
 
 
 def _git(*a): return subprocess.run(['git', *a], capture_output=True, text=True, cwd=ROOT).stdout.strip()
@@ -57,25 +69,27 @@ def main():
     ap.add_argument('--steps', type=int, default=300)
     ap.add_argument('--lr', type=float, default=1e-3)
     ap.add_argument('--spread', type=float, default=4.0, help="the stem's channel scales span 10**spread")
+    ap.add_argument('--out', default=None, help='the JSON to write (default: bench/results/qat/<machine>.spread<spread>.json)')
     a = ap.parse_args()
     torch.set_num_threads(1)
     rows = []
     for s in [int(x) for x in a.seeds.split(',')]:
         rows.append(one_seed(s, a.epochs, a.steps, a.lr, a.spread))
         r = rows[-1]
-        print(f"seed {s}: fp32 {r['fp32']:.2f}%  PTQ int8 {r['ptq_int8']:.2f}% (loses {r['ptq_loss']:+.2f} pp, agreement {r['ptq_agreement']:.2f}%)  "
-              f"QAT int8 {r['qat_int8']:.2f}% (loses {r['qat_loss']:+.2f} pp; agreement with the fake-quantized model {r['qat_agreement_with_fake_quant']:.2f}%); "
-              f"control (fp32 fine-tuned as long) {r['control_fp32']:.2f}%, its PTQ int8 {r['control_int8']:.2f}%", flush=True)
-    med = {k: statistics.median(r[k] for r in rows) for k in ('fp32', 'ptq_int8', 'ptq_loss', 'ptq_agreement', 'qat_int8', 'qat_loss', 'qat_agreement_with_fake_quant', 'control_fp32', 'control_int8', 'qat_loss_vs_control_fp32')}
-    print('medians:', {k: round(v, 2) for k, v in med.items()})
+        print(f"seed {s}:", '  '.join(f"{k} fp32 {r[k+'_fp32']:.1f}% int8 {r[k+'_int8']:.1f}% (loses {r[k+'_loss']:+.1f} pp, agreement {r[k+'_agreement']:.1f}%)"
+                                     for k in ARMS), flush=True)
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k not in ('seed', 'int8_range')}
+    print('medians (loss: fp32 of the model the file is made from, minus INT8; agreement: top-1 of the INT8 file with that fp32 model):')
+    for k in ARMS: print(f"  {k:16s} fp32 {med[k+'_fp32']:.2f}%  INT8 {med[k+'_int8']:.2f}%  loses {med[k+'_loss']:+.2f} pp  agreement {med[k+'_agreement']:.2f}%")
+    print(f"  QAT INT8 against the control's fp32: loses {med['qat_loss_vs_control_fp32']:+.2f} pp")
     cpu = next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), platform.machine()) if os.path.exists('/proc/cpuinfo') else platform.machine()
-    out = ROOT / "bench" / "results" / "qat" / f"{platform.machine()}.spread{a.spread:g}.json"
+    out = Path(a.out).resolve() if a.out else ROOT / "bench" / "results" / "qat" / f"{platform.machine()}.spread{a.spread:g}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    res = dict(bench='qat', model=f'wide_stem_cnn(c=8, spread={a.spread:g})', epochs=a.epochs, steps=a.steps, lr=a.lr, seeds=[r['seed'] for r in rows], cpu=cpu,
+    res = dict(bench='qat', schema=2, model=f'wide_stem_cnn(c=8, spread={a.spread:g})', epochs=a.epochs, steps=a.steps, lr=a.lr, seeds=[r['seed'] for r in rows], cpu=cpu,
                torch=torch.__version__, date=time.strftime('%Y-%m-%dT%H:%M:%S%z'), commit=_git('rev-parse', '--short=10', 'HEAD') or None,
                dirty=bool(_git('status', '--porcelain', '--untracked-files=no')), medians=med, rows=rows)
     tmp = out.with_suffix('.tmp'); tmp.write_text(json.dumps(res, indent=1)); os.replace(tmp, out)
-    print(f"stored {out.relative_to(ROOT)}")
+    print(f"stored {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
 
 
 if __name__ == '__main__':

@@ -25,7 +25,7 @@ from .memory.trace import (
     _per_sample, _real_shares, _resized_shape, _split_batch, _stand_in_note, default_loss, make_optimizer, resize_batch,
     resolve_target, trace_step)
 from .memory.heap import GlibcHeap, MALLOPT, glibc_settings, on_glibc
-from .memory.cpu import calibration_cache, calibrate_kernels, calibration_file, cpu_terms
+from .memory.cpu import calibration_cache, calibrate_kernels, calibration_file, cpu_terms, hwm_growth
 from .memory.cuda import cuda_kernels, cuda_terms
 
 # %% auto #0
@@ -33,7 +33,7 @@ __all__ = ['TENSOR_TERMS', 'DEVICE_TERMS', 'STEP_CHECKS', 'HOST_TERMS', 'COLORS'
            'TrainingStep', 'IncompatibleStepError', 'register_step_check', 'register_host_terms', 'check_step',
            'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size',
            'smallest_batch', 'Change', 'register_lever', 'fit_to_budget', 'try_batch_once', 'grow_until_oom',
-           'find_batch_size', 'budget_widget']
+           'find_batch_size', 'MeasuredBatchSize', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c029
 TENSOR_TERMS = ('weights', 'weight copies', 'gradients', 'optimizer', 'activations', 'temporaries', 'batch')
@@ -414,9 +414,11 @@ def max_batch_size(model:nn.Module, # the model to plan for
                    max_batch:int=2**16, # stop searching here
                    micro_of:int|None=None, # solve for the micro-batch of gradient accumulation over batches of this size
                    margin:float|None=None, # fraction of `budget` kept free for what the kernel models miss; default: `PLAN_MARGIN`
+                   fallback:str|None=None, # 'measure': where the planner refuses the model, or plans only an upper bound, search by real steps here (`find_batch_size`)
                    **kw, # passed to `plan_memory`: loss_fn, optimizer, precision, transform, strategy, calibrate
                   )->int:
     "The largest batch size whose traced training step fits `budget` less a safety margin: extrapolating, then interpolating between traced sizes."
+    if fallback not in (None, 'measure'): raise ValueError(f"fallback={fallback!r} is not an option: pass None (plans only) or 'measure' (real steps where the plan cannot size the batch).")
     precision = kw.get('precision', 'fp32')
     if kw.get('strategy') is not None:
         precision, *_, device_or_gpu, budget = _strategy_defaults(kw['strategy'], precision, 'adamw', None, None, device_or_gpu, budget)
@@ -425,17 +427,24 @@ def max_batch_size(model:nn.Module, # the model to plan for
     if budget is None: raise ValueError("max_batch_size needs a budget: pass budget= (bytes) or a device_or_gpu with known memory.")
     lowp = target.kind == 'cpu' and precision in LOW_PRECISION
     margin = PLAN_MARGIN.get((target.kind, 'bf16/fp16' if lowp else bool(kw.get('calibrate'))), 0.0) if margin is None else margin
-    budget = int(budget * (1 - margin))
+    budget, whole = int(budget * (1 - margin)), budget  # a measured step needs no margin for what the models miss
     @functools.cache
     def plan(b):
         if micro_of is None: return plan_memory(model, resize_batch(sample, b), device_or_gpu=target, budget=budget, **kw)
         return plan_memory(model, resize_batch(sample, micro_of), micro_batch=b, device_or_gpu=target, budget=budget, **kw)
-    lo = smallest_batch(plan)
-    if _BOUND in ' '.join(getattr(plan(lo), 'notes', ())) and _real_shares(model, sample, kw.get('loss_fn')):  # a sample with values: route every size as it routes
-        plan.cache_clear(); lo = smallest_batch(plan)
+    try: lo = smallest_batch(plan)
+    except UntraceableError as e:
+        if fallback is None or isinstance(e, NothingToTrainError): raise
+        return _measured(model, sample, whole, device_or_gpu, max_batch, kw, f"the planner refused the model: {e}")
+    bound = _BOUND in ' '.join(getattr(plan(lo), 'notes', ()))
+    if bound and _real_shares(model, sample, kw.get('loss_fn')):  # a sample with values: route every size as it routes
+        plan.cache_clear(); lo = smallest_batch(plan); bound = False
     if lo > max_batch: raise ValueError(f"The model cannot train at a batch of {max_batch} (a batch of 1 cannot train it; the smallest is {lo}): raise max_batch.")
     if not plan(lo).fits: raise BudgetTooSmallError(_too_small(model, sample, budget, target, plan(lo), kw, lo, suggest=micro_of is None))
     b = _search(plan, budget, max_batch, lo)
+    if bound and fallback:  # the bound's batch fits for sure; real steps find how far above it the data allows
+        return _measured(model, sample, whole, device_or_gpu, max_batch, kw, "the plan on shapes alone is an upper bound (data-dependent ops "
+                         f"planned at their largest: {fmt_bytes(plan(b).total)} at batch {b}); real steps ran on random values of those shapes", start=b)
     if b < max_batch: _warn_moving_threshold(target)  # the budget decided the batch, so how far off the plan can be matters
     if (note := _compiled_note(model)): warnings.warn(note[0], CompiledModelWarning, stacklevel=2)
     return b
@@ -549,6 +558,7 @@ def fit_to_budget(model:nn.Module, # the model to plan for
                   finetune:bool=False, # the model's weights are trained and being adapted: also levers that freeze them (LoRA)
                   ema:bool=False, # the run keeps an averaged copy of the weights
                   step:TrainingStep|None=None, # the whole step (its micro-batch aside: `batch` is per optimizer step); replaces the arguments it holds
+                  fallback:str|None=None, # 'measure': where the planner refuses the model or plans an upper bound that does not fit, size by real steps here
                  )->list[Change]:
     "Changes that make a training step fit `budget`, each re-planned: those that fit first, cheapest (least slowdown) first."
     if step is not None: optimizer, precision, transform, ema, loss_fn = step.optimizer, step.precision, step.transform, step.ema, step.loss_fn
@@ -558,7 +568,12 @@ def fit_to_budget(model:nn.Module, # the model to plan for
     target = resolve_target(device_or_gpu)
     budget = budget if budget is not None else target.memory
     kw = dict(loss_fn=loss_fn, optimizer=optimizer, precision=precision, transform=transform, ema=ema)
-    base = plan_memory(model, batch, device_or_gpu=target, budget=budget, **kw)
+    try: base = plan_memory(model, batch, device_or_gpu=target, budget=budget, **kw)
+    except UntraceableError as e:
+        if fallback != 'measure' or isinstance(e, NothingToTrainError): raise
+        return _measured_changes(model, batch, budget, device_or_gpu, kw, f"the planner refused the model: {e}")
+    if fallback == 'measure' and not base.fits and _BOUND in ' '.join(base.notes):
+        return _measured_changes(model, batch, budget, device_or_gpu, kw, "the plan on shapes alone is an upper bound that does not fit")
     def change(desc, over, slow):
         full = _changed(kw, over)
         try: p = plan_memory(model, batch, device_or_gpu=target, budget=budget, **full)
@@ -619,9 +634,11 @@ def _fits(attempt:Callable, b:int, device:torch.device, verbose:bool=False)->boo
     return False
 
 # %% ../nbs/01_budget.ipynb #a0874ad3
-def grow_until_oom(attempt:Callable, device:torch.device, verbose:bool=False, limit:int=2**16)->int:
-    "The largest batch up to `limit` that `attempt` trains: doubling from 1 until one runs out of memory, then bisecting."
-    ok, bad, first = 0, None, 1
+def grow_until_oom(attempt:Callable, device:torch.device, verbose:bool=False, limit:int=2**16,
+                   start:int=1, # the first batch to try (one a bound says fits); when it does not train, the search starts again from 1
+                  )->int:
+    "The largest batch up to `limit` that `attempt` trains: doubling from `start` until one runs out of memory, then bisecting."
+    ok, bad, first = 0, None, min(start, limit)
     while bad is None and ok < limit:
         b = min(limit, max(first, 2 * ok))
         try: fits = _fits(attempt, b, device, verbose)
@@ -630,6 +647,7 @@ def grow_until_oom(attempt:Callable, device:torch.device, verbose:bool=False, li
             first = 2; continue  # BatchNorm after global pooling: a batch of 1 cannot train, so the search starts at 2
         if fits: ok = b
         else: bad = b
+    if ok == 0 and start > 1: return grow_until_oom(attempt, device, verbose, first - 1)  # the bound's batch did not train: below it, from 1
     if ok == 0: raise BudgetTooSmallError(f"Not even a batch of {first} trains on {device}: the model, gradients and optimizer state do not fit.")
     while bad is not None and bad - ok > 1:
         mid = (ok + bad) // 2
@@ -645,29 +663,92 @@ def find_batch_size(model:nn.Module, # the model; a copy is moved to `device`
                     backoff:float=0.8, # after an OOM, try this fraction of the batch size
                     try_batch:Callable|None=None, # try_batch(b) runs the check; default: 2 training steps + 1 evaluation
                     verbose:bool=False,
+                    budget:int|None=None, # bytes a step may use: a step that uses more counts as out of memory (on the CPU: the resident high-water mark's rise)
+                    grow:bool=False, # `start` is low (a plan that is an upper bound said it fits): double from it until a step fails, then bisect
+                    max_batch:int=2**16, # stop searching here
                     loss_fn=None, optimizer='adamw', precision:str='fp32', transform:Callable|None=None, # for the plan and the check
                    )->int:
     "The largest batch size that really trains on `device`: from the planner's answer, backing off on OOM; with no plan (`UntraceableError`), doubling from 1."
     device = torch.device(device)
-    if start is None and device.type == 'cpu' and try_batch is None:
+    if start is None and device.type == 'cpu' and try_batch is None and budget is None:
         raise ValueError("On the CPU an allocation that does not fit swaps or gets the process killed instead of raising, "
-                         "so find_batch_size cannot back off there: pass start= (e.g. from max_batch_size with a budget).")
+                         "so find_batch_size cannot back off there: pass start= (e.g. from max_batch_size with a budget), or budget= (bytes) to count a step over it as out of memory.")
     kw = dict(loss_fn=loss_fn, optimizer=optimizer, precision=precision, transform=transform)
-    attempt = try_batch or (lambda b: try_batch_once(model, sample, b, device, **kw))
+    attempt = try_batch or (_budget_attempt(model, sample, device, budget, {}, kw) if budget is not None else lambda b: try_batch_once(model, sample, b, device, **kw))
     if start is None:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter('ignore', CompiledModelWarning)  # the steps that follow are the compiled ones
-                start = max_batch_size(model, sample, device_or_gpu=str(device) if device.type in ('cpu', 'cuda') else None, **kw)
+                start = max_batch_size(model, sample, budget, str(device) if device.type in ('cpu', 'cuda') else None, max_batch, **kw)
         except UntraceableError as e:  # no plan to start from: real steps alone (but nothing to train fails those too)
             if isinstance(e, NothingToTrainError): raise
             if verbose: print(f"no plan to start from ({str(e).split(':')[0]}): doubling from batch 1")
-            return grow_until_oom(attempt, device, verbose)
+            return grow_until_oom(attempt, device, verbose, max_batch)
+    if grow: return grow_until_oom(attempt, device, verbose, max_batch, start=start)
     b = start
     while b >= 1:
         if _fits(attempt, b, device, verbose): return b
         b = min(b - 1, int(b * backoff))
     raise BudgetTooSmallError(f"Not even a batch of 1 trains on {device}: the model, gradients and optimizer state do not fit.")
+
+# %% ../nbs/01_budget.ipynb #mf2
+class MeasuredBatchSize(int):
+    "A batch size found by real training steps on this machine, not by a plan: `why` the plan was not used, `used` the bytes each tried batch took."
+    measured = True
+    def __new__(cls, b:int, why:str, used:dict):
+        o = super().__new__(cls, b)
+        o.why, o.used = why, dict(used)
+        return o
+    def __repr__(self): return f"{int(self)} (measured by real steps: {self.why})"
+    def __str__(self): return int.__repr__(self)
+
+def _budget_attempt(model, sample, device:torch.device, budget:int, used:dict, kw:dict)->Callable:
+    "try_batch(b) for `find_batch_size`: real steps at `b` (bytes recorded in `used`), out of memory when they take more than `budget`."
+    def attempt(b):
+        run = lambda: try_batch_once(model, sample, b, device, **kw)
+        if device.type == 'cpu':
+            if not used: run()  # once unmeasured: the first step pages in kernel code and makes lazy state (156 MiB for a sparse GCN), as a plan's steady step has
+            gc.collect()
+            if on_glibc(): ctypes.CDLL(None).malloc_trim(0)  # freed pages that glibc kept would hide this step's own
+            used[b], _ = hwm_growth(run)
+        elif device.type == 'cuda':
+            free_memory(device); base = torch.cuda.memory_reserved(device); torch.cuda.reset_peak_memory_stats(device)
+            run(); used[b] = torch.cuda.max_memory_reserved(device) - base
+        else: raise ValueError(f"A budget is measured on 'cpu' or 'cuda', not {device.type!r}: leave budget= out and let the device raise.")
+        if used[b] > budget: raise torch.OutOfMemoryError(f"out of memory: batch {b} took {fmt_bytes(used[b])}, over the budget of {fmt_bytes(budget)}")
+    return attempt
+
+
+# %% ../nbs/01_budget.ipynb #mf3
+def _measured(model, sample, budget:int, device_or_gpu, max_batch:int, kw:dict, why:str, start:int|None=None)->MeasuredBatchSize:
+    "`find_batch_size` within `budget` on this machine's 'cpu' or 'cuda', for a batch the plan cannot size (`why`)."
+    dev = str(device_or_gpu) if isinstance(device_or_gpu, (str, torch.device)) else ''
+    if not (dev == 'cpu' or dev.startswith('cuda')):
+        raise ValueError(f"fallback='measure' sizes the batch by real steps because {why}; they run on this machine, so pass "
+                         f"device_or_gpu='cpu' or 'cuda', not {device_or_gpu!r} (or plan on a machine that has that device).")
+    if kw.get('strategy') is not None: raise ValueError("fallback='measure' runs the step as given: pass its optimizer, precision and transform, not a strategy.")
+    step, used = {k: kw[k] for k in ('loss_fn', 'optimizer', 'precision', 'transform') if k in kw}, {}
+    attempt = _budget_attempt(model, sample, torch.device(dev), budget, used, step)
+    b = find_batch_size(model, sample, dev, start=start, try_batch=attempt, budget=budget, grow=start is not None, max_batch=max_batch, **step)
+    return MeasuredBatchSize(b, why, used)
+
+
+# %% ../nbs/01_budget.ipynb #mf4
+def _measured_changes(model, batch, budget:int|None, device_or_gpu, kw:dict, why:str)->list[Change]:
+    "`fit_to_budget`'s answer by real steps: the batch as it is, or gradient accumulation over the largest micro-batch that trains within `budget`."
+    target = resolve_target(device_or_gpu)
+    budget = budget if budget is not None else target.memory
+    b = _batch_size(batch)
+    m = _measured(model, batch, budget, device_or_gpu, b, kw, why)
+    micro = math.ceil(b / math.ceil(b / m))  # as few micro-batches as fit, split as evenly as the Trainer's split allows
+    took = m.used[m]  # the largest batch that trained: at least what `micro` takes
+    plan = MemoryPlan(batch_size=b, micro_batch=micro, precision=kw.get('precision', 'fp32'), optimizer=_optimizer_name(kw.get('optimizer', 'adamw')),
+                      transform=_transform_name(kw.get('transform')), device=target.name, peak=took, reserved=took, total=took,
+                      breakdown={'measured by real steps': took}, peak_phase='measured', peak_module='', budget=budget, by_module={},
+                      params=sum(p.numel() for p in model.parameters()), notes=[f"measured by real steps on this machine, not planned, because {why}"])
+    if micro >= b: return [Change("the batch as it is (measured by real steps)", {}, 0.0, 0, plan)]
+    return [Change(f"gradient accumulation, {_split_words(b, micro)} (measured by real steps)", {'micro_batch': micro}, 0.1 * math.log2(b / micro), 0, plan)]
+
 
 # %% ../nbs/01_budget.ipynb #c067
 def _gpu_choices()->list[str]:

@@ -328,7 +328,8 @@ def _write_files(tmp:Path, state:dict, model:nn.Module, ema, step:int, finite:bo
     st.save_model(model, str(tmp / 'model.safetensors'), metadata={'step': str(step)})
     if ema is not None: st.save_model(ema, str(tmp / 'ema.safetensors'))
     with _open_new(tmp / 'state.pt') as f: torch.save(state, f); f.flush(); os.fsync(f.fileno())
-    for p in tmp.glob('*.safetensors'): _fsync_file(p)
+    mode = (tmp / 'state.pt').stat().st_mode & 0o777  # what the umask gives a file we create; safetensors' writer makes 0600
+    for p in tmp.glob('*.safetensors'): os.chmod(p, mode); _fsync_file(p)
     _write_manifest(tmp, step, finite)
 
 def _rotate(run_dir:Path, final:Path, keep:int):

@@ -1663,3 +1663,51 @@ def test_the_memo_keeps_a_recurrent_trace():
         FakeTensorMode.cache_clear()
         with mock.patch.object(AllocationTracker, 'answer', every_op): ref_plan = plan_memory(model, batch, device_or_gpu='cpu')
         assert (plan.peak, plan.notes) == (ref_plan.peak, ref_plan.notes)
+
+
+class _SparseGCN(nn.Module):
+    "Graph convolutions over a fixed 300-node ring whose adjacency is a sparse COO buffer; a batch is several signals on the graph."
+    def __init__(self, n=300, d=16):
+        super().__init__()
+        i = torch.arange(n); idx = torch.cat([torch.stack([i, i]), torch.stack([i, (i + 1) % n]), torch.stack([(i + 1) % n, i])], 1)
+        self.register_buffer('adj', torch.sparse_coo_tensor(idx, torch.full((3 * n,), 1 / 3), (n, n), check_invariants=True).coalesce())
+        self.l1, self.head = nn.Linear(d, 64), nn.Linear(64, 10)
+    def forward(self, x):
+        b, n, f = x.shape
+        h = torch.sparse.mm(self.adj, x.transpose(0, 1).reshape(n, b * f)).reshape(n, b, f).transpose(0, 1)
+        return self.head(torch.relu(self.l1(h)).mean(1))
+
+
+def test_a_refused_or_bounded_plan_falls_back_to_a_measured_batch():
+    "fallback='measure': a sparse-adjacency GCN (refused by layer) and a top-2 MoE given shapes alone (an upper bound) get a batch measured by real steps within the budget, which says so."
+    from netlite_nb.budget import MeasuredBatchSize
+    from netlite_nb.memory.trace import UntraceableError
+    sys.path.insert(0, str(ROOT / 'bench'))
+    from sets.twelfth import MoETop2
+    budget = 64 * 2**20
+    gcn, batch = _SparseGCN(), (torch.randn(4, 300, 16), torch.randint(0, 10, (4,)))
+    with pytest.raises(UntraceableError, match='adj'): max_batch_size(gcn, batch, budget=budget, device_or_gpu='cpu')
+    b = max_batch_size(gcn, batch, budget=budget, device_or_gpu='cpu', fallback='measure', max_batch=1024)
+    assert isinstance(b, MeasuredBatchSize) and 'refused' in b.why and 'adj' in b.why
+    assert 1 < b < 1024 and b.used[b] <= budget and all(v > budget for k, v in b.used.items() if k > b), b.used
+    torch.manual_seed(0)
+    moe, shapes = MoETop2(d=64), resize_batch((torch.randn(2, 16, 64), torch.randint(0, 10, (2,))), 2)   # on 'meta': no values
+    bound = max_batch_size(moe, shapes, budget=budget, device_or_gpu='cpu')
+    m = max_batch_size(moe, shapes, budget=budget, device_or_gpu='cpu', fallback='measure', max_batch=1024)
+    assert isinstance(m, MeasuredBatchSize) and 'upper bound' in m.why and m.used[m] <= budget
+    assert m > bound and not isinstance(bound, MeasuredBatchSize), (m, bound)   # the bound's batch is safe but smaller
+    fix, = fit_to_budget(gcn, resize_batch(batch, 2 * b), budget=budget, device_or_gpu='cpu', fallback='measure')
+    assert fix.fits and 'measured' in fix.description and fix.changes['micro_batch'] <= b
+
+
+def test_slow3d_columns_are_planned_as_atens_vol2col_makes_them():
+    "A 1x1x1 3-D convolution at a small batch on one thread runs ATen's Slow3d (oneDNN passed over): its backward gathers the input's gradient from the whole batch's columns. ATen's own code, so the same on every CPU; the model had nothing."
+    from netlite_nb.memory.cpu import cpu_conv_scratch, measure_conv_scratch, conv_key
+    torch.set_num_threads(1)
+    x, w = torch.empty(4, 16, 32, 32, 32, device='meta'), torch.empty(2, 16, 1, 1, 1, device='meta')
+    if conv_backend(tuple(x.shape), tuple(w.shape), (1,) * 3, (0,) * 3, (1,) * 3, False, 1, torch.float32, 1) != 'Slow3d': pytest.skip('oneDNN takes this one here')
+    y = torch.empty(4, 2, 32, 32, 32, device='meta')
+    args = (y, x, w, None, [1] * 3, [0] * 3, [1] * 3, False, [0] * 3, 1, [True, True, False])
+    model = cpu_conv_scratch(torch.ops.aten.convolution_backward.default, args, y)
+    got = measure_conv_scratch([conv_key(torch.ops.aten.convolution_backward.default, args)[1]], (4,))[0][0]
+    assert model == x.numel() * 4 and abs(model - got) <= 0.05 * model + 2**18, (model, got)   # 8 MiB: was 0

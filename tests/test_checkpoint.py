@@ -1,10 +1,10 @@
 "Chapter 06a through chapter 07's Trainer: exact resume (real SIGINT, augmented chapter 04 loaders, 8-bit optimizer), the files, crash safety."
-import signal
+import os, signal
 import pytest, torch, yaml
 from torch import nn
 import safetensors.torch as st
 from netlite_nb.train import Trainer, EarlyStopping
-from netlite_nb.checkpoint import find_checkpoint, loader_generators, read_run_config, read_state
+from netlite_nb.checkpoint import find_checkpoint, loader_generators, read_run_config, read_state, save_checkpoint
 from netlite_nb.data import make_loaders, LabeledTensors
 from netlite_nb.fixtures import mlp
 from train_helpers import KW, loaders, losses, Sigint
@@ -96,3 +96,12 @@ def test_read_run_config_from_every_place_export_is_given(tmp_path):
     for p in (tmp_path, ck, ck / 'model.safetensors'): assert read_run_config(p)['run']['model']['name'] == 'mlp'
     assert read_run_config(tmp_path)['micro_batch'] == 64
     assert find_checkpoint(tmp_path, weights_only=True) == ck
+
+
+def test_checkpoint_files_get_the_umask_mode(tmp_path):
+    "safetensors' own writer makes its files 0600; a checkpoint's files all get the mode the umask gives (0644 under 022)."
+    old = os.umask(0o022)
+    try: ck = save_checkpoint(tmp_path / 'run', 1, nn.Linear(3, 2), ema=nn.Linear(3, 2))
+    finally: os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in ck.iterdir() if p.is_file()}
+    assert modes['model.safetensors'] == modes['ema.safetensors'] == modes['state.pt'] == 0o644, modes

@@ -29,7 +29,7 @@ def test_cli_demo_quick(tmp_path):
 
 def test_cli_train_config_and_resume(tmp_path):
     cfg = tmp_path / 'run.yaml'
-    # a constant schedule may be extended on resume; a cosine one may not (chapter 07, What may change on resume)
+    # a constant schedule may be extended on resume; a cosine one may not (chapter 07c, What may change on resume)
     cfg.write_text('strategy: cpu\nmodel: {name: mlp}\ndata: {name: mnist_sample, batch_size: 128}\ntrain: {steps: 6, ema: 0.9}\n'
                    'schedule: {cosine: false}\n')
     r = netlite('train', str(cfg), '--set', 'optim.lr=0.002', '--out', str(tmp_path / 'run'))

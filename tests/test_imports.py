@@ -45,10 +45,22 @@ def test_imports_point_backwards():
         src = (ROOT / PKG / f"{mod.replace('.', '/')}.py").read_text()
         for ln, target in imported_modules(ast.parse(src), mod):
             if target == '<dynamic>': bad.append(f"{mod}.py:{ln} imports a module whose name is computed at run time"); continue
-            name = target[len(PKG) + 1:].split('.')[0] if target != PKG else ''
-            if name not in order: continue  # the package itself, `_modidx`, or a name imported from a module
-            if order[name] >= chap and name != mod: bad.append(f"{mod}.py:{ln} imports {target}, chapter {order[name]}, not before {chap}")
+            name = module_of(target, order)
+            if name is None: continue  # the package itself, `_modidx`, or a name imported from a module
+            if order[name] >= chap and name != mod and not own_appendix(name, mod, order):
+                bad.append(f"{mod}.py:{ln} imports {target}, chapter {order[name]}, not before {chap}")
     assert not bad, '\n'.join(bad)
+
+def module_of(target:str, order:dict)->str|None:
+    "The chapter module `target` names or lies in (`netlite_nb.memory.trace.X` -> `memory.trace`), or None."
+    parts = target[len(PKG) + 1:].split('.') if target != PKG else []
+    return next(('.'.join(parts[:i]) for i in range(len(parts), 0, -1) if '.'.join(parts[:i]) in order), None)
+
+def own_appendix(name:str, mod:str, order:dict)->bool:
+    "A main chapter (01_budget) may import the modules of its own appendices (01a_trace's `memory.trace`), which live in a subpackage."
+    main, app = order[mod], order[name]
+    num = re.match(r'\d+', main).group()
+    return '.' in name and re.fullmatch(rf'{num}[a-z]_\w+', app) is not None and re.fullmatch(rf'{num}_\w+', main) is not None
 
 def test_the_check_catches_forward_imports():
     "The AST reader sees each form of import a chapter could use to reach a later one."
@@ -58,3 +70,13 @@ def test_the_check_catches_forward_imports():
     for m in ('netlite_nb.export', 'netlite_nb.train', 'netlite_nb.optim', 'netlite_nb.layers', 'netlite_nb.cli'): assert m in got, m
     assert '<dynamic>' in got  # `__import__(name)`: a module chosen at run time could be any chapter, so it is flagged
     assert [m for _, m in imported_modules(ast.parse("import torch, os\nfrom torch import nn"), 'x')] == []
+
+def test_subpackage_modules_are_checked_too():
+    "Imports of `memory.*` / `training.*` resolve to their chapter; only a main chapter may import its own appendices' modules."
+    order = {'budget': '01_budget', 'memory.trace': '01a_trace', 'optim': '03_optim', 'train': '07_train', 'training.oom': '07a_oom'}
+    test = lambda target, mod: (n := module_of(target, order)) is not None and order[n] >= order[mod] and n != mod and not own_appendix(n, mod, order)
+    assert module_of('netlite_nb.memory.trace.make_optimizer', order) == 'memory.trace'
+    assert not test('netlite_nb.memory.trace', 'budget') and not test('netlite_nb.training.oom.OOMReport', 'train')  # 01 -> 01a, 07 -> 07a
+    assert test('netlite_nb.training.oom', 'optim')        # 03 -> 07a: forward
+    assert test('netlite_nb.train', 'memory.trace')        # an appendix module reaching a later chapter
+    assert test('netlite_nb.training.oom', 'memory.trace') # one appendix module reaching another chapter's appendix

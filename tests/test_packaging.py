@@ -66,7 +66,7 @@ def test_package_data_ships_every_data_file():
     files = check_dist.data_files()
     assert {'netlite_nb/gpus.json', 'netlite_nb/mnist_5k.npz', 'netlite_nb/strategies/cpu.yaml', 'netlite_nb/configs/image_folder.yaml'} <= set(files), files
     assert set(files) <= shipped, f"not in package-data, so not in the wheel: {sorted(set(files) - shipped)}"
-    assert PYPROJECT['tool']['setuptools']['packages']['find']['include'] == ['netlite_nb', 'netlite_nb.memory', 'netlite_nb.strategies', 'netlite_nb.configs']
+    assert PYPROJECT['tool']['setuptools']['packages']['find']['include'] == ['netlite_nb', 'netlite_nb.memory', 'netlite_nb.training', 'netlite_nb.strategies', 'netlite_nb.configs']
 
 
 def test_missing_from_names_a_file_the_wheel_lacks(tmp_path):

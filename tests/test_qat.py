@@ -2,6 +2,7 @@
 import numpy as np, onnx, pytest, torch
 from onnx import numpy_helper
 from torch import nn
+import torch.nn.functional as F
 from netlite_nb.export import export_onnx, int8_weight_range, onnx_session, run_onnx
 from netlite_nb.qat import (ActivationQuant, QuantAware, activation_qparams, fake_quant_weight, fold_batchnorm, observe,
                             prepare_qat, strip_qat, weight_qmax)
@@ -29,7 +30,7 @@ def test_ranges_and_weights_are_those_of_the_exported_int8_file(tmp_path, int8_t
     model(torch.randn(16, 2, 8, 8)); model.eval()  # BatchNorm statistics as after training
     calib = [torch.randn(16, 2, 8, 8) * 3 for _ in range(3)]
     qm = observe(prepare_qat(model, int8_target), calib).eval()
-    export_onnx(model, calib[0], tmp_path / 'm.onnx', quantize='int8', calibration=[(c, torch.zeros(16, dtype=torch.long)) for c in calib],
+    export_onnx(strip_qat(qm), calib[0], tmp_path / 'm.onnx', quantize='int8', calibration=[(c, torch.zeros(16, dtype=torch.long)) for c in calib],
                 measure_speed=False, int8_target=int8_target)
     rows, out_scale = _file_layers(tmp_path / 'm.onnx')
     ours = [m for m in qm.modules() if isinstance(m, QuantAware)]
@@ -86,3 +87,101 @@ def test_reobserve_sets_the_ranges_of_the_current_weights_every_few_steps():
     cb.after_step(SimpleNamespace(step=10, model=qm))
     with torch.no_grad(): want = torch.relu(qm.model[0].layer(calib[0])).max().item()
     assert qm.model[2].act.hi.item() == pytest.approx(want) and not qm.model[2].act.observing
+
+
+def _spread_channels(conv:nn.Module, decades:float):
+    "Scale `conv`'s output channels (weights and bias) over 10**decades, as a layer with no normalization after it can end up."
+    with torch.no_grad():
+        s = torch.logspace(-decades / 2, decades / 2, conv.weight.shape[0])
+        conv.weight.mul_(s.view(-1, *[1] * (conv.weight.dim() - 1)))
+        if conv.bias is not None: conv.bias.mul_(s)
+
+
+def _separable_1d():
+    "A model the equalization was not written on: Conv1d, a grouped conv, LeakyReLU/PReLU, pooling, BatchNorm, a Flatten, an MLP head."
+    torch.manual_seed(1)
+    m = nn.Sequential(nn.Conv1d(3, 8, 5, padding=2), nn.LeakyReLU(0.1), nn.Conv1d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm1d(8),
+                      nn.PReLU(), nn.MaxPool1d(2), nn.Conv1d(8, 12, 1, groups=2), nn.ReLU(), nn.AvgPool1d(2), nn.Flatten(),
+                      nn.Linear(12 * 4, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 5))
+    _spread_channels(m[0], 3)
+    m(torch.randn(32, 3, 16)); return m.eval()
+
+
+def test_equalization_computes_the_same_floats_and_matches_the_ranges_of_each_pair():
+    from netlite_nb.qat import cross_layer_equalize, fold_batchnorm
+    m = _separable_1d()
+    eq, how = cross_layer_equalize(m)
+    assert how.pairs == [('0', '2'), ('2', '6'), ('6', '10'), ('10', '13')] and list(how.skipped) == ['13']
+    x = torch.randn(64, 3, 16) * 4
+    with torch.no_grad():  # power-of-two scales only change exponents: the same floats, bit for bit (no tolerance to choose)
+        assert torch.equal(eq(x), fold_batchnorm(m)(x))
+    assert how.sweeps < 20 and how.spread_before['0'] > 300 and how.spread_after['0'] < how.spread_before['0'] / 30
+    for a, b in how.pairs:  # settled: every channel's ranges in the two layers within a factor of 2 (the nearest power of two of sqrt is 1)
+        la, lb = eq.get_submodule(a), eq.get_submodule(b)
+        c = la.weight.shape[0]
+        r1 = la.weight.detach().reshape(c, -1).abs().amax(1)
+        w = lb.weight.detach()
+        r2 = (w.view(w.shape[0], c, -1).abs().amax((0, 2)) if isinstance(lb, nn.Linear) else
+              w.view(lb.groups, w.shape[0] // lb.groups, w.shape[1], -1).abs().amax((1, 3)).reshape(-1))
+        assert ((r1 / r2 >= 0.5) & (r1 / r2 <= 2)).all(), (a, b, r1 / r2)
+
+
+class _Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2, self.c3 = nn.Conv2d(2, 6, 3, padding=1), nn.Conv2d(6, 6, 3, padding=1), nn.Conv2d(6, 6, 1)
+        self.c4, self.fc = nn.Conv2d(6, 6, 1), nn.Linear(6, 3)
+        _spread_channels(self.c1, 3)
+    def forward(self, x):
+        y = torch.relu(self.c1(x))
+        z = F.relu(self.c2(y)) + y          # c1's output also feeds the addition; c2's output meets it
+        z = F.relu6(self.c3(z))             # clips at 6: a per-channel scale would move the clip
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(F.relu(self.c4(z)), 1), 1))
+
+
+def test_layers_before_a_residual_addition_or_a_clip_are_left_alone_and_the_report_says_why():
+    from netlite_nb.qat import cross_layer_equalize, fold_batchnorm
+    torch.manual_seed(0)
+    m = _Residual().eval()
+    eq, how = cross_layer_equalize(m)
+    assert how.pairs == [] and set(how.skipped) == {'c1', 'c2', 'c3', 'c4', 'fc'}
+    assert 'feeds 2 operations' in how.skipped['c1'] and 'add follows it' in how.skipped['c2'] and 'relu6 follows it' in how.skipped['c3']
+    assert "c1" in str(how) and 'residual' in str(how)
+    for n, p in m.named_parameters(): assert torch.equal(p, eq.get_parameter(n)), n   # nothing rescaled
+    class Branchy(nn.Module):  # data-dependent control flow: torch.fx cannot trace it, so nothing is known about where outputs go
+        def __init__(self): super().__init__(); self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 2)
+        def forward(self, x): return self.b(torch.relu(self.a(x))) if x.sum() > 0 else self.b(self.a(x))
+    eq2, how2 = cross_layer_equalize(Branchy())
+    assert how2.pairs == [] and all('torch.fx could not trace' in v for v in how2.skipped.values()) and set(how2.skipped) == {'a', 'b'}
+
+
+def _grid_levels(qm, batches):
+    "Per channel of the first activation after the stem: how many levels of its uint8 grid the channel's largest value reaches."
+    layer = [m for m in qm.modules() if isinstance(m, QuantAware)][1]
+    seen = []
+    h = layer.register_forward_pre_hook(lambda mod, inp: seen.append(inp[0].detach().transpose(0, 1).reshape(inp[0].shape[1], -1).amax(1)))
+    with torch.no_grad():
+        for b in batches: qm(b)
+    h.remove()
+    return torch.stack(seen).amax(0) / activation_qparams(layer.act.lo.item(), layer.act.hi.item())[0]
+
+
+def test_equalization_puts_every_channel_on_the_activation_grid_and_int8_follows_fp32(tmp_path):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.BatchNorm2d(8), nn.ReLU(),
+                      nn.Conv2d(8, 16, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(64, 10))
+    _spread_channels(m[0], 4)
+    m[3].momentum = None; m(torch.randn(64, 1, 12, 12)); m.eval()   # BatchNorm's statistics of its input: it scales the small channels back up
+    calib = [torch.randn(64, 1, 12, 12) for _ in range(4)]
+    plain, equal = observe(prepare_qat(m, equalize=False), calib).eval(), observe(prepare_qat(m), calib).eval()
+    assert plain.equalization is None and equal.equalization.pairs[0] == ('0', '2')
+    before, after = _grid_levels(plain, calib), _grid_levels(equal, calib)
+    assert before.min() < 1 and after.min() > 50   # the smallest channel: rounded to zero before, on a hundred levels and more after
+    x = torch.cat(calib)  # inside the calibrated ranges: the error is rounding, not clipping
+    with torch.no_grad(): ref = m(x)
+    err = {}
+    for name, q in dict(plain=plain, equal=equal).items():
+        export_onnx(strip_qat(q), calib[0], tmp_path / f'{name}.onnx', quantize='int8', measure_speed=False,
+                    calibration=[(c, torch.zeros(len(c), dtype=torch.long)) for c in calib])
+        err[name] = float(np.abs(run_onnx(onnx_session(tmp_path / f'{name}.onnx'), x.numpy()) - ref.numpy()).max() / ref.abs().max())
+    assert err['equal'] < 0.1 < 0.3 < err['plain'], err

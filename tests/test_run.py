@@ -84,7 +84,7 @@ def test_a_lora_run_adapts_a_trained_run_resumes_and_exports_merged(tmp_path, ca
     import torch
     small = {**yaml.safe_load(SMALL), 'strategy': 'cpu'}
     train_from_config(small, run_dir=tmp_path / 'base', progress=False, verbose=False)
-    # a constant schedule, so the resume below may extend the run (a cosine may not: chapter 07, What may change on resume)
+    # a constant schedule, so the resume below may extend the run (a cosine may not: chapter 07c, What may change on resume)
     cfg = {**small, 'lora': {'base': str(tmp_path / 'base'), 'rank': 4, 'train': ['head']}, 'schedule': {'cosine': False}}
     t = train_from_config(cfg, run_dir=tmp_path / 'lora', progress=False, verbose=False)
     assert is_lora(t.model) and t.model.lora_summary.rank == 4 and t.step == 2

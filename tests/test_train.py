@@ -626,7 +626,7 @@ def test_the_trainers_plan_counts_what_its_run_holds(ema, micro, opt, lora):
     assert plan.breakdown['gradients'] <= _bytes(trained)   # gradients of what trains only (LoRA: not the frozen base)
 
 
-# --- the thread policy (chapter 07, "Threads on a busy machine") ---
+# --- the thread policy (chapter 07b, "Threads on a busy machine") ---
 
 @pytest.fixture
 def torch_threads(monkeypatch):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['results_dir', 'load_results', 'ResultTable', 'machine_class', 'summary_tables', 'changelog_table']
+__all__ = ['results_dir', 'load_results', 'ResultTable', 'machine_class', 'summary_tables', 'budget_tables', 'changelog_table']
 
 # %% ../../nbs/01e_accuracy.ipynb #39ed85f1
 def results_dir()->Path:
@@ -83,6 +83,7 @@ def summary_tables(results:list[dict], # stored results, as `load_results` gives
     "One table per machine class: for each stored result, cases, median and worst error, and the share within ±5 % (calibrated plans on rows of their own)."
     by_class = {}
     for r in results:
+        if (r.get('options') or {}).get('budgets'): continue  # a max_batch_size check: `budget_tables`
         rows = by_class.setdefault(machine_class(r), [])
         if not r['rows']: continue
         rows.append(_summary_row(r['set'], [x['error_pct'] for x in r['rows']], r))
@@ -90,6 +91,21 @@ def summary_tables(results:list[dict], # stored results, as `load_results` gives
         if cal: rows.append(_summary_row(f"{r['set']}, calibrated", cal, r))
     cols = ['set', 'options', 'cases', 'median error', 'worst error', 'within ±5 %', 'source']
     return [ResultTable(f'{k}', cols, v) for k, v in sorted(by_class.items())]
+
+# %% ../../nbs/01e_accuracy.ipynb #bt2
+def budget_tables(results:list[dict], # stored results, as `load_results` gives them
+                 )->list[ResultTable]:
+    "One table per machine class of the stored `max_batch_size` checks: budget, solved batch, plan and measurement at it, share of the budget used, verdict."
+    mib = lambda b: f"{b / 2**20:.1f} MiB"
+    by_class = {}
+    for r in results:
+        if not (r.get('options') or {}).get('budgets'): continue
+        by_class.setdefault(machine_class(r), []).extend(
+            [x['model'], mib(x['budget']), str(x['batch']), mib(x['planned']), mib(x['measured']), f"{x['used_pct']:.0f} %", x['ok'], f"{r['set']}, {_source(r)}"]
+            for x in r['rows'])
+    cols = ['model', 'budget', 'solved batch', 'planned at it', 'measured at it', 'budget used', 'within and ≥ 90 %', 'set, source']
+    return [ResultTable(f'max_batch_size, {k}', cols, v) for k, v in sorted(by_class.items())]
+
 
 # %% ../../nbs/01e_accuracy.ipynb #5e21c941
 def changelog_table(path:Path|str|None=None, # changelog.json (default: the one in `results_dir()`)

@@ -193,6 +193,11 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
         if all(k == 1 for k in w.shape[2:]) and all(s == 1 for s in stride) and not any(padding):  # a 1x1 reads its input as columns
             return 0 if fwd else one * bool(args[10][0])  # backward: the input's gradient, one sample's columns at a time
         return one * x.shape[0] * (1 if fwd else 1 + bool(args[10][0]))  # im2col of the whole batch; backward: for both gradients
+    if be == 'Slow3d':  # ATen's vol2col (ConvolutionMM3d.cpp): the whole batch's columns, each gradient's in turn
+        cols = n * x.shape[0] * x.shape[1] * math.prod(w.shape[2:]) * math.prod(y.shape[2:])
+        view = all(k == 1 for k in w.shape[2:]) and all(s == 1 for s in stride) and not any(padding) and groups == 1  # the input read as columns
+        if fwd: return 0 if view else cols
+        return max(cols if args[10][0] else 0, cols if args[10][1] and not view else 0)  # the input's gradient is gathered from columns even then
     return 0
 
 # %% ../../nbs/01c_cpu.ipynb #9332d47a
