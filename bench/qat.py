@@ -2,13 +2,15 @@
 
 The model is 09c's `wide_stem_cnn` (a depthwise-separable CNN whose stem channels span 10**spread in scale, 10**4 by default,
 no BatchNorm after the stem), trained on the embedded MNIST sample with chapter 07's Trainer (AdamW, lr 1e-2, 3 epochs). Each seed
-makes five INT8 files with `export_onnx(m, quantize='int8', calibration=dls)` (static QDQ, this CPU's 7/8-bit choice), m being:
+makes six INT8 files with `export_onnx(m, quantize='int8', calibration=dls)` (static QDQ, this CPU's 7/8-bit choice), m being:
 - ptq: the trained model;                 - cle_ptq: `cross_layer_equalize(model)[0]` (the same floats);
-- qat: `strip_qat(qat_fine_tune(model, dls, steps=300, lr=1e-3))` (equalized by `prepare_qat`, then fine-tuned with fake quantization);
+- qat: `strip_qat(qat_fine_tune(model, dls, steps=300, lr=1e-3))` (equalized by `prepare_qat`, then fine-tuned with fake quantization,
+  BatchNorm on batch statistics for the first half, then frozen: Krishnamoorthi 2018, 3.2);
+- qat_fold: the same with `batchnorm='fold'` (BatchNorm folded before fine-tuning, the earlier method);
 - control_ptq / control_cle_ptq: the trained model fine-tuned in fp32 for the same steps (then without / with equalization).
 An arm's loss is the held-out accuracy (1,000 images) of the fp32 model m minus its INT8 file's, its agreement the file's top-1
 agreement with m (QAT: the fine-tuned weights with fake quantization off); `qat_loss_vs_control_fp32` compares QAT's file with the
-control's fp32 accuracy. Medians of the seeds, per column. Results go to bench/results/qat/<machine>.spread<spread>.json.
+control's fp32 accuracy, `*_agreement_with_fake_quant` a QAT file with the fake-quantized model training optimized. Medians of the seeds, per column. Results go to bench/results/qat/<machine>.spread<spread>.json.
 
     OMP_NUM_THREADS=1 python bench/qat.py --spread 4     # seeds 0,1,2 (about 4 minutes a seed on 2 busy cores)
     OMP_NUM_THREADS=1 python bench/qat.py --spread 3
@@ -25,7 +27,7 @@ from netlite_nb.qat import cross_layer_equalize, qat_fine_tune, strip_qat, wide_
 from netlite_nb.train import Trainer
 
 
-ARMS = ('ptq', 'cle_ptq', 'qat', 'control_ptq', 'control_cle_ptq')
+ARMS = ('ptq', 'cle_ptq', 'qat', 'qat_fold', 'control_ptq', 'control_cle_ptq')
 
 
 def _arm(r)->dict:
@@ -43,19 +45,25 @@ def one_seed(seed:int, epochs:int, steps:int, lr:float, spread:float)->dict:
         ptq = ex(model, d, 'ptq')
         cle_ptq = ex(cross_layer_equalize(model)[0], d, 'cle_ptq')
         t0 = time.process_time()
-        qm = qat_fine_tune(model, dls, steps=steps, lr=lr, seed=seed)
+        qm = qat_fine_tune(model, dls, steps=steps, lr=lr, seed=seed)  # BatchNorm trained on batch statistics, frozen at half the steps
         cpu_s = time.process_time() - t0
         qat = ex(strip_qat(qm), d, 'qat')
-        with torch.no_grad(): fq = qm.eval()(va.x).argmax(1)
-        q8 = torch.from_numpy(run_onnx(onnx_session(Path(d) / 'qat.onnx'), va.x.numpy())).argmax(1)
+        qf = qat_fine_tune(model, dls, steps=steps, lr=lr, seed=seed, batchnorm='fold')  # the earlier method: BatchNorm folded from the start
+        qat_fold = ex(strip_qat(qf), d, 'qat_fold')
+        fq_agree = {}
+        for k, q in dict(qat=qm, qat_fold=qf).items():  # the file against the fake-quantized model training optimized
+            with torch.no_grad(): fq = q.eval()(va.x).argmax(1)
+            q8 = torch.from_numpy(run_onnx(onnx_session(Path(d) / f'{k}.onnx'), va.x.numpy())).argmax(1)
+            fq_agree[k] = (100 * (fq == q8).float().mean().item(), 100 * (fq == va.y).float().mean().item())
         # the control: the same steps of fine-tuning without fake quantization, then post-training INT8 (plain and equalized)
         ctl = Trainer(copy.deepcopy(model), dls, device='cpu', lr=lr, progress=False, verbose=False, plan=False, seed=seed).fit(steps=steps).model.eval()
         ctl_ptq, ctl_cle = ex(ctl, d, 'ctl'), ex(cross_layer_equalize(ctl)[0], d, 'ctl_cle')
-    row = dict(seed=seed, int8_range=ptq.int8_range, qat_cpu_seconds=cpu_s,
-               qat_agreement_with_fake_quant=100 * (fq == q8).float().mean().item(), qat_fake_quant=100 * (fq == va.y).float().mean().item())
-    for k, r in dict(ptq=ptq, cle_ptq=cle_ptq, qat=qat, control_ptq=ctl_ptq, control_cle_ptq=ctl_cle).items():
+    row = dict(seed=seed, int8_range=ptq.int8_range, qat_cpu_seconds=cpu_s)
+    for k, (agree, acc) in fq_agree.items(): row.update({f'{k}_agreement_with_fake_quant': agree, f'{k}_fake_quant': acc})
+    for k, r in dict(ptq=ptq, cle_ptq=cle_ptq, qat=qat, qat_fold=qat_fold, control_ptq=ctl_ptq, control_cle_ptq=ctl_cle).items():
         row.update({f'{k}_{f}': v for f, v in _arm(r).items()})
     row['qat_loss_vs_control_fp32'] = ctl_ptq.accuracy['pytorch'] - qat.accuracy['int8']
+    row['qat_fold_loss_vs_control_fp32'] = ctl_ptq.accuracy['pytorch'] - qat_fold.accuracy['int8']
     return row
 
 
@@ -81,11 +89,12 @@ def main():
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k not in ('seed', 'int8_range')}
     print('medians (loss: fp32 of the model the file is made from, minus INT8; agreement: top-1 of the INT8 file with that fp32 model):')
     for k in ARMS: print(f"  {k:16s} fp32 {med[k+'_fp32']:.2f}%  INT8 {med[k+'_int8']:.2f}%  loses {med[k+'_loss']:+.2f} pp  agreement {med[k+'_agreement']:.2f}%")
-    print(f"  QAT INT8 against the control's fp32: loses {med['qat_loss_vs_control_fp32']:+.2f} pp")
+    for k in ('qat', 'qat_fold'):
+        print(f"  {k}: INT8 against the control's fp32 loses {med[k + '_loss_vs_control_fp32']:+.2f} pp; agreement with its fake-quantized model {med[k + '_agreement_with_fake_quant']:.2f}%")
     cpu = next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), platform.machine()) if os.path.exists('/proc/cpuinfo') else platform.machine()
     out = Path(a.out).resolve() if a.out else ROOT / "bench" / "results" / "qat" / f"{platform.machine()}.spread{a.spread:g}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    res = dict(bench='qat', schema=2, model=f'wide_stem_cnn(c=8, spread={a.spread:g})', epochs=a.epochs, steps=a.steps, lr=a.lr, seeds=[r['seed'] for r in rows], cpu=cpu,
+    res = dict(bench='qat', schema=3, model=f'wide_stem_cnn(c=8, spread={a.spread:g})', epochs=a.epochs, steps=a.steps, lr=a.lr, seeds=[r['seed'] for r in rows], cpu=cpu,
                torch=torch.__version__, date=time.strftime('%Y-%m-%dT%H:%M:%S%z'), commit=_git('rev-parse', '--short=10', 'HEAD') or None,
                dirty=bool(_git('status', '--porcelain', '--untracked-files=no')), medians=med, rows=rows)
     tmp = out.with_suffix('.tmp'); tmp.write_text(json.dumps(res, indent=1)); os.replace(tmp, out)

@@ -556,7 +556,7 @@ def with_lora(cfg, # a chapter 06 `RunConfig` whose `lora.base` is set
     except RuntimeError as e:
         raise ValueError(f"The weights in {str(ck)!r} do not fit the model {cfg.model.name!r} of this configuration: "
                          f"lora.base must be a run of the same model. {str(e).splitlines()[0][:200]}") from None
-    model = add_lora(model, c.targets, c.rank, c.alpha, c.dropout, c.train, c.bias)
+    model = add_lora(model, c.targets, c.rank, c.alpha, c.dropout, c.train, c.bias, c.base_bits, c.quant_type, double_quant=c.double_quant)
     return replace(cfg, lora=replace(c, base=str(ck))), model
 
 # %% ../nbs/09a_lora.ipynb #l076
@@ -571,7 +571,8 @@ def model_for_export(path, # a run directory, a checkpoint directory or a .safet
     lc = run.get('lora') or {}
     if not lc.get('base'): return model_from_checkpoint(path, name)
     model, info = model_from_checkpoint(lc['base'], name)
-    add_lora(model, lc.get('targets', ('*',)), lc.get('rank', 8), lc.get('alpha', 16.0), lc.get('dropout', 0.0), lc.get('train', ()), lc.get('bias', 'none'))
+    add_lora(model, lc.get('targets', ('*',)), lc.get('rank', 8), lc.get('alpha', 16.0), lc.get('dropout', 0.0), lc.get('train', ()), lc.get('bias', 'none'),
+             lc.get('base_bits'), lc.get('quant_type', 'nf4'), double_quant=lc.get('double_quant', False))  # a QLoRA run: the same 4-bit base
     w = p if p.is_file() else find_checkpoint(p, weights_only=True) / 'model.safetensors'
     st.load_model(model, str(w))
     run_dir = w.parent.parent if w.parent.name.startswith('step-') else w.parent

@@ -522,6 +522,9 @@ class LoRAConfig:
     dropout:float=0.0             # dropout on the adapters' input
     train:list=field(default_factory=list)  # module-name patterns trained in full (e.g. a new head)
     bias:str='none'               # which biases train, as peft's LoraConfig: 'none', 'all', or 'lora_only' (those of adapted layers)
+    base_bits:int|None=None       # QLoRA: the frozen base of adapted layers held in 4 or 8 bits (chapter 09a); null: as trained
+    quant_type:str='nf4'          # with base_bits 4: 'nf4' or 'fp4'
+    double_quant:bool=False       # quantize the base's scales too (8 bits)
 
 # %% ../nbs/06_strategies.ipynb #c56d
 _SECTIONS = {'model': ModelConfig, 'data': DataConfig, 'optim': OptimConfig, 'schedule': ScheduleConfig,
@@ -720,6 +723,9 @@ def _validate_config(c:RunConfig):
     _check(type(lo.rank) is int and lo.rank >= 1 and lo.alpha > 0 and 0 <= lo.dropout < 1 and lo.targets and all(isinstance(t, str) for t in lo.targets),
            f"lora: rank must be a whole number of at least 1, alpha positive, dropout in [0, 1) and targets a list of module-name patterns; got {asdict(lo)}.")
     _check(lo.bias in ('none', 'all', 'lora_only'), f"lora.bias must be 'none', 'all' or 'lora_only', not {short_repr(lo.bias)}.{did_you_mean(str(lo.bias), ('none', 'all', 'lora_only'))}")
+    _check(lo.base_bits in (None, 4, 8) and lo.quant_type in ('nf4', 'fp4') and type(lo.double_quant) is bool,
+           f"lora: base_bits must be 4, 8 or null, quant_type 'nf4' or 'fp4', double_quant true or false; got "
+           f"{short_repr(lo.base_bits)}, {short_repr(lo.quant_type)}, {short_repr(lo.double_quant)}.")
 
 # %% ../nbs/06_strategies.ipynb #c65b
 def save_config(cfg:RunConfig|dict, # a resolved `RunConfig`, or any plain mapping (the `Trainer` adds what it decided)

@@ -1640,6 +1640,30 @@ def test_a_batch_of_no_samples_is_refused_in_a_sentence():
     with pytest.raises(ValueError, match='0 samples.*1 or more'):
         plan_memory(nn.Linear(4, 2), (torch.randn(0, 4), torch.randint(0, 2, (0,))))
 
+def test_the_memo_keeps_a_recurrent_trace():
+    """The tracker answers a loop over time's repeated ops from its memo (`AllocationTracker.answer`): a 2-layer bidirectional GRU and an
+    LSTM (oneDNN's workspace) traced on FakeTensors with it make the same allocations and frees, kernels and plan as FakeTensor's own dispatch of every op."""
+    from unittest import mock
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    class Rec(nn.Module):
+        def __init__(self, kind): super().__init__(); self.rnn = kind(8, 16, num_layers=2, bidirectional=True, batch_first=True); self.head = nn.Linear(32, 10)
+        def forward(self, x): return self.head(torch.tanh(self.rnn(x)[0][:, -1]).mul_(2))
+    every_op = lambda self, func, args, kwargs: func(*args, **kwargs)
+    for kind in (nn.GRU, nn.LSTM):
+        model, batch = Rec(kind), (torch.randn(4, 24, 8), torch.randint(0, 10, (4,)))
+        FakeTensorMode.cache_clear()  # FakeTensor's own cache answers an op it has seen with outputs of their own (oneDNN's LSTM bias gradients)
+        tr = trace_step(model, batch, kernels='cpu').tracker
+        FakeTensorMode.cache_clear()
+        with mock.patch.object(AllocationTracker, 'answer', every_op): ref = trace_step(model, batch, kernels='cpu').tracker
+        # each event in order: what it allocated or freed (two blocks of one size freed by one op may swap, which no count sees)
+        seen = lambda t: [(s, r.nbytes, r.category, r.phase, r.module, r.born) for s, r in t.events]
+        assert seen(tr) == seen(ref) and tr.kernels == ref.kernels and tr.peak == ref.peak
+        assert sum(v != 'no' for v in tr.memo.values()) > 10  # answered: fresh tensors, views and in-place results of the loop
+        FakeTensorMode.cache_clear(); plan = plan_memory(model, batch, device_or_gpu='cpu')
+        FakeTensorMode.cache_clear()
+        with mock.patch.object(AllocationTracker, 'answer', every_op): ref_plan = plan_memory(model, batch, device_or_gpu='cpu')
+        assert (plan.peak, plan.notes) == (ref_plan.peak, ref_plan.notes)
+
 
 class _SparseGCN(nn.Module):
     "Graph convolutions over a fixed 300-node ring whose adjacency is a sparse COO buffer; a batch is several signals on the graph."

@@ -283,10 +283,16 @@ def test_quantized_base_trains_merges_and_checkpoints_adapters_only(bits, double
         add_lora(copy.deepcopy(base), rank=4, bias='lora_only').load_state_dict(sd)
 
 
-def test_planned_weights_of_a_4bit_base_are_a_fifth_of_fp32_lora():
+@pytest.mark.parametrize('kind', ['linear', 'conv'])
+def test_planned_weights_of_a_4bit_base_are_a_fifth_of_fp32_lora(kind):
     torch.manual_seed(0)
-    wide = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
-    batch = (torch.randn(16, 512), torch.randint(0, 10, (16,)))
+    if kind == 'linear':
+        wide = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+        batch = (torch.randn(16, 512), torch.randint(0, 10, (16,)))
+    else:  # 3x3 kernels: a rank-8 adapter adds rank/out + rank/(in*9) of each weight, and the blocks of 64 run across channels
+        wide = nn.Sequential(nn.Conv2d(16, 128, 3, padding=1), nn.ReLU(), nn.Conv2d(128, 256, 3, padding=1), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 10))
+        batch = (torch.randn(16, 16, 8, 8), torch.randint(0, 10, (16,)))
     held = lambda m: sum(t.numel() * t.element_size() for t in (*m.parameters(), *m.buffers()))
     p32, p4 = plan_memory(wide, batch, transform=add_lora), plan_memory(wide, batch, transform=partial(add_lora, base_bits=4))
     assert p32.breakdown['weights'] == held(add_lora(copy.deepcopy(wide)))
@@ -338,3 +344,38 @@ def test_modules_that_train_in_full_keep_their_weights_under_a_quantized_base():
     model = add_lora(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)), base_bits=4, train=['2'])
     assert model[0].base.weight is None and hasattr(model[0], 'qweight')
     assert not hasattr(model[2], 'qweight') and model[2].base.weight.requires_grad
+
+
+def _qlora_pair(base:nn.Module):
+    "(QLoRA model, fp32-base LoRA model) of `base` with the same adapters and biases, as after training."
+    q = _as_trained(add_lora(copy.deepcopy(base), rank=4, base_bits=4, double_quant=True, bias='lora_only'))
+    f = add_lora(copy.deepcopy(base), rank=4, bias='lora_only')
+    with torch.no_grad():
+        theirs = dict(f.named_parameters())
+        for n, p in q.named_parameters():
+            if p.requires_grad: p.add_(0.05 * torch.randn_like(p) * ('bias' in n)); theirs[n].copy_(p)  # trained biases too
+    return q.eval(), f.eval()
+
+
+@pytest.mark.parametrize('kind', ['linear', 'conv'])
+def test_qlora_merges_then_exports_with_chapter_09s_parity(kind, tmp_path):
+    "A 4-bit base's adapters fold into the dequantized weight; the merged model exports to fp32 and INT8 ONNX within chapter 09's checks."
+    from netlite_nb.export import export_onnx, run_onnx
+    torch.manual_seed(0)
+    base = (nn.Sequential(nn.Flatten(), nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 5)) if kind == 'linear' else
+            nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(),
+                          nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 5)))
+    q, f = _qlora_pair(base)
+    x = torch.randn(256, 1, 8, 8)
+    with torch.no_grad(): want, fp32_base = q(x), f(x)
+    y = want.argmax(1)  # labels: the adapted model's own answers, so accuracy is agreement with it
+    flat = merged(q)
+    assert is_lora(q) and not is_lora(flat) and not any(isinstance(m, (LoRALinear, LoRAConv)) for m in flat.modules())
+    with torch.no_grad(): torch.testing.assert_close(flat(x), want, atol=1e-5, rtol=1e-5)
+    r32 = export_onnx(flat, x, tmp_path / 'q.onnx', valid=(x, y), measure_speed=False)
+    got = run_onnx(tmp_path / 'q.onnx', x)
+    assert r32.ok and r32.max_abs_diff['fp32'] <= 1e-4
+    assert abs(got - want.numpy()).max() <= 1e-4 < abs(got - fp32_base.numpy()).max()  # the file holds the 4-bit base plus B A, not the fp32 base
+    r8 = export_onnx(flat, x, tmp_path / 'q8.onnx', quantize='int8', calibration=[(x[i:i + 64], y[i:i + 64]) for i in range(0, 256, 64)],
+                     valid=(x, y), measure_speed=False)
+    assert r8.ok and r8.max_abs_diff['fp32'] <= 1e-4 and r8.accuracy_drop <= 1.0 and r8.agreement['int8'] >= 90, r8

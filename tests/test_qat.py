@@ -34,11 +34,12 @@ def test_ranges_and_weights_are_those_of_the_exported_int8_file(tmp_path, int8_t
                 measure_speed=False, int8_target=int8_target)
     rows, out_scale = _file_layers(tmp_path / 'm.onnx')
     ours = [m for m in qm.modules() if isinstance(m, QuantAware)]
-    assert len(rows) == len(ours) == 3
-    for ((a_scale, a_zp), (w_scale, w_int8)), m in zip(rows, ours):
+    plain = [m for m in strip_qat(qm).modules() if isinstance(m, (nn.Conv2d, nn.Linear))]  # BatchNorm folded, as the file's
+    assert len(rows) == len(ours) == len(plain) == 3
+    for ((a_scale, a_zp), (w_scale, w_int8)), m, p in zip(rows, ours, plain):
         scale, zp = activation_qparams(m.act.lo.item(), m.act.hi.item())
         assert float(a_scale) == pytest.approx(scale, rel=1e-6) and int(a_zp) == zp
-        w = m.layer.weight.detach()  # BatchNorm folded, as the file's
+        w = p.weight.detach()
         assert np.allclose(w_scale.reshape(-1), (w.abs().amax(tuple(range(1, w.dim()))) / m.qmax).numpy(), rtol=1e-6)
         assert np.abs(w_int8).max() <= (64 if int8_target == 'no-vnni' else 127)
         ours_int = torch.round(fake_quant_weight(w, m.qmax) / torch.from_numpy(w_scale.astype(np.float32)).view(-1, *[1] * (w.dim() - 1)))
@@ -185,3 +186,58 @@ def test_equalization_puts_every_channel_on_the_activation_grid_and_int8_follows
                     calibration=[(c, torch.zeros(len(c), dtype=torch.long)) for c in calib])
         err[name] = float(np.abs(run_onnx(onnx_session(tmp_path / f'{name}.onnx'), x.numpy()) - ref.numpy()).max() / ref.abs().max())
     assert err['equal'] < 0.1 < 0.3 < err['plain'], err
+
+
+def _conv_bn_1d():
+    "A model the bench does not use: Conv1d + BatchNorm1d blocks (one grouped, one without affine), a Linear + BatchNorm1d head."
+    torch.manual_seed(2)
+    m = nn.Sequential(nn.Conv1d(3, 8, 5, padding=2), nn.BatchNorm1d(8), nn.ReLU(), nn.Conv1d(8, 8, 3, padding=1, groups=4, bias=False),
+                      nn.BatchNorm1d(8, affine=False), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 12, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 4))
+    _spread_channels(m[0], 3)
+    m.train()
+    for _ in range(5): m(torch.randn(32, 3, 12) * 2)
+    return m.eval()
+
+
+def test_batchnorm_trains_on_batch_statistics_until_frozen_then_computes_the_folded_graph():
+    m = _conv_bn_1d()
+    qm = observe(prepare_qat(m), [torch.randn(32, 3, 12) * 2])
+    layers = [q for q in qm.modules() if isinstance(q, QuantAware)]
+    assert [q.bn is not None for q in layers] == [True, True, True, False]
+    assert not any(isinstance(x, nn.modules.batchnorm._BatchNorm) for x in qm.model)   # each BatchNorm lives in its layer
+    first, outs = layers[0], []
+    first.register_forward_hook(lambda mod, i, o: outs.append(o))
+    x = torch.randn(64, 3, 12) * 5 + 1   # statistics unlike the running ones
+    rm = first.bn.running_mean.clone()
+    qm.train(); qm(x)
+    # normalized with this batch's statistics: per channel, mean beta and spread |gamma|, and the running mean moved
+    o = outs[-1].transpose(0, 1).reshape(8, -1)
+    torch.testing.assert_close(o.mean(1), first.bn.bias.detach(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(o.var(1, unbiased=False).sqrt(), first.bn.weight.detach().abs(), rtol=1e-2, atol=1e-3)  # eps: a hair under
+    assert not torch.equal(first.bn.running_mean, rm)
+    qm(x).sum().backward()
+    assert first.layer.weight.grad.abs().sum() > 0 and first.bn.weight.grad.abs().sum() > 0   # the layer and its BatchNorm learn
+    from netlite_nb.qat import FreezeBatchNorm
+    from types import SimpleNamespace
+    cb = FreezeBatchNorm(at=3)
+    cb.after_step(SimpleNamespace(step=2, model=qm)); assert not any(q.bn_frozen for q in layers)
+    cb.after_step(SimpleNamespace(step=3, model=qm)); assert all(q.bn_frozen for q in layers)
+    rm = first.bn.running_mean.clone()
+    with torch.no_grad():
+        train_out = qm.train()(x)
+        assert torch.equal(first.bn.running_mean, rm)   # frozen: the statistics no longer move
+        assert torch.equal(train_out, qm.eval()(x))     # training now computes what evaluation (and the file) computes
+
+
+def test_equalization_on_kept_batchnorm_gives_the_folded_equalized_weights_exactly():
+    from netlite_nb.qat import cross_layer_equalize
+    m = _conv_bn_1d()
+    eq, how = cross_layer_equalize(m)
+    qm = prepare_qat(m)
+    assert qm.equalization.pairs == how.pairs and how.pairs   # something was rescaled
+    kept = [q.bn for q in qm.modules() if isinstance(q, QuantAware) and getattr(q, 'bn', None) is not None]
+    assert len(kept) == 3   # the copy keeps its BatchNorms (rescaled through gamma and beta), yet folds to the equalized weights
+    plain = strip_qat(qm)
+    for n, p in eq.named_parameters(): assert torch.equal(p, plain.get_parameter(n)), n
+    x = torch.randn(16, 3, 12)
+    with torch.no_grad(): assert torch.equal(plain(x), eq(x))

@@ -100,6 +100,23 @@ def test_a_lora_run_adapts_a_trained_run_resumes_and_exports_merged(tmp_path, ca
     assert 'max |fp32' in capsys.readouterr().out
 
 
+def test_a_qlora_run_from_a_config_trains_resumes_and_exports(tmp_path):
+    "`lora: {base_bits: 4}`: the base held in NF4 while the adapters train; the export rebuilds the same 4-bit base and merges."
+    from netlite_nb.lora import is_lora, merged, model_for_export
+    import torch
+    small = {**yaml.safe_load(SMALL), 'strategy': 'cpu'}
+    train_from_config(small, run_dir=tmp_path / 'base', progress=False, verbose=False)
+    cfg = {**small, 'lora': {'base': str(tmp_path / 'base'), 'rank': 4, 'train': ['head'], 'base_bits': 4, 'double_quant': True},
+           'schedule': {'cosine': False}}
+    t = train_from_config(cfg, run_dir=tmp_path / 'q', progress=False, verbose=False)
+    assert is_lora(t.model) and t.model.lora_summary.rank == 4
+    assert yaml.safe_load((tmp_path / 'q' / 'config.yaml').read_text())['run']['lora']['base_bits'] == 4
+    again = train_from_config(cfg, ['train.steps=3'], resume=tmp_path / 'q', progress=False, verbose=False)
+    model, _ = model_for_export(tmp_path / 'q')
+    x = torch.rand(4, 1, 28, 28)
+    with torch.no_grad(): assert not is_lora(model) and torch.allclose(model(x), merged(again.model).eval()(x), atol=1e-5)
+
+
 class _StopAt(Callback):
     "Stop the run after optimizer step `at` (the demo's cosine schedule still ends at its planned step)."
     def __init__(self, at): self.at = at

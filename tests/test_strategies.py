@@ -547,6 +547,10 @@ def test_lora_bias_is_a_config_key_and_is_checked():
     assert load_config({**base, 'lora': {'bias': 'lora_only'}}).lora.bias == 'lora_only'
     assert load_config(base).lora.bias == 'none'
     with pytest.raises(ConfigError, match="Did you mean 'all'"): load_config({**base, 'lora': {'bias': 'al'}})
+    assert load_config({**base, 'lora': {'base_bits': 4, 'quant_type': 'fp4'}}).lora.base_bits == 4
+    for bad, says in (({'base_bits': 3}, 'base_bits must be 4, 8 or null'), ({'quant_type': 'int4'}, "quant_type 'nf4' or 'fp4'"),
+                      ({'double_quant': 'yes'}, 'double_quant must be bool')):
+        with pytest.raises(ConfigError, match=says): load_config({**base, 'lora': bad})
 
 
 @pytest.mark.parametrize('value, match', [('activation', "Did you mean 'activations'"), (['activations', 'optimizer'], "'optimizer'"), (3, 'train.offload must be list or str or null')])

@@ -95,6 +95,7 @@ class AllocationTracker(TorchDispatchMode):
         self.shares:list[float]|None = None  # the share of its bound each data-shaped op kept on a real batch, in order (`data_shares`); None: the bound
         self.shared, self.cum = 0, (None, 0.0)  # data-shaped ops this micro-batch so far; (bound, shares of it so far) (`rows`)
         self.summed = 0      # gradients added in place where the tracker's presence would have made autograd add them out of place
+        self.memo:dict = {}  # an op and its inputs' metadata -> what the FakeTensors made of them (`answer`)
 
     def record_of(self, t:torch.Tensor)->Allocation|None:
         "The record of `t`'s storage while it is tracked and alive."
@@ -332,9 +333,93 @@ def hook_sums(self:AllocationTracker, loss:torch.Tensor):
     for node in seen:
         if any(f is not None and meets[f, i] > 1 for f, i in node.next_functions): node.register_hook(done)
 
+# %% ../../nbs/01a_trace.ipynb #mm1
+_DEVICE = torch.ops.prim.device.default  # autograd asks each FakeTensor's device, twice per op of a backward: nothing to record
+
+class _NoKey(Exception): "An argument the memo leaves to FakeTensor."
+
+def _meta_key(t:torch.Tensor):
+    "What an op's shape function reads of FakeTensor `t`; `_NoKey` for what the memo leaves to FakeTensor (0-dim, a value carried, not strided)."
+    if type(t) is not FakeTensor or t.dim() == 0 or t.constant is not None or t.layout != torch.strided: raise _NoKey()
+    return (t.shape, t.stride(), t.storage_offset(), t.dtype, t.fake_device, t.is_neg(), t.is_conj())
+
+def _value_key(a):
+    if isinstance(a, torch.Tensor): return _meta_key(a)
+    if isinstance(a, (list, tuple)): return tuple(map(_value_key, a))
+    return type(a), a  # 1, 1.0 and True are equal keys otherwise
+
+def _op_key(func, args:tuple, kwargs:dict):
+    "A key of `func` on `args`, `kwargs` (hashable, unless an argument is not); None where the memo may not answer it."
+    try: return func, tuple(map(_value_key, args)), tuple((k, _value_key(v)) for k, v in kwargs.items())
+    except _NoKey: return None
+
+# %% ../../nbs/01a_trace.ipynb #mm2
+def _out_meta(t, tops:dict, ins:set):
+    "How `_made_like` makes output `t` again: ('new', shape, strides, dtype, device), ('view', argument, shape, strides, offset, dtype, device); None: it cannot."
+    if t is None: return 'none'
+    if not isinstance(t, FakeTensor) or t.constant is not None or t.is_neg() or t.is_conj() or t.layout != torch.strided: return None
+    st = t.untyped_storage()._cdata
+    if st in tops: return 'view', tops[st], t.shape, t.stride(), t.storage_offset(), t.dtype, t.fake_device  # a view of that argument
+    if st in ins or t.storage_offset(): return None
+    with torch._C._DisableTorchDispatch(): n = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device='meta').untyped_storage().nbytes()
+    return ('new', t.shape, t.stride(), t.dtype, t.fake_device) if n == t.untyped_storage().nbytes() else None  # no spare room in its storage
+
+def _memo_entry(func, args:tuple, kwargs:dict, out, before):
+    "How the memo answers `func` next time: 'self' (its first argument, changed in place), (fake mode, type, each output's `_out_meta`), or 'no'."
+    first = args[0] if args else None
+    if isinstance(first, FakeTensor) and out is first: return 'self' if _meta_key(first) == before else 'no'  # `t.unsqueeze_()` changes its shape
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    if func._schema.is_mutable or not outs: return 'no'
+    tops = {a.untyped_storage()._cdata: i for i, a in enumerate(args) if isinstance(a, FakeTensor)}
+    ins = {a.untyped_storage()._cdata for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
+    metas = [_out_meta(t, tops, ins) for t in outs]
+    if None in metas: return 'no'
+    stores = [t.untyped_storage()._cdata for t in outs if t is not None]
+    if not stores or len(set(stores)) < len(stores): return 'no'  # outputs sharing a storage: FakeTensor's answer
+    fm = next(t.fake_mode for t in outs if t is not None)
+    return fm, type(out) if isinstance(out, (tuple, list)) else None, metas
+
+def _view_of(fm, storage, shape, stride, offset:int, dtype, device)->FakeTensor:
+    "A FakeTensor on `storage` with this geometry, made as FakeTensor's own cache makes a view."
+    with torch._C._DisableTorchDispatch():
+        t = torch.empty_strided(shape, stride, dtype=dtype, device='meta')
+        t.set_(storage, offset, shape, stride)
+        return FakeTensor(fm, t, device)
+
+def _made_like(entry, args:tuple):
+    "The outputs a memo entry of `_memo_entry` describes: new FakeTensors, or views of `args` (as FakeTensor's own cache makes them)."
+    fm, kind, metas = entry
+    outs = []
+    for m in metas:
+        if m == 'none': outs.append(None)
+        elif m[0] == 'view': outs.append(_view_of(fm, args[m[1]].untyped_storage(), *m[2:]))
+        else:
+            with torch._C._DisableTorchDispatch(): outs.append(FakeTensor(fm, torch.empty_strided(m[1], m[2], dtype=m[3], device='meta'), m[4]))
+    return outs[0] if kind is None else kind(outs)
+
+def _detached(t:torch.Tensor)->torch.Tensor:
+    "`t.detach()` outside the tracker; a FakeTensor's made by `_view_of`, without the dispatch that costs FakeTensor more than the op."
+    if type(t) is not FakeTensor or t.constant is not None or t.is_neg() or t.is_conj() or t.layout != torch.strided:
+        with _disable_current_modes(): return t.detach()
+    return _view_of(t.fake_mode, t.untyped_storage(), t.shape, t.stride(), t.storage_offset(), t.dtype, t.fake_device)
+
+# %% ../../nbs/01a_trace.ipynb #mm3
+@patch
+def answer(self:AllocationTracker, func, args:tuple, kwargs:dict):
+    "`func(*args, **kwargs)`, from the memo where the same op met the same metadata before (`_op_key`)."
+    key = _op_key(func, args, kwargs)
+    try: hit = self.memo.get(key) if key is not None else None
+    except TypeError: key = hit = None  # an argument that cannot be a key
+    if hit == 'self': return args[0]
+    if hit is not None and hit != 'no': return _made_like(hit, args)
+    out = func(*args, **kwargs)
+    if key is not None and hit is None: self.memo[key] = _memo_entry(func, args, kwargs, out, key[1][0] if args else None)
+    return out
+
 # %% ../../nbs/01a_trace.ipynb #at7
 @patch
 def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None):
+    if func is _DEVICE: return args[0].fake_device if type(args[0]) is FakeTensor else func(*args)  # a question, not an op: nothing is allocated
     if func is _A._local_scalar_dense.default and _stand_in(self, args[0]): return _item(self, func, args)
     if _sum_in_place(self, func, args, kwargs or {}): self.summed += 1; return args[0].add_(args[1])  # as a real backward adds it
     if func in _MATMULS and (wrong := _dtype_mismatch(func, args, self.cuda_autocast)): raise RuntimeError(wrong)  # what the real kernel says
@@ -344,7 +429,7 @@ def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None
     # on a view: reading the view's grad_fn there dropped the op from the graph (`relu_` on InstanceNorm's output left no CopySlices)
     if self.graph is not None and self.phase in ('forward', 'loss') and func.namespace == 'aten': self.count_nodes(args)
     out = _data_shaped(func, args, kwargs or {}, self.rows) if func in _DATA_SHAPED else _shaped_like(func, args) if func in _LIKE_INPUTS else NotImplemented
-    if out is NotImplemented: out = func(*args, **(kwargs or {}))
+    if out is NotImplemented: out = self.answer(func, args, kwargs or {})
     elif func in _SIZED: self.bounded.append(func.__name__)  # a write through a mask (x[mask] = v) sizes nothing
     scratch = 0
     if self.kernel_path is not None: out, scratch = self.kernel_path(func, args, kwargs or {}, out)
@@ -641,7 +726,7 @@ def saved_for_backward(tr:AllocationTracker):
             rec.category, rec.saved_by = 'activations', tr.modules[-1] if tr.modules else tr.phase
         # the same storage, kept as long as autograd keeps it; the tensor itself would tie a saved output to its own node in a cycle no
         # collector sees, so a branch backward never reaches (`a.exp().argmax()`) would never be freed. Detached outside the tracker:
-        with _disable_current_modes(): t = t.detach()  # an op it sees counts the nodes behind `t`, which a fused kernel may not build
+        t = _detached(t)  # not through the tracker: an op it sees counts the nodes behind `t`, which a fused kernel may not build
         if tr.graph is None: return t
         tr.held.append(tr.hold(tr.graph[1], 'autograd graph'))  # the saved tensor's record and objects, until backward unpacks it
         return t, tr.held[-1]
