@@ -510,7 +510,9 @@ def loading_torch(p)->bool:
 
 def cli_signal(tmp_path, args, sig, when):
     "`netlite ARGS` sent `sig` when `when()` is true: exit status and stderr."
-    p = subprocess.Popen(CLI + args, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a job a shell started in the background inherits SIGINT ignored, and Python keeps it so: give the CLI a terminal's default
+    p = subprocess.Popen(CLI + args, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     t0 = time.time()
     while not when(p) and p.poll() is None and time.time() - t0 < 300: time.sleep(0.02)
     p.send_signal(sig)
