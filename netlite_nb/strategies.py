@@ -12,9 +12,9 @@ from pathlib import Path
 import torch, yaml
 from fastcore.basics import patch
 from .probe import GPUInfo, GPUSpec, HardwareProfile, UnknownGPUError, find_gpu, fmt_bytes, lookup_gpu, probe, rows_html, rows_text
-from .budget import BudgetTooSmallError, max_batch_size, plan_memory
+from .budget import BudgetTooSmallError, IncompatibleStepError, fit_to_budget, max_batch_size, plan_memory
 from .memory.trace import OPTIMIZERS, _norm, resize_batch
-from .offload import OFFLOADS  # chapter 03a: what `train.offload` may name
+from .offload import IN_BACKWARD, OFFLOADS, STATE_OFFLOADED, offload_transform  # chapter 03a: what `train.offload` may name; the offload optimizers
 from .layers import memory_transform
 from . import optim as _optim  # importing chapter 03 adds 'adamw8bit' to the optimizer names (OPTIMIZERS) profiles use
 
@@ -55,6 +55,7 @@ class Strategy:
     checkpointing:str|int|None=None  # None: not planned (OOM recovery may still switch it on); 'auto': when the planner says so; k: modules per checkpointed segment
     chunk_size:int|None=None         # rows per chunk of chapter 02's chunked FFN layers, which the run swaps in; None: no chunking
     optimizer:str='adamw'            # a name in chapter 01's `OPTIMIZERS`: 'adamw', 'adamw8bit' (chapter 03) or 'sgd'
+    offload:str|list|None=None       # host offload (chapter 03a): 'auto' lets the planner take the cheapest it prices when nothing fits without; once sized, the names it chose ([]: the optimizer's alone); None: never
     lr:float=1e-3                    # peak learning rate for the effective batch
     num_workers:int=0                # DataLoader worker processes
     pin_memory:bool=False            # page-locked host buffers for faster host-to-device copies
@@ -143,6 +144,9 @@ def _validate(s:Strategy):
     _check(s.checkpointing in (None, 'auto') or (type(s.checkpointing) is int and s.checkpointing >= 1),
            f"{w}: checkpointing is null, 'auto' or a number k >= 1 of modules per checkpointed segment; got {s.checkpointing!r}.")
     _check(s.chunk_size is None or s.chunk_size >= 1, f"{w}: chunk_size must be at least 1 or null.")
+    _check(s.offload in (None, 'auto') or all(isinstance(o, str) and o in OFFLOADS for o in ([s.offload] if isinstance(s.offload, str) else s.offload)),
+           f"{w}: offload is null (never), 'auto' (host offload when nothing fits without it) or the names the planner chose "
+           f"({', '.join(OFFLOADS)}); got {short_repr(s.offload)}.")
     _check(0 < s.lr < 10, f"{w}: lr {s.lr} is not a learning rate (expected 0 < lr < 10).")
     _check(s.num_workers >= 0, f"{w}: num_workers cannot be negative.")
     _check(s.num_workers > 0 or (s.prefetch_factor is None and not s.persistent_workers),
@@ -412,13 +416,15 @@ def pick_strategy(hw:HardwareProfile|None=None, # the probed machine; None: `pro
                   batch_size:int|None=None,     # effective batch to split; None: the profile's micro_batch × accum_steps
                   budget:int|None=None,         # bytes to plan for, instead of the strategy's budget
                   min_micro_batch:int=8,        # below this many samples per micro-batch, checkpoint instead ('auto')
+                  offload:str|None='auto',      # 'auto': as the profile says (its `offload: auto` allows host offload when nothing else fits); None: never
+                  clip_grad:float|None=None,    # the run's global-norm clip: the step inside backward, which cannot take one, is then never chosen
                  )->Strategy:
     "The strategy for this machine (or its best GPU), with the micro-batch sized by the chapter 01 planner."
     hw = hw if hw is not None else probe()
     s, plan_gpu, plan_precision = _machine_profile(hw, for_gpu)
-    s = _cap_workers(s, hw)
+    s = _cap_workers(s, hw) if offload == 'auto' else dataclasses.replace(_cap_workers(s, hw), offload=None)
     if model is None or sample is None: return s
-    return _size_with_planner(s, model, sample, hw, plan_gpu, plan_precision, loss_fn, batch_size, budget, min_micro_batch)
+    return _size_with_planner(s, model, sample, hw, plan_gpu, plan_precision, loss_fn, batch_size, budget, min_micro_batch, clip_grad)
 
 # %% ../nbs/06_strategies.ipynb #c039
 def split_batch(batch:int, # effective batch: samples per optimizer step
@@ -432,36 +438,91 @@ def split_batch(batch:int, # effective batch: samples per optimizer step
     return math.ceil(batch / lo), lo
 
 # %% ../nbs/06_strategies.ipynb #c043
+def _and_then(first, then):
+    "The model transform that applies `first`, then `then` (either may be None), named after both."
+    if first is None or then is None: return first or then
+    def both(m): return then(first(m))
+    both.__name__ = f"{first.__name__} + {then.__name__}"
+    return both
+
 def _max_fit(model, sample, limit:int, transform, target:int, kw:dict)->tuple[int, Exception|None]:
     "The most samples per micro-batch that fit (0 if not even one), and the planner's explanation when none does."
     try: return max_batch_size(model, sample, budget=limit, transform=transform, max_batch=target, **kw), None
     except BudgetTooSmallError as e: return 0, e
 
-def _most_that_fit(s:Strategy, model, sample, limit:int, target:int, kw:dict, min_micro_batch:int)->tuple[int, int|None, str]:
+def _most_that_fit(s:Strategy, model, sample, limit:int, target:int, kw:dict, min_micro_batch:int,
+                   extra=None, # a host offload's model transform (chapter 03a), applied after the strategy's
+                  )->tuple[int, int|None, str]:
     "(samples per micro-batch that fit, the checkpointing they need, why); with 'auto', checkpointing only when too few fit without."
     ck = s.checkpointing if type(s.checkpointing) is int else None
-    n, err = _max_fit(model, sample, limit, memory_transform(ck, s.chunk_size), target, kw)
+    n, err = _max_fit(model, sample, limit, _and_then(memory_transform(ck, s.chunk_size), extra), target, kw)
     why = f"The planner fits {n if n < target else f'all {target}'} samples per micro-batch in {fmt_bytes(limit)}"
     if s.checkpointing == 'auto' and n < min(target, min_micro_batch):
-        n_ck, err_ck = _max_fit(model, sample, limit, memory_transform(1, s.chunk_size), target, kw)  # 1: checkpoint every module
+        n_ck, err_ck = _max_fit(model, sample, limit, _and_then(memory_transform(1, s.chunk_size), extra), target, kw)  # 1: checkpoint every module
         if n_ck > n:
             why += f" without activation checkpointing and {n_ck} with it, so checkpointing is on"
             n, ck, err = n_ck, 1, err_ck
     if n < 1: raise err or ConfigError(f"{s.name}: not even one sample of this model fits in {fmt_bytes(limit)}.")
     return n, ck, why
 
+
 # %% ../nbs/06_strategies.ipynb #c43b
-def _size_with_planner(s:Strategy, model, sample, hw, plan_gpu, precision, loss_fn, batch_size, budget, min_micro_batch)->Strategy:
-    "`s` with micro_batch, accum_steps and checkpointing chosen by the chapter 01 planner for `model` on `sample`."
+def _sized(s:Strategy, model, sample, limit:int, target:int, kw:dict, min_micro_batch:int, extra=None)->tuple[Strategy, object, str]:
+    "`s` split (and checkpointed) as the planner fits `model` with `kw` and the offload transform `extra`; its plan; why."
+    n, ck, why = _most_that_fit(s, model, sample, limit, target, kw, min_micro_batch, extra)
+    micro, accum = split_batch(target, n)
+    sized = dataclasses.replace(s, micro_batch=micro, accum_steps=accum, checkpointing=ck)
+    plan = plan_memory(model, resize_batch(sample, micro * accum), micro_batch=micro, budget=limit,
+                       transform=_and_then(sized.model_transform(), extra), **kw)
+    return sized, plan, why + f" ({kw['precision']}, {kw['optimizer']}): micro-batch {micro} × {accum} = {micro * accum} per optimizer step."
+
+def _size_with_planner(s:Strategy, model, sample, hw, plan_gpu, precision, loss_fn, batch_size, budget, min_micro_batch,
+                       clip_grad=None)->Strategy:
+    "`s` with micro_batch, accum_steps and checkpointing chosen by the chapter 01 planner; host offload when only it fits and `s.offload` is 'auto'."
     target = batch_size or s.effective_batch
     limit = budget or s.budget_bytes or int(hw.memory.available * s.budget_fraction)
     kw = dict(loss_fn=loss_fn, optimizer=s.optimizer, precision=precision, device_or_gpu=plan_gpu)
-    n, ck, why = _most_that_fit(s, model, sample, limit, target, kw, min_micro_batch)
-    micro, accum = split_batch(target, n)
-    sized = dataclasses.replace(s, micro_batch=micro, accum_steps=accum, checkpointing=ck)
-    plan = plan_memory(model, resize_batch(sample, micro * accum), micro_batch=micro, budget=limit, transform=sized.model_transform(), **kw)
-    why += f" ({precision}, {s.optimizer}): micro-batch {micro} × {accum} = {micro * accum} per optimizer step."
+    try: sized, plan, why = _sized(s, model, sample, limit, target, kw, min_micro_batch)
+    except BudgetTooSmallError as e:
+        if s.offload != 'auto': raise
+        sized, plan, why = _sized_with_offload(s, model, sample, hw, limit, target, kw, min_micro_batch, clip_grad, e)
     return dataclasses.replace(sized, plan=plan, reason=(s.reason + ' ' + why).strip())
+
+
+# %% ../nbs/06_strategies.ipynb #off06a
+def _offload_choices(model, sample, limit:int, target:int, transform, kw:dict)->list[tuple[str, list, object]]:
+    "(optimizer, `OFFLOADS` names, `Change`) of each change `fit_to_budget` ranks that uses a chapter 03a offload: those that fit first, cheapest first."
+    out = []
+    for c in fit_to_budget(model, resize_batch(sample, target), budget=limit, transform=transform, **kw):
+        opt, names = c.new_plan.optimizer, [n for n, f in OFFLOADS.items() if f.__name__ in (c.new_plan.transform or '')]
+        if (names or _norm(opt) in STATE_OFFLOADED | IN_BACKWARD) and (opt, names) not in [o[:2] for o in out]: out.append((opt, names, c))
+    return out
+
+def _host_bytes(plan)->int: return sum(v for k, v in plan.host.items() if k.startswith('host:'))
+
+def _one_fits(s:Strategy, model, sample, limit:int, kw:dict, extra)->bool:
+    "Does one sample fit with the offload transform `extra` (checkpointed, where the strategy may checkpoint)? One plan, before a search whose failure costs many."
+    ck = 1 if s.checkpointing == 'auto' else s.checkpointing
+    try: return bool(plan_memory(model, resize_batch(sample, 1), budget=limit, transform=_and_then(memory_transform(ck, s.chunk_size), extra), **kw).fits)
+    except IncompatibleStepError: return False
+
+def _sized_with_offload(s:Strategy, model, sample, hw, limit:int, target:int, kw:dict, min_micro_batch:int, clip_grad, err):
+    "The first offload `_offload_choices` ranks with which the whole run fits, sized as any run is; else `err`, the planner's reason nothing fits."
+    base = memory_transform(s.checkpointing if type(s.checkpointing) is int else None, s.chunk_size)
+    for opt, names, c in _offload_choices(model, sample, limit, target, base, kw):
+        if clip_grad and _norm(opt) in IN_BACKWARD: continue  # a global-norm clip needs every gradient at once (chapter 03a)
+        extra = offload_transform([OFFLOADS[n] for n in sorted(names, key=list(OFFLOADS).index, reverse=True)])  # `apply_offload`'s order
+        if not _one_fits(s, model, sample, limit, {**kw, 'optimizer': opt}, extra): continue
+        try: sized, plan, why = _sized(dataclasses.replace(s, optimizer=opt, offload=names), model, sample, limit, target, {**kw, 'optimizer': opt},
+                                       min_micro_batch, extra)
+        except (BudgetTooSmallError, IncompatibleStepError): continue  # e.g. the step inside backward, which cannot accumulate
+        if not plan.fits or _host_bytes(plan) > (hw.memory.available or math.inf): continue
+        what = f"optimizer {opt!r}" + (f" and train.offload {names}" if names else '')
+        return sized, plan, (f"Not one sample fits in {fmt_bytes(limit)} without host offload, so the planner takes the cheapest of chapter 03a's offloads "
+                             f"it prices that fits: {c.description}, offload time estimated at {c.slowdown:.0%} of the step's compute ({what}; "
+                             f"{fmt_bytes(_host_bytes(plan))} of host memory). {why} To forbid it: train.offload: none, or pick_strategy(offload=None).")
+    raise err
+
 
 # %% ../nbs/06_strategies.ipynb #c056
 DATASETS = ('mnist_sample', 'mnist', 'fashion_mnist', 'cifar10', 'folder')
@@ -504,7 +565,8 @@ class TrainConfig:
     checkpoint_dir:str|None='runs'  # where checkpoints and the resolved configuration go; None: nowhere
     checkpoint_every:int|None=100 # optimizer steps between checkpoints (a killed run resumes from the last); None: only at the end
     check_data:bool=True          # chapter 04's data checks at the start (NaN/inf inputs, labels); false skips them
-    offload:list|str|None=None    # chapter 03a: 'activations', 'fp16-weights', 'bf16-weights' or a list of them; state/gradient offload is an optim.name
+    offload:list|str|None='auto'  # chapter 03a: 'auto' (host offload when `strategy: auto` sizes a model that fits no other way); 'none'/null: never;
+                                  # or 'activations', 'fp16-weights', 'bf16-weights', a list of them (state/gradient offload is an optim.name)
 
 @dataclass
 class ExportConfig:
@@ -694,6 +756,9 @@ def load_config(src:str|Path|dict|None=None, # a YAML file, a mapping, or None f
     _check(o.lr == 'auto' or (isinstance(o.lr, float) and o.lr > 0), f"optim.lr must be a positive number or 'auto', not {o.lr!r}.")
     s = _split_batch(dataclasses.replace(s, optimizer=o.name, lr=s.lr if o.lr == 'auto' else o.lr), d.batch_size)
     open_split = _slug(name) == 'auto' and not {'micro_batch', 'accum_steps'} & set(sec)  # the planner sizes it once the model exists
+    t = parts['train']
+    if t.offload in ('none', []) or (t.offload == 'auto' and not open_split): t.offload = None  # 'auto' only where the planner sizes the run
+    if t.offload != 'auto': s = dataclasses.replace(s, offload=None)  # the run names its offloads (or none): the planner adds none
     cfg = RunConfig(strategy=s, **parts, size_for_model=open_split)
     _validate_config(cfg)
     return cfg
@@ -713,8 +778,8 @@ def _validate_config(c:RunConfig):
     _check(t.ema is None or 0 < t.ema < 1, f"train.ema is a decay between 0 and 1, e.g. 0.999; got {t.ema}.")
     _check(t.early_stopping is None or t.early_stopping >= 1, "train.early_stopping is a patience in epochs, at least 1.")
     _check(t.checkpoint_every is None or t.checkpoint_every >= 1, "train.checkpoint_every is a number of optimizer steps, at least 1, or null.")
-    bad = [o for o in ([t.offload] if isinstance(t.offload, str) else t.offload or []) if not isinstance(o, str) or o not in OFFLOADS]
-    _check(isinstance(t.offload, (str, list, type(None))) and not bad, f"train.offload names what moves to host memory: {', '.join(OFFLOADS)}, or a list "
+    bad = [o for o in ([t.offload] if isinstance(t.offload, str) else t.offload or []) if not isinstance(o, str) or o not in [*OFFLOADS, 'auto']]
+    _check(isinstance(t.offload, (str, list, type(None))) and not bad, f"train.offload is 'auto', 'none', or names what moves to host memory: {', '.join(OFFLOADS)}, or a list "
            f"of them, not {short_repr(bad[0] if bad else t.offload)}.{did_you_mean(str(bad[0])[:100], OFFLOADS) if bad else ''} The optimizer's state and "
            "gradients are optim.name values ('adamw-offload', 'adamw-offload-grads', 'adamw-in-backward').")
     _check(e.quantize in QUANTIZE, f"export.quantize must be null, 'int8' or 'fp16', not {e.quantize!r}.")
@@ -749,10 +814,13 @@ def size_config(cfg:RunConfig, # from `load_config`
                 loss_fn=None, # passed to the planner (default: its own)
                 min_micro_batch:int=8, # below this many samples per micro-batch, checkpoint instead (with `checkpointing: auto`)
                )->RunConfig:
-    "`cfg` with the micro-batch, accumulation and checkpointing sized by the chapter 01 planner for `model`, when `strategy: auto` left them open."
+    "`cfg` with the micro-batch, accumulation, checkpointing (and host offload, with `train.offload: auto`) sized by the chapter 01 planner, when `strategy: auto` left them open."
     if not cfg.size_for_model: return cfg
     s = cfg.strategy
     hw = hw if hw is not None else probe()
     plan_gpu = (hw.gpu or s.gpu or 'cpu') if s.device != 'cpu' else 'cpu'
-    sized = _size_with_planner(s, model, sample, hw, plan_gpu, s.precision, loss_fn, cfg.data.batch_size, None, min_micro_batch)
-    return dataclasses.replace(cfg, strategy=sized, size_for_model=False)
+    sized = _size_with_planner(s, model, sample, hw, plan_gpu, s.precision, loss_fn, cfg.data.batch_size, None, min_micro_batch, cfg.train.grad_clip)
+    chosen = sized.offload not in (None, 'auto')  # the planner took a host offload: the run trains with it, and config.yaml says so
+    offload = cfg.train.offload if cfg.train.offload != 'auto' else (sized.offload or None) if chosen else None
+    return dataclasses.replace(cfg, strategy=sized, size_for_model=False, optim=dataclasses.replace(cfg.optim, name=sized.optimizer),
+                               train=dataclasses.replace(cfg.train, offload=offload))

@@ -19,7 +19,7 @@ from .budget import TrainingStep, fit_to_budget, plan_memory
 from .memory.trace import make_optimizer, resize_batch
 from .layers import CheckpointedSequential, memory_transform
 import netlite_nb.optim  # registers 'adamw8bit' with `make_optimizer`
-from .offload import apply_offload, check_offload, offload_transform  # and registers 'adamw-offload', 'adamw-in-backward', ...
+from .offload import HostOptimizer, apply_offload, check_offload, offload_transform  # and registers 'adamw-offload', 'adamw-in-backward', ...
 from .strategies import apply_allocator_settings, load_strategy, pick_strategy, save_config
 from .checkpoint import (find_checkpoint, load_checkpoint, loader_generators, read_state, rng_state, save_checkpoint,
                                    seed_everything, set_rng_state, read_run_config, write_metrics)
@@ -289,7 +289,7 @@ class TrainOptions:
     monitor:str='valid_loss'           # the validation value that decides the best checkpoint (RUN_DIR/best); lower is better for losses
     keep_best:bool=True                # keep the best checkpoint by `monitor` beside the latest (with a `run_dir`)
     threads:object='auto'             # CPU threads: 'auto' (the fastest count, re-checked as the run goes), a number, or None (torch's as they are)
-    offload:object=None                # chapter 03a: 'activations' keeps saved activations in host memory; optimizer offloads are optimizer names
+    offload:object='auto'              # chapter 03a: 'activations', 'fp16-weights', 'bf16-weights' or a list; 'auto': those the strategy's sizing chose; None: none
     check_data:bool=True               # chapter 04's `check_dataset` on the data at the start of `fit` (sampled when large)
 
 # %% ../nbs/07_train.ipynb #op02
@@ -346,7 +346,8 @@ def _resolve_options(kw:dict, s)->TrainOptions:
                    micro_batch=o.micro_batch or (s.micro_batch if s is not None else None),
                    accum_steps=o.accum_steps or (s.accum_steps if s is not None else None),
                    auto_recover_oom=o.auto_recover_oom if o.auto_recover_oom is not None else (s.auto_recover_oom if s is not None else True),
-                   progress=o.progress if o.progress is not None else True)
+                   progress=o.progress if o.progress is not None else True,
+                   offload=o.offload if o.offload not in ('auto', 'none') else None if o.offload == 'none' or s is None or getattr(s, 'offload', None) == 'auto' else s.offload)
 
 # %% ../nbs/07_train.ipynb #d005
 @dataclass
@@ -449,7 +450,22 @@ def _apply_offload(self:Trainer):
     accumulating = (o.accum_steps or 1) > 1 or bool(o.micro_batch and lb and o.micro_batch < lb)
     step = TrainingStep(optimizer=self.opt_spec, precision=self.precision.name, micro_batch=1 if accumulating else None,
                         transform=offload_transform(applied))
-    check_offload(step, 2 if accumulating else 1, clip_grad=o.clip_grad)
+    host = isinstance(self.opt, HostOptimizer)  # its update runs after backward, on the host, where `_clip_on_host` takes the global clip
+    check_offload(step, 2 if accumulating else 1, clip_grad=None if host else o.clip_grad)
+
+# %% ../nbs/07_train.ipynb #off01c
+@patch
+def _clip_on_host(self:Trainer, total:torch.Tensor):
+    "Clip a `HostOptimizer`'s gradients where it updates, on the host, just before the update (after fp16 weights' unscale), as `clip_grad_norm_` would."
+    opt, self._clip_loss = self.opt, total
+    if getattr(opt, '_trainer_clip', None) is not None: return
+    def clip(inner, args, kwargs):  # the gradients are final here: moved during backward (offload_grads) or copied by the step
+        hs = [h for h in opt.host.values() if h.grad is not None]  # in the model's parameter order, as on the device
+        norm = nn.utils.clip_grad_norm_(hs, self.opts.clip_grad)
+        if not self._finite_step(self._clip_loss, norm):  # skipped: without gradients the update changes nothing
+            for h in hs: h.grad = None
+    opt._trainer_clip = opt.inner.register_step_pre_hook(clip)
+
 
 # %% ../nbs/07_train.ipynb #d012c
 def _state_property(name:str)->property:
@@ -690,7 +706,8 @@ def _compute_window(self:Trainer, batches:list)->tuple[torch.Tensor, int]:
         total = part if total is None else total + part
         self._call('after_backward'); self._call('after_batch')
     self._in_update, self._step_skipped, self._loss_value, norm = True, False, None, None
-    if self.opts.clip_grad:
+    if self.opts.clip_grad and isinstance(self.opt, HostOptimizer): self._clip_on_host(total)  # chapter 03a: the gradients may be on the host
+    elif self.opts.clip_grad:
         if scaled_loss: self.scaler.unscale_(self.opt)
         norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.opts.clip_grad)
     if scaled_loss: self.scaler.step(self.opt); self.scaler.update()  # the GradScaler skips inf/nan steps itself

@@ -561,4 +561,68 @@ def test_run_config_offload_key_is_checked(value, match):
 def test_run_config_offload_key_takes_names_and_lists():
     assert load_config({'train': {'offload': 'activations'}}).train.offload == 'activations'
     assert load_config({'train': {'offload': ['fp16-weights', 'activations']}}).train.offload == ['fp16-weights', 'activations']
-    assert load_config({}).train.offload is None
+    assert load_config({}).train.offload == 'auto'                    # `strategy: auto`: the planner may add one when it sizes the run
+    assert load_config({'strategy': 'cpu'}).train.offload is None     # no sizing, so 'auto' resolves to none at once
+    assert load_config({'train': {'offload': 'none'}}).train.offload is None
+
+
+# --- host offload chosen by the planner when nothing else fits (chapter 03a's levers) ------------------------------
+
+def _too_big(d=1024):
+    "Shapes only: two wide layers whose AdamW step, at one sample, is planned just over the budget below."
+    with torch.device('meta'):
+        return torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, 10))
+
+BIG_SAMPLE = (torch.empty(2, 1024, device='meta'), torch.empty(2, dtype=torch.long, device='meta'))
+
+
+@pytest.fixture(scope='module')
+def gtx_1060():
+    "A machine whose PyTorch drives a GTX 1060 6GB (profile: fp32, AdamW, `offload: auto`), and a budget one sample does not fit without offload."
+    from netlite_nb.budget import plan_memory
+    hw = usable(fake_probe(('NVIDIA GeForce GTX 1060 6GB', 6 * GB, (6, 1))))
+    one = plan_memory(_too_big(), BIG_SAMPLE, optimizer='adamw', device_or_gpu=hw.gpus[0])
+    return hw, int(one.total * 0.97)
+
+
+def _offload_of(c):
+    "(optimizer, train.offload names) of a `fit_to_budget` change, when it uses a chapter 03a offload."
+    from netlite_nb.offload import IN_BACKWARD, OFFLOADS, STATE_OFFLOADED
+    names = [n for n, f in OFFLOADS.items() if f.__name__ in (c.new_plan.transform or '')]
+    opt = c.new_plan.optimizer
+    return (opt, names) if names or opt.replace('_', '-') in STATE_OFFLOADED | IN_BACKWARD else None
+
+
+def test_pick_strategy_takes_the_cheapest_offload_that_fits_when_nothing_else_does(gtx_1060):
+    from netlite_nb.budget import fit_to_budget, plan_memory
+    from netlite_nb.memory.trace import resize_batch
+    hw, budget = gtx_1060
+    s = pick_strategy(hw, model=_too_big(), sample=BIG_SAMPLE, batch_size=16, budget=budget)
+    assert s.name == 'gtx_1060_6gb' and s.plan.fits and s.plan.total <= budget and s.effective_batch == 16
+    assert 'without host offload' in s.reason and 'offload=None' in s.reason
+    ranked = [o for c in fit_to_budget(_too_big(), resize_batch(BIG_SAMPLE, 16), budget=budget, device_or_gpu=hw.gpus[0], optimizer='adamw')
+              if c.fits and (o := _offload_of(c))]
+    assert ranked and (s.optimizer, s.offload) == ranked[0]          # fit_to_budget's first (cheapest) offload that fits
+    from netlite_nb.offload import OFFLOADS
+    assert s.plan.optimizer == s.optimizer and all(OFFLOADS[n].__name__ in s.plan.transform for n in s.offload)  # planned as the run trains
+    clipped = pick_strategy(hw, model=_too_big(), sample=BIG_SAMPLE, batch_size=16, budget=budget, clip_grad=1.0)
+    assert clipped.plan.fits and not clipped.optimizer.endswith('-in-backward')   # a global clip needs every gradient at once
+    with pytest.raises(BudgetTooSmallError): pick_strategy(hw, model=_too_big(), sample=BIG_SAMPLE, batch_size=16, budget=budget, offload=None)
+    assert pick_strategy(hw, model=_too_big(), sample=BIG_SAMPLE, batch_size=16, budget=8 * budget).offload == 'auto'  # fits: none taken
+
+
+def test_a_run_config_takes_host_offload_records_it_and_can_forbid_it(gtx_1060, tmp_path):
+    hw, budget = gtx_1060
+    raw = {'strategy': {'name': 'auto', 'budget_fraction': budget / (6 * GB)}, 'data': {'batch_size': 16}}
+    cfg = S.size_config(load_config(raw, hw=hw), _too_big(), BIG_SAMPLE, hw=hw)
+    s, t = cfg.strategy, cfg.train
+    assert t.grad_clip == 1.0 and s.plan.fits and not cfg.optim.name.endswith('-in-backward')   # the default clip rules it out
+    assert cfg.optim.name == s.optimizer and cfg.optim.name.startswith('adamw') and cfg.optim.name != 'adamw'
+    assert t.offload == (s.offload or None) and 'without host offload' in s.reason
+    saved = yaml.safe_load(open(save_config(cfg, tmp_path / 'config.yaml')))
+    assert saved['optim']['name'] == cfg.optim.name and saved['train']['offload'] == t.offload and 'host offload' in saved['strategy']['reason']
+    again = load_config(tmp_path / 'config.yaml', hw=hw)             # the resolved file trains as it was sized, without re-planning
+    assert (again.optim.name, again.train.offload, again.size_for_model) == (cfg.optim.name, t.offload, False)
+    for forbid in ({'offload': 'none'}, {'offload': None}):
+        with pytest.raises(BudgetTooSmallError):
+            S.size_config(load_config({**raw, 'train': forbid}, hw=hw), _too_big(), BIG_SAMPLE, hw=hw)
