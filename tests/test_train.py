@@ -968,3 +968,41 @@ def test_overfit_says_whether_a_small_subset_fits_and_leaves_the_trainer_as_it_w
     noise = DataLoader(TensorDataset(torch.randn(128, 20), torch.randint(0, 10, (128,))), 32)
     bad = Trainer(nn.Sequential(nn.Linear(20, 2), nn.ReLU(), nn.Linear(2, 10)), noise, lr=3e-3, **KW).overfit(steps=100)
     assert not bad.fitted and 'does NOT fit' in bad.verdict and bad.steps == 100
+
+
+# --- chapter 03a's offloads in the Trainer: a global clip on the host, the offloads a strategy's sizing chose ---
+
+def _clip_run(optimizer, clip, **kw):
+    torch.manual_seed(0)
+    return Trainer(mlp(dropout=0.0), loaders(bs=32, n=512), optimizer=optimizer, clip_grad=clip, lr=0.05, lr_schedule=None, warmup=0, seed=0,
+                   threads=None, check_data=False, **KW, **kw).fit(steps=4)
+
+
+@pytest.mark.parametrize('kw', [{}, dict(micro_batch=8)])   # one backward per step, and 4 micro-batches accumulated (on the host)
+def test_offloaded_gradients_are_clipped_on_the_host_as_on_the_device(kw):
+    "A HostOptimizer updates after backward, so the Trainer takes clip_grad_norm_ over its host gradients: the same weights, bit for bit."
+    from netlite_nb.offload import HostOptimizer
+    same = lambda a, b: all(torch.equal(u, v) for u, v in zip(a.model.parameters(), b.model.parameters()))
+    ref = _clip_run('adamw', 0.05, **kw)
+    for name in ('adamw-offload-grads', 'adamw-offload'):
+        t = _clip_run(name, 0.05, **kw)
+        assert isinstance(t.opt, HostOptimizer) and same(ref, t), name
+    assert not same(ref, _clip_run('adamw', None, **kw))            # the clip acted: without it the weights differ
+    with pytest.raises(ValueError, match='global-norm clip'): _clip_run('adamw-in-backward', 0.05)  # no global norm inside backward
+
+
+def _saves_on_the_device(model):
+    "Does `model`'s forward keep its saved tensors where an outer saved-tensor hook sees them (not moved to the host by `offload_activations`)?"
+    seen = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(1) or t, lambda t: t): model(torch.randn(4, 20))
+    return bool(seen)
+
+
+def test_the_trainer_takes_the_offloads_its_strategy_chose_and_offload_none_drops_them():
+    import dataclasses
+    from netlite_nb.offload import HostOptimizer
+    s = dataclasses.replace(load_strategy('cpu'), optimizer='adamw-offload', offload=['activations'])  # as `pick_strategy` sizes a card
+    t = Trainer(mlp(), loaders(), strategy=s, **KW)
+    assert isinstance(t.opt, HostOptimizer) and not _saves_on_the_device(t.model)
+    assert _saves_on_the_device(Trainer(mlp(), loaders(), strategy=s, offload=None, **KW).model)
+    assert _saves_on_the_device(Trainer(mlp(), loaders(), strategy=dataclasses.replace(s, offload='auto'), **KW).model)  # not sized: none
