@@ -159,6 +159,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'netlite_nb.cli._export': ('cli.html#_export', 'netlite_nb/cli.py'),
                                 'netlite_nb.cli._export_args': ('cli.html#_export_args', 'netlite_nb/cli.py'),
                                 'netlite_nb.cli._gpu_list': ('cli.html#_gpu_list', 'netlite_nb/cli.py'),
+                                'netlite_nb.cli._host_held': ('cli.html#_host_held', 'netlite_nb/cli.py'),
+                                'netlite_nb.cli._host_words': ('cli.html#_host_words', 'netlite_nb/cli.py'),
                                 'netlite_nb.cli._input_shape': ('cli.html#_input_shape', 'netlite_nb/cli.py'),
                                 'netlite_nb.cli._json': ('cli.html#_json', 'netlite_nb/cli.py'),
                                 'netlite_nb.cli._on_sigterm': ('cli.html#_on_sigterm', 'netlite_nb/cli.py'),

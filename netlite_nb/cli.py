@@ -227,8 +227,20 @@ def _suggestions(model, sample, args, kw, plan)->dict:
     try: r = {'largest_batch': max_batch_size(model, sample, device_or_gpu=args.gpu, **kw), 'largest_batch_error': None}
     except BudgetTooSmallError as e: r = {'largest_batch': None, 'largest_batch_error': str(e)}
     ch = fit_to_budget(model, resize_batch(sample, args.batch_size), device_or_gpu=args.gpu, **kw) if plan.fits is False else []
-    r['changes'] = [dict(description=c.description, saving=c.saving, total=c.new_plan.total, fits=c.fits, slowdown=c.slowdown, text=str(c)) for c in ch]
+    r['changes'] = [dict(description=c.description, saving=c.saving, total=c.new_plan.total, fits=c.fits, slowdown=c.slowdown,
+                         host_bytes=_host_held(c.new_plan), text=str(c) + _host_words(c.new_plan)) for c in ch]
     return r
+
+def _host_held(plan)->int:
+    "Bytes a plan's offloads (chapter 03a) hold in host memory: its 'host: ...' rows."
+    return sum(v for k, v in plan.host.items() if k.startswith('host:'))
+
+def _host_words(plan)->str:
+    "', holds N in host memory (M over the bus a step)' for a change that offloads; '' for one that does not."
+    from netlite_nb.probe import fmt_bytes
+    if not plan.host: return ''
+    held = f", holds {fmt_bytes(_host_held(plan))} in host memory" if _host_held(plan) else ", holds nothing in host memory"
+    return held + f" ({fmt_bytes(plan.host.get('bus per step', 0))} over the bus a step)"
 
 # %% ../nbs/11_cli.ipynb #c012c
 @command('plan', 'Predict the memory of a training step on a GPU (or the CPU) and say whether it fits; exit status 1 if it does not.')

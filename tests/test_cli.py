@@ -83,6 +83,10 @@ def test_plan_suggest_for_a_card_this_machine_lacks():
     rc, out, err = run_main('plan', '--model', 'vit_tiny', '--batch-size', '4096', '--gpu', 'gtx 1050 ti', '--suggest')
     assert rc == 1 and err == '' and 'does NOT fit' in out          # 1: it does not fit, and says what would
     assert 'largest batch that fits:' in out and out.count('  - ') >= 3
+    offloads = [l for l in out.splitlines() if l.startswith('  - ') and 'chapter 03a' in l]   # host offload, priced like any lever
+    moved = [l for l in offloads if 'inside backward' not in l]                                 # the step inside backward moves nothing
+    assert moved and all(' slower' in l and 'in host memory (' in l and 'over the bus a step)' in l for l in moved), offloads
+    assert any('holds 0 B' not in l and 'holds nothing' not in l for l in moved)
 
 
 GRID_GPUS = ['GeForce GTX 1050 Ti', 'Radeon RX 6600', 'Apple M2', 'Intel Arc A770']
