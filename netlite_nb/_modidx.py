@@ -1350,6 +1350,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'netlite_nb.run._export_path': ('run.html#_export_path', 'netlite_nb/run.py'),
                                 'netlite_nb.run._finished_demo': ('run.html#_finished_demo', 'netlite_nb/run.py'),
                                 'netlite_nb.run._model_for': ('run.html#_model_for', 'netlite_nb/run.py'),
+                                'netlite_nb.run._offload_note': ('run.html#_offload_note', 'netlite_nb/run.py'),
                                 'netlite_nb.run._run_section': ('run.html#_run_section', 'netlite_nb/run.py'),
                                 'netlite_nb.run._save_result': ('run.html#_save_result', 'netlite_nb/run.py'),
                                 'netlite_nb.run._saved_result': ('run.html#_saved_result', 'netlite_nb/run.py'),

@@ -108,6 +108,13 @@ def _trainer_for(cfg:RunConfig, model:nn.Module, dls, run_dir, callbacks, progre
                    seed=t.seed, deterministic=t.deterministic, run_dir=run_dir, checkpoint_every=t.checkpoint_every, check_data=t.check_data, offload=t.offload, callbacks=cbs, progress=progress,
                    verbose=verbose, config=cfg.to_dict())
 
+def _offload_note(cfg:RunConfig)->str|None:
+    "The note of a run whose sizing took a host offload (chapter 06, `train.offload: auto`): what it took, where it says why, how to forbid it."
+    if cfg.strategy.offload in (None, 'auto'): return None
+    return (f"Host offload chosen by the planner, since the model fits the card no other way: optimizer {cfg.optim.name!r}, train.offload "
+            f"{cfg.train.offload or 'none'} (config.yaml's strategy.reason says why and at what estimated cost). "
+            "To forbid it: `--set train.offload=none`.")
+
 def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path (a run's own `config.yaml` too), or a mapping
                       overrides=(), # dotted overrides, e.g. ['train.epochs=1', 'data.batch_size=64']
                       run_dir=None, # default: `train.checkpoint_dir`/MODEL-TIMESTAMP
@@ -134,6 +141,7 @@ def train_from_config(config, # a chapter 06 `RunConfig`, a YAML path (a run's o
     if launched() or (resume is not None and distributed_run(resume)):  # chapter 08a: one process of a data-parallel run,
         distribute(trainer)                                             # or one that continues it, with its effective batch
     if note: trainer.notes.append(note)
+    if (why := _offload_note(cfg)): trainer.notes.append(why)
     trainer.fit(epochs=None if t.steps else t.epochs, steps=t.steps, resume=resume)
     if cfg.export.onnx and not trainer.interrupted and trainer.is_main:
         trainer.export_report = export_trained(trainer, dls, _export_path(cfg.export.onnx, trainer.run_dir), quantize=cfg.export.quantize,

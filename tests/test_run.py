@@ -163,3 +163,18 @@ def test_a_run_config_switches_an_offload_on(tmp_path):
     assert t.opts.offload == ['bf16-weights'] and {p.dtype for p in t.model.parameters()} == {torch.bfloat16}
     assert {h.dtype for h in t.opt.host.values()} == {torch.float32} and t.step == 2
     assert yaml.safe_load((tmp_path / 'a' / 'config.yaml').read_text())['run']['train']['offload'] == ['bf16-weights']
+
+
+def test_a_run_whose_sizing_took_host_offload_trains_with_it_and_says_so(tmp_path):
+    "As `size_config` leaves a run on a card too small for it (chapter 06); here on the CPU, where the mechanisms run as on a card."
+    import dataclasses
+    from netlite_nb.offload import HostOptimizer
+    from netlite_nb.strategies import load_config
+    cfg = load_config({'strategy': 'cpu', 'model': {'name': 'mlp'}, 'data': {'batch_size': 32}, 'optim': {'name': 'adamw-offload-grads'},
+                       'train': {'steps': 2, 'offload': ['activations']}})
+    cfg = dataclasses.replace(cfg, strategy=dataclasses.replace(cfg.strategy, offload=['activations'], reason='sized with host offload'))
+    t = train_from_config(cfg, run_dir=tmp_path / 'run', progress=False, verbose=False)
+    assert t.step == 2 and isinstance(t.opt, HostOptimizer) and t.opts.clip_grad == 1.0   # the default clip, taken on the host
+    assert any("Host offload chosen by the planner" in n and "optimizer 'adamw-offload-grads', train.offload ['activations']" in n for n in t.notes)
+    run = yaml.safe_load((tmp_path / 'run' / 'config.yaml').read_text())['run']
+    assert (run['optim']['name'], run['train']['offload'], run['strategy']['reason']) == ('adamw-offload-grads', ['activations'], 'sized with host offload')
