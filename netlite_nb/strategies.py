@@ -519,7 +519,7 @@ def _sized_with_offload(s:Strategy, model, sample, hw, limit:int, target:int, kw
         if not plan.fits or _host_bytes(plan) > (hw.memory.available or math.inf): continue
         what = f"optimizer {opt!r}" + (f" and train.offload {names}" if names else '')
         return sized, plan, (f"Not one sample fits in {fmt_bytes(limit)} without host offload, so the planner takes the cheapest of chapter 03a's offloads "
-                             f"it prices that fits: {c.description}, offload time estimated at {c.slowdown:.0%} of the step's compute ({what}; "
+                             f"it prices that fits: {c.description}, offload time estimated at {c.slowdown:.3g}× the step's compute time ({what}; "
                              f"{fmt_bytes(_host_bytes(plan))} of host memory). {why} To forbid it: train.offload: none, or pick_strategy(offload=None).")
     raise err
 
