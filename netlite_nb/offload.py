@@ -11,16 +11,16 @@ from torch import nn
 from fastcore.basics import patch
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 from .probe import UnknownGPUError, fmt_bytes, lookup_gpu
-from .budget import IncompatibleStepError, TrainingStep, _transform_name, register_host_terms, register_lever, register_step_check
+from .budget import IncompatibleStepError, TrainingStep, _transform_name, register_host_budget, register_host_terms, register_lever, register_step_check
 from .memory.trace import AllocationTracker, Target, _norm, is_traced, make_optimizer, register_optimizer
 from .optim import state_bytes
 
 # %% auto #0
-__all__ = ['HALF', 'IN_BACKWARD', 'GRADS_OFFLOADED', 'STATE_OFFLOADED', 'PCIE_LANE_GBS', 'PCIE_EFFICIENCY', 'OFFLOADS',
-           'offload_hooks', 'offload_activations', 'HostOptimizer', 'host_optimizer_backend', 'LossScale',
-           'half_weights', 'half_weights_fp16', 'half_weights_bf16', 'StepInBackward', 'offloads', 'check_offload',
-           'nvml_pcie_link', 'pcie_link', 'pcie_gbs', 'host_bandwidth', 'offload_seconds', 'step_seconds',
-           'offload_slowdown', 'apply_offload', 'offload_transform']
+__all__ = ['HALF', 'IN_BACKWARD', 'GRADS_OFFLOADED', 'STATE_OFFLOADED', 'PCIE_LANE_GBS', 'PCIE_EFFICIENCY', 'HOST_SHARE',
+           'OFFLOADS', 'pinned_bytes', 'offload_hooks', 'offload_activations', 'HostOptimizer',
+           'host_optimizer_backend', 'LossScale', 'half_weights', 'half_weights_fp16', 'half_weights_bf16',
+           'StepInBackward', 'offloads', 'check_offload', 'nvml_pcie_link', 'pcie_link', 'pcie_gbs', 'host_bandwidth',
+           'offload_seconds', 'host_budget', 'step_seconds', 'offload_slowdown', 'apply_offload', 'offload_transform']
 
 # %% ../nbs/03a_offload.ipynb #o007
 def _tracker()->AllocationTracker|None:
@@ -37,6 +37,15 @@ def _hold(kind:str, nbytes:int, absolute:bool=False):
     o = _record(tr)
     o['held'][kind] = nbytes if absolute else o['held'].get(kind, 0) + nbytes
     o['peak'][kind] = max(o['peak'].get(kind, 0), o['held'][kind])
+
+def pinned_bytes(nbytes:int)->int:
+    "Host bytes a pinned tensor of `nbytes` takes: PyTorch's pinned allocator rounds each block up to a power of two (it caches blocks by size)."
+    return 1 << (nbytes - 1).bit_length() if nbytes > 0 else 0
+
+def _hold_pinned(kind:str, nbytes:int):
+    "In a traced step: `nbytes` more (or fewer, if negative) pinned bytes held for `kind`, and the allocator's rounding of them apart."
+    _hold(f"{kind} (pinned)", nbytes)
+    _hold('pinned rounding: activations', (1 if nbytes > 0 else -1) * (pinned_bytes(abs(nbytes)) - abs(nbytes)))
 
 def _moved(kind:str, nbytes:int):
     "In a traced step: `nbytes` crossed the bus (or, kind 'host update', streamed through host memory) for `kind`."
@@ -63,12 +72,12 @@ def offload_hooks(pin_memory:bool)->tuple:
         if _is_weight(t): return t
         if not is_traced(t): return real.pack_hook(t)
         s = _Shape(t)
-        _hold('saved activations', s.nbytes); _moved('saved activations', s.nbytes)
+        _hold_pinned('saved activations', s.nbytes); _moved('saved activations', s.nbytes)
         return s
     def unpack(x):
         if isinstance(x, torch.Tensor): return x
         if not isinstance(x, _Shape): return real.unpack_hook(x)
-        _hold('saved activations', -x.nbytes); _moved('saved activations', x.nbytes)
+        _hold_pinned('saved activations', -x.nbytes); _moved('saved activations', x.nbytes)
         return torch.empty_strided(x.size, x.stride, dtype=x.dtype, device=x.device)
     return pack, unpack
 
@@ -208,8 +217,13 @@ def _traced_step(self:HostOptimizer):
             if not self.offload_grads: h.grad = torch.empty_like(h) if p.grad is not None else None
         self.inner.step()
     weights, device = sum(nbytes(h) for h in self.host.values()), sum(nbytes(p) for p in self.host)  # host copies may be fp32 masters of half weights
-    _hold('optimizer state', state_bytes(self.inner), absolute=True)
-    _hold('weights and gradients', 2 * weights, absolute=True)
+    # pinned: the host weights, and each gradient's landing buffer (the device's dtype); pageable: what the inner optimizer allocates
+    # itself (its state), and, for half weights, the fp32 gradients the masters take at the step
+    _hold('weights (pinned)', weights, absolute=True)
+    _hold('gradients (pinned)', device, absolute=True)
+    _hold('fp32 gradients (pageable)', sum(nbytes(h) for p, h in self.host.items() if h.dtype != p.dtype), absolute=True)
+    _hold('optimizer state (pageable)', state_bytes(self.inner), absolute=True)
+    _hold('pinned rounding: weights', sum(pinned_bytes(nbytes(t)) - nbytes(t) for p, h in self.host.items() for t in (p, h)), absolute=True)
     if not self.offload_grads: _moved('gradients', device)
     _moved('weights', device)
     _moved('host update', 3 * weights + 2 * state_bytes(self.inner))  # read weights, gradients, state; write weights, state
@@ -537,20 +551,34 @@ def _offload_terms(tr:AllocationTracker, target:Target)->tuple[dict, list]:
     last = max((s for s, _ in o['bus']), default=0)  # the steady step, which holds the optimizer state as every later one does
     bus = sum(v for (s, k), v in o['bus'].items() if s == last and k != 'host update')
     streamed = sum(v for (s, k), v in o['bus'].items() if s == last and k == 'host update')
-    rows = {f"host: {k} (pinned)": v for k, v in o['peak'].items() if v}
+    rows = {f"host: {k}": v for k, v in o['peak'].items() if v and not k.startswith('pinned rounding')}
+    rounding = sum(v for k, v in o['peak'].items() if k.startswith('pinned rounding'))
+    if target.kind == 'cuda' and rounding: rows['host: pinned allocator rounding'] = rounding  # only CUDA pins; the CPU's copies are exact
     rows['bus per step'], rows['host traffic per step'] = bus, streamed
     secs, how = offload_seconds(bus, streamed, target)
     rows['offload time per step'] = f"about {secs * 1e3:,.0f} ms"
-    return rows, [f"offload time per step estimated from {how}", _ram_note(sum(o['peak'].values()))]
+    return rows, [f"offload time per step estimated from {how}", _host_note()]
 
-def _ram_note(held:int)->str:
-    "The plan's note on the pinned host bytes against this machine's RAM."
+def _host_note()->str:
+    return (f"host memory: the rows named 'host: …' are held for the whole run (pinned pages cannot be swapped out; PyTorch's pinned allocator "
+            f"rounds each block up to a power of two), checked against the host budget: by default {HOST_SHARE:.0%} of this machine's "
+            f"{fmt_bytes(_ram())} of RAM (`host_budget`); pass host_budget=host_budget(ram) to plan for another host")
+
+# %% ../nbs/03a_offload.ipynb #hb01
+HOST_SHARE = 1 / 1.5  # DeepSpeed's memory estimators size the host at 1.5x the offloaded states ("to be conservative")
+
+def _ram()->int:
     import psutil
-    ram = psutil.virtual_memory()
-    note = f"host memory: the offload holds {fmt_bytes(held)} pinned, {100 * held / ram.total:.0f}% of this machine's {fmt_bytes(ram.total)} of RAM"
-    if held > ram.available: return note + f" — MORE than the {fmt_bytes(ram.available)} free now: the run would not fit in host memory either"
-    if held > ram.total / 2: return note + "; pinned pages cannot be swapped out, so more than half of the RAM leaves the system little room"
-    return note
+    return psutil.virtual_memory().total
+
+def host_budget(ram:int|None=None, # the host's RAM in bytes; None: this machine's
+                share:float=HOST_SHARE, # the share of it offloads may hold
+               )->int:
+    "Bytes of host memory a run's offloads may hold on a host with `ram` bytes of RAM: the rest is the OS's, the data pipeline's and Python's."
+    return int(share * (ram if ram is not None else _ram()))
+
+@register_host_budget
+def _this_host()->int: return host_budget()
 
 # %% ../nbs/03a_offload.ipynb #9ca5f2dd
 def step_seconds(model:nn.Module, # the model (its weights are not read: the forward runs on 'meta' stand-ins)
