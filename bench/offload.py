@@ -8,8 +8,8 @@ On the CPU (the host is the device, so nothing is saved; what is measured is the
   - the planner's host rows (optimizer state, saved activations) against the bytes the real mechanisms hold.
 Planned (no GPU needed): for each card, the largest GPT-style model (4 blocks, width d, sequence 256, batch 8, AdamW) that fits
 with the best plan without the offload levers (8-bit AdamW state and checkpointing; on cards with bf16 arithmetic also bf16 weights)
-and with them (half-precision weights on the card, fp32 masters, AdamW state and gradients on the host, checkpointed segments'
-inputs in host memory), each with its estimated compute and offload time per step (`step_seconds`, `offload_seconds`). The GPU figures are estimates until `bench/gpu_check.py` runs on a card.
+and with them (half-precision weights on the card, fp32 masters, AdamW state (fp32 or 8-bit, whichever plan fits) and gradients on the host,
+checkpointed segments' inputs in host memory), each with its estimated compute and offload time per step (`step_seconds`, `offload_seconds`). The GPU figures are estimates until `bench/gpu_check.py` runs on a card.
 The plans with the levers are made for stated hosts (`--hosts`, GiB of RAM), not this machine: what the offloads hold on the host
 (pinned and pageable, with the pinned allocator's rounding) must fit `host_budget(ram)`, as the card's bytes must fit the card.
 
@@ -158,7 +158,9 @@ def largest_models(cards, hosts_gib, seq=256, batch=8, stored=None):
         # with them: half-precision weights on the card (fp16 where bf16 is emulated), fp32 masters, state and gradients on the host,
         # the checkpointed segments' inputs in host memory
         half = half_weights_bf16 if spec.bf16_native else half_weights_fp16
-        with_ = [('adamw-offload-grads', 'fp32', _named(lambda m: offload_activations(ck(half(m))), f"{half.__name__} + checkpointing + offload_activations"))]
+        # and the host's share of it kept smaller by 8-bit AdamW state there (2 bytes a parameter instead of 8), where the host bounds the model
+        tf = _named(lambda m: offload_activations(ck(half(m))), f"{half.__name__} + checkpointing + offload_activations")
+        with_ = [('adamw-offload-grads', 'fp32', tf), ('adamw8bit-offload-grads', 'fp32', tf)]
         old = (stored or {}).get(spec.name)
         wo = dict(old, reused=True) if old else largest(card, without, seq, batch, 6 if spec.bf16_native else 10, proxy)
         # the host is the user's, not this machine: each stated RAM size gets its own row, planned against `host_budget(ram)`

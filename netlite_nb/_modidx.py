@@ -1119,6 +1119,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'netlite_nb.offload._host_note': ('offload.html#_host_note', 'netlite_nb/offload.py'),
                                     'netlite_nb.offload._host_tensor': ('offload.html#_host_tensor', 'netlite_nb/offload.py'),
                                     'netlite_nb.offload._hyper': ('offload.html#_hyper', 'netlite_nb/offload.py'),
+                                    'netlite_nb.offload._init_8bit': ('offload.html#_init_8bit', 'netlite_nb/offload.py'),
                                     'netlite_nb.offload._is_weight': ('offload.html#_is_weight', 'netlite_nb/offload.py'),
                                     'netlite_nb.offload._master_dtype': ('offload.html#_master_dtype', 'netlite_nb/offload.py'),
                                     'netlite_nb.offload._moved': ('offload.html#_moved', 'netlite_nb/offload.py'),

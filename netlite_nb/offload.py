@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import _disable_current_modes, _get_current_di
 from .probe import UnknownGPUError, fmt_bytes, lookup_gpu
 from .budget import IncompatibleStepError, TrainingStep, _transform_name, register_host_budget, register_host_terms, register_lever, register_step_check
 from .memory.trace import AllocationTracker, Target, _norm, is_traced, make_optimizer, register_optimizer
-from .optim import state_bytes
+from .optim import AdamW8bit, state_bytes
 
 # %% auto #0
 __all__ = ['HALF', 'IN_BACKWARD', 'GRADS_OFFLOADED', 'STATE_OFFLOADED', 'PCIE_LANE_GBS', 'PCIE_EFFICIENCY', 'HOST_SHARE',
@@ -215,7 +215,8 @@ def _traced_step(self:HostOptimizer):
     with _disable_current_modes():
         for p, h in self.host.items():
             if not self.offload_grads: h.grad = torch.empty_like(h) if p.grad is not None else None
-        self.inner.step()
+        if isinstance(self.inner, AdamW8bit): _init_8bit(self.inner)
+        else: self.inner.step()
     weights, device = sum(nbytes(h) for h in self.host.values()), sum(nbytes(p) for p in self.host)  # host copies may be fp32 masters of half weights
     # pinned: the host weights, and each gradient's landing buffer (the device's dtype); pageable: what the inner optimizer allocates
     # itself (its state), and, for half weights, the fp32 gradients the masters take at the step
@@ -227,6 +228,12 @@ def _traced_step(self:HostOptimizer):
     if not self.offload_grads: _moved('gradients', device)
     _moved('weights', device)
     _moved('host update', 3 * weights + 2 * state_bytes(self.inner))  # read weights, gradients, state; write weights, state
+
+def _init_8bit(opt:AdamW8bit):
+    "The 8-bit state of every parameter with a gradient, made without an update: all a plan needs (the update on 'meta' runs chunk by chunk)."
+    for g in opt.param_groups:
+        for h in g['params']:
+            if h.grad is not None and not opt.state[h]: opt._init_state(h, g, opt.state[h])
 
 @patch
 @torch.no_grad()

@@ -146,18 +146,19 @@ def test_plan_moves_state_and_activations_to_host_rows():
     assert any('PCIe 3.0 x16 (the GPU catalogue)' in n for n in off.notes) and any('of RAM' in n for n in off.notes)
 
 
-def test_plan_host_terms_match_a_real_cpu_run():
+@pytest.mark.parametrize('base, d', [('adamw', 32), ('adamw8bit', 256)])  # 8-bit state from 4096 values a tensor: a plan makes it without an update
+def test_plan_host_terms_match_a_real_cpu_run(base, d):
     "The host bytes a plan records equal those the real mechanisms hold on this CPU: the host optimizer's state, the tensors save_on_cpu keeps."
-    b = (torch.empty(16, 32, device='meta'), torch.empty(16, dtype=torch.long, device='meta'))
-    plan = plan_memory(_mlp(), b, optimizer='adamw-offload', transform=offload_activations)  # no device named: tensor bytes only
-    m = _mlp(); opt = HostOptimizer(m.parameters(), 'adamw')
+    b = (torch.empty(16, d, device='meta'), torch.empty(16, dtype=torch.long, device='meta'))
+    plan = plan_memory(_mlp(d=d), b, optimizer=f'{base}-offload', transform=offload_activations)  # no device named: tensor bytes only
+    m = _mlp(d=d); opt = HostOptimizer(m.parameters(), base)
     held = []
     pack, unpack = offload_hooks(False)
     def spy(t):
         out = pack(t)
         if out is not t: held.append(out[1].numel() * out[1].element_size())
         return out
-    x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
+    x, y = torch.randn(16, d), torch.randint(0, 10, (16,))
     with torch.autograd.graph.saved_tensors_hooks(spy, unpack): out = m(x)  # the model's forward, as offload_activations wraps it
     loss = F.cross_entropy(out, y)
     assert plan.host['host: saved activations (pinned)'] == sum(held)

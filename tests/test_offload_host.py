@@ -1,0 +1,55 @@
+"Chapter 03a (offload): host memory is a budget too — plans check what the offloads hold on the host, pinned blocks rounded as PyTorch's allocator rounds them."
+import pytest, torch, torch.nn as nn, torch.nn.functional as F
+from netlite_nb.budget import fit_to_budget, plan_memory
+from netlite_nb.offload import HOST_SHARE, host_budget, offload_activations, pinned_bytes
+
+torch.set_num_threads(1)
+B = (torch.empty(64, 500, device='meta'), torch.empty(64, dtype=torch.long, device='meta'))
+
+
+def _odd():  # sizes that are not powers of two, so the pinned allocator's rounding shows
+    return nn.Sequential(nn.Linear(500, 300), nn.ReLU(), nn.Linear(300, 10))
+
+
+def test_pinned_bytes_rounds_up_to_a_power_of_two():
+    assert [pinned_bytes(n) for n in (0, 1, 4, 5, 4096, 4097, 600_000)] == [0, 1, 4, 8, 4096, 8192, 2**20]
+
+
+def test_plan_rows_are_pinned_or_pageable_and_the_rounding_is_counted():
+    p = plan_memory(_odd(), B, device_or_gpu='gtx 1650', optimizer='adamw-offload-grads')
+    sizes = [w.numel() * 4 for w in _odd().parameters()]
+    assert p.host['host: weights (pinned)'] == p.host['host: gradients (pinned)'] == sum(sizes)
+    assert p.host['host: pinned allocator rounding'] == 2 * sum(pinned_bytes(n) - n for n in sizes)  # each host weight and each gradient buffer
+    assert 'host: optimizer state (pageable)' in p.host
+    assert p.host_held == sum(v for k, v in p.host.items() if k.startswith('host:'))
+
+
+def test_plan_checks_the_host_rows_against_the_host_budget():
+    kw = dict(device_or_gpu='gtx 1650', optimizer='adamw-offload-grads', transform=offload_activations)
+    roomy = plan_memory(_odd(), B, host_budget=2**40, **kw)
+    assert roomy.fits and roomy.host_fits and roomy.host_budget == 2**40
+    tight = plan_memory(_odd(), B, host_budget=roomy.host_held - 1, **kw)
+    assert tight.total == roomy.total and tight.host_fits is False and tight.fits is False  # the card's bytes fit; the host's do not
+    assert any('does NOT fit in host memory' in n for n in tight.notes)
+    assert any(r[0] == 'host budget' and 'does NOT fit' in r[2] for r in tight._rows())
+
+
+def test_the_default_host_budget_is_a_share_of_this_machines_ram():
+    import psutil
+    assert host_budget() == int(HOST_SHARE * psutil.virtual_memory().total) and host_budget(3 * 2**30) == int(HOST_SHARE * 3 * 2**30)
+    p = plan_memory(_odd(), B, device_or_gpu='gtx 1650', optimizer='adamw-offload')
+    assert p.host_budget == host_budget()
+    assert plan_memory(_odd(), B, device_or_gpu='gtx 1650').host_budget is None  # nothing on the host: nothing to check
+
+
+def test_fit_to_budget_never_claims_an_offload_the_host_cannot_hold():
+    wide = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(4)])
+    b = (torch.empty(32, 1024, device='meta'), torch.empty(32, 1024, device='meta'))
+    base = plan_memory(wide, b, device_or_gpu='gtx 1650', loss_fn=F.mse_loss)
+    budget = base.total - base.breakdown['optimizer'] // 2  # only moving the optimizer state off the card fits
+    kw = dict(budget=budget, device_or_gpu='gtx 1650', loss_fn=F.mse_loss)
+    roomy = [c for c in fit_to_budget(wide, b, host_budget=2**40, **kw) if c.fits]
+    assert any('optimizer' in c.changes and c.new_plan.host_held for c in roomy)
+    tight = fit_to_budget(wide, b, host_budget=2**20, **kw)
+    assert not any(c.fits and c.new_plan.host_held for c in tight)
+    assert any(c.new_plan.host_fits is False and 'host memory' in str(c) for c in tight)
