@@ -130,13 +130,15 @@ def largest(card, options, seq, batch, bytes_per_param, proxy=None, host=None):
         else:
             while not ok(d): d -= 128
     _, plan, model, b = fits(card, d, options, seq, batch, host)
+    nxt = fits(card, d + 128, options, seq, batch, host)[1]  # what the next width runs out of: the card, the host, or both
+    stopped_by = [k for k, full in (('card', nxt.total > nxt.budget), ('host', nxt.host_fits is False)) if full]
     target = resolve_target(card)
     compute, how_compute = step_seconds(model, b, target)
     bus, traffic = plan.host.get('bus per step', 0), plan.host.get('host traffic per step', 0)
     offload, how_offload = offload_seconds(bus, traffic, target)
     return dict(width=d, params=plan.params, total=plan.total, how=f"{plan.optimizer}, {plan.precision}, {plan.transform or 'no transform'}",
                 bus_bytes=bus, host_traffic_bytes=traffic, host_held_bytes=plan.host_held, host_budget=plan.host_budget,
-                host_rows={k: v for k, v in plan.host.items() if k.startswith('host:')},
+                host_rows={k: v for k, v in plan.host.items() if k.startswith('host:')}, stopped_by=stopped_by,
                 compute_s=round(compute, 4), offload_s=round(offload if bus or traffic else 0.0, 4), how_compute=how_compute,
                 how_offload=how_offload if bus or traffic else 'nothing offloaded', **_stamp())
 
