@@ -1113,6 +1113,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'netlite_nb.offload._Shape.__init__': ('offload.html#_shape.__init__', 'netlite_nb/offload.py'),
                                     'netlite_nb.offload._cast': ('offload.html#_cast', 'netlite_nb/offload.py'),
                                     'netlite_nb.offload._check_half': ('offload.html#_check_half', 'netlite_nb/offload.py'),
+                                    'netlite_nb.offload._check_host_room': ('offload.html#_check_host_room', 'netlite_nb/offload.py'),
                                     'netlite_nb.offload._convert': ('offload.html#_convert', 'netlite_nb/offload.py'),
                                     'netlite_nb.offload._hold': ('offload.html#_hold', 'netlite_nb/offload.py'),
                                     'netlite_nb.offload._hold_pinned': ('offload.html#_hold_pinned', 'netlite_nb/offload.py'),

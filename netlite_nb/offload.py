@@ -146,6 +146,7 @@ class HostOptimizer(torch.optim.Optimizer):
         if offload_grads: _refuse_distributed("Moving each gradient to the host during backward (offload_grads=True)")
         ps = [p for g in self.param_groups for p in g['params']]
         self.traced, self.offload_grads, self.base = any(is_traced(p) for p in ps), offload_grads, optimizer
+        if not self.traced: _check_host_room(ps)
         self.host = {p: _host_tensor(p, self.traced, dtype=_master_dtype(p)) for p in ps}  # keyed by the tensor object, as optimizer state is
         self.loss_scale = next((s for p in ps if (s := getattr(p, '_loss_scale', None)) is not None), None)  # fp16 weights (`half_weights`)
         self.skipped = 0  # steps skipped because a loss-scaled gradient overflowed
@@ -163,6 +164,17 @@ class HostOptimizer(torch.optim.Optimizer):
 def _master_dtype(p:torch.Tensor)->torch.dtype:
     "The dtype of `p`'s host copy: fp32 master weights for a half-precision weight (updates smaller than its rounding step survive)."
     return torch.float32 if p.dtype in (torch.float16, torch.bfloat16) else p.dtype
+
+def _check_host_room(ps:list):
+    "Refuse, before allocating, host copies and gradient buffers of `ps` that this machine's free RAM cannot hold."
+    import psutil
+    size = lambda n, p: pinned_bytes(n) if p.is_cuda else n  # CUDA's copies are pinned, and pinned blocks are rounded up
+    need = sum(size(p.numel() * _master_dtype(p).itemsize, p) + size(p.numel() * p.element_size(), p) for p in ps)
+    free = psutil.virtual_memory().available
+    if need > free:
+        raise MemoryError(f"The host optimizer needs {fmt_bytes(need)} of host memory for its copies of the weights and their gradients "
+            f"(and more for its state at the first step), but this machine has {fmt_bytes(free)} free. Free host memory, use a machine with "
+            "more RAM, or keep the optimizer on the card (8-bit state: optimizer='adamw8bit'); `plan_memory` checks a plan against the host.")
 
 @patch
 def _take_grad(self:HostOptimizer, p:torch.Tensor, g:torch.Tensor):

@@ -53,3 +53,13 @@ def test_fit_to_budget_never_claims_an_offload_the_host_cannot_hold():
     tight = fit_to_budget(wide, b, host_budget=2**20, **kw)
     assert not any(c.fits and c.new_plan.host_held for c in tight)
     assert any(c.new_plan.host_fits is False and 'host memory' in str(c) for c in tight)
+
+
+def test_host_optimizer_refuses_weights_this_machine_cannot_hold(monkeypatch):
+    import psutil, types
+    from netlite_nb.offload import HostOptimizer
+    m = _odd()
+    monkeypatch.setattr(psutil, 'virtual_memory', lambda: types.SimpleNamespace(available=1000, total=2000))
+    with pytest.raises(MemoryError, match='host memory'): HostOptimizer(m.parameters(), 'adamw')
+    monkeypatch.undo()
+    HostOptimizer(m.parameters(), 'adamw')  # with this machine's RAM: built
