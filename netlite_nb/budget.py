@@ -82,7 +82,7 @@ def _rows(self:MemoryPlan)->list[tuple[str,str,str]]:
     rows += [('peak allocated', fmt_bytes(self.peak), ''), ('peak reserved', fmt_bytes(self.reserved), ''),
              ('total', fmt_bytes(self.total), '')]
     if self.budget is not None:
-        rows.append(('budget', fmt_bytes(self.budget), 'fits' if self.fits else f"does NOT fit: {fmt_bytes(-self.headroom)} over"))
+        rows.append(('budget', fmt_bytes(self.budget), 'fits' if self.headroom >= 0 else f"does NOT fit: {fmt_bytes(-self.headroom)} over"))
     rows += [(k, fmt_bytes(v) if isinstance(v, int) else str(v), 'host side') for k, v in self.host.items()]
     if self.host_fits is not None:
         rows.append(('host budget', fmt_bytes(self.host_budget), 'fits' if self.host_fits else f"does NOT fit: {fmt_bytes(self.host_held - self.host_budget)} over"))

@@ -579,8 +579,8 @@ def _offload_terms(tr:AllocationTracker, target:Target)->tuple[dict, list]:
     return rows, [f"offload time per step estimated from {how}", _host_note()]
 
 def _host_note()->str:
-    return (f"host memory: the rows named 'host: …' are held for the whole run (pinned pages cannot be swapped out; PyTorch's pinned allocator "
-            f"rounds each block up to a power of two), checked against the host budget: by default {HOST_SHARE:.0%} of this machine's "
+    return (f"host memory held for the whole run (the rows named 'host: …'; pinned pages cannot be swapped out, and PyTorch's pinned allocator "
+            f"rounds each block up to a power of two) is checked against the host budget: by default {HOST_SHARE:.0%} of this machine's "
             f"{fmt_bytes(_ram())} of RAM (`host_budget`); pass host_budget=host_budget(ram) to plan for another host")
 
 # %% ../nbs/03a_offload.ipynb #hb01

@@ -63,3 +63,9 @@ def test_host_optimizer_refuses_weights_this_machine_cannot_hold(monkeypatch):
     with pytest.raises(MemoryError, match='host memory'): HostOptimizer(m.parameters(), 'adamw')
     monkeypatch.undo()
     HostOptimizer(m.parameters(), 'adamw')  # with this machine's RAM: built
+
+
+def test_a_plan_over_the_host_budget_still_says_the_card_fits():
+    kw = dict(device_or_gpu='gtx 1650', optimizer='adamw-offload-grads')
+    rows = {r[0]: r[2] for r in plan_memory(_odd(), B, host_budget=1, **kw)._rows()}
+    assert rows['budget'] == 'fits' and rows['host budget'].startswith('does NOT fit')
