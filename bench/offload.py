@@ -9,11 +9,12 @@ On the CPU (the host is the device, so nothing is saved; what is measured is the
 Planned (no GPU needed): for each card, the largest GPT-style model (4 blocks, width d, sequence 256, batch 8, AdamW) that fits
 with the best plan without the offload levers (8-bit AdamW state and checkpointing; on cards with bf16 arithmetic also bf16 weights)
 and with them (half-precision weights on the card, fp32 masters, AdamW state (fp32 or 8-bit, whichever plan fits) and gradients on the host,
-checkpointed segments' inputs in host memory), each with its estimated compute and offload time per step (`step_seconds`, `offload_seconds`). The GPU figures are estimates until `bench/gpu_check.py` runs on a card.
+checkpointed segments' inputs in host memory; on cards with bf16 arithmetic also bf16 weights with stochastic rounding and 8-bit state on
+the host, with no fp32 masters), each with its estimated compute and offload time per step (`step_seconds`, `offload_seconds`). The GPU figures are estimates until `bench/gpu_check.py` runs on a card.
 The plans with the levers are made for stated hosts (`--hosts`, GiB of RAM), not this machine: what the offloads hold on the host
 (pinned and pageable, with the pinned allocator's rounding) must fit `host_budget(ram)`, as the card's bytes must fit the card.
 
-    python bench/offload.py [--repeats 5] [--steps 5] [--cards 'gtx 1050 ti' 'gtx 1650' 'rtx 3060'] [--hosts 32 64] [--reuse-without]
+    python bench/offload.py [--repeats 5] [--steps 5] [--cards 'gtx 1050 ti' 'gtx 1650' 'rtx 3060'] [--hosts 32 64 128] [--reuse-without]
 """
 import argparse, copy, json, math, os, platform, statistics, sys, time
 os.environ.setdefault('OMP_NUM_THREADS', '1')
@@ -163,6 +164,8 @@ def largest_models(cards, hosts_gib, seq=256, batch=8, stored=None):
         # and the host's share of it kept smaller by 8-bit AdamW state there (2 bytes a parameter instead of 8), where the host bounds the model
         tf = _named(lambda m: offload_activations(ck(half(m))), f"{half.__name__} + checkpointing + offload_activations")
         with_ = [('adamw-offload-grads', 'fp32', tf), ('adamw8bit-offload-grads', 'fp32', tf)]
+        if spec.bf16_native:  # bf16 weights rounded stochastically on the host: no fp32 masters (2 bytes a parameter there instead of 4)
+            with_.append(('adamw8bit-bf16sr-offload-grads', 'bf16', _named(lambda m: offload_activations(ck(bf16_weights(m))), 'bf16_weights + checkpointing + offload_activations')))
         old = (stored or {}).get(spec.name)
         wo = dict(old, reused=True) if old else largest(card, without, seq, batch, 6 if spec.bf16_native else 10, proxy)
         # the host is the user's, not this machine: each stated RAM size gets its own row, planned against `host_budget(ram)`
@@ -179,7 +182,7 @@ if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--repeats', type=int, default=5); ap.add_argument('--steps', type=int, default=5)
     ap.add_argument('--cards', nargs='*', default=['gtx 1050 ti', 'gtx 1650', 'rtx 3060'])
-    ap.add_argument('--hosts', nargs='*', type=float, default=[32, 64], help="the host RAM sizes (GiB) to plan the offloads for")
+    ap.add_argument('--hosts', nargs='*', type=float, default=[32, 64, 128], help="the host RAM sizes (GiB) to plan the offloads for")
     ap.add_argument('--reuse-without', action='store_true', help="take each card's plan without the levers from the stored result (it holds nothing on the host, so the host does not change it)")
     ap.add_argument('--part', choices=['all', 'cpu', 'cards'], default='all', help="measure on this CPU, plan the cards, or both; the other part of this machine's last result is kept")
     a = ap.parse_args()

@@ -12,12 +12,12 @@ from fastcore.basics import patch
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 from .probe import UnknownGPUError, fmt_bytes, lookup_gpu
 from .budget import IncompatibleStepError, TrainingStep, _transform_name, register_host_budget, register_host_terms, register_lever, register_step_check
-from .memory.trace import AllocationTracker, Target, _norm, is_traced, make_optimizer, register_optimizer
-from .optim import AdamW8bit, state_bytes
+from .memory.trace import OPTIMIZERS, AllocationTracker, Target, _norm, is_traced, make_optimizer, register_optimizer
+from .optim import AdamW8bit, bf16_weights, state_bytes
 
 # %% auto #0
-__all__ = ['HALF', 'IN_BACKWARD', 'GRADS_OFFLOADED', 'STATE_OFFLOADED', 'PCIE_LANE_GBS', 'PCIE_EFFICIENCY', 'HOST_SHARE',
-           'OFFLOADS', 'pinned_bytes', 'offload_hooks', 'offload_activations', 'HostOptimizer',
+__all__ = ['HALF', 'IN_BACKWARD', 'GRADS_OFFLOADED', 'STATE_OFFLOADED', 'OFFLOAD_BASES', 'PCIE_LANE_GBS', 'PCIE_EFFICIENCY',
+           'HOST_SHARE', 'OFFLOADS', 'pinned_bytes', 'offload_hooks', 'offload_activations', 'HostOptimizer',
            'host_optimizer_backend', 'LossScale', 'half_weights', 'half_weights_fp16', 'half_weights_bf16',
            'StepInBackward', 'offloads', 'check_offload', 'nvml_pcie_link', 'pcie_link', 'pcie_gbs', 'host_bandwidth',
            'offload_seconds', 'host_budget', 'step_seconds', 'offload_slowdown', 'apply_offload', 'offload_transform']
@@ -146,8 +146,10 @@ class HostOptimizer(torch.optim.Optimizer):
         if offload_grads: _refuse_distributed("Moving each gradient to the host during backward (offload_grads=True)")
         ps = [p for g in self.param_groups for p in g['params']]
         self.traced, self.offload_grads, self.base = any(is_traced(p) for p in ps), offload_grads, optimizer
-        if not self.traced: _check_host_room(ps)
-        self.host = {p: _host_tensor(p, self.traced, dtype=_master_dtype(p)) for p in ps}  # keyed by the tensor object, as optimizer state is
+        # an optimizer that rounds bf16 weights stochastically (chapter 03's '-bf16sr') needs no fp32 masters: its host copies stay bf16
+        self.keeps_dtype = getattr(OPTIMIZERS.get(_norm(optimizer)) if isinstance(optimizer, str) else None, 'needs_bf16', False)
+        if not self.traced: _check_host_room(ps, self.keeps_dtype)
+        self.host = {p: _host_tensor(p, self.traced, dtype=_master_dtype(p, self.keeps_dtype)) for p in ps}  # keyed by the tensor object, as optimizer state is
         self.loss_scale = next((s for p in ps if (s := getattr(p, '_loss_scale', None)) is not None), None)  # fp16 weights (`half_weights`)
         self.skipped = 0  # steps skipped because a loss-scaled gradient overflowed
         self.versions = {p: p._version for p in ps}
@@ -161,15 +163,15 @@ class HostOptimizer(torch.optim.Optimizer):
         self.handles = [p.register_post_accumulate_grad_hook(_weak_hook(self, '_grad_to_host')) for p in ps] if offload_grads else []
 
 # %% ../nbs/03a_offload.ipynb #01d3e90b
-def _master_dtype(p:torch.Tensor)->torch.dtype:
-    "The dtype of `p`'s host copy: fp32 master weights for a half-precision weight (updates smaller than its rounding step survive)."
-    return torch.float32 if p.dtype in (torch.float16, torch.bfloat16) else p.dtype
+def _master_dtype(p:torch.Tensor, keep:bool=False)->torch.dtype:
+    "The dtype of `p`'s host copy: fp32 master weights for a half-precision weight (updates smaller than its rounding step survive), unless `keep`."
+    return torch.float32 if p.dtype in (torch.float16, torch.bfloat16) and not keep else p.dtype
 
-def _check_host_room(ps:list):
+def _check_host_room(ps:list, keep:bool=False):
     "Refuse, before allocating, host copies and gradient buffers of `ps` that this machine's free RAM cannot hold."
     import psutil
     size = lambda n, p: pinned_bytes(n) if p.is_cuda else n  # CUDA's copies are pinned, and pinned blocks are rounded up
-    need = sum(size(p.numel() * _master_dtype(p).itemsize, p) + size(p.numel() * p.element_size(), p) for p in ps)
+    need = sum(size(p.numel() * _master_dtype(p, keep).itemsize, p) + size(p.numel() * p.element_size(), p) for p in ps)
     free = psutil.virtual_memory().available
     if need > free:
         raise MemoryError(f"The host optimizer needs {fmt_bytes(need)} of host memory for its copies of the weights and their gradients "
@@ -455,10 +457,12 @@ def _register_offloads(base:str):
         return f
     for suffix, fn, kinds in (('-offload', host(False), (STATE_OFFLOADED,)), ('-offload-grads', host(True), (STATE_OFFLOADED, GRADS_OFFLOADED)),
                               ('-in-backward', lambda ps, lr, wd, fe: StepInBackward(ps, base, lr=lr, weight_decay=wd), (IN_BACKWARD, GRADS_OFFLOADED))):
+        fn.needs_bf16 = getattr(OPTIMIZERS[_norm(base)], 'needs_bf16', False)  # bf16 weights: refused where bf16 is emulated, as `base` is
         register_optimizer(base + suffix, fn)
         for k in kinds: k.add(_norm(base + suffix))
 
-for _base in ('sgd', 'adamw', 'adamw8bit'): _register_offloads(_base)
+OFFLOAD_BASES = ('sgd', 'adamw', 'adamw8bit', 'adamw-bf16sr', 'adamw8bit-bf16sr')  # '-bf16sr': bf16 weights, no fp32 masters anywhere (chapter 03)
+for _base in OFFLOAD_BASES: _register_offloads(_base)
 
 # %% ../nbs/03a_offload.ipynb #4e45b12e
 def offloads(step:TrainingStep)->list[str]:
@@ -635,14 +639,17 @@ def _offload_lever(target:Target, kw:dict, model:nn.Module)->list:
     if target.kind != 'cuda' or kw.get('batch') is None: return []
     slow, out = offload_slowdown(model, kw['batch'], target), []
     opt, tf = kw.get('optimizer'), _transform_name(kw.get('transform')) or ''
-    if isinstance(opt, str) and _norm(opt) in ('sgd', 'adamw', 'adamw8bit'):
+    if isinstance(opt, str) and _norm(opt) in OFFLOAD_BASES:
         out += [(f"{opt} state in host memory, updated there (chapter 03a)", dict(optimizer=f"{opt}-offload"), slow),
                 (f"{opt} state and gradients in host memory (chapter 03a)", dict(optimizer=f"{opt}-offload-grads"), slow)]
         if kw.get('precision') != 'fp16':
             out.append((f"{opt} step inside backward, one parameter at a time (chapter 03a)", dict(optimizer=f"{opt}-in-backward"), 0.0))  # nothing crosses the bus
             half = half_weights_bf16 if target.bf16_native else half_weights_fp16
-            if 'half_weights' not in tf: out.append((f"{half.__name__[-4:]} weights on the card; fp32 masters, {opt} state and gradients in host memory "
+            if 'half_weights' not in tf and 'bf16sr' not in _norm(opt): out.append((f"{half.__name__[-4:]} weights on the card; fp32 masters, {opt} state and gradients in host memory "
                                                     "(ZeRO-Offload, chapter 03a)", dict(optimizer=f"{opt}-offload-grads", transform=half), slow))
+    if target.bf16_native and isinstance(opt, str) and _norm(opt) in ('adamw', 'adamw8bit') and kw.get('precision') != 'fp16':
+        out.append(("bf16 weights with stochastic rounding on the card (chapter 03); 8-bit AdamW state and gradients in host memory, no fp32 "
+                    "masters (chapter 03a)", dict(optimizer='adamw8bit-bf16sr-offload-grads', transform=bf16_weights, precision='bf16'), slow))
     if 'offload_activations' not in tf:
         out.append(("saved activations in pinned host memory (chapter 03a)", dict(transform=offload_activations), slow))
     return out

@@ -69,3 +69,33 @@ def test_a_plan_over_the_host_budget_still_says_the_card_fits():
     kw = dict(device_or_gpu='gtx 1650', optimizer='adamw-offload-grads')
     rows = {r[0]: r[2] for r in plan_memory(_odd(), B, host_budget=1, **kw)._rows()}
     assert rows['budget'] == 'fits' and rows['host budget'].startswith('does NOT fit')
+
+
+@pytest.mark.parametrize('base', ['adamw8bit-bf16sr', 'adamw-bf16sr'])
+def test_bf16_stochastic_rounding_on_the_host_trains_to_the_same_weights(base):
+    "bf16 weights rounded stochastically need no fp32 masters: the host keeps bf16 copies, and the weights end bit for bit where the plain step's do."
+    from netlite_nb.memory.trace import make_optimizer
+    from netlite_nb.optim import bf16_weights
+    def run(name):
+        torch.manual_seed(0); m = bf16_weights(nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 10)))
+        opt = make_optimizer(name, m.parameters()); g = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            for _ in range(2):  # two micro-batches a step
+                x, y = torch.randn(8, 128, generator=g).bfloat16(), torch.randint(0, 10, (8,), generator=g)
+                (F.cross_entropy(m(x).float(), y) / 2).backward()
+            opt.step(); opt.zero_grad()
+        return [p.detach().clone() for p in m.parameters()], opt
+    ref, _ = run(base)
+    for suffix in ('-offload', '-offload-grads'):
+        got, opt = run(base + suffix)
+        assert all(torch.equal(a, b) for a, b in zip(ref, got)), suffix
+        assert {h.dtype for h in opt.host.values()} == {torch.bfloat16}  # no fp32 masters
+
+
+def test_plan_of_bf16_weights_with_host_state_holds_no_fp32_masters():
+    from netlite_nb.optim import bf16_weights
+    p = plan_memory(_odd(), B, device_or_gpu='rtx 3060', optimizer='adamw8bit-bf16sr-offload-grads', transform=bf16_weights, precision='bf16')
+    n = p.params
+    assert p.host['host: weights (pinned)'] == p.host['host: gradients (pinned)'] == 2 * n and 'host: fp32 gradients (pageable)' not in p.host
+    with pytest.raises(ValueError, match='no bf16 arithmetic'):
+        plan_memory(_odd(), B, device_or_gpu='gtx 1650', optimizer='adamw8bit-bf16sr-offload-grads', transform=bf16_weights, precision='bf16')
