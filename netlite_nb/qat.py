@@ -17,21 +17,26 @@ from .export import calibration_batches, int8_weight_range
 from .train import Callback, Trainer
 
 # %% auto #0
-__all__ = ['weight_qmax', 'fake_quant_weight', 'activation_qparams', 'ActivationQuant', 'QuantAware', 'batchnorm_pairs',
-           'fold_batchnorm', 'equalization_pairs', 'Equalization', 'cross_layer_equalize', 'wide_stem_cnn', 'QATModel',
-           'prepare_qat', 'observe', 'strip_qat', 'Reobserve', 'FreezeBatchNorm', 'qat_fine_tune']
+__all__ = ['weight_qmax', 'fake_quant_weight', 'activation_qparams', 'ActivationQuant', 'fake_quant_bias', 'QuantAware',
+           'OutputQuant', 'batchnorm_pairs', 'fold_batchnorm', 'equalization_pairs', 'Equalization',
+           'cross_layer_equalize', 'wide_stem_cnn', 'QATModel', 'prepare_qat', 'observe', 'strip_qat', 'Reobserve',
+           'FreezeBatchNorm', 'qat_fine_tune']
 
 # %% ../nbs/09c_qat.ipynb #q010
 def weight_qmax(reduce_range:bool)->int:
     "The largest int8 weight ONNX Runtime uses: 64 with `reduce_range` (7-bit weights, symmetric [-64, 64]), else 127."
     return 64 if reduce_range else 127
 
+def _weight_scale(w:torch.Tensor, qmax:int)->torch.Tensor:
+    "ONNX Runtime's scale per output channel of `w`: (rmax - rmin) / (qmax - qmin) with rmax = -rmin = the channel's largest |w|, in float32."
+    absmax = w.detach().abs().amax(dim=tuple(range(1, w.dim())))
+    return (2 * absmax / (2 * qmax)).float().clamp_min(torch.finfo(torch.float32).tiny)
+
 def fake_quant_weight(w:torch.Tensor, # (out, in, *kernel): one scale per output channel
                       qmax:int, # `weight_qmax(reduce_range)`
                      )->torch.Tensor:
     "`w` rounded to ONNX Runtime's symmetric per-channel int8 grid (scale = absmax / qmax, round half to even); gradients pass straight through."
-    absmax = w.detach().abs().amax(dim=tuple(range(1, w.dim())), keepdim=True)
-    scale = (2 * absmax / (2 * qmax)).float().clamp_min(torch.finfo(torch.float32).tiny)  # (rmax - rmin) / (qmax - qmin), as ORT
+    scale = _weight_scale(w, qmax).view(-1, *[1] * (w.dim() - 1))
     q = torch.clamp(torch.round(w / scale), -qmax, qmax) * scale
     return w + (q - w).detach()
 
@@ -67,8 +72,17 @@ def _folded(layer:nn.Module, bn:nn.Module|None)->tuple[torch.Tensor, torch.Tenso
     b = layer.bias if layer.bias is not None else torch.zeros_like(bn.running_mean)
     return layer.weight * f.view(-1, *[1] * (layer.weight.dim() - 1)), (b - bn.running_mean) * f + (bn.bias if bn.bias is not None else 0), f
 
+def fake_quant_bias(b:torch.Tensor, # (out,)
+                    in_scale:float, # the scale of the layer's uint8 input
+                    w_scale:torch.Tensor, # (out,) the scales of its int8 weight
+                   )->torch.Tensor:
+    "`b` rounded to ONNX Runtime's int32 bias grid (scale = input scale × weight scale in float32, round half to even); gradients pass straight through."
+    s = torch.tensor(in_scale, dtype=torch.float32) * w_scale.float()
+    q = (b.detach().double() / s.double()).round().float() * s  # ORT divides in float64
+    return b + (q - b).detach()
+
 class QuantAware(nn.Module):
-    "A Linear or Conv layer (and the BatchNorm after it, if any) computed as ONNX Runtime's static INT8 computes it: its input fake-quantized per tensor, its folded weight per channel."
+    "A Linear or Conv layer (and the BatchNorm after it, if any) computed as ONNX Runtime's static INT8 computes it: input per tensor, folded weight per channel, bias in int32."
     def __init__(self, layer:nn.Module, reduce_range:bool, bn:nn.Module|None=None):
         super().__init__()
         self.layer, self.bn, self.act, self.qmax = layer, bn, ActivationQuant(), weight_qmax(reduce_range)
@@ -78,14 +92,23 @@ class QuantAware(nn.Module):
         l, bn, x = self.layer, self.bn, self.act(x)
         batch_stats = bn is not None and self.training and not self.bn_frozen
         if bn is not None: bn.train(batch_stats)
-        if self.act.observing:  # calibrating: the fp32 model
-            return self._op(x, l.weight, l.bias) if bn is None else bn(self._op(x, l.weight, l.bias))
         w, b, f = _folded(l, bn)
-        wq = fake_quant_weight(w, self.qmax)
-        if not batch_stats: return self._op(x, wq, b)  # exactly the folded layer the file holds
-        # Krishnamoorthi 2018, 3.2: the grid of the folded weight, the output normalized with the batch's statistics
-        fs = torch.where(f.abs() > 0, f, torch.ones_like(f)).view(-1, *[1] * (w.dim() - 1))
-        return bn(self._op(x, wq / fs, l.bias))
+        wq = fake_quant_weight(w, self.qmax)  # the weights `strip_qat` exports: on the grid
+        if batch_stats:  # Krishnamoorthi 2018, 3.2: the grid of the folded weight, the output normalized with the batch's statistics
+            fs = torch.where(f.abs() > 0, f, torch.ones_like(f)).view(-1, *[1] * (w.dim() - 1))
+            return bn(self._op(x, wq / fs, l.bias))
+        if self.act.observing or b is None or not math.isfinite(self.act.lo.item()):
+            return self._op(x, wq, b)  # calibrating: the exported model with fp32 activations, as ORT calibrates it
+        s_in = activation_qparams(self.act.lo.item(), self.act.hi.item())[0]
+        return self._op(x, wq, fake_quant_bias(b, s_in, _weight_scale(w, self.qmax)))  # exactly the folded layer the file holds
+
+# %% ../nbs/09c_qat.ipynb #q020a
+class OutputQuant(nn.Module):
+    "An activation function (`ReLU`, `ReLU6`) whose output is fake-quantized per tensor, as ONNX Runtime quantizes the output of the Relu or Clip it removes."
+    def __init__(self, fn:nn.Module):
+        super().__init__()
+        self.fn, self.act = fn, ActivationQuant()
+    def forward(self, x): return self.act(self.fn(x))
 
 # %% ../nbs/09c_qat.ipynb #q022
 def batchnorm_pairs(model:nn.Module)->dict[str, str]:
@@ -268,6 +291,7 @@ class QATModel(nn.Module):
     def __init__(self, model:nn.Module, reduce_range:bool, equalization:Equalization|None=None):
         super().__init__()
         self.model, self.out, self.reduce_range, self.equalization = model, ActivationQuant(), reduce_range, equalization
+        self.calibration = None  # the inputs `observe` last set the ranges from: export with `calibration=` them
     def forward(self, *args, **kw): return self.out(self.model(*args, **kw))
 
 def prepare_qat(model:nn.Module, # a trained model (not changed)
@@ -275,7 +299,7 @@ def prepare_qat(model:nn.Module, # a trained model (not changed)
                 equalize:bool=True, # cross-layer equalization first (`cross_layer_equalize`; its report is the result's `.equalization`)
                 batchnorm:str='train', # 'train': each BatchNorm kept beside its layer, trained on batch statistics until frozen; 'fold': folded first
                )->nn.Module:
-    "A copy of `model` for quantization-aware training: channels equalized, every Linear and Conv a `QuantAware` layer (observing) with its BatchNorm."
+    "A copy of `model` for quantization-aware training: channels equalized, every Linear and Conv a `QuantAware` layer (observing) with its BatchNorm, every ReLU an `OutputQuant`."
     if batchnorm not in ('train', 'fold'): raise ValueError(f"batchnorm={batchnorm!r}: use 'train' (keep BatchNorm, train it, then freeze it) or 'fold'.")
     reduce_range, _ = int8_weight_range(int8_target)
     m = copy.deepcopy(model).eval() if batchnorm == 'train' else fold_batchnorm(model)
@@ -290,27 +314,38 @@ def prepare_qat(model:nn.Module, # a trained model (not changed)
             bn = m.get_submodule(bns[name]) if name in bns else None
             _set(m, name, QuantAware(mod, reduce_range, bn))
             if bn is not None: _set(m, bns[name], nn.Identity())
+        elif isinstance(mod, (nn.ReLU, nn.ReLU6)): _set(m, name, OutputQuant(mod))
     return QATModel(m, reduce_range, how)
 
 def observe(model:nn.Module, # a `prepare_qat` model
             batches, # input batches (x, or (x, y)): the calibration data export will use
            )->nn.Module:
-    "Set every activation range to the min/max over `batches` (eval mode, as ORT's MinMax calibration), then freeze the ranges."
+    "Set every activation range to the min/max over `batches` (eval mode, as ORT's MinMax calibration), then freeze the ranges; a `QATModel` keeps the inputs as `.calibration`."
     acts = [a for a in model.modules() if isinstance(a, ActivationQuant)]
     for a in acts: a.lo.fill_(float('inf')); a.hi.fill_(float('-inf')); a.observing = True
     was = model.training
     model.eval()
+    xs = [torch.as_tensor(b[0] if isinstance(b, (tuple, list)) else b) for b in batches]
     with torch.no_grad():
-        for b in batches: model(torch.as_tensor(b[0] if isinstance(b, (tuple, list)) else b))
+        for x in xs: model(x)
     for a in acts: a.observing = False
+    if isinstance(model, QATModel): model.calibration = torch.cat([x.detach().cpu().float() for x in xs])
     return model.train(was)
 
 # %% ../nbs/09c_qat.ipynb #q030
-def strip_qat(model:QATModel)->nn.Module:
-    "The plain model a `prepare_qat` model trained: its Linear and Conv layers (BatchNorm folded in), for `export_onnx`."
+def strip_qat(model:QATModel, # a `prepare_qat` model
+              on_grid:bool=True, # weights rounded to the int8 grid the file stores (what QAT trained); False: the latent fp32 weights the optimizer updated
+             )->nn.Module:
+    "The plain model a `prepare_qat` model trained, for `export_onnx`: its Linear and Conv layers, BatchNorm folded in, its activations unwrapped."
     m = copy.deepcopy(model.model)
     for name, mod in list(m.named_modules()):
-        if isinstance(mod, QuantAware): _set(m, name, mod.layer if mod.bn is None else _fuse(mod.layer, mod.bn))
+        if isinstance(mod, OutputQuant): _set(m, name, mod.fn)
+        if not isinstance(mod, QuantAware): continue
+        plain = mod.layer if mod.bn is None else _fuse(mod.layer, mod.bn)
+        if on_grid:
+            plain = copy.deepcopy(plain)
+            with torch.no_grad(): plain.weight.copy_(fake_quant_weight(plain.weight, mod.qmax))
+        _set(m, name, plain)
     return m.eval()
 
 # %% ../nbs/09c_qat.ipynb #q035
@@ -341,7 +376,7 @@ def qat_fine_tune(model:nn.Module, # a trained model (not changed)
                   freeze_bn:int|None=None, # the step after which BatchNorm uses its running statistics (None: half of `steps`)
                   **trainer_kw, # more `Trainer` arguments (device, seed, ...)
                  )->QATModel:
-    "Fine-tune a fake-quantized copy of `model` for `steps` steps; export `strip_qat` of the result with `quantize='int8', calibration=dls`."
+    "Fine-tune a fake-quantized copy of `model` for `steps` steps; export `strip_qat` of the result with `quantize='int8', calibration=` its `.calibration`."
     x = next(iter(dls.train))[0]
     calib = calibration_batches(dls, tuple(x.shape[1:]))
     qm = observe(prepare_qat(model, int8_target, equalize, batchnorm), calib)
