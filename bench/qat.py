@@ -13,7 +13,8 @@ agreement with m (the export report's: 1,064 inputs). For QAT, m is `strip_qat(q
 stores, BatchNorm folded, no activation rounding; the QAT files are calibrated on `qm.calibration`, the inputs QAT last set its ranges from.
 Two more references for each QAT file: `*_latent_fp32` (the fine-tuned latent weights, `strip_qat(qm, on_grid=False)`: the reference
 before weights were exported on their grid) and `*_fake_quant` (the fake-quantized model training optimized; `*_fq_max_steps` is the
-largest |file - fake quant| logit difference in steps of the file's output grid). `qat_loss_vs_control_fp32` compares QAT's file with the
+largest |file - fake quant| logit difference in steps of the file's output grid); `*_on_grid_agreement_with_latent_fp32` compares
+the two fp32 models (weights on the grid or latent), no INT8 file involved. `qat_loss_vs_control_fp32` compares QAT's file with the
 control's fp32 accuracy. Medians of the seeds, per column. Results go to bench/results/qat/<machine>.spread<spread>.json.
 
     OMP_NUM_THREADS=1 python bench/qat.py --spread 4     # seeds 0,1,2 (about 4 minutes a seed on 2 busy cores)
@@ -58,12 +59,13 @@ def one_seed(seed:int, epochs:int, steps:int, lr:float, spread:float)->dict:
         for k, q in dict(qat=qm, qat_fold=qf).items():  # the same file against the other two references
             q8 = torch.from_numpy(run_onnx(onnx_session(Path(d) / f'{k}.onnx'), xs.numpy()))
             step = activation_qparams(q.out.lo.item(), q.out.hi.item())[0]
-            with torch.no_grad(): fq, lat = q.eval()(xs), strip_qat(q, on_grid=False)(xs)
+            with torch.no_grad(): fq, lat, grid = q.eval()(xs), strip_qat(q, on_grid=False)(xs), strip_qat(q)(xs)
             acc = lambda o: 100 * (o[64:].argmax(1) == va.y).float().mean().item()
             agree = lambda a, b: 100 * (a.argmax(1) == b.argmax(1)).float().mean().item()
             refs.update({f'{k}_fake_quant': acc(fq), f'{k}_agreement_with_fake_quant': agree(q8, fq), f'{k}_loss_vs_fake_quant': acc(fq) - acc(q8),
                          f'{k}_fq_max_steps': ((q8 - fq).abs().max() / step).item(), f'{k}_latent_fp32': acc(lat),
-                         f'{k}_agreement_with_latent_fp32': agree(q8, lat), f'{k}_loss_vs_latent_fp32': acc(lat) - acc(q8)})
+                         f'{k}_agreement_with_latent_fp32': agree(q8, lat), f'{k}_loss_vs_latent_fp32': acc(lat) - acc(q8),
+                         f'{k}_on_grid_agreement_with_latent_fp32': agree(grid, lat)})  # fp32 both: what rounding the weights alone changes
         # the control: the same steps of fine-tuning without fake quantization, then post-training INT8 (plain and equalized)
         ctl = Trainer(copy.deepcopy(model), dls, device='cpu', lr=lr, progress=False, verbose=False, plan=False, seed=seed).fit(steps=steps).model.eval()
         ctl_ptq, ctl_cle = ex(ctl, d, 'ctl'), ex(cross_layer_equalize(ctl)[0], d, 'ctl_cle')
@@ -102,7 +104,7 @@ def main():
         print(f"  {k}: INT8 against the control's fp32 loses {med[k + '_loss_vs_control_fp32']:+.2f} pp; against its fake-quantized model "
               f"{med[k + '_loss_vs_fake_quant']:+.2f} pp, agreement {med[k + '_agreement_with_fake_quant']:.2f}% (logits within "
               f"{med[k + '_fq_max_steps']:.1f} output steps); against its latent fp32 weights {med[k + '_loss_vs_latent_fp32']:+.2f} pp, "
-              f"agreement {med[k + '_agreement_with_latent_fp32']:.2f}%")
+              f"agreement {med[k + '_agreement_with_latent_fp32']:.2f}% (its fp32 weights on the grid agree with them {med[k + '_on_grid_agreement_with_latent_fp32']:.2f}%)")
     cpu = next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), platform.machine()) if os.path.exists('/proc/cpuinfo') else platform.machine()
     out = Path(a.out).resolve() if a.out else ROOT / "bench" / "results" / "qat" / f"{platform.machine()}.spread{a.spread:g}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
