@@ -974,6 +974,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                     'netlite_nb/memory/trace.py'),
                                          'netlite_nb.memory.trace._tensor_attrs': ( 'trace.html#_tensor_attrs',
                                                                                     'netlite_nb/memory/trace.py'),
+                                         'netlite_nb.memory.trace._tensors': ('trace.html#_tensors', 'netlite_nb/memory/trace.py'),
                                          'netlite_nb.memory.trace._trace': ('trace.html#_trace', 'netlite_nb/memory/trace.py'),
                                          'netlite_nb.memory.trace._traced_optimizer': ( 'trace.html#_traced_optimizer',
                                                                                         'netlite_nb/memory/trace.py'),
