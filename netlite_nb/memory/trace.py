@@ -425,11 +425,15 @@ def answer(self:AllocationTracker, func, args:tuple, kwargs:dict):
     return out
 
 # %% ../../nbs/01a_trace.ipynb #at7
+_LEAVES = (int, float, complex, str, torch.dtype, torch.device, torch.layout, torch.memory_format, torch.SymInt, torch.SymFloat)
+
 def _tensors(x)->list:
-    "The tensors in `x`, a tensor or lists, tuples and dicts of them (an op's arguments or outputs): what `tree_flatten` finds, at a fraction of its cost per op."
+    "The tensors in `x` (an op's arguments or outputs, a layer's output): what `tree_flatten` finds, at a fraction of its cost per op."
     if isinstance(x, torch.Tensor): return [x]
     if isinstance(x, (list, tuple)): return [t for a in x for t in _tensors(a)]
-    return [t for a in x.values() for t in _tensors(a)] if isinstance(x, dict) else []
+    if isinstance(x, dict): return [t for a in x.values() for t in _tensors(a)]
+    if x is None or isinstance(x, _LEAVES): return []
+    return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]  # a class registered with pytree (a layer's output)
 
 @patch
 def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None):
@@ -505,7 +509,7 @@ def _saved_values(node)->int:
 @patch
 def count_nodes(self:AllocationTracker, out):
     "Hold the heap bytes of the autograd nodes behind `out` that were not counted yet; they live until `free_graph`."
-    todo = [t.grad_fn for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    todo = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
     n = values = 0
     while todo:
         node = todo.pop()
