@@ -1665,6 +1665,35 @@ def test_the_memo_keeps_a_recurrent_trace():
         assert (plan.peak, plan.notes) == (ref_plan.peak, ref_plan.notes)
 
 
+def test_the_memo_answers_a_loop_over_time_whatever_its_step():
+    """A loop over time reads `y[:, t]`, a view at another storage offset each step, as a GRU's own loop reads its input projection:
+    the memo keys the ops on such views without the offset (`AllocationTracker.answer`), so it answers every step after the first
+    from the same entries, and the trace is still the one FakeTensor's own dispatch of every op makes (views placed at their step's
+    offset, `split`'s views of one input, backward's in-place sums)."""
+    import collections
+    from unittest import mock
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    class Scan(nn.Module):
+        def __init__(self): super().__init__(); self.gru, self.rec, self.head = nn.GRU(8, 16, batch_first=True), nn.Linear(16, 16), nn.Linear(16, 10)
+        def forward(self, x):
+            y, h = self.gru(x)[0], x.new_zeros(x.shape[0], 16)
+            for t in range(x.shape[1]):
+                a, b = y[:, t].split(8, -1)
+                h = torch.tanh(self.rec(h) + torch.cat([a.sigmoid(), b], -1))
+            return self.head(h)
+    batch = lambda steps: (torch.randn(4, steps, 8), torch.randint(0, 10, (4,)))
+    indexed = {torch.ops.aten.select.int, torch.ops.aten.select_backward.default}  # the step's index is their own argument
+    def entries(steps):
+        tr = trace_step(Scan(), batch(steps), kernels='cpu').tracker
+        return collections.Counter(k[0] for k in tr.memo if k[0].namespace == 'aten' and k[0] not in indexed)
+    assert entries(6) == entries(12)  # as many entries of each op at 12 steps as at 6: none keyed by the step it ran at
+    model = Scan()
+    FakeTensorMode.cache_clear(); tr = trace_step(model, batch(12), kernels='cpu').tracker
+    FakeTensorMode.cache_clear()
+    with mock.patch.object(AllocationTracker, 'answer', lambda self, func, args, kwargs: func(*args, **kwargs)): ref = trace_step(model, batch(12), kernels='cpu').tracker
+    seen = lambda t: [(s, r.nbytes, r.category, r.phase, r.module, r.born) for s, r in t.events]
+    assert seen(tr) == seen(ref) and tr.kernels == ref.kernels and tr.peak == ref.peak and tr.summed == ref.summed > 0
+
 class _SparseGCN(nn.Module):
     "Graph convolutions over a fixed 300-node ring whose adjacency is a sparse COO buffer; a batch is several signals on the graph."
     def __init__(self, n=300, d=16):
