@@ -1180,6 +1180,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'netlite_nb.optim._one_intraop_thread': ('optim.html#_one_intraop_thread', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._quant_list': ('optim.html#_quant_list', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._sr_generator': ('optim.html#_sr_generator', 'netlite_nb/optim.py'),
+                                  'netlite_nb.optim._steady': ('optim.html#_steady', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim._tables': ('optim.html#_tables', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim.adamw8bit_backend': ('optim.html#adamw8bit_backend', 'netlite_nb/optim.py'),
                                   'netlite_nb.optim.adamw_8bit_reference': ('optim.html#adamw_8bit_reference', 'netlite_nb/optim.py'),
