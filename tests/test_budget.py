@@ -124,8 +124,22 @@ def test_cpu_workspace_model_on_avx2():
     assert ws([mm(1024, 4096, 10), mm(2, 4096, 4096)]) == 0           # not packed, and nothing kept
     assert ws([mm(1024, 4096, 1024), mm(1024, 4096, 4096)]) == mkl_panel(1024, 4096, 1024, 'AVX2') + mkl_panel(1024, 4096, 4096, 'AVX2')
     kernels = trace_step(cnn(), MNIST).tracker.kernels
-    assert ws(kernels) == 6 * MKL_BLOCKING['AVX2']['state']  # the convolutions' state; the head's products are too small to pack
+    mms = [k for k in kernels if k[0] == 'matmul']
+    assert ws(kernels) == 6 * MKL_BLOCKING['AVX2']['state'] + ws(mms) and 0 < ws(mms) < 8192  # the convolutions' state; the head's small products pack (10 inner values, 32 columns) into one small buffer
     assert mkl_isa('AVX2') == 'AVX2' and mkl_isa('SVE256') == mkl_isa('DEFAULT') == 'AVX512'  # unmeasured ISAs: the larger buffers
+
+
+def test_mkl_pool_on_avx2_shapes_it_was_not_read_on():
+    "AVX2's rule (a product takes the smallest pooled buffer it asks no more than, else a new one; each holds the largest panel written to it) against a real run of products none of its figures came from."
+    from netlite_nb.memory.cpu import cpu_vendor, measure_matmul_pool
+    if not (sys.platform.startswith('linux') and torch.backends.mkl.is_available() and torch.backends.cpu.get_cpu_capability() == 'AVX2'
+            and cpu_vendor() == 'AuthenticAMD' and torch.get_num_threads() == 1):
+        pytest.skip("the pool rule was read off MKL's AVX2 kernels on an AMD CPU, one thread; this CPU runs others (calibrate=True measures them)")
+    mm = lambda M, K, N: ('matmul', 1, M, K, N, 'torch.float32')
+    for seq in ([[700, 300, 2000], [64, 900, 5000], [2000, 64, 700], [300, 700, 64]],  # a larger panel asks for less: the first buffer serves it
+                [[30, 300, 5000], [5000, 30, 300], [900, 70, 40], [96, 40, 12000], [40, 96, 12000]]):  # wide and short: requests outgrow panels
+        model, got = cpu_workspace_bytes([mm(*s) for s in seq], 'AVX2'), measure_matmul_pool(seq)
+        assert abs(got - model) <= 0.05 * got, (seq, got, model)
 
 
 def test_measured_matmul_buffers_replace_the_model():

@@ -25,23 +25,26 @@ from .trace import (
 from .heap import _glibc_note, glibc_replay, on_glibc, replay_note
 
 # %% auto #0
-__all__ = ['MKL_BLOCKING', 'ONEDNN_MATMUL_STATE', 'MALLOC_ENV', 'mkl_isa', 'mkl_panel', 'onednn_lowp', 'on_onednn',
+__all__ = ['MKL_BLOCKING', 'ONEDNN_MATMUL_STATE', 'MALLOC_ENV', 'mkl_isa', 'mkl_panel', 'mkl_request', 'onednn_lowp', 'on_onednn',
            'cpu_workspace_bytes', 'conv_backend', 'is_channels_last', 'as_laid_out', 'cpu_conv_scratch',
            'conv_layout_copies', 'contiguous_copies', 'promotion_copies', 'attention_scratch', 'matrix_exp_scratch',
            'ctc_scratch', 'fake_quant_scratch', 'deform_conv_scratch', 'fft_scratch', 'flash_gemms', 'upsample_copies',
            'lstm_workspace', 'lstm_brgemm', 'calibration_segment', 'cpu_kernel_path', 'CpuKernels', 'calibration_file',
            'calibration_cache', 'clear_calibration', 'conv_key', 'mm_key', 'hwm_growth', 'free_blas_buffers', 'op_arg',
-           'op_func', 'heap_in_use', 'run_in_child', 'measure_conv_scratch', 'calibrate_kernels', 'cpu_vendor',
-           'kernel_model_covers_this_cpu', 'cpu_terms']
+           'op_func', 'heap_in_use', 'run_in_child', 'measure_conv_scratch', 'calibrate_kernels', 'measure_matmul_pool',
+           'cpu_vendor', 'kernel_model_covers_this_cpu', 'cpu_terms']
 
 # %% ../../nbs/01c_cpu.ipynb #c073
 # MKL's fp32 matmul packing on each ISA, read off `python bench/budget_accuracy.py --gemm` (torch 2.14.1's MKL, one thread):
-# kc rows of B (the K dimension) are packed at a time (a K up to 2 kc in two halves), at most n_max of its columns, and
-# m_block rows of A: the whole block whatever M is on AVX-512, min(M, m_block) rows on AVX2. Products with fewer than min_m
-# rows or min_n columns are not packed. state / mm_state: bytes kept per distinct oneDNN convolution / unpacked matmul shape.
+# kc rows of B (the K dimension) are packed at a time (a K up to 2 kc in two halves), at most n_max of its columns (rounded up
+# to n_round), and m_block rows of A: the whole block whatever M is on AVX-512, min(M, m_block) rows on AVX2. Products with
+# fewer than min_m rows, min_n columns or min_k inner values are not packed. state / mm_state: bytes kept per distinct oneDNN
+# convolution / unpacked matmul shape. request (AVX2, read off bench/malloc_trace.c): what MKL mallocs for a product's buffer,
+# head + 4 B x kc' x (2 min(M, m_block) + N'), kc' at least request_kc for K up to that; it keeps the buffer in its own pool.
 MKL_BLOCKING = {
-    'AVX512': dict(kc=384, n_max=9984, m_block=648, whole_block=True, min_m=385, min_n=192, state=136*1024, mm_state=136*1024), # a Xeon
-    'AVX2': dict(kc=192, n_max=6400, m_block=384, whole_block=False, min_m=4, min_n=64, state=122*1024, mm_state=0)}  # an AMD EPYC
+    'AVX512': dict(kc=384, n_max=9984, m_block=648, whole_block=True, min_m=385, min_n=192, min_k=1, n_round=1, state=136*1024, mm_state=136*1024), # a Xeon
+    'AVX2': dict(kc=192, n_max=6400, m_block=384, whole_block=False, min_m=4, min_n=12, min_k=2, n_round=16, state=122*1024, mm_state=0,
+                 request=dict(head=17056, kc=128))}  # an AMD EPYC
 # oneDNN's bf16/fp16 matmul primitives: heap bytes kept per primitive (`--gemm` part 6, glibc's mallinfo2), with bf16/fp16
 # instructions (AVX512_BF16, AMX) and where oneDNN converts with plain AVX-512 (the median with ONEDNN_MAX_CPU_ISA=AVX512_CORE)
 ONEDNN_MATMUL_STATE = {'native': 560 * 1024, 'emulated': 44 * 1024}
@@ -50,12 +53,23 @@ def mkl_isa(isa:str|None=None)->str:
     "The measured row of `MKL_BLOCKING` for `isa` (default: this CPU's); an ISA not measured yet gets AVX-512's larger buffers."
     return 'AVX2' if (isa or torch.backends.cpu.get_cpu_capability()) == 'AVX2' else 'AVX512'
 
+def _mkl_kc(K:int, g:dict)->int: return K if K <= g['kc'] else math.ceil(K / 2) if K <= 2 * g['kc'] else g['kc']
+
 def mkl_panel(M:int, K:int, N:int, isa:str|None=None)->int:
     "Resident bytes of MKL's packing buffers for one fp32 (M x K) @ (K x N) product; 0 for a product it does not pack."
     g = MKL_BLOCKING[mkl_isa(isa)]
-    if M < g['min_m'] or N < g['min_n']: return 0
-    kc = K if K <= g['kc'] else math.ceil(K / 2) if K <= 2 * g['kc'] else g['kc']
-    return 4 * kc * (min(N, g['n_max']) + (g['m_block'] if g['whole_block'] else min(M, g['m_block'])))
+    if M < g['min_m'] or N < g['min_n'] or K < g['min_k']: return 0
+    n = min(math.ceil(N / g['n_round']) * g['n_round'], g['n_max'])
+    return 4 * _mkl_kc(K, g) * (n + (g['m_block'] if g['whole_block'] else min(M, g['m_block'])))
+
+def mkl_request(M:int, K:int, N:int, isa:str|None=None)->int|None:
+    "Bytes MKL mallocs for one fp32 product's packing buffer (0: not packed), where measured (AVX2); None where not: the panel stands for it."
+    g = MKL_BLOCKING[mkl_isa(isa)]
+    if 'request' not in g: return None
+    if not mkl_panel(M, K, N, isa): return 0
+    r, n = g['request'], min(math.ceil(N / g['n_round']) * g['n_round'], g['n_max'])
+    kc = r['kc'] if K <= r['kc'] else K if K <= g['kc'] else min(g['kc'], K // 2)  # sized for K rounded differently from what is packed
+    return r['head'] + 4 * kc * (2 * min(M, g['m_block']) + n)
 
 def onednn_lowp(dtype:str)->str|None:
     "How this CPU's PyTorch runs a matmul in `dtype`: on oneDNN with bf16/fp16 instructions ('native'), on oneDNN converting ('emulated'), or not on oneDNN (None)."
@@ -83,6 +97,16 @@ def _keeps_state(k:tuple)->bool:
     return conv_backend(x, w, tuple(stride), tuple(padding), tuple(dilation), transposed, groups, dtype, torch.get_num_threads()) in ('Mkldnn', 'MkldnnTranspose')
 
 # %% ../../nbs/01c_cpu.ipynb #c073b
+def _pool_buffer(pool:list, req:int, touched:int)->int:
+    "Bytes a product adds to MKL's pool of kept buffers: it takes the smallest free one of at least `req` bytes (resident as far as any product wrote it), else a new one."
+    fits = [b for b in pool if b[0] >= req]
+    if not fits:
+        pool.append([req, touched])
+        return touched
+    b = min(fits, key=lambda b: b[0])
+    grown, b[1] = max(0, touched - b[1]), max(b[1], touched)
+    return grown
+
 def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls and convolutions in the order they ran
                         isa:str|None=None, # the CPU's ISA, 'AVX2' or 'AVX512'; default: this machine's
                         measured:dict|None=None, # matmul buffers measured on this machine, by key (`calibrate_kernels`); None: the model
@@ -90,7 +114,7 @@ def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls
     "Memory the CPU math libraries keep for a step's kernels: MKL's matmul packing buffers, oneDNN's low-precision matmul primitives, per-shape kernel state."
     g = MKL_BLOCKING[mkl_isa(isa)]
     total = held = 0
-    seen = set()
+    seen, pool = set(), []  # pool: MKL's kept buffers, [bytes asked, bytes resident]
     for k in kernels:
         if k[0] == 'matmul' and (how := on_onednn(k)):  # oneDNN keeps a primitive per shape, layout and added term
             if k not in seen: total += measured[key][0] if measured and (key := mm_key(k)[0]) in measured else ONEDNN_MATMUL_STATE[how]
@@ -104,10 +128,15 @@ def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls
             continue
         key = mm_key(k)[0] if measured else None
         known = key in (measured or {})  # measured: what it keeps, state included (with more threads, small products pack too)
-        panel = measured[key][0] if known else mkl_panel(*k[2:5], isa) if k[5] == 'torch.float32' else 0
+        fp32 = k[5] == 'torch.float32'
+        if not known and fp32 and (req := mkl_request(*k[2:5], isa)) is not None:
+            if req: total += _pool_buffer(pool, req, mkl_panel(*k[2:5], isa))
+            continue
+        panel = measured[key][0] if known else mkl_panel(*k[2:5], isa) if fp32 else 0
         if panel > held: total, held = total + panel, panel  # a bigger product gets new buffers; the smaller ones stay cached
         elif panel == 0 and new and not known: total += g['mm_state']
     return total
+
 
 # %% ../../nbs/01c_cpu.ipynb #kp1
 _CPU_BLOCK = 16 if 'AVX512' in torch.backends.cpu.get_cpu_capability() else 8  # channels per block in oneDNN's blocked layouts
@@ -724,6 +753,23 @@ def calibrate_kernels(specs:list, # convolution and matmul specs a trace collect
     f.write_text(json.dumps(table))
     calibration_cache.cache_clear()
     return table
+
+# %% ../../nbs/01c_cpu.ipynb #cal4p
+def _measure_matmul_pool(specs:list)->int:
+    "Run in a fresh process: anonymous resident bytes MKL keeps after fp32 products [M, K, N] run in order from an empty pool (their code faulted in first, outputs written before)."
+    xs = [(torch.randn(M, K), torch.randn(K, N), torch.zeros(M, N)) for M, K, N in specs]
+    for a, b, y in xs: torch.mm(a, b, out=y)  # loads each path's code: file-backed pages, not what MKL keeps
+    free_blas_buffers(); gc.collect()
+    anon = lambda: int(next(l.split()[1] for l in Path('/proc/self/status').read_text().splitlines() if l.startswith('RssAnon'))) * 1024
+    before = anon()
+    for a, b, y in xs: torch.mm(a, b, out=y)
+    return anon() - before
+
+def measure_matmul_pool(specs:list, # fp32 products [M, K, N], in the order a step runs them
+                       )->int:
+    "Bytes MKL keeps for a sequence of fp32 products, measured in a fresh Python process on this CPU (Linux), one thread."
+    return run_in_child('_measure_matmul_pool', specs)
+
 
 # %% ../../nbs/01c_cpu.ipynb #71b4a392
 def cpu_vendor()->str:
