@@ -25,7 +25,7 @@ from .trace import (
 from .heap import _glibc_note, glibc_replay, on_glibc, replay_note
 
 # %% auto #0
-__all__ = ['MKL_BLOCKING', 'ONEDNN_MATMUL_STATE', 'MALLOC_ENV', 'mkl_isa', 'mkl_panel', 'mkl_request', 'onednn_lowp', 'on_onednn',
+__all__ = ['MKL_BLOCKING', 'ONEDNN_MATMUL_STATE', 'MALLOC_ENV', 'mkl_isa', 'mkl_panel', 'onednn_lowp', 'on_onednn', 'mkl_request',
            'cpu_workspace_bytes', 'conv_backend', 'is_channels_last', 'as_laid_out', 'cpu_conv_scratch',
            'conv_layout_copies', 'contiguous_copies', 'promotion_copies', 'attention_scratch', 'matrix_exp_scratch',
            'ctc_scratch', 'fake_quant_scratch', 'deform_conv_scratch', 'fft_scratch', 'flash_gemms', 'upsample_copies',
@@ -62,15 +62,6 @@ def mkl_panel(M:int, K:int, N:int, isa:str|None=None)->int:
     n = min(math.ceil(N / g['n_round']) * g['n_round'], g['n_max'])
     return 4 * _mkl_kc(K, g) * (n + (g['m_block'] if g['whole_block'] else min(M, g['m_block'])))
 
-def mkl_request(M:int, K:int, N:int, isa:str|None=None)->int|None:
-    "Bytes MKL mallocs for one fp32 product's packing buffer (0: not packed), where measured (AVX2); None where not: the panel stands for it."
-    g = MKL_BLOCKING[mkl_isa(isa)]
-    if 'request' not in g: return None
-    if not mkl_panel(M, K, N, isa): return 0
-    r, n = g['request'], min(math.ceil(N / g['n_round']) * g['n_round'], g['n_max'])
-    kc = r['kc'] if K <= r['kc'] else K if K <= g['kc'] else min(g['kc'], K // 2)  # sized for K rounded differently from what is packed
-    return r['head'] + 4 * kc * (2 * min(M, g['m_block']) + n)
-
 def onednn_lowp(dtype:str)->str|None:
     "How this CPU's PyTorch runs a matmul in `dtype`: on oneDNN with bf16/fp16 instructions ('native'), on oneDNN converting ('emulated'), or not on oneDNN (None)."
     if dtype not in ('torch.bfloat16', 'torch.float16') or not torch.backends.mkldnn.enabled: return None
@@ -95,6 +86,17 @@ def _keeps_state(k:tuple)->bool:
     stride, padding, dilation, transposed, _, groups = (ast.literal_eval(a) for a in (k[4:10] if fwd else k[5:11]))
     dtype = getattr(torch, k[-1].split('.')[-1]) if str(k[-1]).startswith('torch.') else torch.float32  # bf16 convolutions always go to oneDNN
     return conv_backend(x, w, tuple(stride), tuple(padding), tuple(dilation), transposed, groups, dtype, torch.get_num_threads()) in ('Mkldnn', 'MkldnnTranspose')
+
+# %% ../../nbs/01c_cpu.ipynb #c073r
+def mkl_request(M:int, K:int, N:int, isa:str|None=None)->int|None:
+    "Bytes MKL mallocs for one fp32 product's packing buffer (0: not packed), where measured (AVX2); None where not: the panel stands for it."
+    g = MKL_BLOCKING[mkl_isa(isa)]
+    if 'request' not in g: return None
+    if not mkl_panel(M, K, N, isa): return 0
+    r, n = g['request'], min(math.ceil(N / g['n_round']) * g['n_round'], g['n_max'])
+    kc = r['kc'] if K <= r['kc'] else K if K <= g['kc'] else min(g['kc'], K // 2)  # sized for K rounded differently from what is packed
+    return r['head'] + 4 * kc * (2 * min(M, g['m_block']) + n)
+
 
 # %% ../../nbs/01c_cpu.ipynb #c073b
 def _pool_buffer(pool:list, req:int, touched:int)->int:
@@ -801,7 +803,7 @@ def cpu_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
     raw = tr.peak
     return raw + ws + rounding, raw + ws + rounding, {'CPU kernel workspace': ws, 'allocator rounding': rounding}, [_glibc_note()] * on_glibc() + replay_note(tr) + [
         f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, {g['kc']}) x (N + up to {g['m_block']}) "
-        f"for each product that needs more than the ones before it), {g['state'] // 1024} KiB per oneDNN convolution shape"
+        f"for each product that needs more than the ones before it; on AVX2 each buffer of MKL's pool, `mkl_request`), {g['state'] // 1024} KiB per oneDNN convolution shape"
         + (f" and {ONEDNN_MATMUL_STATE[how] // 1024} KiB per oneDNN bf16/fp16 matmul primitive (shape, layout, bias)" if (how := onednn_lowp('torch.bfloat16')) else '')
         + ", kept for the life of the process; " + ("matmuls measured on this machine by calibration" if tr.measured else
         f"the {isa} model" + ('' if cap == isa else f" (this CPU reports {cap}, not measured yet: calibrate=True measures it)"))
