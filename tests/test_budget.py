@@ -142,6 +142,23 @@ def test_mkl_pool_on_avx2_shapes_it_was_not_read_on():
         assert abs(got - model) <= 0.05 * got, (seq, got, model)
 
 
+@pytest.mark.skipif(not sys.platform.startswith('linux') or __import__('platform').machine() not in ('x86_64', 'AMD64'), reason="oneDNN's x86 kernels; Linux's high-water mark")
+def test_3d_conv_backward_on_avx2_kernels_holds_against_real_runs():
+    "On AVX2 kernels oneDNN's jit weight gradient refuses a padded or dilated depth, so a 3-D convolution's takes gemm on plain layouts (im2col of one depth slice per thread): its backward scratch is the input gradient's blocked copies or the columns, not both blocked copies on top of the gradients."
+    if torch.backends.cpu.get_cpu_capability() != 'AVX2' or torch.get_num_threads() != 1:
+        pytest.skip("the rule is oneDNN's AVX2 path, one thread; this CPU runs other kernels (calibrate=True measures them)")
+    from netlite_nb.memory.cpu import measure_conv_scratch, cpu_conv_scratch
+    A = torch.ops.aten
+    cases = [(2, 16, 20, 24, 3, 1, 1, 1, True), (2, 16, 18, 32, 3, 2, 1, 1, True), (3, 24, 14, 8, 3, 1, 1, 1, False), (2, 8, 16, 8, 3, 1, 2, 2, True)]  # b, in, size, out, k, stride, pad, dilation, x needs grad
+    for b, c, s, o, k, st, p, d, xg in cases:
+        spec = ['backward', [c, s, s, s], [o, c, k, k, k], [st] * 3, [p] * 3, [d] * 3, 1, 'float32', xg, False, b]
+        got = measure_conv_scratch([spec], (b,))[0][0]
+        x, w = torch.empty(b, c, s, s, s, device='meta'), torch.empty(o, c, k, k, k, device='meta')
+        y = A.convolution(x, w, None, [st] * 3, [p] * 3, [d] * 3, False, [0] * 3, 1)
+        model = cpu_conv_scratch(A.convolution_backward.default, (y, x, w, [o], [st] * 3, [p] * 3, [d] * 3, False, [0] * 3, 1, [xg, True, False]), None)
+        assert 0.95 * got - 2**18 <= model <= 1.25 * got + 2**18, (spec, got, model)  # the safe side, within a quarter (and 256 KiB: columns of padded positions are not all written)
+
+
 def test_measured_matmul_buffers_replace_the_model():
     "A calibrated plan takes each matmul's kept bytes from the measurement, by shape; sizes past MKL's blocking share one key."
     k = ('matmul', 1, 4096, 4096, 4096, 'torch.float32')

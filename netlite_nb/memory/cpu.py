@@ -41,6 +41,7 @@ __all__ = ['MKL_BLOCKING', 'ONEDNN_MATMUL_STATE', 'MALLOC_ENV', 'mkl_isa', 'mkl_
 # fewer than min_m rows, min_n columns or min_k inner values are not packed. state / mm_state: bytes kept per distinct oneDNN
 # convolution / unpacked matmul shape. request (AVX2, read off bench/malloc_trace.c): what MKL mallocs for a product's buffer,
 # head + 4 B x kc' x (2 min(M, m_block) + N'), kc' at least request_kc for K up to that; it keeps the buffer in its own pool.
+# (Its first packed product also keeps a 68 KiB block, which lands in the heap's free chunks: not counted.)
 MKL_BLOCKING = {
     'AVX512': dict(kc=384, n_max=9984, m_block=648, whole_block=True, min_m=385, min_n=192, min_k=1, n_round=1, state=136*1024, mm_state=136*1024), # a Xeon
     'AVX2': dict(kc=192, n_max=6400, m_block=384, whole_block=False, min_m=4, min_n=12, min_k=2, n_round=16, state=122*1024, mm_state=0,
@@ -191,6 +192,29 @@ def _channels_last_scratch(fwd:bool, w, groups:int, n:int)->int:
     wide_depthwise = groups > 1 and w.shape[1] == 1 and max(w.shape[2:]) > 3
     return copy + max(2 * wts, groups * _CPU_BLOCK**2 * math.prod(w.shape[2:]) * n if wide_depthwise else 0)
 
+# %% ../../nbs/01c_cpu.ipynb #kp2g
+def _gemm_weight_grad(x, w, stride, padding, dilation)->bool:
+    "Does oneDNN compute this convolution's weight gradient with its gemm kernel (`x64:gemm:jit` in ONEDNN_VERBOSE) on plain layouts? 3-D fp32 on AVX2 kernels where the depth is padded or dilated: its AVX2 jit kernel refuses those (`jit_avx2_conv_bwd_weights_kernel_f32::init_conf`)."
+    if x.dim() != 5 or _CPU_BLOCK != 8 or x.dtype != torch.float32: return False
+    od = (x.shape[2] + 2 * padding[0] - dilation[0] * (w.shape[2] - 1) - 1) // stride[0] + 1
+    back_pad = max(0, (od - 1) * stride[0] + w.shape[2] - x.shape[2] - padding[0])
+    return padding[0] != 0 or back_pad != 0 or any(d != 1 for d in dilation)
+
+def _gemm_backward_scratch(x, w, y, stride, padding, xgrad:bool, src:int, dst:int, strided:bool)->int:
+    "Backward scratch beyond both gradients where the input's gradient runs blocked and the weights' on gemm (`_gemm_weight_grad`)."
+    n, threads = x.element_size(), torch.get_num_threads()
+    dx, dw = n * x.numel() * xgrad, n * w.numel()
+    os_ = math.prod(y.shape[3:])  # gemm_convolution_utils: one output depth slice's positions at a time (jcp.os = oh * ow)
+    view = all(k == 1 for k in w.shape[2:]) and all(s == 1 for s in stride) and not any(padding)  # a 1x1x1 reads the input as columns
+    nthr = threads if threads > 1 and os_ / threads < 256 and x.shape[0] != 1 else 1  # outer threading: a column buffer per thread
+    col = 0 if view else n * nthr * x.shape[1] * math.prod(w.shape[2:]) * os_
+    gemm = col + (nthr * dw if nthr > 1 else 0)  # each thread's weight gradient, reduced after; one thread writes dw itself
+    # the input's gradient: the output's gradient and the input's, blocked, then the blocked one copied out into dx (the strided
+    # kernel: the input's gradient twice in its own layout, then dx)
+    data = max(dst + src, src + dx, 3 * dx if strided else 0) if xgrad else 0
+    return max(data, dx + dw + gemm) - dx - dw
+
+
 # %% ../../nbs/01c_cpu.ipynb #kp2
 def _strided_kernel(c_in:int, c_out:int, groups:int, stride)->bool:
     "Does oneDNN's backward pass for the input's gradient take its strided kernel (`brgconv_strided`)? Strides above one, groups of more than a block."
@@ -213,6 +237,8 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
         if x.shape[1] < _CPU_BLOCK and (fwd or not (args[10][0] or one_by_one)):  # a first layer's few channels are read in place (a 1x1's weight gradient copies them)
             src = n * x.numel() if acc and not fwd else 0  # in half precision the weights' gradient pass copies them, unblocked
         if fwd: return max(src, dst, acc * y.numel()) + wts  # the weights are reordered as well, alongside the larger activation copy
+        if _gemm_weight_grad(x, w, stride, padding, dilation):
+            return _gemm_backward_scratch(x, w, y, stride, padding, args[10][0], src, dst, _strided_kernel(x.shape[1] // groups, w.shape[0] // groups, groups, stride))
         # backward's two passes (the input's gradient, with the weights reordered; the weights', with the activations) hold their
         # scratch in turn; an input of a few channels is copied only when it needs a gradient
         held = max(dst + src, wts if args[10][0] else 0, acc * x.numel() if args[10][0] else 0, acc * w.numel() if args[10][1] else 0)  # half precision: both gradients in fp32
