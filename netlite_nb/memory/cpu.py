@@ -835,7 +835,8 @@ def cpu_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
         f"the {isa} model" + ('' if cap == isa else f" (this CPU reports {cap}, not measured yet: calibrate=True measures it)"))
         + ", read off `python bench/budget_accuracy.py --gemm` with one thread. "
         "More threads pack more: not included",
-        "kernel scratch is placed at its op: oneDNN's blocked copies inside each convolution (im2col for PyTorch's fallback); "
+        "kernel scratch is placed at its op: oneDNN's blocked copies inside each convolution (im2col for PyTorch's fallback; "
+        "on AVX2 a 3-D weight gradient's gemm columns, one depth slice per thread); "
         "the copies ATen makes of inputs that are not contiguous (LayerNorm, softmax) or not of the common dtype (mixed-dtype "
         "elementwise ops, a bf16 mean), dropout's mask, fused attention's fp32 accumulators and MKL's FFT copies; "
         "oneDNN's LSTM workspace is traced as the tensor it is, and models with recurrent layers or attention follow the CPU's "
