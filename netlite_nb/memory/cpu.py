@@ -132,8 +132,8 @@ def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls
         key = mm_key(k)[0] if measured else None
         known = key in (measured or {})  # measured: what it keeps, state included (with more threads, small products pack too)
         fp32 = k[5] == 'torch.float32'
-        if not known and fp32 and (req := mkl_request(*k[2:5], isa)) is not None:
-            if req: total += _pool_buffer(pool, req, mkl_panel(*k[2:5], isa))
+        if fp32 and (req := mkl_request(*k[2:5], isa)) is not None:  # MKL's pool: calibration measures what a product writes, not which buffer it gets
+            if req: total += _pool_buffer(pool, req, measured[key][0] if known else mkl_panel(*k[2:5], isa))
             continue
         panel = measured[key][0] if known else mkl_panel(*k[2:5], isa) if fp32 else 0
         if panel > held: total, held = total + panel, panel  # a bigger product gets new buffers; the smaller ones stay cached
@@ -829,7 +829,8 @@ def cpu_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
     raw = tr.peak
     return raw + ws + rounding, raw + ws + rounding, {'CPU kernel workspace': ws, 'allocator rounding': rounding}, [_glibc_note()] * on_glibc() + replay_note(tr) + [
         f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, {g['kc']}) x (N + up to {g['m_block']}) "
-        f"for each product that needs more than the ones before it; on AVX2 each buffer of MKL's pool, `mkl_request`), {g['state'] // 1024} KiB per oneDNN convolution shape"
+        + ("of the largest product each kept buffer served: MKL pools them, a product taking the smallest one at least as large as it asks for (`mkl_request`)" if 'request' in g else
+           "for each product that needs more than the ones before it") + f"), {g['state'] // 1024} KiB per oneDNN convolution shape"
         + (f" and {ONEDNN_MATMUL_STATE[how] // 1024} KiB per oneDNN bf16/fp16 matmul primitive (shape, layout, bias)" if (how := onednn_lowp('torch.bfloat16')) else '')
         + ", kept for the life of the process; " + ("matmuls measured on this machine by calibration" if tr.measured else
         f"the {isa} model" + ('' if cap == isa else f" (this CPU reports {cap}, not measured yet: calibrate=True measures it)"))
