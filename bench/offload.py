@@ -8,10 +8,13 @@ On the CPU (the host is the device, so nothing is saved; what is measured is the
   - the planner's host rows (optimizer state, saved activations) against the bytes the real mechanisms hold.
 Planned (no GPU needed): for each card, the largest GPT-style model (4 blocks, width d, sequence 256, batch 8, AdamW) that fits
 with the best plan without the offload levers (8-bit AdamW state and checkpointing; on cards with bf16 arithmetic also bf16 weights)
-and with them (half-precision weights on the card, fp32 masters, AdamW state and gradients on the host, checkpointed segments'
-inputs in host memory), each with its estimated compute and offload time per step (`step_seconds`, `offload_seconds`). The GPU figures are estimates until `bench/gpu_check.py` runs on a card.
+and with them (half-precision weights on the card, fp32 masters, AdamW state (fp32 or 8-bit, whichever plan fits) and gradients on the host,
+checkpointed segments' inputs in host memory; on cards with bf16 arithmetic also bf16 weights with stochastic rounding and 8-bit state on
+the host, with no fp32 masters), each with its estimated compute and offload time per step (`step_seconds`, `offload_seconds`). The GPU figures are estimates until `bench/gpu_check.py` runs on a card.
+The plans with the levers are made for stated hosts (`--hosts`, GiB of RAM), not this machine: what the offloads hold on the host
+(pinned and pageable, with the pinned allocator's rounding) must fit `host_budget(ram)`, as the card's bytes must fit the card.
 
-    python bench/offload.py [--repeats 5] [--steps 5] [--cards 'gtx 1050 ti' 'gtx 1650' 'rtx 3060']
+    python bench/offload.py [--repeats 5] [--steps 5] [--cards 'gtx 1050 ti' 'gtx 1650' 'rtx 3060'] [--hosts 32 64 128] [--reuse-without]
 """
 import argparse, copy, json, math, os, platform, statistics, sys, time
 os.environ.setdefault('OMP_NUM_THREADS', '1')
@@ -23,7 +26,7 @@ from netlite_nb.memory.trace import resolve_target
 from netlite_nb.layers import memory_transform
 from netlite_nb.memory.trace import make_optimizer
 from netlite_nb.optim import bf16_weights, state_bytes
-from netlite_nb.offload import (HostOptimizer, StepInBackward, half_weights_bf16, half_weights_fp16, offload_activations, offload_hooks,
+from netlite_nb.offload import (HostOptimizer, StepInBackward, half_weights_bf16, half_weights_fp16, host_budget, offload_activations, offload_hooks,
                                 offload_seconds, step_seconds)
 from netlite_nb.probe import lookup_gpu
 
@@ -80,14 +83,14 @@ def host_terms(d=128, seq=64, batch=8):
     with torch.autograd.graph.saved_tensors_hooks(spy, unpack): out = m(x)
     F.mse_loss(out, x).backward(); opt.step()
     return dict(saved_activations=dict(planned=plan.host['host: saved activations (pinned)'], measured=sum(held)),
-                optimizer_state=dict(planned=plan.host['host: optimizer state (pinned)'], measured=state_bytes(opt.inner)))
+                optimizer_state=dict(planned=plan.host['host: optimizer state (pageable)'], measured=state_bytes(opt.inner)))
 
-def fits(card, d, options, seq, batch):
-    "The best (smallest) plan among `options` (optimizer, precision, transform) for width `d` on `card`: (fits, plan, model, batch)."
+def fits(card, d, options, seq, batch, host=None):
+    "The best (smallest) plan among `options` (optimizer, precision, transform) for width `d` on `card` with `host` bytes of host budget: (fits, plan, model, batch)."
     b = (torch.empty(batch, seq, d, device='meta'), torch.empty(batch, seq, d, device='meta'))
     with torch.device('meta'): model = gpt(d)  # shapes only: a plan never reads the weights, and a 3-billion-parameter model would not fit here
-    plans = [plan_memory(model, b, loss_fn=F.mse_loss, device_or_gpu=card, optimizer=o, precision=p, transform=t) for o, p, t in options]
-    best = min(plans, key=lambda p: p.total)
+    plans = [plan_memory(model, b, loss_fn=F.mse_loss, device_or_gpu=card, optimizer=o, precision=p, transform=t, host_budget=host) for o, p, t in options]
+    best = min(plans, key=lambda p: (not p.fits, p.total))
     return best.fits, best, model, b
 
 def _bisect(ok, lo, hi):
@@ -101,16 +104,19 @@ def _bracket(card, ok, bytes_per_param):
     "(lo, hi) around the width whose weights, gradients and state take `card` at `bytes_per_param`: ok(lo), not ok(hi)."
     guess = int(math.sqrt(lookup_gpu(card).memory_bytes / bytes_per_param / 48))  # a block has about 12 d² weights; 4 blocks
     lo, hi = max(128, int(guess * 0.6) // 128 * 128), int(guess * 1.4) // 128 * 128 + 128
-    if not ok(lo): raise RuntimeError(f"{card}: width {lo} does not fit either; lower the bracket")
+    while not ok(lo):  # the host, not the card, may bound it: halve down
+        if lo == 128: raise RuntimeError(f"{card}: not even width 128 fits")
+        lo, hi = max(128, lo // 2 // 128 * 128), lo
     if ok(hi): raise RuntimeError(f"{card}: width {hi} fits too; raise the bracket")
     return lo, hi
 
-def largest(card, options, seq, batch, bytes_per_param, proxy=None):
+def largest(card, options, seq, batch, bytes_per_param, proxy=None, host=None):
     """The largest width (a multiple of 128) whose best plan among `options` fits `card`, that plan and its estimated time.
     With `proxy` (options that are cheaper to plan: chapter 03's 8-bit step is traced chunk by chunk, minutes a plan at these sizes),
     the proxy plans find the boundary, corrected by the bytes per parameter the real options save over the proxy at one width
-    (optimizer state: proportional to the parameters); real plans then confirm it: the width fits and the next one does not."""
-    ok = lambda d, opts=options: fits(card, d, opts, seq, batch)[0]
+    (optimizer state: proportional to the parameters); real plans then confirm it: the width fits and the next one does not.
+    `host`: the bytes of host memory the offloads may hold (`host_budget`), checked like the card's."""
+    ok = lambda d, opts=options: fits(card, d, opts, seq, batch, host)[0]
     if proxy is None: d = _bisect(ok, *_bracket(card, ok, bytes_per_param))
     else:
         dp = _bisect(lambda d: ok(d, proxy), *_bracket(card, lambda d: ok(d, proxy), bytes_per_param * 1.6))
@@ -124,17 +130,25 @@ def largest(card, options, seq, batch, bytes_per_param, proxy=None):
             while ok(d + 128): d += 128
         else:
             while not ok(d): d -= 128
-    _, plan, model, b = fits(card, d, options, seq, batch)
+    _, plan, model, b = fits(card, d, options, seq, batch, host)
+    nxt = fits(card, d + 128, options, seq, batch, host)[1]  # what the next width runs out of: the card, the host, or both
+    stopped_by = [k for k, full in (('card', nxt.total > nxt.budget), ('host', nxt.host_fits is False)) if full]
     target = resolve_target(card)
     compute, how_compute = step_seconds(model, b, target)
-    bus, host = plan.host.get('bus per step', 0), plan.host.get('host traffic per step', 0)
-    offload, how_offload = offload_seconds(bus, host, target)
+    bus, traffic = plan.host.get('bus per step', 0), plan.host.get('host traffic per step', 0)
+    offload, how_offload = offload_seconds(bus, traffic, target)
     return dict(width=d, params=plan.params, total=plan.total, how=f"{plan.optimizer}, {plan.precision}, {plan.transform or 'no transform'}",
-                bus_bytes=bus, host_traffic_bytes=host, host_held_bytes=sum(v for k, v in plan.host.items() if k.startswith('host:')),
-                compute_s=round(compute, 4), offload_s=round(offload if bus or host else 0.0, 4), how_compute=how_compute,
-                how_offload=how_offload if bus or host else 'nothing offloaded')
+                bus_bytes=bus, host_traffic_bytes=traffic, host_held_bytes=plan.host_held, host_budget=plan.host_budget,
+                host_rows={k: v for k, v in plan.host.items() if k.startswith('host:')}, stopped_by=stopped_by,
+                compute_s=round(compute, 4), offload_s=round(offload if bus or traffic else 0.0, 4), how_compute=how_compute,
+                how_offload=how_offload if bus or traffic else 'nothing offloaded', **_stamp())
 
-def largest_models(cards, seq=256, batch=8):
+def _stamp():
+    "When and at which commit a row was planned (rows of several runs share one file)."
+    return dict(date=time.strftime('%Y-%m-%dT%H:%M:%S%z'), commit=_git('rev-parse', '--short=10', 'HEAD') or None)
+
+def largest_models(cards, hosts_gib, seq=256, batch=8, stored=None):
+    "Per card: the largest model without the levers (taken from `stored` rows, which hold nothing on the host, when given) and with them on each host."
     ck = memory_transform(True)
     out = []
     for card in cards:
@@ -147,8 +161,16 @@ def largest_models(cards, seq=256, batch=8):
         # with them: half-precision weights on the card (fp16 where bf16 is emulated), fp32 masters, state and gradients on the host,
         # the checkpointed segments' inputs in host memory
         half = half_weights_bf16 if spec.bf16_native else half_weights_fp16
-        with_ = [('adamw-offload-grads', 'fp32', _named(lambda m: offload_activations(ck(half(m))), f"{half.__name__} + checkpointing + offload_activations"))]
-        out.append(dict(gpu=spec.name, without=largest(card, without, seq, batch, 6 if spec.bf16_native else 10, proxy), **{'with': largest(card, with_, seq, batch, 2.5)}))
+        # and the host's share of it kept smaller by 8-bit AdamW state there (2 bytes a parameter instead of 8), where the host bounds the model
+        tf = _named(lambda m: offload_activations(ck(half(m))), f"{half.__name__} + checkpointing + offload_activations")
+        with_ = [('adamw-offload-grads', 'fp32', tf), ('adamw8bit-offload-grads', 'fp32', tf)]
+        if spec.bf16_native:  # bf16 weights rounded stochastically on the host: no fp32 masters (2 bytes a parameter there instead of 4)
+            with_.append(('adamw8bit-bf16sr-offload-grads', 'bf16', _named(lambda m: offload_activations(ck(bf16_weights(m))), 'bf16_weights + checkpointing + offload_activations')))
+        old = (stored or {}).get(spec.name)
+        wo = dict(old, reused=True) if old else largest(card, without, seq, batch, 6 if spec.bf16_native else 10, proxy)
+        # the host is the user's, not this machine: each stated RAM size gets its own row, planned against `host_budget(ram)`
+        by_host = {f"{h:g} GiB": dict(host_ram=int(h * 2**30), **largest(card, with_, seq, batch, 2.5, host=host_budget(int(h * 2**30)))) for h in hosts_gib}
+        out.append(dict(gpu=spec.name, without=wo, with_host=by_host))
         print(out[-1], flush=True)
     return out
 
@@ -160,6 +182,8 @@ if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--repeats', type=int, default=5); ap.add_argument('--steps', type=int, default=5)
     ap.add_argument('--cards', nargs='*', default=['gtx 1050 ti', 'gtx 1650', 'rtx 3060'])
+    ap.add_argument('--hosts', nargs='*', type=float, default=[32, 64, 128], help="the host RAM sizes (GiB) to plan the offloads for")
+    ap.add_argument('--reuse-without', action='store_true', help="take each card's plan without the levers from the stored result (it holds nothing on the host, so the host does not change it)")
     ap.add_argument('--part', choices=['all', 'cpu', 'cards'], default='all', help="measure on this CPU, plan the cards, or both; the other part of this machine's last result is kept")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -174,8 +198,10 @@ if __name__ == '__main__':
         part['host_terms'] = host_terms(); print(part['host_terms'], flush=True)
         part['cpu'] = dict(repeats=a.repeats, steps=a.steps, **stamp())
     if a.part in ('all', 'cards'):
-        part['largest'] = largest_models(a.cards)
-        part['cards'] = dict(seq=256, batch=8, blocks=4, **stamp())
+        old = json.loads(path.read_text()) if path.exists() else {}
+        stored = {g['gpu']: g['without'] for g in old.get('largest', [])} if a.reuse_without else None
+        part['largest'] = largest_models(a.cards, a.hosts, stored=stored)
+        part['cards'] = dict(seq=256, batch=8, blocks=4, hosts_gib=a.hosts, **stamp())
     res = json.loads(path.read_text()) if path.exists() else {}  # read just before writing: the other part may have finished meanwhile
     if 'largest' in part and res.get('largest'):  # one card's process at a time may write: keep the other cards' rows
         mine = {g['gpu'] for g in part['largest']}

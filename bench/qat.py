@@ -9,8 +9,13 @@ makes six INT8 files with `export_onnx(m, quantize='int8', calibration=dls)` (st
 - qat_fold: the same with `batchnorm='fold'` (BatchNorm folded before fine-tuning, the earlier method);
 - control_ptq / control_cle_ptq: the trained model fine-tuned in fp32 for the same steps (then without / with equalization).
 An arm's loss is the held-out accuracy (1,000 images) of the fp32 model m minus its INT8 file's, its agreement the file's top-1
-agreement with m (QAT: the fine-tuned weights with fake quantization off); `qat_loss_vs_control_fp32` compares QAT's file with the
-control's fp32 accuracy, `*_agreement_with_fake_quant` a QAT file with the fake-quantized model training optimized. Medians of the seeds, per column. Results go to bench/results/qat/<machine>.spread<spread>.json.
+agreement with m (the export report's: 1,064 inputs). For QAT, m is `strip_qat(qm)`: the fine-tuned weights on the int8 grid the file
+stores, BatchNorm folded, no activation rounding; the QAT files are calibrated on `qm.calibration`, the inputs QAT last set its ranges from.
+Two more references for each QAT file: `*_latent_fp32` (the fine-tuned latent weights, `strip_qat(qm, on_grid=False)`: the reference
+before weights were exported on their grid) and `*_fake_quant` (the fake-quantized model training optimized; `*_fq_max_steps` is the
+largest |file - fake quant| logit difference in steps of the file's output grid); `*_on_grid_agreement_with_latent_fp32` compares
+the two fp32 models (weights on the grid or latent), no INT8 file involved. `qat_loss_vs_control_fp32` compares QAT's file with the
+control's fp32 accuracy. Medians of the seeds, per column. Results go to bench/results/qat/<machine>.spread<spread>.json.
 
     OMP_NUM_THREADS=1 python bench/qat.py --spread 4     # seeds 0,1,2 (about 4 minutes a seed on 2 busy cores)
     OMP_NUM_THREADS=1 python bench/qat.py --spread 3
@@ -23,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's netlite_nb
 from netlite_nb.data import mnist_sample, mnist_sample_loaders
 from netlite_nb.export import export_onnx, onnx_session, run_onnx
-from netlite_nb.qat import cross_layer_equalize, qat_fine_tune, strip_qat, wide_stem_cnn
+from netlite_nb.qat import activation_qparams, cross_layer_equalize, qat_fine_tune, strip_qat, wide_stem_cnn
 from netlite_nb.train import Trainer
 
 
@@ -40,26 +45,32 @@ def one_seed(seed:int, epochs:int, steps:int, lr:float, spread:float)->dict:
     dls = mnist_sample_loaders(batch_size=64, seed=seed)
     va = mnist_sample()[1]
     model = Trainer(wide_stem_cnn(spread=spread), dls, device='cpu', lr=1e-2, progress=False, verbose=False, plan=False, seed=seed).fit(epochs).model.eval()
-    ex = lambda m, d, name: export_onnx(m, va.x[:64], Path(d) / f'{name}.onnx', quantize='int8', calibration=dls, valid=va, measure_speed=False)
+    ex = lambda m, d, name, cal=dls: export_onnx(m, va.x[:64], Path(d) / f'{name}.onnx', quantize='int8', calibration=cal, valid=va, measure_speed=False)
     with tempfile.TemporaryDirectory() as d:
         ptq = ex(model, d, 'ptq')
         cle_ptq = ex(cross_layer_equalize(model)[0], d, 'cle_ptq')
         t0 = time.process_time()
         qm = qat_fine_tune(model, dls, steps=steps, lr=lr, seed=seed)  # BatchNorm trained on batch statistics, frozen at half the steps
         cpu_s = time.process_time() - t0
-        qat = ex(strip_qat(qm), d, 'qat')
         qf = qat_fine_tune(model, dls, steps=steps, lr=lr, seed=seed, batchnorm='fold')  # the earlier method: BatchNorm folded from the start
-        qat_fold = ex(strip_qat(qf), d, 'qat_fold')
-        fq_agree = {}
-        for k, q in dict(qat=qm, qat_fold=qf).items():  # the file against the fake-quantized model training optimized
-            with torch.no_grad(): fq = q.eval()(va.x).argmax(1)
-            q8 = torch.from_numpy(run_onnx(onnx_session(Path(d) / f'{k}.onnx'), va.x.numpy())).argmax(1)
-            fq_agree[k] = (100 * (fq == q8).float().mean().item(), 100 * (fq == va.y).float().mean().item())
+        qat, qat_fold = (ex(strip_qat(q), d, k, q.calibration) for k, q in dict(qat=qm, qat_fold=qf).items())
+        refs = {}
+        xs = torch.cat([va.x[:64], va.x])  # the inputs of the export report's agreement: its sample, then the held-out set
+        for k, q in dict(qat=qm, qat_fold=qf).items():  # the same file against the other two references
+            q8 = torch.from_numpy(run_onnx(onnx_session(Path(d) / f'{k}.onnx'), xs.numpy()))
+            step = activation_qparams(q.out.lo.item(), q.out.hi.item())[0]
+            with torch.no_grad(): fq, lat, grid = q.eval()(xs), strip_qat(q, on_grid=False)(xs), strip_qat(q)(xs)
+            acc = lambda o: 100 * (o[64:].argmax(1) == va.y).float().mean().item()
+            agree = lambda a, b: 100 * (a.argmax(1) == b.argmax(1)).float().mean().item()
+            refs.update({f'{k}_fake_quant': acc(fq), f'{k}_agreement_with_fake_quant': agree(q8, fq), f'{k}_loss_vs_fake_quant': acc(fq) - acc(q8),
+                         f'{k}_fq_max_steps': ((q8 - fq).abs().max() / step).item(), f'{k}_latent_fp32': acc(lat),
+                         f'{k}_agreement_with_latent_fp32': agree(q8, lat), f'{k}_loss_vs_latent_fp32': acc(lat) - acc(q8),
+                         f'{k}_on_grid_agreement_with_latent_fp32': agree(grid, lat)})  # fp32 both: what rounding the weights alone changes
         # the control: the same steps of fine-tuning without fake quantization, then post-training INT8 (plain and equalized)
         ctl = Trainer(copy.deepcopy(model), dls, device='cpu', lr=lr, progress=False, verbose=False, plan=False, seed=seed).fit(steps=steps).model.eval()
         ctl_ptq, ctl_cle = ex(ctl, d, 'ctl'), ex(cross_layer_equalize(ctl)[0], d, 'ctl_cle')
     row = dict(seed=seed, int8_range=ptq.int8_range, qat_cpu_seconds=cpu_s)
-    for k, (agree, acc) in fq_agree.items(): row.update({f'{k}_agreement_with_fake_quant': agree, f'{k}_fake_quant': acc})
+    row.update(refs)
     for k, r in dict(ptq=ptq, cle_ptq=cle_ptq, qat=qat, qat_fold=qat_fold, control_ptq=ctl_ptq, control_cle_ptq=ctl_cle).items():
         row.update({f'{k}_{f}': v for f, v in _arm(r).items()})
     row['qat_loss_vs_control_fp32'] = ctl_ptq.accuracy['pytorch'] - qat.accuracy['int8']
@@ -90,11 +101,14 @@ def main():
     print('medians (loss: fp32 of the model the file is made from, minus INT8; agreement: top-1 of the INT8 file with that fp32 model):')
     for k in ARMS: print(f"  {k:16s} fp32 {med[k+'_fp32']:.2f}%  INT8 {med[k+'_int8']:.2f}%  loses {med[k+'_loss']:+.2f} pp  agreement {med[k+'_agreement']:.2f}%")
     for k in ('qat', 'qat_fold'):
-        print(f"  {k}: INT8 against the control's fp32 loses {med[k + '_loss_vs_control_fp32']:+.2f} pp; agreement with its fake-quantized model {med[k + '_agreement_with_fake_quant']:.2f}%")
+        print(f"  {k}: INT8 against the control's fp32 loses {med[k + '_loss_vs_control_fp32']:+.2f} pp; against its fake-quantized model "
+              f"{med[k + '_loss_vs_fake_quant']:+.2f} pp, agreement {med[k + '_agreement_with_fake_quant']:.2f}% (logits within "
+              f"{med[k + '_fq_max_steps']:.1f} output steps); against its latent fp32 weights {med[k + '_loss_vs_latent_fp32']:+.2f} pp, "
+              f"agreement {med[k + '_agreement_with_latent_fp32']:.2f}% (its fp32 weights on the grid agree with them {med[k + '_on_grid_agreement_with_latent_fp32']:.2f}%)")
     cpu = next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), platform.machine()) if os.path.exists('/proc/cpuinfo') else platform.machine()
     out = Path(a.out).resolve() if a.out else ROOT / "bench" / "results" / "qat" / f"{platform.machine()}.spread{a.spread:g}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    res = dict(bench='qat', schema=3, model=f'wide_stem_cnn(c=8, spread={a.spread:g})', epochs=a.epochs, steps=a.steps, lr=a.lr, seeds=[r['seed'] for r in rows], cpu=cpu,
+    res = dict(bench='qat', schema=4, model=f'wide_stem_cnn(c=8, spread={a.spread:g})', epochs=a.epochs, steps=a.steps, lr=a.lr, seeds=[r['seed'] for r in rows], cpu=cpu,
                torch=torch.__version__, date=time.strftime('%Y-%m-%dT%H:%M:%S%z'), commit=_git('rev-parse', '--short=10', 'HEAD') or None,
                dirty=bool(_git('status', '--porcelain', '--untracked-files=no')), medians=med, rows=rows)
     tmp = out.with_suffix('.tmp'); tmp.write_text(json.dumps(res, indent=1)); os.replace(tmp, out)

@@ -29,11 +29,11 @@ from .memory.cpu import calibration_cache, calibrate_kernels, calibration_file, 
 from .memory.cuda import cuda_kernels, cuda_terms
 
 # %% auto #0
-__all__ = ['TENSOR_TERMS', 'DEVICE_TERMS', 'STEP_CHECKS', 'HOST_TERMS', 'COLORS', 'PLAN_MARGIN', 'LEVERS', 'MemoryPlan',
-           'TrainingStep', 'IncompatibleStepError', 'register_step_check', 'register_host_terms', 'check_step',
-           'plan_memory', 'plot_plans', 'BudgetTooSmallError', 'MovingThresholdWarning', 'max_batch_size',
-           'smallest_batch', 'Change', 'register_lever', 'fit_to_budget', 'try_batch_once', 'grow_until_oom',
-           'find_batch_size', 'MeasuredBatchSize', 'budget_widget']
+__all__ = ['TENSOR_TERMS', 'DEVICE_TERMS', 'STEP_CHECKS', 'HOST_TERMS', 'HOST_BUDGETS', 'COLORS', 'PLAN_MARGIN', 'LEVERS',
+           'MemoryPlan', 'TrainingStep', 'IncompatibleStepError', 'register_step_check', 'register_host_terms',
+           'register_host_budget', 'check_step', 'plan_memory', 'plot_plans', 'BudgetTooSmallError',
+           'MovingThresholdWarning', 'max_batch_size', 'smallest_batch', 'Change', 'register_lever', 'fit_to_budget',
+           'try_batch_once', 'grow_until_oom', 'find_batch_size', 'MeasuredBatchSize', 'budget_widget']
 
 # %% ../nbs/01_budget.ipynb #c029
 TENSOR_TERMS = ('weights', 'weight copies', 'gradients', 'optimizer', 'activations', 'temporaries', 'batch')
@@ -58,9 +58,16 @@ class MemoryPlan:
     params:int                     # parameter count
     notes:list = field(default_factory=list)  # every assumption the numbers rest on
     host:dict = field(default_factory=dict)   # what offloading (chapter 03a) keeps in host memory or moves over the bus: term -> bytes, or a time in words
+    host_budget:int|None = None    # bytes of host memory the offloads may hold, pinned and pageable (None: unchecked)
 
     @property
-    def fits(self)->bool|None: return None if self.budget is None else self.total <= self.budget
+    def fits(self)->bool|None: return None if self.budget is None else self.total <= self.budget and self.host_fits is not False
+    @property
+    def host_held(self)->int:
+        "Bytes the step keeps in host memory: the rows of `host` named 'host: …'."
+        return sum(v for k, v in self.host.items() if k.startswith('host:') and isinstance(v, int))
+    @property
+    def host_fits(self)->bool|None: return None if self.host_budget is None or not self.host_held else self.host_held <= self.host_budget
     @property
     def headroom(self)->int|None: return None if self.budget is None else self.budget - self.total
     @property
@@ -75,8 +82,10 @@ def _rows(self:MemoryPlan)->list[tuple[str,str,str]]:
     rows += [('peak allocated', fmt_bytes(self.peak), ''), ('peak reserved', fmt_bytes(self.reserved), ''),
              ('total', fmt_bytes(self.total), '')]
     if self.budget is not None:
-        rows.append(('budget', fmt_bytes(self.budget), 'fits' if self.fits else f"does NOT fit: {fmt_bytes(-self.headroom)} over"))
+        rows.append(('budget', fmt_bytes(self.budget), 'fits' if self.headroom >= 0 else f"does NOT fit: {fmt_bytes(-self.headroom)} over"))
     rows += [(k, fmt_bytes(v) if isinstance(v, int) else str(v), 'host side') for k, v in self.host.items()]
+    if self.host_fits is not None:
+        rows.append(('host budget', fmt_bytes(self.host_budget), 'fits' if self.host_fits else f"does NOT fit: {fmt_bytes(self.host_held - self.host_budget)} over"))
     return rows
 
 @patch
@@ -232,6 +241,7 @@ class IncompatibleStepError(ValueError):
 
 STEP_CHECKS:dict[str, Callable] = {}  # name -> fn(step:TrainingStep, batch_size:int, target:Target), raising `IncompatibleStepError`
 HOST_TERMS:dict[str, Callable] = {}   # name -> fn(tracker, target) -> ({term: bytes or words}, [notes]) of the traced step
+HOST_BUDGETS:dict[str, Callable] = {} # name -> fn() -> bytes of host memory a run on this machine may hold (chapter 03a: a share of the RAM)
 
 def register_step_check(fn:Callable)->Callable:
     "Make `plan_memory` (and so `fit_to_budget`) refuse the steps `fn(step, batch_size, target)` raises `IncompatibleStepError` for."
@@ -241,6 +251,11 @@ def register_step_check(fn:Callable)->Callable:
 def register_host_terms(fn:Callable)->Callable:
     "Add the host-side rows `fn(tracker, target)` reads off a traced step to every plan (`MemoryPlan.host`)."
     HOST_TERMS[f"{fn.__module__}.{fn.__qualname__}"] = fn
+    return fn
+
+def register_host_budget(fn:Callable)->Callable:
+    "Make `fn()` the host memory `plan_memory` checks the host rows against when it is given no `host_budget` (the smallest registered wins)."
+    HOST_BUDGETS[f"{fn.__module__}.{fn.__qualname__}"] = fn
     return fn
 
 def check_step(step:TrainingStep, batch_size:int, target:Target|None=None): # where it runs; None: no device
@@ -254,6 +269,17 @@ def _host_terms(tr:AllocationTracker, target:Target)->tuple[dict, list]:
         r, n = fn(tr, target)
         rows.update(r); notes += n
     return rows, notes
+
+def _host_budget(host:dict, host_budget:int|None)->int|None:
+    "The host budget a plan with host rows `host` is checked against: the one given, else this machine's (`register_host_budget`)."
+    if host_budget is not None or not host: return host_budget
+    return min((fn() for fn in HOST_BUDGETS.values()), default=None)
+
+def _host_note(plan)->list[str]:
+    "The sentence a plan whose host rows do not fit its host budget carries."
+    if plan.host_fits is not False: return []
+    return [f"does NOT fit in host memory: the offloads hold {fmt_bytes(plan.host_held)}, {fmt_bytes(plan.host_held - plan.host_budget)} more than "
+            f"the host budget of {fmt_bytes(plan.host_budget)}; offload less (drop a lever), or plan for a host with more RAM (host_budget=)"]
 
 # %% ../nbs/01_budget.ipynb #bf16r
 from .memory.trace import OPTIMIZERS, _norm
@@ -280,6 +306,7 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
                 calibrate:bool=False, # on the CPU: measure the kernels' scratch on this machine first (cached; `calibrate_kernels`)
                 ema:bool=False, # the run keeps an averaged copy of the weights (chapter 07's `ema=`)
                 step:TrainingStep|None=None, # the whole step at once (chapter 07's `Trainer.training_step()`): replaces the six arguments it holds
+                host_budget:int|None=None, # bytes of host memory offloads (chapter 03a) may hold; default: this machine's share (`register_host_budget`)
                )->MemoryPlan:
     "Predict the peak memory of a training step of `model` on `batch` by tracing it on fake tensors."
     if step is not None: optimizer, precision, micro_batch, transform, ema, loss_fn = (step.optimizer, step.precision, step.micro_batch, step.transform, step.ema, step.loss_fn)
@@ -301,12 +328,15 @@ def plan_memory(model:nn.Module, # the model to plan for; never run, moved or ch
     if calibrate: device_notes = device_notes + [_calibration_note(target)]
     rec = tr.events[tr.peak_at][1] if tr.peak_at >= 0 else None
     host, host_notes = _host_terms(tr, target)
-    return MemoryPlan(batch_size=b, micro_batch=mb, precision=precision, optimizer=_optimizer_name(optimizer),
+    plan = MemoryPlan(batch_size=b, micro_batch=mb, precision=precision, optimizer=_optimizer_name(optimizer),
                       transform=_transform_name(transform), device=target.name, peak=peak, reserved=reserved,
                       total=reserved + terms.get('CUDA context', 0), breakdown={**_breakdown(tr), **terms},
                       peak_phase=rec.phase if rec else 'none', peak_module=rec.module if rec else '',
                       budget=budget if budget is not None else target.memory, by_module=_saved_by_module(tr), params=t.param_count,
-                      notes=_step_notes(precision, t.accum_steps, mb) + _kept_inputs_note(batch) + _bounded_note(tr) + _stand_in_note(tr) + _unmodelled_note(tr) + device_notes + host_notes + _compiled_note(model), host=host)
+                      notes=_step_notes(precision, t.accum_steps, mb) + _kept_inputs_note(batch) + _bounded_note(tr) + _stand_in_note(tr) + _unmodelled_note(tr) + device_notes + host_notes + _compiled_note(model), host=host,
+                      host_budget=_host_budget(host, host_budget))
+    plan.notes += _host_note(plan)
+    return plan
 
 # %% ../nbs/01_budget.ipynb #mp24
 def _calibration_note(target:Target)->str:
@@ -480,7 +510,7 @@ class Change:
     def fits(self)->bool|None: return self.new_plan.fits
     def __str__(self):
         return (f"{self.description}: saves {fmt_bytes(self.saving)} -> {fmt_bytes(self.new_plan.total)}"
-                f" ({'fits' if self.fits else 'does not fit'}; " + (f"about {100*self.slowdown:.0f}% slower)" if self.slowdown else "no slower)"))
+                f" ({'fits' if self.fits else 'does not fit in host memory' if self.new_plan.host_fits is False else 'does not fit'}; " + (f"about {100*self.slowdown:.0f}% slower)" if self.slowdown else "no slower)"))
     __repr__ = __str__
 
 # %% ../nbs/01_budget.ipynb #fb4
@@ -559,6 +589,7 @@ def fit_to_budget(model:nn.Module, # the model to plan for
                   ema:bool=False, # the run keeps an averaged copy of the weights
                   step:TrainingStep|None=None, # the whole step (its micro-batch aside: `batch` is per optimizer step); replaces the arguments it holds
                   fallback:str|None=None, # 'measure': where the planner refuses the model or plans an upper bound that does not fit, size by real steps here
+                  host_budget:int|None=None, # bytes of host memory offload levers may hold; default: this machine's share (chapter 03a)
                  )->list[Change]:
     "Changes that make a training step fit `budget`, each re-planned: those that fit first, cheapest (least slowdown) first."
     if step is not None: optimizer, precision, transform, ema, loss_fn = step.optimizer, step.precision, step.transform, step.ema, step.loss_fn
@@ -568,12 +599,13 @@ def fit_to_budget(model:nn.Module, # the model to plan for
     target = resolve_target(device_or_gpu)
     budget = budget if budget is not None else target.memory
     kw = dict(loss_fn=loss_fn, optimizer=optimizer, precision=precision, transform=transform, ema=ema)
-    try: base = plan_memory(model, batch, device_or_gpu=target, budget=budget, **kw)
+    try: base = plan_memory(model, batch, device_or_gpu=target, budget=budget, host_budget=host_budget, **kw)
     except UntraceableError as e:
         if fallback != 'measure' or isinstance(e, NothingToTrainError): raise
         return _measured_changes(model, batch, budget, device_or_gpu, kw, f"the planner refused the model: {e}")
     if fallback == 'measure' and not base.fits and _BOUND in ' '.join(base.notes):
         return _measured_changes(model, batch, budget, device_or_gpu, kw, "the plan on shapes alone is an upper bound that does not fit")
+    if host_budget is not None: kw['host_budget'] = host_budget  # every re-plan, accumulation's too, checks the host against it
     def change(desc, over, slow):
         full = _changed(kw, over)
         try: p = plan_memory(model, batch, device_or_gpu=target, budget=budget, **full)

@@ -11,16 +11,16 @@ from torch import nn
 from fastcore.basics import patch
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 from .probe import UnknownGPUError, fmt_bytes, lookup_gpu
-from .budget import IncompatibleStepError, TrainingStep, _transform_name, register_host_terms, register_lever, register_step_check
-from .memory.trace import AllocationTracker, Target, _norm, is_traced, make_optimizer, register_optimizer
-from .optim import state_bytes
+from .budget import IncompatibleStepError, TrainingStep, _transform_name, register_host_budget, register_host_terms, register_lever, register_step_check
+from .memory.trace import OPTIMIZERS, AllocationTracker, Target, _norm, is_traced, make_optimizer, register_optimizer
+from .optim import AdamW8bit, bf16_weights, state_bytes
 
 # %% auto #0
-__all__ = ['HALF', 'IN_BACKWARD', 'GRADS_OFFLOADED', 'STATE_OFFLOADED', 'PCIE_LANE_GBS', 'PCIE_EFFICIENCY', 'OFFLOADS',
-           'offload_hooks', 'offload_activations', 'HostOptimizer', 'host_optimizer_backend', 'LossScale',
-           'half_weights', 'half_weights_fp16', 'half_weights_bf16', 'StepInBackward', 'offloads', 'check_offload',
-           'nvml_pcie_link', 'pcie_link', 'pcie_gbs', 'host_bandwidth', 'offload_seconds', 'step_seconds',
-           'offload_slowdown', 'apply_offload', 'offload_transform']
+__all__ = ['HALF', 'IN_BACKWARD', 'GRADS_OFFLOADED', 'STATE_OFFLOADED', 'OFFLOAD_BASES', 'PCIE_LANE_GBS', 'PCIE_EFFICIENCY',
+           'HOST_SHARE', 'OFFLOADS', 'pinned_bytes', 'offload_hooks', 'offload_activations', 'HostOptimizer',
+           'host_optimizer_backend', 'LossScale', 'half_weights', 'half_weights_fp16', 'half_weights_bf16',
+           'StepInBackward', 'offloads', 'check_offload', 'nvml_pcie_link', 'pcie_link', 'pcie_gbs', 'host_bandwidth',
+           'offload_seconds', 'host_budget', 'step_seconds', 'offload_slowdown', 'apply_offload', 'offload_transform']
 
 # %% ../nbs/03a_offload.ipynb #o007
 def _tracker()->AllocationTracker|None:
@@ -37,6 +37,15 @@ def _hold(kind:str, nbytes:int, absolute:bool=False):
     o = _record(tr)
     o['held'][kind] = nbytes if absolute else o['held'].get(kind, 0) + nbytes
     o['peak'][kind] = max(o['peak'].get(kind, 0), o['held'][kind])
+
+def pinned_bytes(nbytes:int)->int:
+    "Host bytes a pinned tensor of `nbytes` takes: PyTorch's pinned allocator rounds each block up to a power of two (it caches blocks by size)."
+    return 1 << (nbytes - 1).bit_length() if nbytes > 0 else 0
+
+def _hold_pinned(kind:str, nbytes:int):
+    "In a traced step: `nbytes` more (or fewer, if negative) pinned bytes held for `kind`, and the allocator's rounding of them apart."
+    _hold(f"{kind} (pinned)", nbytes)
+    _hold('pinned rounding: activations', (1 if nbytes > 0 else -1) * (pinned_bytes(abs(nbytes)) - abs(nbytes)))
 
 def _moved(kind:str, nbytes:int):
     "In a traced step: `nbytes` crossed the bus (or, kind 'host update', streamed through host memory) for `kind`."
@@ -63,12 +72,12 @@ def offload_hooks(pin_memory:bool)->tuple:
         if _is_weight(t): return t
         if not is_traced(t): return real.pack_hook(t)
         s = _Shape(t)
-        _hold('saved activations', s.nbytes); _moved('saved activations', s.nbytes)
+        _hold_pinned('saved activations', s.nbytes); _moved('saved activations', s.nbytes)
         return s
     def unpack(x):
         if isinstance(x, torch.Tensor): return x
         if not isinstance(x, _Shape): return real.unpack_hook(x)
-        _hold('saved activations', -x.nbytes); _moved('saved activations', x.nbytes)
+        _hold_pinned('saved activations', -x.nbytes); _moved('saved activations', x.nbytes)
         return torch.empty_strided(x.size, x.stride, dtype=x.dtype, device=x.device)
     return pack, unpack
 
@@ -137,7 +146,10 @@ class HostOptimizer(torch.optim.Optimizer):
         if offload_grads: _refuse_distributed("Moving each gradient to the host during backward (offload_grads=True)")
         ps = [p for g in self.param_groups for p in g['params']]
         self.traced, self.offload_grads, self.base = any(is_traced(p) for p in ps), offload_grads, optimizer
-        self.host = {p: _host_tensor(p, self.traced, dtype=_master_dtype(p)) for p in ps}  # keyed by the tensor object, as optimizer state is
+        # an optimizer that rounds bf16 weights stochastically (chapter 03's '-bf16sr') needs no fp32 masters: its host copies stay bf16
+        self.keeps_dtype = getattr(OPTIMIZERS.get(_norm(optimizer)) if isinstance(optimizer, str) else None, 'needs_bf16', False)
+        if not self.traced: _check_host_room(ps, self.keeps_dtype)
+        self.host = {p: _host_tensor(p, self.traced, dtype=_master_dtype(p, self.keeps_dtype)) for p in ps}  # keyed by the tensor object, as optimizer state is
         self.loss_scale = next((s for p in ps if (s := getattr(p, '_loss_scale', None)) is not None), None)  # fp16 weights (`half_weights`)
         self.skipped = 0  # steps skipped because a loss-scaled gradient overflowed
         self.versions = {p: p._version for p in ps}
@@ -151,9 +163,20 @@ class HostOptimizer(torch.optim.Optimizer):
         self.handles = [p.register_post_accumulate_grad_hook(_weak_hook(self, '_grad_to_host')) for p in ps] if offload_grads else []
 
 # %% ../nbs/03a_offload.ipynb #01d3e90b
-def _master_dtype(p:torch.Tensor)->torch.dtype:
-    "The dtype of `p`'s host copy: fp32 master weights for a half-precision weight (updates smaller than its rounding step survive)."
-    return torch.float32 if p.dtype in (torch.float16, torch.bfloat16) else p.dtype
+def _master_dtype(p:torch.Tensor, keep:bool=False)->torch.dtype:
+    "The dtype of `p`'s host copy: fp32 master weights for a half-precision weight (updates smaller than its rounding step survive), unless `keep`."
+    return torch.float32 if p.dtype in (torch.float16, torch.bfloat16) and not keep else p.dtype
+
+def _check_host_room(ps:list, keep:bool=False):
+    "Refuse, before allocating, host copies and gradient buffers of `ps` that this machine's free RAM cannot hold."
+    import psutil
+    size = lambda n, p: pinned_bytes(n) if p.is_cuda else n  # CUDA's copies are pinned, and pinned blocks are rounded up
+    need = sum(size(p.numel() * _master_dtype(p, keep).itemsize, p) + size(p.numel() * p.element_size(), p) for p in ps)
+    free = psutil.virtual_memory().available
+    if need > free:
+        raise MemoryError(f"The host optimizer needs {fmt_bytes(need)} of host memory for its copies of the weights and their gradients "
+            f"(and more for its state at the first step), but this machine has {fmt_bytes(free)} free. Free host memory, use a machine with "
+            "more RAM, or keep the optimizer on the card (8-bit state: optimizer='adamw8bit'); `plan_memory` checks a plan against the host.")
 
 @patch
 def _take_grad(self:HostOptimizer, p:torch.Tensor, g:torch.Tensor):
@@ -206,13 +229,25 @@ def _traced_step(self:HostOptimizer):
     with _disable_current_modes():
         for p, h in self.host.items():
             if not self.offload_grads: h.grad = torch.empty_like(h) if p.grad is not None else None
-        self.inner.step()
+        if isinstance(self.inner, AdamW8bit): _init_8bit(self.inner)
+        else: self.inner.step()
     weights, device = sum(nbytes(h) for h in self.host.values()), sum(nbytes(p) for p in self.host)  # host copies may be fp32 masters of half weights
-    _hold('optimizer state', state_bytes(self.inner), absolute=True)
-    _hold('weights and gradients', 2 * weights, absolute=True)
+    # pinned: the host weights, and each gradient's landing buffer (the device's dtype); pageable: what the inner optimizer allocates
+    # itself (its state), and, for half weights, the fp32 gradients the masters take at the step
+    _hold('weights (pinned)', weights, absolute=True)
+    _hold('gradients (pinned)', device, absolute=True)
+    _hold('fp32 gradients (pageable)', sum(nbytes(h) for p, h in self.host.items() if h.dtype != p.dtype), absolute=True)
+    _hold('optimizer state (pageable)', state_bytes(self.inner), absolute=True)
+    _hold('pinned rounding: weights', sum(pinned_bytes(nbytes(t)) - nbytes(t) for p, h in self.host.items() for t in (p, h)), absolute=True)
     if not self.offload_grads: _moved('gradients', device)
     _moved('weights', device)
     _moved('host update', 3 * weights + 2 * state_bytes(self.inner))  # read weights, gradients, state; write weights, state
+
+def _init_8bit(opt:AdamW8bit):
+    "The 8-bit state of every parameter with a gradient, made without an update: all a plan needs (the update on 'meta' runs chunk by chunk)."
+    for g in opt.param_groups:
+        for h in g['params']:
+            if h.grad is not None and not opt.state[h]: opt._init_state(h, g, opt.state[h])
 
 @patch
 @torch.no_grad()
@@ -422,10 +457,12 @@ def _register_offloads(base:str):
         return f
     for suffix, fn, kinds in (('-offload', host(False), (STATE_OFFLOADED,)), ('-offload-grads', host(True), (STATE_OFFLOADED, GRADS_OFFLOADED)),
                               ('-in-backward', lambda ps, lr, wd, fe: StepInBackward(ps, base, lr=lr, weight_decay=wd), (IN_BACKWARD, GRADS_OFFLOADED))):
+        fn.needs_bf16 = getattr(OPTIMIZERS[_norm(base)], 'needs_bf16', False)  # bf16 weights: refused where bf16 is emulated, as `base` is
         register_optimizer(base + suffix, fn)
         for k in kinds: k.add(_norm(base + suffix))
 
-for _base in ('sgd', 'adamw', 'adamw8bit'): _register_offloads(_base)
+OFFLOAD_BASES = ('sgd', 'adamw', 'adamw8bit', 'adamw-bf16sr', 'adamw8bit-bf16sr')  # '-bf16sr': bf16 weights, no fp32 masters anywhere (chapter 03)
+for _base in OFFLOAD_BASES: _register_offloads(_base)
 
 # %% ../nbs/03a_offload.ipynb #4e45b12e
 def offloads(step:TrainingStep)->list[str]:
@@ -537,20 +574,34 @@ def _offload_terms(tr:AllocationTracker, target:Target)->tuple[dict, list]:
     last = max((s for s, _ in o['bus']), default=0)  # the steady step, which holds the optimizer state as every later one does
     bus = sum(v for (s, k), v in o['bus'].items() if s == last and k != 'host update')
     streamed = sum(v for (s, k), v in o['bus'].items() if s == last and k == 'host update')
-    rows = {f"host: {k} (pinned)": v for k, v in o['peak'].items() if v}
+    rows = {f"host: {k}": v for k, v in o['peak'].items() if v and not k.startswith('pinned rounding')}
+    rounding = sum(v for k, v in o['peak'].items() if k.startswith('pinned rounding'))
+    if target.kind == 'cuda' and rounding: rows['host: pinned allocator rounding'] = rounding  # only CUDA pins; the CPU's copies are exact
     rows['bus per step'], rows['host traffic per step'] = bus, streamed
     secs, how = offload_seconds(bus, streamed, target)
     rows['offload time per step'] = f"about {secs * 1e3:,.0f} ms"
-    return rows, [f"offload time per step estimated from {how}", _ram_note(sum(o['peak'].values()))]
+    return rows, [f"offload time per step estimated from {how}", _host_note()]
 
-def _ram_note(held:int)->str:
-    "The plan's note on the pinned host bytes against this machine's RAM."
+def _host_note()->str:
+    return (f"host memory held for the whole run (the rows named 'host: …'; pinned pages cannot be swapped out, and PyTorch's pinned allocator "
+            f"rounds each block up to a power of two) is checked against the host budget: by default {HOST_SHARE:.0%} of this machine's "
+            f"{fmt_bytes(_ram())} of RAM (`host_budget`); pass host_budget=host_budget(ram) to plan for another host")
+
+# %% ../nbs/03a_offload.ipynb #hb01
+HOST_SHARE = 1 / 1.5  # DeepSpeed's memory estimators size the host at 1.5x the offloaded states ("to be conservative")
+
+def _ram()->int:
     import psutil
-    ram = psutil.virtual_memory()
-    note = f"host memory: the offload holds {fmt_bytes(held)} pinned, {100 * held / ram.total:.0f}% of this machine's {fmt_bytes(ram.total)} of RAM"
-    if held > ram.available: return note + f" — MORE than the {fmt_bytes(ram.available)} free now: the run would not fit in host memory either"
-    if held > ram.total / 2: return note + "; pinned pages cannot be swapped out, so more than half of the RAM leaves the system little room"
-    return note
+    return psutil.virtual_memory().total
+
+def host_budget(ram:int|None=None, # the host's RAM in bytes; None: this machine's
+                share:float=HOST_SHARE, # the share of it offloads may hold
+               )->int:
+    "Bytes of host memory a run's offloads may hold on a host with `ram` bytes of RAM: the rest is the OS's, the data pipeline's and Python's."
+    return int(share * (ram if ram is not None else _ram()))
+
+@register_host_budget
+def _this_host()->int: return host_budget()
 
 # %% ../nbs/03a_offload.ipynb #9ca5f2dd
 def step_seconds(model:nn.Module, # the model (its weights are not read: the forward runs on 'meta' stand-ins)
@@ -588,14 +639,17 @@ def _offload_lever(target:Target, kw:dict, model:nn.Module)->list:
     if target.kind != 'cuda' or kw.get('batch') is None: return []
     slow, out = offload_slowdown(model, kw['batch'], target), []
     opt, tf = kw.get('optimizer'), _transform_name(kw.get('transform')) or ''
-    if isinstance(opt, str) and _norm(opt) in ('sgd', 'adamw', 'adamw8bit'):
+    if isinstance(opt, str) and _norm(opt) in OFFLOAD_BASES:
         out += [(f"{opt} state in host memory, updated there (chapter 03a)", dict(optimizer=f"{opt}-offload"), slow),
                 (f"{opt} state and gradients in host memory (chapter 03a)", dict(optimizer=f"{opt}-offload-grads"), slow)]
         if kw.get('precision') != 'fp16':
             out.append((f"{opt} step inside backward, one parameter at a time (chapter 03a)", dict(optimizer=f"{opt}-in-backward"), 0.0))  # nothing crosses the bus
             half = half_weights_bf16 if target.bf16_native else half_weights_fp16
-            if 'half_weights' not in tf: out.append((f"{half.__name__[-4:]} weights on the card; fp32 masters, {opt} state and gradients in host memory "
+            if 'half_weights' not in tf and 'bf16sr' not in _norm(opt): out.append((f"{half.__name__[-4:]} weights on the card; fp32 masters, {opt} state and gradients in host memory "
                                                     "(ZeRO-Offload, chapter 03a)", dict(optimizer=f"{opt}-offload-grads", transform=half), slow))
+    if target.bf16_native and isinstance(opt, str) and _norm(opt) in ('adamw', 'adamw8bit') and kw.get('precision') != 'fp16':
+        out.append(("bf16 weights with stochastic rounding on the card (chapter 03); 8-bit AdamW state and gradients in host memory, no fp32 "
+                    "masters (chapter 03a)", dict(optimizer='adamw8bit-bf16sr-offload-grads', transform=bf16_weights, precision='bf16'), slow))
     if 'offload_activations' not in tf:
         out.append(("saved activations in pinned host memory (chapter 03a)", dict(transform=offload_activations), slow))
     return out

@@ -141,28 +141,29 @@ def test_plan_moves_state_and_activations_to_host_rows():
     off = plan_memory(_wide(), b, device_or_gpu='gtx 1650', optimizer='adamw-offload-grads', transform=offload_activations)
     assert off.breakdown['optimizer'] == 0 and base.breakdown['optimizer'] > 0 and off.total < base.total
     steps = 4 * len(list(_wide().parameters()))  # AdamW's step counters: CPU tensors, outside a device plan's trace, on the host here
-    assert off.host['host: optimizer state (pinned)'] == base.breakdown['optimizer'] + steps
+    assert off.host['host: optimizer state (pageable)'] == base.breakdown['optimizer'] + steps
     assert off.host['bus per step'] > 0 and 'ms' in off.host['offload time per step'] and not base.host
     assert any('PCIe 3.0 x16 (the GPU catalogue)' in n for n in off.notes) and any('of RAM' in n for n in off.notes)
 
 
-def test_plan_host_terms_match_a_real_cpu_run():
+@pytest.mark.parametrize('base, d', [('adamw', 32), ('adamw8bit', 256)])  # 8-bit state from 4096 values a tensor: a plan makes it without an update
+def test_plan_host_terms_match_a_real_cpu_run(base, d):
     "The host bytes a plan records equal those the real mechanisms hold on this CPU: the host optimizer's state, the tensors save_on_cpu keeps."
-    b = (torch.empty(16, 32, device='meta'), torch.empty(16, dtype=torch.long, device='meta'))
-    plan = plan_memory(_mlp(), b, optimizer='adamw-offload', transform=offload_activations)  # no device named: tensor bytes only
-    m = _mlp(); opt = HostOptimizer(m.parameters(), 'adamw')
+    b = (torch.empty(16, d, device='meta'), torch.empty(16, dtype=torch.long, device='meta'))
+    plan = plan_memory(_mlp(d=d), b, optimizer=f'{base}-offload', transform=offload_activations)  # no device named: tensor bytes only
+    m = _mlp(d=d); opt = HostOptimizer(m.parameters(), base)
     held = []
     pack, unpack = offload_hooks(False)
     def spy(t):
         out = pack(t)
         if out is not t: held.append(out[1].numel() * out[1].element_size())
         return out
-    x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
+    x, y = torch.randn(16, d), torch.randint(0, 10, (16,))
     with torch.autograd.graph.saved_tensors_hooks(spy, unpack): out = m(x)  # the model's forward, as offload_activations wraps it
     loss = F.cross_entropy(out, y)
     assert plan.host['host: saved activations (pinned)'] == sum(held)
     loss.backward(); opt.step()
-    assert plan.host['host: optimizer state (pinned)'] == state_bytes(opt.inner)
+    assert plan.host['host: optimizer state (pageable)'] == state_bytes(opt.inner)
 
 
 def test_planner_refuses_and_fit_to_budget_never_pairs_step_in_backward_with_accumulation():
@@ -289,7 +290,9 @@ def test_plan_of_half_weights_keeps_two_bytes_a_weight_on_the_card():
     full = plan_memory(_wide(), b, device_or_gpu='gtx 1650', optimizer='adamw-offload-grads')
     half = plan_memory(_wide(), b, device_or_gpu='gtx 1650', optimizer='adamw-offload-grads', transform=half_weights_fp16)
     assert half.breakdown['weights'] * 2 == full.breakdown['weights'] == 4 * half.params
-    assert half.host['host: weights and gradients (pinned)'] == full.host['host: weights and gradients (pinned)'] == 8 * half.params  # fp32 masters + grads
+    assert half.host['host: weights (pinned)'] == full.host['host: weights (pinned)'] == 4 * half.params  # fp32 masters
+    assert full.host['host: gradients (pinned)'] == 2 * half.host['host: gradients (pinned)'] == 4 * half.params  # each lands in the device's dtype
+    assert half.host['host: fp32 gradients (pageable)'] == 4 * half.params and 'host: fp32 gradients (pageable)' not in full.host  # the masters' at the step
     assert half.host['bus per step'] * 2 == full.host['bus per step']  # half-precision gradients out, half-precision weights back
 
 

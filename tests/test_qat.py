@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from netlite_nb.export import export_onnx, int8_weight_range, onnx_session, run_onnx
 from netlite_nb.qat import (ActivationQuant, QuantAware, activation_qparams, fake_quant_weight, fold_batchnorm, observe,
                             prepare_qat, strip_qat, weight_qmax)
+import onnxruntime as ort
 
 
 def _file_layers(path):
@@ -70,9 +71,15 @@ def test_folding_and_stripping_give_the_plain_model_back():
     x = torch.randn(2, 1, 6, 6)
     with torch.no_grad():
         torch.testing.assert_close(fold_batchnorm(m)(x), m(x), atol=1e-5, rtol=1e-5)
-        plain = strip_qat(prepare_qat(m))
+        qm = prepare_qat(m)
+        latent = strip_qat(qm, on_grid=False)
+        assert [type(l).__name__ for l in latent] == ['Conv2d', 'Identity', 'ReLU', 'Flatten', 'Linear']
+        torch.testing.assert_close(latent(x), m(x), atol=1e-5, rtol=1e-5)
+        plain = strip_qat(qm)  # what is exported: the same layers, weights on the int8 grid
         assert [type(l).__name__ for l in plain] == ['Conv2d', 'Identity', 'ReLU', 'Flatten', 'Linear']
-        torch.testing.assert_close(plain(x), m(x), atol=1e-5, rtol=1e-5)
+        for a, b in [(0, 0), (4, 4)]:
+            torch.testing.assert_close(plain[a].weight, fake_quant_weight(latent[b].weight, qm.model[a].qmax), atol=0, rtol=0)
+            torch.testing.assert_close(plain[a].bias, latent[b].bias, atol=0, rtol=0)
 
 
 def test_reobserve_sets_the_ranges_of_the_current_weights_every_few_steps():
@@ -86,7 +93,8 @@ def test_reobserve_sets_the_ranges_of_the_current_weights_every_few_steps():
     cb.after_step(SimpleNamespace(step=9, model=qm))
     assert qm.model[2].act.hi.item() == before  # between re-observations the ranges stay frozen
     cb.after_step(SimpleNamespace(step=10, model=qm))
-    with torch.no_grad(): want = torch.relu(qm.model[0].layer(calib[0])).max().item()
+    l = qm.model[0]  # observed as exported: the weights on their grid, the activations in fp32
+    with torch.no_grad(): want = torch.relu(F.linear(calib[0], fake_quant_weight(l.layer.weight, l.qmax), l.layer.bias)).max().item()
     assert qm.model[2].act.hi.item() == pytest.approx(want) and not qm.model[2].act.observing
 
 
@@ -237,7 +245,81 @@ def test_equalization_on_kept_batchnorm_gives_the_folded_equalized_weights_exact
     assert qm.equalization.pairs == how.pairs and how.pairs   # something was rescaled
     kept = [q.bn for q in qm.modules() if isinstance(q, QuantAware) and getattr(q, 'bn', None) is not None]
     assert len(kept) == 3   # the copy keeps its BatchNorms (rescaled through gamma and beta), yet folds to the equalized weights
-    plain = strip_qat(qm)
+    plain = strip_qat(qm, on_grid=False)  # the latent weights: those of the equalized model, exactly
     for n, p in eq.named_parameters(): assert torch.equal(p, plain.get_parameter(n)), n
     x = torch.randn(16, 3, 12)
     with torch.no_grad(): assert torch.equal(plain(x), eq(x))
+
+
+def _quant_points(path):
+    "(scale, zero point) of every QuantizeLinear of activations in the file, and its int32 biases as {Conv/Gemm node index: (int32, scale)}."
+    g = onnx.load(str(path)).graph
+    init = {i.name: numpy_helper.to_array(i) for i in g.initializer}
+    made_by = {o: n for n in g.node for o in n.output}
+    points = [(float(init[n.input[1]]), int(init[n.input[2]])) for n in g.node if n.op_type == 'QuantizeLinear']
+    layers = [n for n in g.node if n.op_type in ('Conv', 'Gemm', 'MatMul')]
+    biases = {i: (init[made_by[n.input[2]].input[0]], init[made_by[n.input[2]].input[1]]) for i, n in enumerate(layers) if len(n.input) > 2}
+    return points, biases
+
+
+def _pooled_net():
+    "Conv+BN+ReLU, a depthwise conv and ReLU, then global average pooling (fp32 in the file) before the Linear head, as `wide_stem_cnn` ends."
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(1, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(), nn.Conv2d(6, 6, 3, padding=1, groups=6), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 4))
+    m(torch.randn(32, 1, 12, 12) * 2); return m.eval()
+
+
+def _sess(path, optimized:bool):
+    "ONNX Runtime on the file; not optimized, it computes the QDQ graph in floats: the file's own arithmetic without its int8 kernels."
+    so = ort.SessionOptions(); so.intra_op_num_threads = 1
+    if not optimized: so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(path), so, providers=['CPUExecutionProvider'])
+
+
+def test_every_point_the_file_quantizes_is_fake_quantized_with_the_same_grid(tmp_path):
+    m = _pooled_net()
+    calib = [torch.randn(32, 1, 12, 12) * 2 for _ in range(3)]
+    qm = observe(prepare_qat(m), calib).eval()
+    export_onnx(strip_qat(qm), calib[0], tmp_path / 'm.onnx', quantize='int8', calibration=qm.calibration, measure_speed=False)
+    points, biases = _quant_points(tmp_path / 'm.onnx')
+    ours = {activation_qparams(a.lo.item(), a.hi.item()) for a in qm.modules() if isinstance(a, ActivationQuant)}
+    # the ReLU before the pooling is quantized in the file, though no Conv or Gemm reads it: the fake quantization must round there too
+    assert len(points) == len(ours) == 5
+    for s, z in points: assert any(z == zo and s == pytest.approx(so, rel=1e-6) for so, zo in ours), (s, z, ours)
+    layers = [l for l in qm.modules() if isinstance(l, QuantAware)]
+    for i, l in enumerate(layers):  # the int32 biases are those `fake_quant_bias` rounds to
+        q, scale = biases[i]
+        w, b = strip_qat(qm)[[0, 3, 7][i]].weight.detach(), strip_qat(qm)[[0, 3, 7][i]].bias.detach()
+        s_in = activation_qparams(l.act.lo.item(), l.act.hi.item())[0]
+        s_w = w.abs().amax(tuple(range(1, w.dim()))) / l.qmax
+        assert np.array_equal(np.round(b.double().numpy() / (np.float32(s_in) * s_w.numpy()).astype(np.float64)), q.astype(np.float64))
+
+
+def test_the_int8_file_computes_what_the_fake_quantized_model_computes(tmp_path):
+    m = _pooled_net()
+    calib = [torch.randn(32, 1, 12, 12) * 2 for _ in range(3)]
+    qm = observe(prepare_qat(m), calib).eval()
+    export_onnx(strip_qat(qm), calib[0], tmp_path / 'm.onnx', quantize='int8', calibration=qm.calibration, measure_speed=False)
+    x = torch.randn(256, 1, 12, 12) * 2
+    with torch.no_grad(): fq = qm(x).numpy()
+    step = activation_qparams(qm.out.lo.item(), qm.out.hi.item())[0]
+    for optimized in (False, True):  # the QDQ graph in floats, then ORT's int8 kernels
+        out = run_onnx(_sess(tmp_path / 'm.onnx', optimized), x.numpy())
+        d = np.abs(out - fq) / step
+        # the same grids and rounding: a logit differs only where a float sum in another order lands on the other side of a tie
+        assert d.max() <= 1 + 1e-3 and d.mean() < 0.01, (optimized, d.max(), d.mean())
+
+
+def test_qat_fine_tune_hands_the_export_the_inputs_its_ranges_come_from(tmp_path):
+    from netlite_nb.data import mnist_sample, mnist_sample_loaders
+    from netlite_nb.qat import qat_fine_tune, wide_stem_cnn
+    torch.manual_seed(0)
+    dls = mnist_sample_loaders(batch_size=64)  # shuffled training batches: each pass over them draws other samples
+    qm = qat_fine_tune(wide_stem_cnn(), dls, steps=2, freeze_bn=0, observe_every=None)
+    assert qm.calibration.shape == (512, 1, 28, 28)
+    export_onnx(strip_qat(qm), mnist_sample()[1].x[:8], tmp_path / 'q.onnx', quantize='int8', calibration=qm.calibration, measure_speed=False)
+    points, _ = _quant_points(tmp_path / 'q.onnx')
+    ours = {activation_qparams(a.lo.item(), a.hi.item()) for a in qm.modules() if isinstance(a, ActivationQuant)}
+    assert len(points) == len(ours)
+    for s, z in points: assert any(z == zo and s == pytest.approx(so, rel=1e-6) for so, zo in ours), (s, z, ours)
