@@ -199,7 +199,11 @@ def measured(name, bs, full_warmup=False, holes=None, history=0)->int:
     out = subprocess.run([sys.executable, __file__, '--measure', name, str(bs), *(['full'] if full_warmup else []), *(['holes'] if holes else []),
                           *([f'history={history}'] if history else [])],
                          env={**os.environ, **ENV, 'PYTHONPATH': str(ROOT)}, capture_output=True, text=True, check=True)
-    return int(out.stdout.split()[-1])
+    *_, code, peak = out.stdout.split()
+    CODE_PAGES[(name, bs)] = int(code)
+    return int(peak)
+
+CODE_PAGES = {}  # (model, batch) -> file-backed bytes (code) its last measured steps faulted in: in the peak, in no plan by design
 
 def _as_measured():
     "Plan for the processes that `measured` runs: glibc's settings are theirs (the planner's model of glibc reads them from the environment)."
@@ -287,7 +291,7 @@ def accuracy_table(full_warmup=False, models=MODELS, calibrate=False, set_name=N
         for bs in sizes:
             p, t, m = predicted(name, bs), predicted(name, bs, None), measured(name, bs, full_warmup)
             errs.append((p - m) / m)
-            row = dict(model=name, batch=bs, measured=m, planned=p, error_pct=round(100 * errs[-1], 2), tensors_only=t)
+            row = dict(model=name, batch=bs, measured=m, planned=p, error_pct=round(100 * errs[-1], 2), tensors_only=t, code_pages=CODE_PAGES.get((name, bs)))
             line = f"{name:<{w}}{bs:>6}{p/2**20:>10.1f}Mi{m/2**20:>10.1f}Mi{100*errs[-1]:>+7.1f}%  {(t - m)/2**20:>+10.1f} MiB{100*(t - m)/m:>+7.1f}%"
             if calibrate:
                 c = predicted(name, bs, calibrate=True)  # every shape is in the cache already (`calibrate_all`)
@@ -901,8 +905,9 @@ if __name__ == '__main__':
     if a.glibc in ('fixed-late', 'set-late') and not a.measure:  # the plans are made in a process that fixed its thresholds too
         from netlite_nb.memory.heap import fix_glibc_thresholds
         fix_glibc_thresholds()
-    if a.measure: print(measure(a.measure[0], int(a.measure[1]), 'full' in a.measure[2:], 'holes' in a.measure[2:],
-                                int(next((m[8:] for m in a.measure[2:] if m.startswith('history=')), 0))))
+    if a.measure:
+        peak = measure(a.measure[0], int(a.measure[1]), 'full' in a.measure[2:], 'holes' in a.measure[2:], int(next((m[8:] for m in a.measure[2:] if m.startswith('history=')), 0)))
+        print(_CODE_PAGES[-1], peak)  # `measured` reads both
     elif a.kernels_child: print(json.dumps(kernels_child(*json.loads(a.kernels_child))))
     elif a.replay_child: print(json.dumps(replay_child(json.load(sys.stdin))))
     elif a.code_pages_child: print(json.dumps(code_pages_child(*json.loads(a.code_pages_child))))

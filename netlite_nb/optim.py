@@ -322,6 +322,14 @@ def quantize_into(x:torch.Tensor, q:torch.Tensor, absmax:torch.Tensor, table:tor
     torch.bitwise_right_shift(e.add_(z), 17, out=q)
 
 # %% ../nbs/03_optim.ipynb #fs9
+def _steady(chunks):
+    "The first two and the last of `chunks`: what a trace of the 8-bit step needs, since each whole chunk after the first allocates and frees the same."
+    last = None
+    for i, ch in enumerate(chunks):
+        if i < 2: yield ch
+        else: last = ch
+    if last is not None: yield last
+
 def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:float, sc:dict, chunk:int, part:int=0, parts:int=1,
                 decay:float=1.0, # the weight decay factor, applied to each chunk of `p` before its update
                 sr_key:tuple|None=None): # (seed, step, parameter): round each chunk's new weights stochastically
@@ -333,7 +341,9 @@ def _adamw_8bit(p:torch.Tensor, st:dict, group:dict, step_size:float, bc2_sqrt:f
     scales = lambda a: a.view(-1, 1).split(chunk // bs)
     pieces = zip(p.view(-1).split(chunk), p.grad.reshape(-1).split(chunk), (st['exp_avg_q'] if eight else st['exp_avg']).split(chunk),
                  scales(st['exp_avg_absmax']) if eight else itertools.repeat(None), st['exp_avg_sq_q'].split(chunk), scales(st['exp_avg_sq_absmax']))
-    for c, (pc, gc, qm, am, qv, av) in itertools.islice(enumerate(pieces), part, None, parts):
+    mine = itertools.islice(enumerate(pieces), part, None, parts)
+    if is_traced(p): mine = _steady(mine)  # a plan: every chunk after the first makes and frees what the second does
+    for c, (pc, gc, qm, am, qv, av) in mine:
         k, w = pc.numel(), _cut(sc, qv.numel())
         m, v = w['m'], w['v']
         if eight: _dequantize_into(qm, am, signed[0], m, w, bs)

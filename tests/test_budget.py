@@ -124,8 +124,39 @@ def test_cpu_workspace_model_on_avx2():
     assert ws([mm(1024, 4096, 10), mm(2, 4096, 4096)]) == 0           # not packed, and nothing kept
     assert ws([mm(1024, 4096, 1024), mm(1024, 4096, 4096)]) == mkl_panel(1024, 4096, 1024, 'AVX2') + mkl_panel(1024, 4096, 4096, 'AVX2')
     kernels = trace_step(cnn(), MNIST).tracker.kernels
-    assert ws(kernels) == 6 * MKL_BLOCKING['AVX2']['state']  # the convolutions' state; the head's products are too small to pack
+    mms = [k for k in kernels if k[0] == 'matmul']
+    assert ws(kernels) == 6 * MKL_BLOCKING['AVX2']['state'] + ws(mms) and 0 < ws(mms) < 8192  # the convolutions' state; the head's small products pack (10 inner values, 32 columns) into one small buffer
     assert mkl_isa('AVX2') == 'AVX2' and mkl_isa('SVE256') == mkl_isa('DEFAULT') == 'AVX512'  # unmeasured ISAs: the larger buffers
+
+
+def test_mkl_pool_on_avx2_shapes_it_was_not_read_on():
+    "AVX2's rule (a product takes the smallest pooled buffer it asks no more than, else a new one; each holds the largest panel written to it) against a real run of products none of its figures came from."
+    from netlite_nb.memory.cpu import cpu_vendor, measure_matmul_pool
+    if not (sys.platform.startswith('linux') and torch.backends.mkl.is_available() and torch.backends.cpu.get_cpu_capability() == 'AVX2'
+            and cpu_vendor() == 'AuthenticAMD' and torch.get_num_threads() == 1):
+        pytest.skip("the pool rule was read off MKL's AVX2 kernels on an AMD CPU, one thread; this CPU runs others (calibrate=True measures them)")
+    mm = lambda M, K, N: ('matmul', 1, M, K, N, 'torch.float32')
+    for seq in ([[700, 300, 2000], [64, 900, 5000], [2000, 64, 700], [300, 700, 64]],  # a larger panel asks for less: the first buffer serves it
+                [[30, 300, 5000], [5000, 30, 300], [900, 70, 40], [96, 40, 12000], [40, 96, 12000]]):  # wide and short: requests outgrow panels
+        model, got = cpu_workspace_bytes([mm(*s) for s in seq], 'AVX2'), measure_matmul_pool(seq)
+        assert abs(got - model) <= 0.05 * got, (seq, got, model)
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux') or __import__('platform').machine() not in ('x86_64', 'AMD64'), reason="oneDNN's x86 kernels; Linux's high-water mark")
+def test_3d_conv_backward_on_avx2_kernels_holds_against_real_runs():
+    "On AVX2 kernels oneDNN's jit weight gradient refuses a padded or dilated depth, so a 3-D convolution's takes gemm on plain layouts (im2col of one depth slice per thread): its backward scratch is the input gradient's blocked copies or the columns, not both blocked copies on top of the gradients."
+    if torch.backends.cpu.get_cpu_capability() != 'AVX2' or torch.get_num_threads() != 1:
+        pytest.skip("the rule is oneDNN's AVX2 path, one thread; this CPU runs other kernels (calibrate=True measures them)")
+    from netlite_nb.memory.cpu import measure_conv_scratch, cpu_conv_scratch
+    A = torch.ops.aten
+    cases = [(2, 16, 20, 24, 3, 1, 1, 1, True), (2, 16, 18, 32, 3, 2, 1, 1, True), (3, 24, 14, 8, 3, 1, 1, 1, False), (2, 8, 16, 8, 3, 1, 2, 2, True)]  # b, in, size, out, k, stride, pad, dilation, x needs grad
+    for b, c, s, o, k, st, p, d, xg in cases:
+        spec = ['backward', [c, s, s, s], [o, c, k, k, k], [st] * 3, [p] * 3, [d] * 3, 1, 'float32', xg, False, b]
+        got = measure_conv_scratch([spec], (b,))[0][0]
+        x, w = torch.empty(b, c, s, s, s, device='meta'), torch.empty(o, c, k, k, k, device='meta')
+        y = A.convolution(x, w, None, [st] * 3, [p] * 3, [d] * 3, False, [0] * 3, 1)
+        model = cpu_conv_scratch(A.convolution_backward.default, (y, x, w, [o], [st] * 3, [p] * 3, [d] * 3, False, [0] * 3, 1, [xg, True, False]), None)
+        assert 0.95 * got - 2**18 <= model <= 1.25 * got + 2**18, (spec, got, model)  # the safe side, within a quarter (and 256 KiB: columns of padded positions are not all written)
 
 
 def test_measured_matmul_buffers_replace_the_model():
@@ -1664,6 +1695,35 @@ def test_the_memo_keeps_a_recurrent_trace():
         with mock.patch.object(AllocationTracker, 'answer', every_op): ref_plan = plan_memory(model, batch, device_or_gpu='cpu')
         assert (plan.peak, plan.notes) == (ref_plan.peak, ref_plan.notes)
 
+
+def test_the_memo_answers_a_loop_over_time_whatever_its_step():
+    """A loop over time reads `y[:, t]`, a view at another storage offset each step, as a GRU's own loop reads its input projection:
+    the memo keys the ops on such views without the offset (`AllocationTracker.answer`), so it answers every step after the first
+    from the same entries, and the trace is still the one FakeTensor's own dispatch of every op makes (views placed at their step's
+    offset, `split`'s views of one input, backward's in-place sums)."""
+    import collections
+    from unittest import mock
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    class Scan(nn.Module):
+        def __init__(self): super().__init__(); self.gru, self.rec, self.head = nn.GRU(8, 16, batch_first=True), nn.Linear(16, 16), nn.Linear(16, 10)
+        def forward(self, x):
+            y, h = self.gru(x)[0], x.new_zeros(x.shape[0], 16)
+            for t in range(x.shape[1]):
+                a, b = y[:, t].split(8, -1)
+                h = torch.tanh(self.rec(h) + torch.cat([a.sigmoid(), b], -1))
+            return self.head(h)
+    batch = lambda steps: (torch.randn(4, steps, 8), torch.randint(0, 10, (4,)))
+    indexed = {torch.ops.aten.select.int, torch.ops.aten.select_backward.default}  # the step's index is their own argument
+    def entries(steps):
+        tr = trace_step(Scan(), batch(steps), kernels='cpu').tracker
+        return collections.Counter(k[0] for k in tr.memo if k[0].namespace == 'aten' and k[0] not in indexed)
+    assert entries(6) == entries(12)  # as many entries of each op at 12 steps as at 6: none keyed by the step it ran at
+    model = Scan()
+    FakeTensorMode.cache_clear(); tr = trace_step(model, batch(12), kernels='cpu').tracker
+    FakeTensorMode.cache_clear()
+    with mock.patch.object(AllocationTracker, 'answer', lambda self, func, args, kwargs: func(*args, **kwargs)): ref = trace_step(model, batch(12), kernels='cpu').tracker
+    seen = lambda t: [(s, r.nbytes, r.category, r.phase, r.module, r.born) for s, r in t.events]
+    assert seen(tr) == seen(ref) and tr.kernels == ref.kernels and tr.peak == ref.peak and tr.summed == ref.summed > 0
 
 class _SparseGCN(nn.Module):
     "Graph convolutions over a fixed 300-node ring whose adjacency is a sparse COO buffer; a batch is several signals on the graph."

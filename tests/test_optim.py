@@ -475,3 +475,15 @@ def test_bf16_sr_plan_is_six_bytes_per_parameter_and_refused_without_bf16():
         with pytest.raises(ValueError, match=rf"compute capability {cc}\) has no bf16 arithmetic.*adamw8bit"):
             plan_memory(wide, sample, device_or_gpu=gpu, **step)
     assert plan_memory(wide, sample, device_or_gpu='rtx 3060', **step).total > 0
+
+
+def test_a_traced_8bit_step_runs_a_steady_chunk_once():
+    """A plan of the 8-bit step runs each parameter's first two chunks and its last (every whole chunk after the first allocates and
+    frees what the second does), so a weight of 32 chunks of 2**18 values traces as many optimizer allocations as one of 8, and the
+    billion-parameter plans of bench/offload.py do not trace thousands of chunks each."""
+    from netlite_nb.memory.trace import trace_step
+    def optimizer_allocations(out_features):
+        batch = (torch.randn(4, 1024), torch.randn(4, out_features))
+        tr = trace_step(nn.Linear(1024, out_features, bias=False), batch, optimizer='adamw8bit').tracker
+        return sum(s > 0 and r.phase == 'optimizer' and r.step == 1 for s, r in tr.events)
+    assert optimizer_allocations(2048) == optimizer_allocations(8192) > 0

@@ -25,23 +25,27 @@ from .trace import (
 from .heap import _glibc_note, glibc_replay, on_glibc, replay_note
 
 # %% auto #0
-__all__ = ['MKL_BLOCKING', 'ONEDNN_MATMUL_STATE', 'MALLOC_ENV', 'mkl_isa', 'mkl_panel', 'onednn_lowp', 'on_onednn',
+__all__ = ['MKL_BLOCKING', 'ONEDNN_MATMUL_STATE', 'MALLOC_ENV', 'mkl_isa', 'mkl_panel', 'onednn_lowp', 'on_onednn', 'mkl_request',
            'cpu_workspace_bytes', 'conv_backend', 'is_channels_last', 'as_laid_out', 'cpu_conv_scratch',
            'conv_layout_copies', 'contiguous_copies', 'promotion_copies', 'attention_scratch', 'matrix_exp_scratch',
            'ctc_scratch', 'fake_quant_scratch', 'deform_conv_scratch', 'fft_scratch', 'flash_gemms', 'upsample_copies',
            'lstm_workspace', 'lstm_brgemm', 'calibration_segment', 'cpu_kernel_path', 'CpuKernels', 'calibration_file',
            'calibration_cache', 'clear_calibration', 'conv_key', 'mm_key', 'hwm_growth', 'free_blas_buffers', 'op_arg',
-           'op_func', 'heap_in_use', 'run_in_child', 'measure_conv_scratch', 'calibrate_kernels', 'cpu_vendor',
-           'kernel_model_covers_this_cpu', 'cpu_terms']
+           'op_func', 'heap_in_use', 'run_in_child', 'measure_conv_scratch', 'calibrate_kernels', 'measure_matmul_pool',
+           'cpu_vendor', 'kernel_model_covers_this_cpu', 'cpu_terms']
 
 # %% ../../nbs/01c_cpu.ipynb #c073
 # MKL's fp32 matmul packing on each ISA, read off `python bench/budget_accuracy.py --gemm` (torch 2.14.1's MKL, one thread):
-# kc rows of B (the K dimension) are packed at a time (a K up to 2 kc in two halves), at most n_max of its columns, and
-# m_block rows of A: the whole block whatever M is on AVX-512, min(M, m_block) rows on AVX2. Products with fewer than min_m
-# rows or min_n columns are not packed. state / mm_state: bytes kept per distinct oneDNN convolution / unpacked matmul shape.
+# kc rows of B (the K dimension) are packed at a time (a K up to 2 kc in two halves), at most n_max of its columns (rounded up
+# to n_round), and m_block rows of A: the whole block whatever M is on AVX-512, min(M, m_block) rows on AVX2. Products with
+# fewer than min_m rows, min_n columns or min_k inner values are not packed. state / mm_state: bytes kept per distinct oneDNN
+# convolution / unpacked matmul shape. request (AVX2, read off bench/malloc_trace.c): what MKL mallocs for a product's buffer,
+# head + 4 B x kc' x (2 min(M, m_block) + N'), kc' at least request_kc for K up to that; it keeps the buffer in its own pool.
+# (Its first packed product also keeps a 68 KiB block, which lands in the heap's free chunks: not counted.)
 MKL_BLOCKING = {
-    'AVX512': dict(kc=384, n_max=9984, m_block=648, whole_block=True, min_m=385, min_n=192, state=136*1024, mm_state=136*1024), # a Xeon
-    'AVX2': dict(kc=192, n_max=6400, m_block=384, whole_block=False, min_m=4, min_n=64, state=122*1024, mm_state=0)}  # an AMD EPYC
+    'AVX512': dict(kc=384, n_max=9984, m_block=648, whole_block=True, min_m=385, min_n=192, min_k=1, n_round=1, state=136*1024, mm_state=136*1024), # a Xeon
+    'AVX2': dict(kc=192, n_max=6400, m_block=384, whole_block=False, min_m=4, min_n=12, min_k=2, n_round=16, state=122*1024, mm_state=0,
+                 request=dict(head=17056, kc=128))}  # an AMD EPYC
 # oneDNN's bf16/fp16 matmul primitives: heap bytes kept per primitive (`--gemm` part 6, glibc's mallinfo2), with bf16/fp16
 # instructions (AVX512_BF16, AMX) and where oneDNN converts with plain AVX-512 (the median with ONEDNN_MAX_CPU_ISA=AVX512_CORE)
 ONEDNN_MATMUL_STATE = {'native': 560 * 1024, 'emulated': 44 * 1024}
@@ -50,12 +54,14 @@ def mkl_isa(isa:str|None=None)->str:
     "The measured row of `MKL_BLOCKING` for `isa` (default: this CPU's); an ISA not measured yet gets AVX-512's larger buffers."
     return 'AVX2' if (isa or torch.backends.cpu.get_cpu_capability()) == 'AVX2' else 'AVX512'
 
+def _mkl_kc(K:int, g:dict)->int: return K if K <= g['kc'] else math.ceil(K / 2) if K <= 2 * g['kc'] else g['kc']
+
 def mkl_panel(M:int, K:int, N:int, isa:str|None=None)->int:
     "Resident bytes of MKL's packing buffers for one fp32 (M x K) @ (K x N) product; 0 for a product it does not pack."
     g = MKL_BLOCKING[mkl_isa(isa)]
-    if M < g['min_m'] or N < g['min_n']: return 0
-    kc = K if K <= g['kc'] else math.ceil(K / 2) if K <= 2 * g['kc'] else g['kc']
-    return 4 * kc * (min(N, g['n_max']) + (g['m_block'] if g['whole_block'] else min(M, g['m_block'])))
+    if M < g['min_m'] or N < g['min_n'] or K < g['min_k']: return 0
+    n = min(math.ceil(N / g['n_round']) * g['n_round'], g['n_max'])
+    return 4 * _mkl_kc(K, g) * (n + (g['m_block'] if g['whole_block'] else min(M, g['m_block'])))
 
 def onednn_lowp(dtype:str)->str|None:
     "How this CPU's PyTorch runs a matmul in `dtype`: on oneDNN with bf16/fp16 instructions ('native'), on oneDNN converting ('emulated'), or not on oneDNN (None)."
@@ -82,7 +88,28 @@ def _keeps_state(k:tuple)->bool:
     dtype = getattr(torch, k[-1].split('.')[-1]) if str(k[-1]).startswith('torch.') else torch.float32  # bf16 convolutions always go to oneDNN
     return conv_backend(x, w, tuple(stride), tuple(padding), tuple(dilation), transposed, groups, dtype, torch.get_num_threads()) in ('Mkldnn', 'MkldnnTranspose')
 
+# %% ../../nbs/01c_cpu.ipynb #c073r
+def mkl_request(M:int, K:int, N:int, isa:str|None=None)->int|None:
+    "Bytes MKL mallocs for one fp32 product's packing buffer (0: not packed), where measured (AVX2); None where not: the panel stands for it."
+    g = MKL_BLOCKING[mkl_isa(isa)]
+    if 'request' not in g: return None
+    if not mkl_panel(M, K, N, isa): return 0
+    r, n = g['request'], min(math.ceil(N / g['n_round']) * g['n_round'], g['n_max'])
+    kc = r['kc'] if K <= r['kc'] else K if K <= g['kc'] else min(g['kc'], K // 2)  # sized for K rounded differently from what is packed
+    return r['head'] + 4 * kc * (2 * min(M, g['m_block']) + n)
+
+
 # %% ../../nbs/01c_cpu.ipynb #c073b
+def _pool_buffer(pool:list, req:int, touched:int)->int:
+    "Bytes a product adds to MKL's pool of kept buffers: it takes the smallest free one of at least `req` bytes (resident as far as any product wrote it), else a new one."
+    fits = [b for b in pool if b[0] >= req]
+    if not fits:
+        pool.append([req, touched])
+        return touched
+    b = min(fits, key=lambda b: b[0])
+    grown, b[1] = max(0, touched - b[1]), max(b[1], touched)
+    return grown
+
 def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls and convolutions in the order they ran
                         isa:str|None=None, # the CPU's ISA, 'AVX2' or 'AVX512'; default: this machine's
                         measured:dict|None=None, # matmul buffers measured on this machine, by key (`calibrate_kernels`); None: the model
@@ -90,7 +117,7 @@ def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls
     "Memory the CPU math libraries keep for a step's kernels: MKL's matmul packing buffers, oneDNN's low-precision matmul primitives, per-shape kernel state."
     g = MKL_BLOCKING[mkl_isa(isa)]
     total = held = 0
-    seen = set()
+    seen, pool = set(), []  # pool: MKL's kept buffers, [bytes asked, bytes resident]
     for k in kernels:
         if k[0] == 'matmul' and (how := on_onednn(k)):  # oneDNN keeps a primitive per shape, layout and added term
             if k not in seen: total += measured[key][0] if measured and (key := mm_key(k)[0]) in measured else ONEDNN_MATMUL_STATE[how]
@@ -104,10 +131,15 @@ def cpu_workspace_bytes(kernels:list, # `AllocationTracker.kernels`: the matmuls
             continue
         key = mm_key(k)[0] if measured else None
         known = key in (measured or {})  # measured: what it keeps, state included (with more threads, small products pack too)
-        panel = measured[key][0] if known else mkl_panel(*k[2:5], isa) if k[5] == 'torch.float32' else 0
+        fp32 = k[5] == 'torch.float32'
+        if fp32 and (req := mkl_request(*k[2:5], isa)) is not None:  # MKL's pool: calibration measures what a product writes, not which buffer it gets
+            if req: total += _pool_buffer(pool, req, measured[key][0] if known else mkl_panel(*k[2:5], isa))
+            continue
+        panel = measured[key][0] if known else mkl_panel(*k[2:5], isa) if fp32 else 0
         if panel > held: total, held = total + panel, panel  # a bigger product gets new buffers; the smaller ones stay cached
         elif panel == 0 and new and not known: total += g['mm_state']
     return total
+
 
 # %% ../../nbs/01c_cpu.ipynb #kp1
 _CPU_BLOCK = 16 if 'AVX512' in torch.backends.cpu.get_cpu_capability() else 8  # channels per block in oneDNN's blocked layouts
@@ -160,6 +192,29 @@ def _channels_last_scratch(fwd:bool, w, groups:int, n:int)->int:
     wide_depthwise = groups > 1 and w.shape[1] == 1 and max(w.shape[2:]) > 3
     return copy + max(2 * wts, groups * _CPU_BLOCK**2 * math.prod(w.shape[2:]) * n if wide_depthwise else 0)
 
+# %% ../../nbs/01c_cpu.ipynb #kp2g
+def _gemm_weight_grad(x, w, stride, padding, dilation)->bool:
+    "Does oneDNN compute this convolution's weight gradient with its gemm kernel (`x64:gemm:jit` in ONEDNN_VERBOSE) on plain layouts? 3-D fp32 on AVX2 kernels where the depth is padded or dilated: its AVX2 jit kernel refuses those (`jit_avx2_conv_bwd_weights_kernel_f32::init_conf`)."
+    if x.dim() != 5 or _CPU_BLOCK != 8 or x.dtype != torch.float32: return False
+    od = (x.shape[2] + 2 * padding[0] - dilation[0] * (w.shape[2] - 1) - 1) // stride[0] + 1
+    back_pad = max(0, (od - 1) * stride[0] + w.shape[2] - x.shape[2] - padding[0])
+    return padding[0] != 0 or back_pad != 0 or any(d != 1 for d in dilation)
+
+def _gemm_backward_scratch(x, w, y, stride, padding, xgrad:bool, src:int, dst:int, strided:bool)->int:
+    "Backward scratch beyond both gradients where the input's gradient runs blocked and the weights' on gemm (`_gemm_weight_grad`)."
+    n, threads = x.element_size(), torch.get_num_threads()
+    dx, dw = n * x.numel() * xgrad, n * w.numel()
+    os_ = math.prod(y.shape[3:])  # gemm_convolution_utils: one output depth slice's positions at a time (jcp.os = oh * ow)
+    view = all(k == 1 for k in w.shape[2:]) and all(s == 1 for s in stride) and not any(padding)  # a 1x1x1 reads the input as columns
+    nthr = threads if threads > 1 and os_ / threads < 256 and x.shape[0] != 1 else 1  # outer threading: a column buffer per thread
+    col = 0 if view else n * nthr * x.shape[1] * math.prod(w.shape[2:]) * os_
+    gemm = col + (nthr * dw if nthr > 1 else 0)  # each thread's weight gradient, reduced after; one thread writes dw itself
+    # the input's gradient: the output's gradient and the input's, blocked, then the blocked one copied out into dx (the strided
+    # kernel: the input's gradient twice in its own layout, then dx)
+    data = max(dst + src, src + dx, 3 * dx if strided else 0) if xgrad else 0
+    return max(data, dx + dw + gemm) - dx - dw
+
+
 # %% ../../nbs/01c_cpu.ipynb #kp2
 def _strided_kernel(c_in:int, c_out:int, groups:int, stride)->bool:
     "Does oneDNN's backward pass for the input's gradient take its strided kernel (`brgconv_strided`)? Strides above one, groups of more than a block."
@@ -182,6 +237,8 @@ def cpu_conv_scratch(func, # aten.convolution or aten.convolution_backward
         if x.shape[1] < _CPU_BLOCK and (fwd or not (args[10][0] or one_by_one)):  # a first layer's few channels are read in place (a 1x1's weight gradient copies them)
             src = n * x.numel() if acc and not fwd else 0  # in half precision the weights' gradient pass copies them, unblocked
         if fwd: return max(src, dst, acc * y.numel()) + wts  # the weights are reordered as well, alongside the larger activation copy
+        if _gemm_weight_grad(x, w, stride, padding, dilation):
+            return _gemm_backward_scratch(x, w, y, stride, padding, args[10][0], src, dst, _strided_kernel(x.shape[1] // groups, w.shape[0] // groups, groups, stride))
         # backward's two passes (the input's gradient, with the weights reordered; the weights', with the activations) hold their
         # scratch in turn; an input of a few channels is copied only when it needs a gradient
         held = max(dst + src, wts if args[10][0] else 0, acc * x.numel() if args[10][0] else 0, acc * w.numel() if args[10][1] else 0)  # half precision: both gradients in fp32
@@ -725,6 +782,23 @@ def calibrate_kernels(specs:list, # convolution and matmul specs a trace collect
     calibration_cache.cache_clear()
     return table
 
+# %% ../../nbs/01c_cpu.ipynb #cal4p
+def _measure_matmul_pool(specs:list)->int:
+    "Run in a fresh process: anonymous resident bytes MKL keeps after fp32 products [M, K, N] run in order from an empty pool (their code faulted in first, outputs written before)."
+    xs = [(torch.randn(M, K), torch.randn(K, N), torch.zeros(M, N)) for M, K, N in specs]
+    for a, b, y in xs: torch.mm(a, b, out=y)  # loads each path's code: file-backed pages, not what MKL keeps
+    free_blas_buffers(); gc.collect()
+    anon = lambda: int(next(l.split()[1] for l in Path('/proc/self/status').read_text().splitlines() if l.startswith('RssAnon'))) * 1024
+    before = anon()
+    for a, b, y in xs: torch.mm(a, b, out=y)
+    return anon() - before
+
+def measure_matmul_pool(specs:list, # fp32 products [M, K, N], in the order a step runs them
+                       )->int:
+    "Bytes MKL keeps for a sequence of fp32 products, measured in a fresh Python process on this CPU (Linux), one thread."
+    return run_in_child('_measure_matmul_pool', specs)
+
+
 # %% ../../nbs/01c_cpu.ipynb #71b4a392
 def cpu_vendor()->str:
     "This CPU's vendor as the processor reports it ('GenuineIntel', 'AuthenticAMD', ...; '' where it cannot be read)."
@@ -755,13 +829,15 @@ def cpu_terms(target:Target, tr:AllocationTracker)->tuple[int, int, dict, list]:
     raw = tr.peak
     return raw + ws + rounding, raw + ws + rounding, {'CPU kernel workspace': ws, 'allocator rounding': rounding}, [_glibc_note()] * on_glibc() + replay_note(tr) + [
         f"CPU kernel workspace {fmt_bytes(ws)}: MKL's matmul packing buffers (4 B x min(K, {g['kc']}) x (N + up to {g['m_block']}) "
-        f"for each product that needs more than the ones before it), {g['state'] // 1024} KiB per oneDNN convolution shape"
+        + ("of the largest product each kept buffer served: MKL pools them, a product taking the smallest one at least as large as it asks for (`mkl_request`)" if 'request' in g else
+           "for each product that needs more than the ones before it") + f"), {g['state'] // 1024} KiB per oneDNN convolution shape"
         + (f" and {ONEDNN_MATMUL_STATE[how] // 1024} KiB per oneDNN bf16/fp16 matmul primitive (shape, layout, bias)" if (how := onednn_lowp('torch.bfloat16')) else '')
         + ", kept for the life of the process; " + ("matmuls measured on this machine by calibration" if tr.measured else
         f"the {isa} model" + ('' if cap == isa else f" (this CPU reports {cap}, not measured yet: calibrate=True measures it)"))
         + ", read off `python bench/budget_accuracy.py --gemm` with one thread. "
         "More threads pack more: not included",
-        "kernel scratch is placed at its op: oneDNN's blocked copies inside each convolution (im2col for PyTorch's fallback); "
+        "kernel scratch is placed at its op: oneDNN's blocked copies inside each convolution (im2col for PyTorch's fallback; "
+        "on AVX2 a 3-D weight gradient's gemm columns, one depth slice per thread); "
         "the copies ATen makes of inputs that are not contiguous (LayerNorm, softmax) or not of the common dtype (mixed-dtype "
         "elementwise ops, a bf16 mean), dropout's mask, fused attention's fp32 accumulators and MKL's FFT copies; "
         "oneDNN's LSTM workspace is traced as the tensor it is, and models with recurrent layers or attention follow the CPU's "

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/01b_heap.ipynb #a9c5d5a8
 from __future__ import annotations
-import ast, contextlib, copy, ctypes, functools, gc, html, inspect, json, linecache, logging, math, os, platform, random, re, subprocess, sys, sysconfig, threading, traceback, types, warnings, weakref
+import ast, bisect, contextlib, copy, ctypes, functools, gc, html, inspect, json, linecache, logging, math, os, platform, random, re, subprocess, sys, sysconfig, threading, traceback, types, warnings, weakref
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -87,8 +87,7 @@ def _to_bin(self:GlibcHeap, a:int):
     self.binmap |= 1 << i
     if s < _LARGE: b.appendleft(a); return
     if not b or self.size[b[-1]] > s: b.append(a); return  # the smallest yet, as most chunks sorted here are: no walk along the bin
-    k = 0
-    while k < len(b) and self.size[b[k]] > s: k += 1
+    k = bisect.bisect_left(b, -s, key=lambda c: -self.size[c])  # the first no bigger: halving, not glibc's walk (a long trace's bins are long)
     if k < len(b) and self.size[b[k]] == s: k += 1
     b.insert(k, a)
 
@@ -175,10 +174,9 @@ def _from_bins(self:GlibcHeap, nb:int)->int|None:
         self._to_bin(a)
     if cached: return self.tcache[nb].pop()
     if nb >= _LARGE and (b := self.bins.get(_bin_index(nb))) and self.size[b[0]] >= nb:  # best fit in its own large bin
-        k = len(b) - 1
-        while self.size[b[k]] < nb: k -= 1
-        j = k
-        while j > 0 and self.size[b[j - 1]] == self.size[b[k]]: j -= 1
+        key = lambda c: -self.size[c]  # the bin is sorted largest first
+        k = bisect.bisect_right(b, -nb, key=key) - 1  # the smallest that fits
+        j = bisect.bisect_left(b, -self.size[b[k]], key=key)  # the first of its size
         if j < k: k = j + 1  # of several the same size glibc takes the second, leaving the first linked
         a = b[k]; del b[k]; del self.binned[a]
         self._split(a, nb); return a

@@ -339,9 +339,9 @@ _DEVICE = torch.ops.prim.device.default  # autograd asks each FakeTensor's devic
 class _NoKey(Exception): "An argument the memo leaves to FakeTensor."
 
 def _meta_key(t:torch.Tensor):
-    "What an op's shape function reads of FakeTensor `t`; `_NoKey` for what the memo leaves to FakeTensor (0-dim, a value carried, not strided)."
+    "What an op's shape function reads of FakeTensor `t`, its storage offset aside (`_out_meta`); `_NoKey` for what the memo leaves to FakeTensor (0-dim, a value carried, not strided)."
     if type(t) is not FakeTensor or t.dim() == 0 or t.constant is not None or t.layout != torch.strided: raise _NoKey()
-    return (t.shape, t.stride(), t.storage_offset(), t.dtype, t.fake_device, t.is_neg(), t.is_conj())
+    return (t.shape, t.stride(), t.dtype, t.fake_device, t.is_neg(), t.is_conj())
 
 def _value_key(a):
     if isinstance(a, torch.Tensor): return _meta_key(a)
@@ -354,12 +354,20 @@ def _op_key(func, args:tuple, kwargs:dict):
     except _NoKey: return None
 
 # %% ../../nbs/01a_trace.ipynb #mm2
+# view ops whose outputs start at the input's offset plus what their other arguments say (not as_strided, which names its
+# offset, nor dtype views, which scale it): the memo keys them without the offset and places their views from the input's
+_SHIFTED = {getattr(getattr(_A, n), o) for n, o in (('select', 'int'), ('slice', 'Tensor'), ('split', 'Tensor'), ('unsafe_split', 'Tensor'),
+            ('split_with_sizes', 'default'), ('unsafe_split_with_sizes', 'default'), ('unbind', 'int'), ('narrow', 'default'), ('t', 'default'),
+            ('transpose', 'int'), ('permute', 'default'), ('view', 'default'), ('_reshape_alias', 'default'), ('expand', 'default'),
+            ('squeeze', 'default'), ('squeeze', 'dim'), ('squeeze', 'dims'), ('unsqueeze', 'default'), ('detach', 'default'), ('alias', 'default'),
+            ('diagonal', 'default'), ('unfold', 'default'), ('_unsafe_view', 'default')) if hasattr(_A, n) and o in getattr(_A, n).overloads()}
+
 def _out_meta(t, tops:dict, ins:set):
-    "How `_made_like` makes output `t` again: ('new', shape, strides, dtype, device), ('view', argument, shape, strides, offset, dtype, device); None: it cannot."
+    "How `_made_like` makes output `t` again: ('new', shape, strides, dtype, device), ('view', argument, shape, strides, offset from the argument's, dtype, device); None: it cannot."
     if t is None: return 'none'
     if not isinstance(t, FakeTensor) or t.constant is not None or t.is_neg() or t.is_conj() or t.layout != torch.strided: return None
     st = t.untyped_storage()._cdata
-    if st in tops: return 'view', tops[st], t.shape, t.stride(), t.storage_offset(), t.dtype, t.fake_device  # a view of that argument
+    if st in tops: return 'view', tops[st][0], t.shape, t.stride(), t.storage_offset() - tops[st][1], t.dtype, t.fake_device  # a view of that argument
     if st in ins or t.storage_offset(): return None
     with torch._C._DisableTorchDispatch(): n = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device='meta').untyped_storage().nbytes()
     return ('new', t.shape, t.stride(), t.dtype, t.fake_device) if n == t.untyped_storage().nbytes() else None  # no spare room in its storage
@@ -370,12 +378,12 @@ def _memo_entry(func, args:tuple, kwargs:dict, out, before):
     if isinstance(first, FakeTensor) and out is first: return 'self' if _meta_key(first) == before else 'no'  # `t.unsqueeze_()` changes its shape
     outs = out if isinstance(out, (tuple, list)) else [out]
     if func._schema.is_mutable or not outs: return 'no'
-    tops = {a.untyped_storage()._cdata: i for i, a in enumerate(args) if isinstance(a, FakeTensor)}
+    tops = {a.untyped_storage()._cdata: (i, a.storage_offset()) for i, a in enumerate(args) if isinstance(a, FakeTensor)}
     ins = {a.untyped_storage()._cdata for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
     metas = [_out_meta(t, tops, ins) for t in outs]
-    if None in metas: return 'no'
-    stores = [t.untyped_storage()._cdata for t in outs if t is not None]
-    if not stores or len(set(stores)) < len(stores): return 'no'  # outputs sharing a storage: FakeTensor's answer
+    if None in metas or any(m[0] == 'view' for m in metas if m != 'none') and func not in _SHIFTED: return 'no'  # a view placed otherwise
+    stores = [t.untyped_storage()._cdata for t, m in zip(outs, metas) if m != 'none' and m[0] == 'new']
+    if len(set(stores)) < len(stores) or all(m == 'none' for m in metas): return 'no'  # new outputs sharing a storage: FakeTensor's answer
     fm = next(t.fake_mode for t in outs if t is not None)
     return fm, type(out) if isinstance(out, (tuple, list)) else None, metas
 
@@ -392,7 +400,7 @@ def _made_like(entry, args:tuple):
     outs = []
     for m in metas:
         if m == 'none': outs.append(None)
-        elif m[0] == 'view': outs.append(_view_of(fm, args[m[1]].untyped_storage(), *m[2:]))
+        elif m[0] == 'view': a = args[m[1]]; outs.append(_view_of(fm, a.untyped_storage(), m[2], m[3], a.storage_offset() + m[4], *m[5:]))
         else:
             with torch._C._DisableTorchDispatch(): outs.append(FakeTensor(fm, torch.empty_strided(m[1], m[2], dtype=m[3], device='meta'), m[4]))
     return outs[0] if kind is None else kind(outs)
@@ -417,11 +425,23 @@ def answer(self:AllocationTracker, func, args:tuple, kwargs:dict):
     return out
 
 # %% ../../nbs/01a_trace.ipynb #at7
+_LEAVES = (int, float, complex, str, torch.dtype, torch.device, torch.layout, torch.memory_format, torch.SymInt, torch.SymFloat)
+
+def _tensors(x)->list:
+    "The tensors in `x` (an op's arguments or outputs, a layer's output): what `tree_flatten` finds, at a fraction of its cost per op."
+    if isinstance(x, torch.Tensor): return [x]
+    if isinstance(x, (list, tuple)): return [t for a in x for t in _tensors(a)]
+    if isinstance(x, dict): return [t for a in x.values() for t in _tensors(a)]
+    if x is None or isinstance(x, _LEAVES): return []
+    return [t for t in tree_flatten(x)[0] if isinstance(t, torch.Tensor)]  # a class registered with pytree (a layer's output)
+
 @patch
 def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None):
     if func is _DEVICE: return args[0].fake_device if type(args[0]) is FakeTensor else func(*args)  # a question, not an op: nothing is allocated
     if func is _A._local_scalar_dense.default and _stand_in(self, args[0]): return _item(self, func, args)
-    if _sum_in_place(self, func, args, kwargs or {}): self.summed += 1; return args[0].add_(args[1])  # as a real backward adds it
+    if _sum_in_place(self, func, args, kwargs or {}):  # as a real backward adds it: in place, from the memo where it can
+        self.summed += 1; torch.autograd.graph.increment_version(args[0])
+        return self.answer(_A.add_.Tensor, args, {})
     if func in _MATMULS and (wrong := _dtype_mismatch(func, args, self.cuda_autocast)): raise RuntimeError(wrong)  # what the real kernel says
     if func in _MATMULS or func in CONVS: self.kernels.append(kernel_spec(func, args))
     if func is torch.ops.aten._safe_softmax.default: self.decomposed = True
@@ -434,9 +454,9 @@ def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None
     scratch = 0
     if self.kernel_path is not None: out, scratch = self.kernel_path(func, args, kwargs or {}, out)
     if func in _UNMODELLED and not scratch: self.unseen.append(func.overloadpacket.__name__)  # its scratch is not in the plan
-    new = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and self.record_of(t) is None]
+    new = [t for t in _tensors(out) if self.record_of(t) is None]
     if new:  # an output sharing an input's storage (a view, an in-place or out= result) allocated nothing
-        ins = {id(a.untyped_storage()) for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
+        ins = {id(a.untyped_storage()) for a in _tensors((args, kwargs))}
         new = [t for t in new if id(t.untyped_storage()) not in ins]
     for t in new:
         rec = self.track(t)
@@ -489,7 +509,7 @@ def _saved_values(node)->int:
 @patch
 def count_nodes(self:AllocationTracker, out):
     "Hold the heap bytes of the autograd nodes behind `out` that were not counted yet; they live until `free_graph`."
-    todo = [t.grad_fn for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    todo = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
     n = values = 0
     while todo:
         node = todo.pop()
