@@ -495,9 +495,10 @@ def check_offload(step:TrainingStep, # the step: its optimizer name, transform, 
             raise IncompatibleStepError(f"fp16 loss scaling cannot work with {what}: GradScaler checks every gradient for inf/nan after backward and "
                 "skips the whole update if one overflowed, but here the gradients are gone by then. Use precision='bf16' (no scaling needed) "
                 "or 'fp32', or optimizer='adamw-offload', which keeps the gradients on the device until the step.")
-        if clip_grad:
+        if clip_grad and 'step in backward' in uses: # a host optimizer has every gradient before its step, so it can clip there
             raise IncompatibleStepError(f"A global-norm clip (clip_grad={clip_grad}) cannot work with {what}: the norm is taken over all gradients "
-                "before any update, and here each one is used or moved as soon as it exists. Drop clip_grad, or use optimizer='adamw-offload'.")
+                "before any update, and here each one is used as soon as it exists. Drop clip_grad, or use optimizer='adamw-offload-grads', "
+                "whose host step clips the gradients on the host.")
         if distributed: _refuse_distributed(what[0].upper() + what[1:], True)
     if 'half weights' in uses: _check_half(step, target)
 

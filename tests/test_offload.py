@@ -129,6 +129,7 @@ def test_refusals_of_clip_data_parallel_and_the_cpu():
     with pytest.raises(IncompatibleStepError, match='data-parallel'): check_offload(TrainingStep(optimizer='adamw-offload-grads'), 8, distributed=True)
     with pytest.raises(IncompatibleStepError, match='same memory'): check_offload(TrainingStep(optimizer='adamw-offload'), 8, Target('cpu', 'cpu', 2**34))
     check_offload(TrainingStep(optimizer='adamw-offload', precision='fp16', micro_batch=2), 8, clip_grad=1.0, distributed=True)  # all fine together
+    check_offload(TrainingStep(optimizer='adamw-offload-grads'), 8, clip_grad=1.0)  # the host optimizer clips on the host (chapter 07)
 
 
 def _wide():
