@@ -152,7 +152,8 @@ def test_3d_conv_backward_on_avx2_kernels_holds_against_real_runs():
     cases = [(2, 16, 20, 24, 3, 1, 1, 1, True), (2, 16, 18, 32, 3, 2, 1, 1, True), (3, 24, 14, 8, 3, 1, 1, 1, False), (2, 8, 16, 8, 3, 1, 2, 2, True)]  # b, in, size, out, k, stride, pad, dilation, x needs grad
     for b, c, s, o, k, st, p, d, xg in cases:
         spec = ['backward', [c, s, s, s], [o, c, k, k, k], [st] * 3, [p] * 3, [d] * 3, 1, 'float32', xg, False, b]
-        got = measure_conv_scratch([spec], (b,))[0][0]
+        # Linux updates its resident-set counters in batches, so one reading can come out a few hundred KiB short: the most of three processes
+        got = max(measure_conv_scratch([spec], (b,))[0][0] for _ in range(3))
         x, w = torch.empty(b, c, s, s, s, device='meta'), torch.empty(o, c, k, k, k, device='meta')
         y = A.convolution(x, w, None, [st] * 3, [p] * 3, [d] * 3, False, [0] * 3, 1)
         model = cpu_conv_scratch(A.convolution_backward.default, (y, x, w, [o], [st] * 3, [p] * 3, [d] * 3, False, [0] * 3, 1, [xg, True, False]), None)
