@@ -12,15 +12,17 @@ from fastcore.basics import patch
 from torch.utils._python_dispatch import _disable_current_modes, _get_current_dispatch_mode_stack
 from .probe import UnknownGPUError, fmt_bytes, lookup_gpu
 from .budget import IncompatibleStepError, TrainingStep, _transform_name, register_host_budget, register_host_terms, register_lever, register_step_check
-from .memory.trace import OPTIMIZERS, AllocationTracker, Target, _norm, is_traced, make_optimizer, register_optimizer
+from .memory.trace import OPTIMIZERS, AllocationTracker, Target, _norm, is_host_resident, is_traced, make_optimizer, mark_host_resident, register_optimizer
+from .layers import memory_transform
 from .optim import AdamW8bit, bf16_weights, state_bytes
 
 # %% auto #0
 __all__ = ['HALF', 'IN_BACKWARD', 'GRADS_OFFLOADED', 'STATE_OFFLOADED', 'OFFLOAD_BASES', 'PCIE_LANE_GBS', 'PCIE_EFFICIENCY',
            'HOST_SHARE', 'OFFLOADS', 'pinned_bytes', 'offload_hooks', 'offload_activations', 'HostOptimizer',
            'host_optimizer_backend', 'LossScale', 'half_weights', 'half_weights_fp16', 'half_weights_bf16',
-           'StepInBackward', 'offloads', 'check_offload', 'nvml_pcie_link', 'pcie_link', 'pcie_gbs', 'host_bandwidth',
-           'offload_seconds', 'host_budget', 'step_seconds', 'offload_slowdown', 'apply_offload', 'offload_transform']
+           'StepInBackward', 'stream_weights', 'stream_weights_checkpointed', 'offloads', 'check_offload',
+           'nvml_pcie_link', 'pcie_link', 'pcie_gbs', 'host_bandwidth', 'offload_seconds', 'host_budget',
+           'step_seconds', 'offload_slowdown', 'apply_offload', 'offload_transform']
 
 # %% ../nbs/03a_offload.ipynb #o007
 def _tracker()->AllocationTracker|None:
@@ -442,6 +444,86 @@ def load_state_dict(self:StepInBackward, state_dict:dict):
             if k != 'step': self.state[p][k] = v.to(p.device)
     for o in self.inner.values(): o.state = self.state
 
+# %% ../nbs/03a_offload.ipynb #st01
+def _blocks(model:nn.Module)->list[nn.Module]:
+    "The blocks to stream one at a time: the children with weights of the `ModuleList` or `Sequential` (of 2 or more) holding the most parameters."
+    size = lambda m: sum(p.numel() for p in m.parameters())
+    stacks = [m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2]
+    if not stacks: raise ValueError(f"stream_weights found no stack of blocks (an nn.ModuleList or nn.Sequential) in `{type(model).__name__}`: "
+                                    "pass blocks=[...], the modules whose weights to fetch one at a time.")
+    return [b for b in max(stacks, key=size) if size(b)]
+
+def _device_of(args, kwargs)->torch.device:
+    "Where a block's inputs are, and so where its weights must go: the first tensor's device (the CPU when there is none)."
+    return next((t.device for t in torch.utils._pytree.tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)), torch.device('cpu'))
+
+# %% ../nbs/03a_offload.ipynb #st02
+def _fetch(block:nn.Module, args, kwargs):
+    "Forward pre-hook: each host-resident weight of `block` replaced by a differentiable copy on its inputs' device (in a plan: traced, and its crossings counted)."
+    dev, tr, swapped = _device_of(args, kwargs), _tracker(), []
+    for mod in block.modules():
+        for n, p in list(mod._parameters.items()):
+            if p is None or not is_host_resident(p): continue
+            d = torch.empty_like(p, device=dev).copy_(p, non_blocking=True)  # differentiable; a real copy on the CPU too; from pinned memory, asynchronous
+            if tr is not None:
+                tr.track(d, 'weight copies'); _moved('streamed weights', d.numel() * d.element_size())
+                if d.requires_grad: d.register_hook(lambda g: _moved('streamed gradients', g.numel() * g.element_size()))
+            mod._parameters[n] = d  # the dict, not setattr: a copy is not a Parameter
+            swapped.append((mod, n, p))
+    block.__dict__.setdefault('_streamed_now', []).append(swapped)
+
+def _release(block:nn.Module, args, kwargs, out):
+    "Forward hook: the host parameters back in place; the copies die unless autograd saved them (without checkpointing it does)."
+    for mod, n, p in (block.__dict__.get('_streamed_now') or [[]]).pop(): mod._parameters[n] = p
+
+# %% ../nbs/03a_offload.ipynb #st03
+def stream_weights(model:nn.Module, # changed in place: the blocks' weights moved to host memory, two hooks on each block
+                   blocks:list|None=None, # the modules to fetch one at a time; None: the largest stack's children (`_blocks`)
+                   pin_memory:bool|None=None, # pinned host memory (fast, asynchronous copies); None: when CUDA is present
+                  )->nn.Module:
+    "Keep the weights of `model`'s blocks in host memory, copied to the device only while each block runs; gradients land on the host, where the optimizer updates them."
+    if getattr(model, '_weights_streamed', False): return model  # a plan's copy of a streamed model: hooks and marks came with it
+    blocks, pin = _blocks(model) if blocks is None else list(blocks), torch.cuda.is_available() if pin_memory is None else pin_memory
+    if not is_traced(next(model.parameters())): _refuse_distributed("Streaming weights from the host (stream_weights)")
+    for b in blocks:
+        for p in b.parameters():
+            if not is_traced(p) and p.device.type != 'cpu' or pin and not p.is_pinned():
+                p.data = p.data.to('cpu').pin_memory() if pin else p.data.to('cpu')  # the same Parameter: an optimizer built over it still holds it
+            mark_host_resident(p)
+        b.register_forward_pre_hook(_fetch, with_kwargs=True)
+        b.register_forward_hook(_release, with_kwargs=True, always_call=True)  # also when forward raises
+    model._weights_streamed = True
+    return model
+
+def stream_weights_checkpointed(model:nn.Module)->nn.Module:
+    "`stream_weights`, then activation checkpointing of about √n blocks per segment (chapter 02), so the copies die when each block returns."
+    return memory_transform(True)(stream_weights(model))
+
+# %% ../nbs/03a_offload.ipynb #st04
+def _streamed_state_bytes(params:list, optimizer)->int:
+    "Bytes of the state `optimizer` keeps for the host-resident `params`, from data-less copies (an 8-bit state made without an update)."
+    if optimizer is None or isinstance(optimizer, torch.optim.Optimizer): return 0
+    with _disable_current_modes():
+        hs = [torch.empty(p.shape, dtype=p.dtype, device='meta', requires_grad=True) for p in params]
+        for h in hs: h.grad = torch.empty_like(h)
+        opt = make_optimizer(optimizer, hs)
+        if isinstance(opt, AdamW8bit): _init_8bit(opt)
+        else: opt.step()
+    return state_bytes(opt)
+
+def _streamed(tr:AllocationTracker):
+    "What a traced step's host-resident parameters (chapter 01a) hold on the host: the weights (pinned), their gradients and optimizer state, and the update's traffic."
+    ps, o = getattr(tr, 'host_params', None), tr.__dict__.get('offload')
+    if not ps or (o and o.get('streamed')): return
+    o = _record(tr); o['streamed'] = True
+    nbytes = lambda t: t.numel() * t.element_size()
+    w, st = sum(nbytes(p) for p in ps), _streamed_state_bytes(ps, tr.optimizer)
+    for k, v in (('streamed weights (pinned)', w), ('streamed gradients (pageable)', w), ('optimizer state (pageable)', st),
+                 ('pinned rounding: streamed weights', sum(pinned_bytes(nbytes(p)) - nbytes(p) for p in ps))):
+        o['held'][k] = o['peak'][k] = v
+    last = max((s for s, _ in o['bus']), default=0)
+    o['bus'][last, 'host update'] = o['bus'].get((last, 'host update'), 0) + 3 * w + 2 * st  # read weights, gradients, state; write weights, state
+
 # %% ../nbs/03a_offload.ipynb #o035
 IN_BACKWARD, GRADS_OFFLOADED, STATE_OFFLOADED = set(), set(), set()  # normalized optimizer names of each kind
 
@@ -466,11 +548,11 @@ for _base in OFFLOAD_BASES: _register_offloads(_base)
 
 # %% ../nbs/03a_offload.ipynb #4e45b12e
 def offloads(step:TrainingStep)->list[str]:
-    "The offloads `step` uses, by name: 'activations', 'half weights', 'optimizer state', 'gradients', 'step in backward'."
+    "The offloads `step` uses, by name: 'activations', 'half weights', 'optimizer state', 'gradients', 'step in backward', 'streamed weights'."
     name, tf = _norm(step.optimizer) if isinstance(step.optimizer, str) else '', _transform_name(step.transform) or ''
     return ((['activations'] if 'offload_activations' in tf else []) + (['half weights'] if 'half_weights' in tf else [])
             + (['optimizer state'] if name in STATE_OFFLOADED else []) + (['gradients'] if name in GRADS_OFFLOADED and name not in IN_BACKWARD else [])
-            + (['step in backward'] if name in IN_BACKWARD else []))
+            + (['step in backward'] if name in IN_BACKWARD else []) + (['streamed weights'] if 'stream_weights' in tf else []))
 
 # %% ../nbs/03a_offload.ipynb #o037
 def check_offload(step:TrainingStep, # the step: its optimizer name, transform, precision, micro-batch
@@ -485,6 +567,7 @@ def check_offload(step:TrainingStep, # the step: its optimizer name, transform, 
     if target is not None and target.kind == 'cpu':
         raise IncompatibleStepError(f"Offloading ({', '.join(uses)}) moves bytes from the device's memory to the host's, and on the CPU they are the "
                                     "same memory, so it would save nothing. Drop the offload there, or plan for the GPU you will train on.")
+    if 'streamed weights' in uses: _check_streamed(step, uses, distributed)
     what = 'the optimizer step inside backward' if 'step in backward' in uses else "moving each gradient to the host during backward"
     if 'step in backward' in uses and step.micro_batch and step.micro_batch < batch_size:
         raise IncompatibleStepError("The optimizer step inside backward cannot accumulate gradients (more than one micro-batch per "
@@ -514,6 +597,15 @@ def _check_half(step:TrainingStep, target:Target|None):
     if 'half_weights_bf16' in (_transform_name(step.transform) or '') and target is not None and target.kind == 'cuda' and target.bf16_native is False:
         raise IncompatibleStepError(f"{target.name} has no bf16 arithmetic (it needs compute capability 8.0, Ampere or newer): bf16 weights "
             "would run every operation emulated. Use half_weights_fp16 (offload='fp16-weights'), which scales the loss against underflow.")
+def _check_streamed(step:TrainingStep, uses:list, distributed:bool):
+    "Refuse streamed weights with a host optimizer or half-precision card weights (the weights are not on the card), or under data-parallel."
+    if 'optimizer state' in uses or 'half weights' in uses:
+        raise IncompatibleStepError(f"Streamed weights (stream_weights) already live on the host, and the optimizer updates them there: "
+            f"{'a host optimizer (optimizer=' + repr(step.optimizer) + ')' if 'optimizer state' in uses else 'half-precision card weights'} would keep a "
+            "second host copy of every weight. Use the ordinary optimizer name ('adamw', 'adamw8bit'; 'adamw8bit-bf16sr' with bf16 weights), "
+            "which runs where the weights are.")
+    if distributed: _refuse_distributed("Streaming weights from the host (stream_weights)", True)
+
 @register_step_check
 def _offload_check(step:TrainingStep, batch_size:int, target:Target): check_offload(step, batch_size, target)
 
@@ -570,6 +662,7 @@ def offload_seconds(bus_bytes:int, host_bytes:int, target:Target)->tuple[float, 
 @register_host_terms
 def _offload_terms(tr:AllocationTracker, target:Target)->tuple[dict, list]:
     "The plan's rows for what the traced step offloaded: host memory held, bus bytes per step, the estimated time; notes on how."
+    _streamed(tr)  # host-resident parameters (`stream_weights`)
     o = tr.__dict__.get('offload')
     if not o: return {}, []
     last = max((s for s, _ in o['bus']), default=0)  # the steady step, which holds the optimizer state as every later one does
@@ -634,6 +727,11 @@ def offload_slowdown(model:nn.Module, batch, target:Target):
     return slowdown
 
 # %% ../nbs/03a_offload.ipynb #fb1fb9b8
+def _stack(model:nn.Module)->bool:
+    "Has `model` a stack of blocks `stream_weights` can fetch one at a time?"
+    try: return len(_blocks(model)) >= 2
+    except ValueError: return False
+
 @register_lever
 def _offload_lever(target:Target, kw:dict, model:nn.Module)->list:
     "Host offload of saved activations, optimizer state (and gradients, and half-precision device weights), and the step inside backward, on a GPU."
@@ -651,12 +749,17 @@ def _offload_lever(target:Target, kw:dict, model:nn.Module)->list:
     if target.bf16_native and isinstance(opt, str) and _norm(opt) in ('adamw', 'adamw8bit') and kw.get('precision') != 'fp16':
         out.append(("bf16 weights with stochastic rounding on the card (chapter 03); 8-bit AdamW state and gradients in host memory, no fp32 "
                     "masters (chapter 03a)", dict(optimizer='adamw8bit-bf16sr-offload-grads', transform=bf16_weights, precision='bf16'), slow))
+    if isinstance(opt, str) and _norm(opt) not in STATE_OFFLOADED | IN_BACKWARD and 'stream_weights' not in tf and 'half_weights' not in tf and _stack(model):
+        stream = stream_weights if 'checkpointing' in tf else stream_weights_checkpointed  # after the step's transform (`fit_to_budget`)
+        out.append((f"weights offloaded: streamed from host memory block by block, checkpointed; gradients and {opt} state on the host "
+                    "(ZeRO-Infinity, chapter 03a)", dict(transform=stream), slow))
     if 'offload_activations' not in tf:
         out.append(("saved activations in pinned host memory (chapter 03a)", dict(transform=offload_activations), slow))
     return out
 
 # %% ../nbs/03a_offload.ipynb #9fb1a6e4
-OFFLOADS = {'activations': offload_activations, 'fp16-weights': half_weights_fp16, 'bf16-weights': half_weights_bf16}  # `Trainer(offload=...)`, a run config's `offload:`
+OFFLOADS = {'activations': offload_activations, 'fp16-weights': half_weights_fp16, 'bf16-weights': half_weights_bf16,
+            'stream-weights': stream_weights}  # `Trainer(offload=...)`, a run config's `offload:`
 
 def apply_offload(model:nn.Module, # changed in place
                   names, # None, a name of `OFFLOADS`, or several (['fp16-weights', 'activations'])
