@@ -496,8 +496,8 @@ def stream_weights(model:nn.Module, # changed in place: the blocks' weights move
     return model
 
 def stream_weights_checkpointed(model:nn.Module)->nn.Module:
-    "`stream_weights`, then activation checkpointing of about √n blocks per segment (chapter 02), so the copies die when each block returns."
-    return memory_transform(True)(stream_weights(model))
+    "`stream_weights`, then activation checkpointing of each block (chapter 02): a block's copies die when it returns, only the last block's (not checkpointed: its backward comes first) wait for backward."
+    return memory_transform(1)(stream_weights(model))
 
 # %% ../nbs/03a_offload.ipynb #st04
 def _streamed_state_bytes(params:list, optimizer)->int:

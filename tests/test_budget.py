@@ -1779,3 +1779,21 @@ def test_slow3d_columns_are_planned_as_atens_vol2col_makes_them():
     model = cpu_conv_scratch(torch.ops.aten.convolution_backward.default, args, y)
     got = measure_conv_scratch([conv_key(torch.ops.aten.convolution_backward.default, args)[1]], (4,))[0][0]
     assert model == x.numel() * 4 and abs(model - got) <= 0.05 * model + 2**18, (model, got)   # 8 MiB: was 0
+
+
+def test_host_resident_parameters_are_not_device_memory():
+    "Parameters marked host-resident (chapter 03a streams them): no device bytes for them, their gradients or optimizer state; the rest as before."
+    from netlite_nb.memory.trace import is_host_resident, mark_host_resident
+    m = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32))
+    b = (torch.randn(8, 64), torch.randn(8, 32))
+    by = lambda tr, cat: sum(r.nbytes for r in tr.allocs if r.category == cat)
+    whole = trace_step(m, b).tracker
+    for p in m[2].parameters(): mark_host_resident(p)
+    tr = trace_step(m, b).tracker
+    first, last = sum(p.numel() * 4 for p in m[0].parameters()), sum(p.numel() * 4 for p in m[2].parameters())
+    assert (by(whole, 'weights'), by(tr, 'weights')) == (first + last, first)
+    assert by(whole, 'gradients') - by(tr, 'gradients') == 2 * last  # two traced steps
+    assert by(whole, 'optimizer') - by(tr, 'optimizer') == 2 * last  # AdamW's two moments
+    assert [tuple(p.shape) for p in tr.host_params] == [(32, 64), (32,)] and all(is_host_resident(p) for p in tr.host_params)
+    assert tr.current == sum(r.nbytes for r in tr.allocs if r.died is None)  # a gradient untracked when it left is not freed twice
+    assert tr.peak < whole.peak
