@@ -10,7 +10,8 @@ Planned (no GPU needed): for each card, the largest GPT-style model (4 blocks, w
 with the best plan without the offload levers (8-bit AdamW state and checkpointing; on cards with bf16 arithmetic also bf16 weights)
 and with them (half-precision weights on the card, fp32 masters, AdamW state (fp32 or 8-bit, whichever plan fits) and gradients on the host,
 checkpointed segments' inputs in host memory; on cards with bf16 arithmetic also bf16 weights with stochastic rounding and 8-bit state on
-the host, with no fp32 masters), each with its estimated compute and offload time per step (`step_seconds`, `offload_seconds`). The GPU figures are estimates until `bench/gpu_check.py` runs on a card.
+the host, with no fp32 masters; and the weights streamed from the host block by block, each block checkpointed, with gradients and 8-bit
+state on the host), each with its estimated compute and offload time per step (`step_seconds`, `offload_seconds`). The GPU figures are estimates until `bench/gpu_check.py` runs on a card.
 The plans with the levers are made for stated hosts (`--hosts`, GiB of RAM), not this machine: what the offloads hold on the host
 (pinned and pageable, with the pinned allocator's rounding) must fit `host_budget(ram)`, as the card's bytes must fit the card.
 
