@@ -454,3 +454,19 @@ def test_fit_to_budget_offers_streamed_weights_when_only_they_fit():
     fitting = [c for c in changes if c.fits]
     assert fitting and all('stream_weights' in c.new_plan.transform for c in fitting), [str(c) for c in changes[:4]]
     assert all(c.new_plan.breakdown['weights'] == 0 and c.slowdown > 0 for c in fitting)
+
+
+def test_streamed_bf16_weights_with_stochastic_rounding_train_to_the_same_weights():
+    "Chapter 03's bf16 weights with 8-bit state rounded stochastically, streamed: the host's update is the card's, bit for bit."
+    from netlite_nb.offload import stream_weights
+    from netlite_nb.optim import bf16_weights
+    def run(m, steps=3, accum=2):
+        o, g = make_optimizer('adamw8bit-bf16sr', m.parameters()), torch.Generator().manual_seed(1)
+        torch.manual_seed(5)  # the stochastic rounding's draws
+        for _ in range(steps):
+            for _ in range(accum):
+                x = torch.randn(4, 16, generator=g).bfloat16(); (F.mse_loss(m(x).float(), x.float()) / accum).backward()
+            o.step(); o.zero_grad()
+        return [p.detach().clone() for p in m.parameters()]
+    ref = run(checkpoint_every(bf16_weights(_stack()), k=1))
+    assert ref[0].dtype == torch.bfloat16 and _same(ref, run(stream_weights(checkpoint_every(bf16_weights(_stack()), k=1))))
