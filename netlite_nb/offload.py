@@ -484,10 +484,10 @@ def stream_weights(model:nn.Module, # changed in place: the blocks' weights move
     "Keep the weights of `model`'s blocks in host memory, copied to the device only while each block runs; gradients land on the host, where the optimizer updates them."
     if getattr(model, '_weights_streamed', False): return model  # a plan's copy of a streamed model: hooks and marks came with it
     blocks, pin = _blocks(model) if blocks is None else list(blocks), torch.cuda.is_available() if pin_memory is None else pin_memory
-    if not is_traced(next(model.parameters())): _refuse_distributed("Streaming weights from the host (stream_weights)")
+    if not any(is_traced(p) for p in model.parameters()): _refuse_distributed("Streaming weights from the host (stream_weights)")
     for b in blocks:
         for p in b.parameters():
-            if not is_traced(p) and p.device.type != 'cpu' or pin and not p.is_pinned():
+            if not is_traced(p) and (p.device.type != 'cpu' or pin and not p.is_pinned()):  # a plan's weights have no data to move
                 p.data = p.data.to('cpu').pin_memory() if pin else p.data.to('cpu')  # the same Parameter: an optimizer built over it still holds it
             mark_host_resident(p)
         b.register_forward_pre_hook(_fetch, with_kwargs=True)
