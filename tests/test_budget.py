@@ -205,6 +205,7 @@ def test_cpu_margin_follows_the_plans_modelled_bytes(monkeypatch):
     kept = {k: rule.bytes(p, budget) for k, p in plans.items()}
     assert modelled_bytes(plans['conv']) > 4 * modelled_bytes(plans['mlp']) and kept['conv'] > kept['mlp'] >= rule.fixed
     assert kept['conv'] - kept['mlp'] == pytest.approx(rule.share * (modelled_bytes(plans['conv']) - modelled_bytes(plans['mlp'])), abs=2)
+    assert rule.bytes(plans['conv'], 2**20 * 16) == rule.fixed + int(rule.most * 2**20 * 16) < 2**20 * 2   # bounded: at most the cap's share of a small budget
     b = max_batch_size(mlp(), MNIST, budget=budget, device_or_gpu='cpu')   # an MLP's step is almost all exact tensor bytes
     p = plan_memory(mlp(), resize_batch(MNIST, b), device_or_gpu='cpu', budget=budget)
     assert budget - p.total < 0.05 * budget   # a flat 5 % of the budget left more unused than the models can miss here
