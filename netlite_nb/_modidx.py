@@ -53,6 +53,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'netlite_nb.budget._kept_inputs_note': ('budget.html#_kept_inputs_note', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._live_at': ('budget.html#_live_at', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._malloc_vars': ('budget.html#_malloc_vars', 'netlite_nb/budget.py'),
+                                   'netlite_nb.budget._margin_rule': ('budget.html#_margin_rule', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._measured': ('budget.html#_measured', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._measured_changes': ('budget.html#_measured_changes', 'netlite_nb/budget.py'),
                                    'netlite_nb.budget._op_counts': ('budget.html#_op_counts', 'netlite_nb/budget.py'),

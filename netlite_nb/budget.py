@@ -454,6 +454,14 @@ def keep_margin(plan:MemoryPlan, rule:Margin)->MemoryPlan:
     plan.budget -= kept
     return plan
 
+def _margin_rule(margin, # as `max_batch_size` was given it: None, a fraction of the budget, or a `Margin`
+                 target:Target, precision:str, calibrate:bool)->Margin:
+    "The `Margin` `max_batch_size` keeps: the one given, else `PLAN_MARGIN`'s for the target, precision and calibration."
+    if isinstance(margin, Margin): return margin
+    if margin is not None: return Margin(of_budget=margin, why='margin= given')
+    lowp = target.kind == 'cpu' and precision in LOW_PRECISION
+    return PLAN_MARGIN.get((target.kind, 'bf16/fp16' if lowp else bool(calibrate)), Margin())
+
 
 # %% ../nbs/01_budget.ipynb #mg1
 class MovingThresholdWarning(UserWarning):
@@ -501,10 +509,7 @@ def max_batch_size(model:nn.Module, # the model to plan for
     target = resolve_target(device_or_gpu)
     budget = budget if budget is not None else target.memory
     if budget is None: raise ValueError("max_batch_size needs a budget: pass budget= (bytes) or a device_or_gpu with known memory.")
-    lowp = target.kind == 'cpu' and precision in LOW_PRECISION
-    rule = margin if isinstance(margin, Margin) else Margin(of_budget=margin, why='margin= given') if margin is not None else \
-           PLAN_MARGIN.get((target.kind, 'bf16/fp16' if lowp else bool(kw.get('calibrate'))), Margin())
-    whole = budget  # a measured step needs no margin for what the models miss
+    rule, whole = _margin_rule(margin, target, precision, kw.get('calibrate')), budget  # a measured step needs no margin: `whole`
     @functools.cache
     def plan(b):
         if micro_of is None: return keep_margin(plan_memory(model, resize_batch(sample, b), device_or_gpu=target, budget=whole, **kw), rule)
