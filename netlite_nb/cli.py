@@ -206,6 +206,12 @@ def _positive(s:str)->int:
     if n < 1: raise argparse.ArgumentTypeError(f"{s!r} is not a whole number of samples of at least 1")
     return n
 
+def _checkpointed():
+    "What the Trainer applies when it switches checkpointing on."
+    from netlite_nb.layers import memory_transform
+    return memory_transform(True)
+
+# %% ../nbs/11_cli.ipynb #c012a2
 def _gib(s:str)->float:
     "`--host-ram` in GiB: a positive number."
     try: v = float(s)
@@ -220,11 +226,6 @@ def _optimizer_name(s:str)->str:
     if _norm(s) in OPTIMIZERS: return s
     raise argparse.ArgumentTypeError(f"{s!r} is not an optimizer the planner knows: use sgd, adamw, adamw8bit, adamw-bf16sr or adamw8bit-bf16sr, "
                                      "optionally followed by -offload, -offload-grads or -in-backward, e.g. adamw8bit-offload-grads")
-
-def _checkpointed():
-    "What the Trainer applies when it switches checkpointing on."
-    from netlite_nb.layers import memory_transform
-    return memory_transform(True)
 
 # %% ../nbs/11_cli.ipynb #c012b
 def _gpu_list(as_json:bool):
