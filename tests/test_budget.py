@@ -13,7 +13,8 @@ from netlite_nb.memory.cpu import ONEDNN_MATMUL_STATE, on_onednn, attention_scra
 from netlite_nb.memory.cuda import CUDA_CONTEXT_BYTES
 from netlite_nb.memory.cpu import onednn_lowp, kernel_model_covers_this_cpu, conv_backend
 import netlite_nb.budget as planner, netlite_nb.memory.trace as tracer  # modules whose functions some tests replace
-from netlite_nb.probe import UnknownGPUError, lookup_gpu
+from netlite_nb.probe import UnknownGPUError, fmt_bytes, lookup_gpu
+from netlite_nb.models import create_model
 
 ROOT = Path(__file__).resolve().parents[1]
 MNIST = (torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,)))
@@ -1840,3 +1841,13 @@ def test_host_resident_parameters_are_not_device_memory():
     assert [tuple(p.shape) for p in tr.host_params] == [(32, 64), (32,)] and all(is_host_resident(p) for p in tr.host_params)
     assert tr.current == sum(r.nbytes for r in tr.allocs if r.died is None)  # a gradient untracked when it left is not freed twice
     assert tr.peak < whole.peak
+
+
+def test_too_small_names_the_budget_given_and_the_margin_kept():
+    "A batch of one that fits the budget but not what the margin leaves: the error names both figures, not only the reduced one."
+    m = create_model('mlp')
+    one = (torch.zeros(1, 1, 28, 28), torch.zeros(1, dtype=torch.long))
+    need = plan_memory(m, one, device_or_gpu='cpu').total
+    budget = need + 2**19                                  # fits the step, not the 1 MiB and more the margin keeps
+    with pytest.raises(BudgetTooSmallError) as e: max_batch_size(m, one, budget=budget, device_or_gpu='cpu')
+    assert f"of the budget of {fmt_bytes(budget)}" in str(e.value) and 'kept free' in str(e.value), str(e.value)
