@@ -532,6 +532,7 @@ def max_batch_size(model:nn.Module, # the model to plan for
     if (note := _compiled_note(model)): warnings.warn(note[0], CompiledModelWarning, stacklevel=2)
     return b
 
+# %% ../nbs/01_budget.ipynb #mbs2
 def smallest_batch(plan:Callable)->int:
     "The smallest batch a model trains at: 1, or 2 where a batch of 1 cannot train (BatchNorm after global pooling sees one value per channel)."
     try: plan(1); return 1
