@@ -882,6 +882,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                              'netlite_nb/memory/trace.py'),
                                          'netlite_nb.memory.trace.AllocationTracker.hook_sums': ( 'trace.html#allocationtracker.hook_sums',
                                                                                                   'netlite_nb/memory/trace.py'),
+                                         'netlite_nb.memory.trace.AllocationTracker.kernel_scratch': ( 'trace.html#allocationtracker.kernel_scratch',
+                                                                                                       'netlite_nb/memory/trace.py'),
                                          'netlite_nb.memory.trace.AllocationTracker.record_of': ( 'trace.html#allocationtracker.record_of',
                                                                                                   'netlite_nb/memory/trace.py'),
                                          'netlite_nb.memory.trace.AllocationTracker.release': ( 'trace.html#allocationtracker.release',

@@ -96,6 +96,8 @@ class AllocationTracker(TorchDispatchMode):
         self.shared, self.cum = 0, (None, 0.0)  # data-shaped ops this micro-batch so far; (bound, shares of it so far) (`rows`)
         self.summed = 0      # gradients added in place where the tracker's presence would have made autograd add them out of place
         self.memo:dict = {}  # an op and its inputs' metadata -> what the FakeTensors made of them (`answer`)
+        self.key = None      # the running op's key in `memo`; None: it has none
+        self.scratch:dict = {}  # `memo` key -> scratch bytes of an op whose kernels' scratch its metadata decides (`kernel_scratch`)
 
     def record_of(self, t:torch.Tensor)->Allocation|None:
         "The record of `t`'s storage while it is tracked and alive."
@@ -433,6 +435,7 @@ def answer(self:AllocationTracker, func, args:tuple, kwargs:dict):
     key = _op_key(func, args, kwargs)
     try: hit = self.memo.get(key) if key is not None else None
     except TypeError: key = hit = None  # an argument that cannot be a key
+    self.key = key
     if hit == 'self': return args[0]
     if hit is not None and hit != 'no': return _made_like(hit, args)
     out = func(*args, **kwargs)
@@ -463,11 +466,12 @@ def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None
     # the nodes of the ops before this one; not in `prim.device`, which FakeTensors dispatch while autograd records an in-place op
     # on a view: reading the view's grad_fn there dropped the op from the graph (`relu_` on InstanceNorm's output left no CopySlices)
     if self.graph is not None and self.phase in ('forward', 'loss') and func.namespace == 'aten': self.count_nodes(args)
+    self.key = None
     out = _data_shaped(func, args, kwargs or {}, self.rows) if func in _DATA_SHAPED else _shaped_like(func, args) if func in _LIKE_INPUTS else NotImplemented
     if out is NotImplemented: out = self.answer(func, args, kwargs or {})
     elif func in _SIZED: self.bounded.append(func.__name__)  # a write through a mask (x[mask] = v) sizes nothing
     scratch = 0
-    if self.kernel_path is not None: out, scratch = self.kernel_path(func, args, kwargs or {}, out)
+    if self.kernel_path is not None: out, scratch = self.kernel_scratch(func, args, kwargs or {}, out)
     if func in _UNMODELLED and not scratch: self.unseen.append(func.overloadpacket.__name__)  # its scratch is not in the plan
     new = [t for t in _tensors(out) if self.record_of(t) is None]
     if new:  # an output sharing an input's storage (a view, an in-place or out= result) allocated nothing
@@ -483,6 +487,15 @@ def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None
     return out
 
 # %% ../../nbs/01a_trace.ipynb #ks1
+@patch
+def kernel_scratch(self:AllocationTracker, func, args:tuple, kwargs:dict, out)->tuple:
+    "`kernel_path(func, args, kwargs, out)`: (out, scratch bytes); for an op the kernels call `pure`, the scratch the same `memo` key had before."
+    pure = getattr(self.kernel_path, 'pure', None) if self.key is not None else None  # pure(func): its outputs and scratch follow from the key
+    if pure is not None and (s := self.scratch.get(self.key)) is not None: return out, s
+    new, s = self.kernel_path(func, args, kwargs, out)
+    if pure is not None and new is out and pure(func): self.scratch[self.key] = s
+    return new, s
+
 @patch
 def transient(self:AllocationTracker, nbytes:int, # bytes the running op allocates and frees before it returns
               category:str='kernel scratch'):
