@@ -30,7 +30,9 @@ __all__ = ['MALLOPT', 'TENSOR_OBJECTS', 'HEAP_HISTORIES', 'REPLAYED_EVENTS', 'PL
 _GLIBC_DEFAULT_MMAP_THRESHOLD, _GLIBC_MMAP_THRESHOLD_MAX = 128 * 1024, 32 * 2**20  # its default, and the most it raises it to (64-bit)
 _MINSIZE, _TCACHE_MAX, _TCACHE_COUNT, _FAST_MAX, _LARGE = 32, 1040, 7, 128, 1024  # glibc's limits on 64-bit (malloc/malloc.c)
 
-def _chunk(n:int)->int: return max(_MINSIZE, (n + 8 + 15) // 16 * 16)  # the chunk glibc carves for an n-byte request: header, 16-byte granule
+def _chunk(n:int)->int:  # the chunk glibc carves for an n-byte request: header, 16-byte granule
+    c = (n + 8 + 15) // 16 * 16
+    return c if c > _MINSIZE else _MINSIZE
 
 def _lead(a:int, align:int)->int:  # _int_memalign: from chunk `a` to the chunk whose block is aligned; a front piece is a whole chunk or none
     lead = -(a + 16) % align
@@ -87,7 +89,8 @@ def _to_bin(self:GlibcHeap, a:int):
     "Sort free chunk `a` into its bin: a small bin in order of arrival, a large one by size, largest first (an equal size after the first of it)."
     s = self.size[a]
     i = _bin_index(s)
-    b = self.bins.setdefault(i, deque()); self.binned[a] = i
+    if (b := self.bins.get(i)) is None: b = self.bins[i] = deque()  # not setdefault: it would make a deque each time
+    self.binned[a] = i
     self.binmap |= 1 << i
     if s < _LARGE: b.appendleft(a); return
     if not b or self.size[b[-1]] > s: b.append(a); return  # the smallest yet, as most chunks sorted here are: no walk along the bin
