@@ -97,6 +97,7 @@ class AllocationTracker(TorchDispatchMode):
         self.summed = 0      # gradients added in place where the tracker's presence would have made autograd add them out of place
         self.memo:dict = {}  # an op and its inputs' metadata -> what the FakeTensors made of them (`answer`)
         self.key = None      # the running op's key in `memo`; None: it has none
+        self.made = None     # (outputs, the new ones among them) where the memo answered the running op
         self.scratch:dict = {}  # `memo` key -> scratch bytes of an op whose kernels' scratch its metadata decides (`kernel_scratch`)
 
     def record_of(self, t:torch.Tensor)->Allocation|None:
@@ -355,6 +356,22 @@ def _op_key(func, args:tuple, kwargs:dict):
     try: return func, tuple(map(_value_key, args)), tuple((k, _value_key(v)) for k, v in kwargs.items())
     except _NoKey: return None
 
+# %% ../../nbs/01a_trace.ipynb #mm2f
+_FAKE_STATE = weakref.WeakKeyDictionary()  # fake mode -> {device: the attributes FakeTensor.__new__ gave a tensor of it}
+
+def _fake(fm, elem:torch.Tensor, device)->FakeTensor:
+    "`FakeTensor(fm, elem, device)` for a fresh 'meta' `elem` that needs no gradient: the attributes FakeTensor's constructor gave the first one, copied (a third of its cost)."
+    states = _FAKE_STATE.setdefault(fm, {})
+    if (st := states.get(device)) is None:  # the first: FakeTensor's own constructor, which checks the device and mode; its attributes kept
+        t = FakeTensor(fm, elem, device)
+        if not torch._subclasses.fake_tensor.FakeTensorConfig.debug and type(vars(t).get('fake_mode')) is type(fm): states[device] = dict(vars(t))
+        return t
+    t = torch.Tensor._make_subclass(FakeTensor, elem, False, dispatch_device=True, device_for_backend_keys=st['_fake_device'])
+    if fm._allow_unsafe_data_ptr_access: torch._C._set_warn_deprecated_on_mutable_data_ptr(t)
+    else: torch._C._set_throw_on_mutable_data_ptr(t)
+    vars(t).update(st)
+    return t
+
 # %% ../../nbs/01a_trace.ipynb #mm2
 # view ops whose outputs start at the input's offset plus what their other arguments say (not as_strided, which names its
 # offset, nor dtype views, which scale it): the memo keys them without the offset and places their views from the input's
@@ -389,21 +406,6 @@ def _memo_entry(func, args:tuple, kwargs:dict, out, before):
     fm = next(t.fake_mode for t in outs if t is not None)
     return fm, type(out) if isinstance(out, (tuple, list)) else None, metas
 
-_FAKE_STATE = weakref.WeakKeyDictionary()  # fake mode -> {device: the attributes FakeTensor.__new__ gave a tensor of it}
-
-def _fake(fm, elem:torch.Tensor, device)->FakeTensor:
-    "`FakeTensor(fm, elem, device)` for a fresh 'meta' `elem` that needs no gradient: the attributes FakeTensor's constructor gave the first one, copied (a third of its cost)."
-    states = _FAKE_STATE.setdefault(fm, {})
-    if (st := states.get(device)) is None:  # the first: FakeTensor's own constructor, which checks the device and mode; its attributes kept
-        t = FakeTensor(fm, elem, device)
-        if not torch._subclasses.fake_tensor.FakeTensorConfig.debug and type(vars(t).get('fake_mode')) is type(fm): states[device] = dict(vars(t))
-        return t
-    t = torch.Tensor._make_subclass(FakeTensor, elem, False, dispatch_device=True, device_for_backend_keys=st['_fake_device'])
-    if fm._allow_unsafe_data_ptr_access: torch._C._set_warn_deprecated_on_mutable_data_ptr(t)
-    else: torch._C._set_throw_on_mutable_data_ptr(t)
-    vars(t).update(st)
-    return t
-
 def _view_of(fm, storage, shape, stride, offset:int, dtype, device)->FakeTensor:
     "A FakeTensor on `storage` with this geometry, made as FakeTensor's own cache makes a view."
     with torch._C._DisableTorchDispatch():
@@ -411,16 +413,17 @@ def _view_of(fm, storage, shape, stride, offset:int, dtype, device)->FakeTensor:
         t.set_(storage, offset, shape, stride)
         return _fake(fm, t, device)
 
-def _made_like(entry, args:tuple):
-    "The outputs a memo entry of `_memo_entry` describes: new FakeTensors, or views of `args` (as FakeTensor's own cache makes them)."
+def _made_like(entry, args:tuple)->tuple:
+    "(the outputs a memo entry of `_memo_entry` describes: new FakeTensors, or views of `args` as FakeTensor's own cache makes them; the new ones)."
     fm, kind, metas = entry
-    outs = []
+    outs, news = [], []
     for m in metas:
         if m == 'none': outs.append(None)
         elif m[0] == 'view': a = args[m[1]]; outs.append(_view_of(fm, a.untyped_storage(), m[2], m[3], a.storage_offset() + m[4], *m[5:]))
         else:
-            with torch._C._DisableTorchDispatch(): outs.append(_fake(fm, torch.empty_strided(m[1], m[2], dtype=m[3], device='meta'), m[4]))
-    return outs[0] if kind is None else kind(outs)
+            with torch._C._DisableTorchDispatch(): news.append(_fake(fm, torch.empty_strided(m[1], m[2], dtype=m[3], device='meta'), m[4]))
+            outs.append(news[-1])
+    return outs[0] if kind is None else kind(outs), news
 
 def _detached(t:torch.Tensor)->torch.Tensor:
     "`t.detach()` outside the tracker; a FakeTensor's made by `_view_of`, without the dispatch that costs FakeTensor more than the op."
@@ -436,8 +439,8 @@ def answer(self:AllocationTracker, func, args:tuple, kwargs:dict):
     try: hit = self.memo.get(key) if key is not None else None
     except TypeError: key = hit = None  # an argument that cannot be a key
     self.key = key
-    if hit == 'self': return args[0]
-    if hit is not None and hit != 'no': return _made_like(hit, args)
+    if hit == 'self': self.made = args[0], []; return args[0]
+    if hit is not None and hit != 'no': self.made = _made_like(hit, args); return self.made[0]
     out = func(*args, **kwargs)
     if key is not None and hit is None: self.memo[key] = _memo_entry(func, args, kwargs, out, key[1][0] if args else None)
     return out
@@ -459,24 +462,28 @@ def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None
     if func is _A._local_scalar_dense.default and _stand_in(self, args[0]): return _item(self, func, args)
     if _sum_in_place(self, func, args, kwargs or {}):  # as a real backward adds it: in place, from the memo where it can
         self.summed += 1; torch.autograd.graph.increment_version(args[0])
-        return self.answer(_A.add_.Tensor, args, {})
+        out, self.made = self.answer(_A.add_.Tensor, args, {}), None
+        return out
     if func in _MATMULS and (wrong := _dtype_mismatch(func, args, self.cuda_autocast)): raise RuntimeError(wrong)  # what the real kernel says
     if func in _MATMULS or func in CONVS: self.kernels.append(kernel_spec(func, args))
     if func is torch.ops.aten._safe_softmax.default: self.decomposed = True
     # the nodes of the ops before this one; not in `prim.device`, which FakeTensors dispatch while autograd records an in-place op
     # on a view: reading the view's grad_fn there dropped the op from the graph (`relu_` on InstanceNorm's output left no CopySlices)
     if self.graph is not None and self.phase in ('forward', 'loss') and func.namespace == 'aten': self.count_nodes(args)
-    self.key = None
+    self.key = self.made = None
     out = _data_shaped(func, args, kwargs or {}, self.rows) if func in _DATA_SHAPED else _shaped_like(func, args) if func in _LIKE_INPUTS else NotImplemented
     if out is NotImplemented: out = self.answer(func, args, kwargs or {})
     elif func in _SIZED: self.bounded.append(func.__name__)  # a write through a mask (x[mask] = v) sizes nothing
     scratch = 0
     if self.kernel_path is not None: out, scratch = self.kernel_scratch(func, args, kwargs or {}, out)
     if func in _UNMODELLED and not scratch: self.unseen.append(func.overloadpacket.__name__)  # its scratch is not in the plan
-    new = [t for t in _tensors(out) if self.record_of(t) is None]
-    if new:  # an output sharing an input's storage (a view, an in-place or out= result) allocated nothing
-        ins = {id(a.untyped_storage()) for a in _tensors((args, kwargs))}
-        new = [t for t in new if id(t.untyped_storage()) not in ins]
+    made, self.made = self.made, None  # held no longer than this op: a tensor held here is one more use of its storage (`_dense`)
+    if made is not None and made[0] is out: new = made[1]  # the memo's answer: it knows which outputs are new storages
+    else:
+        new = [t for t in _tensors(out) if self.record_of(t) is None]
+        if new:  # an output sharing an input's storage (a view, an in-place or out= result) allocated nothing
+            ins = {id(a.untyped_storage()) for a in _tensors((args, kwargs))}
+            new = [t for t in new if id(t.untyped_storage()) not in ins]
     for t in new:
         rec = self.track(t)
         # autocast's low-precision copy of a weight: `_to_copy` of a parameter's storage
