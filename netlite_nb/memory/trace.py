@@ -74,6 +74,7 @@ class AllocationTracker(TorchDispatchMode):
         super().__init__()
         self.device_type = device_type
         self.live:dict[int, Allocation] = {}  # id(storage) -> record, only while the storage is alive
+        self.refs:dict[int, weakref.ref] = {}  # id(storage) -> the weak reference whose callback records its free
         self.allocs:list[Allocation] = []
         self.events:list[tuple[int,Allocation]] = []  # (+1 alloc | -1 free, record), in order
         self.current = self.peak = 0  # bytes of tracked storages alive now, and at most so far
@@ -118,14 +119,16 @@ def track(self:AllocationTracker, t:torch.Tensor, category:str|None=None)->Alloc
         self.allocs.append(rec); self.events.append((1, rec))
         self.current += rec.nbytes
         if self.current > self.peak: self.peak, self.peak_at = self.current, rec.born
-        # the storage's Python object lives exactly as long as the storage itself, so its finalizer is the free
-        weakref.finalize(st, self._free, id(st), rec)
+        # the storage's Python object lives exactly as long as the storage itself, so a weak reference's callback is the free (the
+        # reference kept here until then: `weakref.finalize` costs as much again, for an exit hook a trace has no use for)
+        k = id(st); self.refs[k] = weakref.ref(st, lambda r, k=k, rec=rec: self._free(k, rec, r))
     if category: rec.category = category
     return rec
 
 @patch
-def _free(self:AllocationTracker, key:int, rec:Allocation):
+def _free(self:AllocationTracker, key:int, rec:Allocation, ref=None):
     if self.live.get(key) is rec: del self.live[key]
+    if ref is not None and self.refs.get(key) is ref: del self.refs[key]
     rec.died = len(self.events)
     self.events.append((-1, rec))
     self.current -= rec.nbytes
@@ -341,10 +344,12 @@ _DEVICE = torch.ops.prim.device.default  # autograd asks each FakeTensor's devic
 
 class _NoKey(Exception): "An argument the memo leaves to FakeTensor."
 
+_LAYOUT = torch._C.TensorBase.layout.__get__  # a tensor's own layout: FakeTensor's property reads its dispatch keys first (mkldnn)
+
 def _meta_key(t:torch.Tensor):
-    "What an op's shape function reads of FakeTensor `t`, its storage offset aside (`_out_meta`); `_NoKey` for what the memo leaves to FakeTensor (0-dim, a value carried, not strided)."
-    if type(t) is not FakeTensor or t.dim() == 0 or t.constant is not None or t.layout != torch.strided: raise _NoKey()
-    return (t.shape, t.stride(), t.dtype, t.fake_device, t.is_neg(), t.is_conj())
+    "What an op's shape function reads of FakeTensor `t`, its storage offset aside (`_out_meta`); `_NoKey` for what the memo leaves to FakeTensor (0-dim, a value carried, not strided, dispatch keys of its own)."
+    if type(t) is not FakeTensor or t.constant is not None or t.dispatch_keys is not None or _LAYOUT(t) is not torch.strided or t.dim() == 0: raise _NoKey()
+    return (t.shape, t.stride(), t.dtype, t._fake_device, t.is_neg(), t.is_conj())
 
 def _value_key(a):
     if isinstance(a, torch.Tensor): return _meta_key(a)
