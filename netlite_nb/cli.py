@@ -211,6 +211,22 @@ def _checkpointed():
     from netlite_nb.layers import memory_transform
     return memory_transform(True)
 
+# %% ../nbs/11_cli.ipynb #c012a2
+def _gib(s:str)->float:
+    "`--host-ram` in GiB: a positive number."
+    try: v = float(s)
+    except ValueError: v = 0.0
+    if not v > 0: raise argparse.ArgumentTypeError(f"{s!r} is not an amount of RAM in GiB: write a positive number, e.g. 32")
+    return v
+
+def _optimizer_name(s:str)->str:
+    "`--optimizer` as a registered optimizer name (chapters 03 and 03a); anything else is a usage error listing the names."
+    import netlite_nb.offload  # registers the offloaded names
+    from netlite_nb.memory.trace import OPTIMIZERS, _norm
+    if _norm(s) in OPTIMIZERS: return s
+    raise argparse.ArgumentTypeError(f"{s!r} is not an optimizer the planner knows: use sgd, adamw, adamw8bit, adamw-bf16sr or adamw8bit-bf16sr, "
+                                     "optionally followed by -offload, -offload-grads or -in-backward, e.g. adamw8bit-offload-grads")
+
 # %% ../nbs/11_cli.ipynb #c012b
 def _gpu_list(as_json:bool):
     "The catalogue, one card a line (or JSON), for `netlite plan --gpu list`."
@@ -251,10 +267,12 @@ def _plan(args):
     from netlite_nb.memory.trace import resize_batch
     model, sample = _cli_model(args.model, args.input, meta=not args.calibrate)  # calibration runs the model's kernels for real
     kw = dict(optimizer=args.optimizer, precision=args.precision, transform=_checkpointed() if args.checkpointing else None)
+    if args.host_ram is not None: kw['host_budget'] = netlite_nb.offload.host_budget(int(args.host_ram * 2**30))  # offloads checked against that host
     plan = plan_memory(model, resize_batch(sample, args.batch_size), device_or_gpu=args.gpu, micro_batch=args.micro_batch,
                        calibrate=args.calibrate, **kw)
     sugg = _suggestions(model, sample, args, kw, plan) if args.suggest else None
-    if args.json: print(_json({'plan': {**dataclasses.asdict(plan), 'fits': plan.fits, 'headroom': plan.headroom}, 'suggest': sugg}))
+    if args.json: print(_json({'plan': {**dataclasses.asdict(plan), 'fits': plan.fits, 'headroom': plan.headroom,
+                                  'host_held': plan.host_held, 'host_fits': plan.host_fits}, 'suggest': sugg}))
     else:
         print(plan.report(verbose=args.verbose))
         if sugg: print(f"largest batch that fits: {sugg['largest_batch']}" if sugg['largest_batch'] else sugg['largest_batch_error'])
@@ -268,7 +286,9 @@ def _plan_args(p):
     p.add_argument('--batch-size', type=_positive, default=64)
     p.add_argument('--gpu', default='cpu', help="a GPU name from the catalogue, e.g. 'gtx 1050 ti'; 'list' lists them; 'cuda' for this machine's GPU; 'cpu'")
     p.add_argument('--precision', default='fp32', choices=['fp32', 'fp16', 'bf16'])
-    p.add_argument('--optimizer', default='adamw', choices=['sgd', 'adamw', 'adamw8bit', 'adamw-offload', 'adamw-offload-grads', 'adamw-in-backward'])
+    p.add_argument('--optimizer', default='adamw', type=_optimizer_name, help="sgd, adamw (default), adamw8bit, adamw-bf16sr or adamw8bit-bf16sr; "
+                   "any of them + '-offload', '-offload-grads' or '-in-backward' (chapter 03a), e.g. adamw8bit-offload-grads")
+    p.add_argument('--host-ram', type=_gib, default=None, metavar='GIB', help="plan offloads for a host with this much RAM, in GiB (default: this machine's)")
     p.add_argument('--micro-batch', type=_positive, default=None, help='samples per forward/backward (gradient accumulation)')
     p.add_argument('--checkpointing', action='store_true', help='checkpoint activations of about sqrt(n) block segments')
     p.add_argument('--suggest', action='store_true', help='also print the largest batch that fits and changes that would make it fit')

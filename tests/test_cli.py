@@ -89,6 +89,19 @@ def test_plan_suggest_for_a_card_this_machine_lacks():
     assert any('holds 0 B' not in l and 'holds nothing' not in l for l in moved)
 
 
+def test_plan_checks_offloads_against_the_host_ram_given():
+    "`--host-ram` plans the offloads for that host: the same card plan, host rows checked against its share (chapter 03a), exit 1 when they do not fit."
+    from netlite_nb.offload import host_budget
+    args = ('plan', '--model', 'vit_tiny', '--batch-size', '64', '--gpu', 'gtx 1050 ti', '--optimizer', 'adamw8bit-offload-grads', '--json')
+    rc, out, _ = run_main(*args)
+    here = json.loads(out)['plan']
+    assert rc == 0 and here['host_budget'] == host_budget() and here['host_held'] > 0 and here['host_fits'] is True
+    rc, out, _ = run_main(*args, '--host-ram', '0.001')
+    tiny = json.loads(out)['plan']
+    assert rc == 1 and tiny['host_budget'] == host_budget(int(0.001 * 2**30)) and tiny['host_held'] == here['host_held'] and tiny['host_fits'] is False
+    assert tiny['total'] == here['total'] and any('host memory' in n for n in tiny['notes'])
+
+
 GRID_GPUS = ['GeForce GTX 1050 Ti', 'Radeon RX 6600', 'Apple M2', 'Intel Arc A770']
 
 @pytest.mark.parametrize('gpu', [pytest.param(g, marks=[] if g == 'GeForce GTX 1050 Ti' else pytest.mark.slow) for g in GRID_GPUS])
@@ -133,7 +146,8 @@ def test_plan_calibrate_measures_on_this_machine_and_says_so(tmp_path):
 @pytest.mark.parametrize('args,says', [
     (['plan', '--input', '28x28'], 'CxHxW, e.g. 1x28x28'), (['plan', '--input', '3x32x30'], 'square'),
     (['plan', '--batch-size', '0'], 'at least 1'),
-    (['plan', '--precision', 'fp8'], 'invalid choice'), (['export'], 'required'), (['nonsense'], 'invalid choice')])
+    (['plan', '--precision', 'fp8'], 'invalid choice'), (['export'], 'required'), (['nonsense'], 'invalid choice'),
+    (['plan', '--optimizer', 'adam-offload'], 'optionally followed by -offload'), (['plan', '--host-ram', '0'], 'positive number')])
 def test_argparse_usage_errors_exit_2(args, says):
     rc, out, err = run_main(*args)
     assert rc == 2 and says in err and 'Traceback' not in err
