@@ -326,6 +326,7 @@ def glibc_resident(tr:AllocationTracker, history:int=0, cut:bool=False):
             for a in blocks.pop(id(rec), ()): h.free(a)
         yield i, live, h.rss() - base
 
+# %% ../../nbs/01b_heap.ipynb #gp1
 def glibc_peak(tr:AllocationTracker, history:int=0, cut:bool=False)->tuple[int, int, int]:
     "(bytes resident, event index, bytes live) where the trace, replayed from `heap_history(history)`, peaks; resident -1: no allocation."
     # `glibc_resident`'s replay without a yield per event: a free never raises the resident set, so it is read after allocations
@@ -345,6 +346,7 @@ def glibc_peak(tr:AllocationTracker, history:int=0, cut:bool=False)->tuple[int, 
         if (r := h.mapped + h.resident - base) > best[0]: best = (r, i, live)
     return best
 
+# %% ../../nbs/01b_heap.ipynb #gp2
 def heap_replays(events:int|None=None, # events in the trace; None: every replay
                 )->list[tuple[int, bool]]:
     "The (history, cut) of every replay the plan makes: each heap history, with the graph's bytes cut each way; the first few only where `REPLAYED_EVENTS` would be passed."
