@@ -18,7 +18,7 @@ device (nothing was checked, which is not a pass). The checks:
   every optimizer step;
 - dashboard: `LiveDashboard`'s VRAM readings during that run against `torch.cuda.memory_reserved` right after;
 - offload (chapter 03a): for each lever (optimizer state, state and gradients, the step inside backward, saved activations,
-  half-precision weights on the card with fp32 masters on the host),
+  half-precision weights on the card with fp32 masters on the host, weights streamed from the host block by block),
   in a fresh process: the planned reserved bytes against `torch.cuda.max_memory_reserved` after two real steps (±10 %), the
   weights against the ordinary step's (within 1e-5; the half-precision masters within 1e-2), and the measured extra step time against the plan's estimate.
 """
@@ -139,15 +139,15 @@ _OFFLOAD_CHILD = """
     import json, time, torch, torch.nn as nn, torch.nn.functional as F
     from netlite_nb.budget import plan_memory
     from netlite_nb.memory.trace import make_optimizer
-    from netlite_nb.offload import half_weights_bf16, half_weights_fp16, offload_activations, offload_transform
+    from netlite_nb.offload import half_weights_bf16, half_weights_fp16, offload_activations, offload_transform, stream_weights_checkpointed
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(2048, 8192), nn.GELU(), nn.Linear(8192, 2048)) for _ in range(4)]).cuda()
-    opt_name, act, half = {opt!r}, {act!r}, {half!r}
+    opt_name, act, half, stream = {opt!r}, {act!r}, {half!r}, {stream!r}
     half = half and (half_weights_bf16 if torch.cuda.is_bf16_supported(including_emulation=False) else half_weights_fp16)
-    tfs = [t for t in (half, offload_activations if act else None) if t]
+    tfs = [t for t in (half, stream_weights_checkpointed if stream else None, offload_activations if act else None) if t]
     x = torch.randn(16, 256, 2048, device='cuda')
     plan = plan_memory(model, (x, x), loss_fn=F.mse_loss, optimizer=opt_name, transform=offload_transform(tfs), device_or_gpu='cuda')
-    for t in tfs: t(model)
+    for t in tfs: model = t(model)  # checkpointing (with streamed weights) wraps the blocks in a new top module
     opt = make_optimizer(opt_name, model.parameters())
     torch.cuda.reset_peak_memory_stats()
     times = []
@@ -162,11 +162,11 @@ _OFFLOAD_CHILD = """
 
 def check_offload():
     "Each offload lever on this card: device memory against its plan, the same weights as the ordinary step, the step time."
-    base = in_fresh_process(_OFFLOAD_CHILD.format(opt='adamw', act=False, half=False))
-    for opt, act, half in (('adamw-offload', False, False), ('adamw-offload-grads', False, False), ('adamw-in-backward', False, False),
-                           ('adamw', True, False), ('adamw-offload-grads', False, True)):
-        name = opt + (' + activations to host' if act else '') + (' + half-precision weights on the card' if half else '')
-        out = in_fresh_process(_OFFLOAD_CHILD.format(opt=opt, act=act, half=half))
+    base = in_fresh_process(_OFFLOAD_CHILD.format(opt='adamw', act=False, half=False, stream=False))
+    for opt, act, half, stream in (('adamw-offload', False, False, False), ('adamw-offload-grads', False, False, False), ('adamw-in-backward', False, False, False),
+                                   ('adamw', True, False, False), ('adamw-offload-grads', False, True, False), ('adamw', False, False, True)):
+        name = opt + (' + activations to host' if act else '') + (' + half-precision weights on the card' if half else '') + (' + weights streamed from the host' if stream else '')
+        out = in_fresh_process(_OFFLOAD_CHILD.format(opt=opt, act=act, half=half, stream=stream))
         err = (out['planned'] - out['measured']) / out['measured']
         row(f"offload {name}: planned reserved", f"{out['planned'] / 2**20:.0f} MiB planned, {out['measured'] / 2**20:.0f} MiB measured ({err:+.1%})", 'within ±10%', abs(err) <= 0.10)
         diff = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(out['weights'], base['weights']))

@@ -10,7 +10,8 @@ Planned (no GPU needed): for each card, the largest GPT-style model (4 blocks, w
 with the best plan without the offload levers (8-bit AdamW state and checkpointing; on cards with bf16 arithmetic also bf16 weights)
 and with them (half-precision weights on the card, fp32 masters, AdamW state (fp32 or 8-bit, whichever plan fits) and gradients on the host,
 checkpointed segments' inputs in host memory; on cards with bf16 arithmetic also bf16 weights with stochastic rounding and 8-bit state on
-the host, with no fp32 masters), each with its estimated compute and offload time per step (`step_seconds`, `offload_seconds`). The GPU figures are estimates until `bench/gpu_check.py` runs on a card.
+the host, with no fp32 masters; and the weights streamed from the host block by block, each block checkpointed, with gradients and 8-bit
+state on the host), each with its estimated compute and offload time per step (`step_seconds`, `offload_seconds`). The GPU figures are estimates until `bench/gpu_check.py` runs on a card.
 The plans with the levers are made for stated hosts (`--hosts`, GiB of RAM), not this machine: what the offloads hold on the host
 (pinned and pageable, with the pinned allocator's rounding) must fit `host_budget(ram)`, as the card's bytes must fit the card.
 
@@ -27,7 +28,8 @@ from netlite_nb.layers import memory_transform
 from netlite_nb.memory.trace import make_optimizer
 from netlite_nb.optim import bf16_weights, state_bytes
 from netlite_nb.offload import (HostOptimizer, StepInBackward, half_weights_bf16, half_weights_fp16, host_budget, offload_activations, offload_hooks,
-                                offload_seconds, step_seconds)
+                                offload_seconds, step_seconds, stream_weights, stream_weights_checkpointed)
+from netlite_nb.memory.trace import is_host_resident
 from netlite_nb.probe import lookup_gpu
 
 class Block(nn.Module):
@@ -44,7 +46,8 @@ def gpt(d, blocks=4, seed=0):
 
 CONFIGS = {  # name -> (optimizer, model transform)
     'plain adamw': ('adamw', None), 'adamw-offload': ('adamw-offload', None), 'adamw-offload-grads': ('adamw-offload-grads', None),
-    'adamw-in-backward': ('adamw-in-backward', None), 'activations to host': ('adamw', offload_activations)}
+    'adamw-in-backward': ('adamw-in-backward', None), 'activations to host': ('adamw', offload_activations),
+    'stream weights': ('adamw', stream_weights)}
 
 def run_steps(name, steps, d, seq, batch, seed=1):
     "Train `steps` steps of config `name` from the same weights and data; (seconds, final weights)."
@@ -83,7 +86,25 @@ def host_terms(d=128, seq=64, batch=8):
     with torch.autograd.graph.saved_tensors_hooks(spy, unpack): out = m(x)
     F.mse_loss(out, x).backward(); opt.step()
     return dict(saved_activations=dict(planned=plan.host['host: saved activations (pinned)'], measured=sum(held)),
-                optimizer_state=dict(planned=plan.host['host: optimizer state (pageable)'], measured=state_bytes(opt.inner)))
+                optimizer_state=dict(planned=plan.host['host: optimizer state (pageable)'], measured=state_bytes(opt.inner)), **streamed_terms(d, seq, batch))
+
+def streamed_terms(d=128, seq=64, batch=8):
+    "The plan's rows for streamed weights on a CUDA card against a real streamed step on this CPU: host weights, gradients, optimizer state, and bus bytes (copies made plus gradients)."
+    b = (torch.empty(batch, seq, d, device='meta'), torch.empty(batch, seq, d, device='meta'))
+    plan = plan_memory(gpt(d), b, loss_fn=F.mse_loss, optimizer='adamw', transform=stream_weights_checkpointed, device_or_gpu='rtx 3060')
+    m = stream_weights_checkpointed(gpt(d)); opt = make_optimizer('adamw', m.parameters())
+    nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)
+    copies = []  # each block's weights as its layers see them, once per forward and recompute: the copies the hooks made
+    for blk in m: blk.register_forward_pre_hook(lambda mod, a: copies.append(nbytes(p for p in mod.parameters() if not is_host_resident(p))))
+    x = torch.randn(batch, seq, d)
+    F.mse_loss(m(x), x).backward()
+    host = [p for p in m.parameters() if is_host_resident(p)]
+    grads = nbytes(p.grad for p in host)
+    opt.step()
+    return dict(streamed_weights=dict(planned=plan.host['host: streamed weights (pinned)'], measured=nbytes(host)),
+                streamed_gradients=dict(planned=plan.host['host: streamed gradients (pageable)'], measured=grads),
+                streamed_optimizer_state=dict(planned=plan.host['host: optimizer state (pageable)'], measured=state_bytes(opt)),
+                streamed_bus_per_step=dict(planned=plan.host['bus per step'], measured=sum(copies) + grads))
 
 def fits(card, d, options, seq, batch, host=None):
     "The best (smallest) plan among `options` (optimizer, precision, transform) for width `d` on `card` with `host` bytes of host budget: (fits, plan, model, batch)."
@@ -107,7 +128,7 @@ def _bracket(card, ok, bytes_per_param):
     while not ok(lo):  # the host, not the card, may bound it: halve down
         if lo == 128: raise RuntimeError(f"{card}: not even width 128 fits")
         lo, hi = max(128, lo // 2 // 128 * 128), lo
-    if ok(hi): raise RuntimeError(f"{card}: width {hi} fits too; raise the bracket")
+    while ok(hi): lo, hi = hi, hi * 2  # the weights off the card too: far more fits than the card's bytes per parameter say
     return lo, hi
 
 def largest(card, options, seq, batch, bytes_per_param, proxy=None, host=None):
@@ -166,6 +187,9 @@ def largest_models(cards, hosts_gib, seq=256, batch=8, stored=None):
         with_ = [('adamw-offload-grads', 'fp32', tf), ('adamw8bit-offload-grads', 'fp32', tf)]
         if spec.bf16_native:  # bf16 weights rounded stochastically on the host: no fp32 masters (2 bytes a parameter there instead of 4)
             with_.append(('adamw8bit-bf16sr-offload-grads', 'bf16', _named(lambda m: offload_activations(ck(bf16_weights(m))), 'bf16_weights + checkpointing + offload_activations')))
+        # and the weights off the card too: streamed from the host block by block, checkpointed; gradients and 8-bit state on the host
+        with_.append(('adamw8bit-bf16sr', 'bf16', _named(lambda m: stream_weights_checkpointed(bf16_weights(m)), 'bf16_weights + stream_weights + checkpointing'))
+                     if spec.bf16_native else ('adamw8bit', 'fp32', _named(stream_weights_checkpointed, 'stream_weights + checkpointing')))
         old = (stored or {}).get(spec.name)
         wo = dict(old, reused=True) if old else largest(card, without, seq, batch, 6 if spec.bf16_native else 10, proxy)
         # the host is the user's, not this machine: each stated RAM size gets its own row, planned against `host_budget(ram)`

@@ -523,7 +523,7 @@ def max_batch_size(model:nn.Module, # the model to plan for
         plan.cache_clear(); lo = smallest_batch(plan); bound = False
     if lo > max_batch: raise ValueError(f"The model cannot train at a batch of {max_batch} (a batch of 1 cannot train it; the smallest is {lo}): raise max_batch.")
     budget = plan(lo).budget  # less the margin this plan keeps; larger plans keep a little more, and their own `fits` says so
-    if not plan(lo).fits: raise BudgetTooSmallError(_too_small(model, sample, budget, target, plan(lo), kw, lo, suggest=micro_of is None))
+    if not plan(lo).fits: raise BudgetTooSmallError(_too_small(model, sample, budget, target, plan(lo), kw, lo, suggest=micro_of is None, whole=whole))
     b = _search(plan, budget, max_batch, lo)
     if bound and fallback:  # the bound's batch fits for sure; real steps find how far above it the data allows
         return _measured(model, sample, whole, device_or_gpu, max_batch, kw, "the plan on shapes alone is an upper bound (data-dependent ops "
@@ -541,8 +541,10 @@ def smallest_batch(plan:Callable)->int:
 
 def _too_small(model, sample, budget, target, p1, kw, b:int=1,
                suggest:bool=True, # add what `fit_to_budget` would change (not for the micro-batch search it runs itself)
+               whole:int|None=None, # the budget as given, when `budget` is what a margin left of it
               )->str:
-    msg = (f"Even a batch of {b} needs {fmt_bytes(p1.total)} on {target.name}, more than the budget of {fmt_bytes(budget)} "
+    of = f"the {fmt_bytes(budget)} left of the budget of {fmt_bytes(whole)} (the rest is kept free for what the plan's models miss)" if whole and whole != budget else f"the budget of {fmt_bytes(budget)}"
+    msg = (f"Even a batch of {b} needs {fmt_bytes(p1.total)} on {target.name}, more than {of} "
            f"(weights {fmt_bytes(p1.breakdown['weights'])}, gradients {fmt_bytes(p1.breakdown['gradients'])}, "
            f"optimizer state {fmt_bytes(p1.breakdown['optimizer'])}).")
     if not suggest: return msg

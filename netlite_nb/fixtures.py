@@ -9,7 +9,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
-from .budget import plan_memory
+from .budget import PLAN_MARGIN, plan_memory
 
 # %% auto #0
 __all__ = ['blobs', 'mlp', 'max_param_diff', 'split_budget_gb', 'accum_run']
@@ -44,9 +44,11 @@ def split_budget_gb(model:nn.Module, # the model the configuration trains
                     batch:int, # the batch that must not fit in one step
                     fraction:float, # the configuration's `strategy.budget_fraction`
                    )->float:
-    "A `strategy.memory_gb` at which `batch` samples need more than the budget and one sample needs less (planned on this CPU)."
-    need = lambda b: plan_memory(model, (torch.zeros(b, *sample_shape), torch.zeros(b, dtype=torch.long)), device_or_gpu='cpu').total
-    return (need(1) + need(batch)) / 2 / fraction / 2**30
+    "A `strategy.memory_gb` at which `batch` samples need more than the budget and one sample needs less, with the margin `max_batch_size` keeps (planned on this CPU)."
+    plan = lambda b: plan_memory(model, (torch.zeros(b, *sample_shape), torch.zeros(b, dtype=torch.long)), device_or_gpu='cpu')
+    one, whole = plan(1), plan(batch).total
+    one_kept = one.total + PLAN_MARGIN[('cpu', False)].bytes(one, whole)  # chapter 01's margin: one sample must fit what it leaves
+    return (one_kept + whole) / 2 / fraction / 2**30
 
 # %% ../nbs/06b_fixtures.ipynb #f018
 def _plain_accum(model, dl, accum:int, steps:int, lr:float, naive:bool=False)->int:

@@ -13,7 +13,8 @@ from netlite_nb.memory.cpu import ONEDNN_MATMUL_STATE, on_onednn, attention_scra
 from netlite_nb.memory.cuda import CUDA_CONTEXT_BYTES
 from netlite_nb.memory.cpu import onednn_lowp, kernel_model_covers_this_cpu, conv_backend
 import netlite_nb.budget as planner, netlite_nb.memory.trace as tracer  # modules whose functions some tests replace
-from netlite_nb.probe import UnknownGPUError, lookup_gpu
+from netlite_nb.probe import UnknownGPUError, fmt_bytes, lookup_gpu
+from netlite_nb.models import create_model
 
 ROOT = Path(__file__).resolve().parents[1]
 MNIST = (torch.randn(32, 1, 28, 28), torch.randint(0, 10, (32,)))
@@ -1844,3 +1845,31 @@ def test_slow3d_columns_are_planned_as_atens_vol2col_makes_them():
     model = cpu_conv_scratch(torch.ops.aten.convolution_backward.default, args, y)
     got = measure_conv_scratch([conv_key(torch.ops.aten.convolution_backward.default, args)[1]], (4,))[0][0]
     assert model == x.numel() * 4 and abs(model - got) <= 0.05 * model + 2**18, (model, got)   # 8 MiB: was 0
+
+
+def test_host_resident_parameters_are_not_device_memory():
+    "Parameters marked host-resident (chapter 03a streams them): no device bytes for them, their gradients or optimizer state; the rest as before."
+    from netlite_nb.memory.trace import is_host_resident, mark_host_resident
+    m = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32))
+    b = (torch.randn(8, 64), torch.randn(8, 32))
+    by = lambda tr, cat: sum(r.nbytes for r in tr.allocs if r.category == cat)
+    whole = trace_step(m, b).tracker
+    for p in m[2].parameters(): mark_host_resident(p)
+    tr = trace_step(m, b).tracker
+    first, last = sum(p.numel() * 4 for p in m[0].parameters()), sum(p.numel() * 4 for p in m[2].parameters())
+    assert (by(whole, 'weights'), by(tr, 'weights')) == (first + last, first)
+    assert by(whole, 'gradients') - by(tr, 'gradients') == 2 * last  # two traced steps
+    assert by(whole, 'optimizer') - by(tr, 'optimizer') == 2 * last  # AdamW's two moments
+    assert [tuple(p.shape) for p in tr.host_params] == [(32, 64), (32,)] and all(is_host_resident(p) for p in tr.host_params)
+    assert tr.current == sum(r.nbytes for r in tr.allocs if r.died is None)  # a gradient untracked when it left is not freed twice
+    assert tr.peak < whole.peak
+
+
+def test_too_small_names_the_budget_given_and_the_margin_kept():
+    "A batch of one that fits the budget but not what the margin leaves: the error names both figures, not only the reduced one."
+    m = create_model('mlp')
+    one = (torch.zeros(1, 1, 28, 28), torch.zeros(1, dtype=torch.long))
+    need = plan_memory(m, one, device_or_gpu='cpu').total
+    budget = need + 2**19                                  # fits the step, not the 1 MiB and more the margin keeps
+    with pytest.raises(BudgetTooSmallError) as e: max_batch_size(m, one, budget=budget, device_or_gpu='cpu')
+    assert f"of the budget of {fmt_bytes(budget)}" in str(e.value) and 'kept free' in str(e.value), str(e.value)

@@ -364,3 +364,109 @@ def test_trainer_never_retries_a_half_applied_step_in_backward():
     t = Trainer(m, (dl, None), device='cpu', precision='fp32', verbose=False, progress=False, plan=False, lr_schedule=None, warmup=0,
                 threads=None, check_data=False, optimizer='adamw-in-backward')
     with pytest.raises(IncompatibleStepError, match='already updated 5 of 6 parameters'): t.fit(1)
+
+
+# --- weights streamed from the host, block by block (ZeRO-Infinity / FSDP CPU offload) ---
+
+def _stack(seed=0, d=16):
+    torch.manual_seed(seed)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d)) for _ in range(4)])
+
+
+def _stack_run(m, steps=3, accum=1, opt='adamw'):
+    o, g = make_optimizer(opt, m.parameters()), torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        for _ in range(accum):
+            x = torch.randn(4, 16, generator=g); (F.mse_loss(m(x), x) / accum).backward()
+        o.step(); o.zero_grad()
+    return [p.detach().clone() for p in m.parameters()]
+
+
+@pytest.mark.parametrize('checkpointed', [False, True])
+@pytest.mark.parametrize('accum', [1, 2])
+@pytest.mark.parametrize('opt', ['adamw', 'adamw8bit'])
+def test_streamed_weights_train_to_the_same_weights(checkpointed, accum, opt):
+    from netlite_nb.offload import stream_weights
+    wrap = (lambda m: checkpoint_every(m, k=2)) if checkpointed else (lambda m: m)
+    assert _same(_stack_run(wrap(_stack()), accum=accum, opt=opt), _stack_run(stream_weights(wrap(_stack())), accum=accum, opt=opt))
+
+
+def test_streamed_weights_are_copied_per_block_and_freed():
+    import weakref
+    from netlite_nb.offload import stream_weights
+    from netlite_nb.memory.trace import is_host_resident
+    m = stream_weights(checkpoint_every(_stack(), k=2))
+    host = {id(p) for p in m.parameters()}
+    seen = []  # (block, what its first layer's weight is while the block runs)
+    for i, blk in enumerate(m): blk[0].register_forward_pre_hook(lambda mod, a, i=i: seen.append((i, id(mod.weight) in host, weakref.ref(mod.weight))))
+    x = torch.randn(4, 16)
+    F.mse_loss(m(x), x).backward()
+    assert [i for i, _, _ in seen] == [0, 1, 2, 3, 0, 1]  # each block in forward; the checkpointed segment (blocks 0, 1) again in its recompute
+    assert not any(h for _, h, _ in seen) and all(r() is None for _, _, r in seen)  # copies, every one freed
+    assert all(is_host_resident(p) and p.grad is not None for p in m.parameters())  # the gradients landed on the host parameters
+    assert all(m[0][0]._parameters['weight'] is p for p in [m[0][0].weight])  # the module holds its host parameter again
+
+
+def test_streamed_weights_refusals():
+    from netlite_nb.offload import stream_weights
+    with pytest.raises(ValueError, match='no stack of blocks'): stream_weights(nn.Linear(4, 4))
+    for step in (TrainingStep(optimizer='adamw-offload-grads', transform=stream_weights), TrainingStep(optimizer='adamw-offload', transform=stream_weights)):
+        with pytest.raises(IncompatibleStepError, match='already live on the host'): check_offload(step, 16)
+    with pytest.raises(IncompatibleStepError, match='data-parallel'): check_offload(TrainingStep(transform=stream_weights), 16, distributed=True)
+    with pytest.raises(IncompatibleStepError, match='same memory'): check_offload(TrainingStep(transform=stream_weights), 16, Target('cpu', 'cpu', 2**34))
+    check_offload(TrainingStep(optimizer='adamw8bit', transform=stream_weights, micro_batch=4), 16, clip_grad=1.0)  # an ordinary optimizer on the host: allowed
+
+
+def test_trainer_streams_weights_by_name():
+    assert _same(_trainer_run(), _trainer_run(offload='stream-weights'))
+    assert _same(_trainer_run(accum_steps=2, micro_batch=8), _trainer_run(offload='stream-weights', accum_steps=2, micro_batch=8))
+    with pytest.raises(ValueError, match='already live on the host'): _trainer_run(offload='stream-weights', optimizer='adamw-offload-grads')
+
+
+def test_plan_of_streamed_weights_matches_a_real_cpu_run():
+    from netlite_nb.offload import stream_weights, stream_weights_checkpointed
+    from netlite_nb.memory.trace import is_host_resident
+    nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)
+    d, b = 32, (torch.empty(8, 16, 32, device='meta'), torch.empty(8, 16, 32, device='meta'))
+    stack = lambda: nn.Sequential(*[nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(4)])
+    base = plan_memory(stack(), b, loss_fn=F.mse_loss, device_or_gpu='rtx 3060')
+    plan = plan_memory(stack(), b, loss_fn=F.mse_loss, device_or_gpu='rtx 3060', transform=stream_weights_checkpointed)
+    assert (plan.breakdown['weights'], plan.breakdown['gradients'], plan.breakdown['optimizer']) == (0, 0, 0) and plan.total < base.total
+    m = stream_weights_checkpointed(stack()); opt = make_optimizer('adamw', m.parameters())
+    copies = []
+    for blk in m: blk.register_forward_pre_hook(lambda mod, a: copies.append(nbytes(p for p in mod.parameters() if not is_host_resident(p))))
+    x = torch.randn(8, 16, d); F.mse_loss(m(x), x).backward()
+    grads = nbytes(p.grad for p in m.parameters()); opt.step()
+    assert plan.host['host: streamed weights (pinned)'] == nbytes(m.parameters()) == grads == plan.host['host: streamed gradients (pageable)']
+    assert plan.host['host: optimizer state (pageable)'] == state_bytes(opt)  # the moments, and each parameter's step count
+    assert plan.host['bus per step'] == sum(copies) + grads  # the copies the hooks made (forward and recompute), the gradients once
+    assert plan.host_held == 2 * grads + state_bytes(opt)  # these sizes are powers of two: the pinned allocator rounds nothing
+    # a model streamed for real plans as its transform does: the marks travel with the planner's copy
+    assert plan_memory(stream_weights(checkpoint_every(stack(), k=1)), b, loss_fn=F.mse_loss, device_or_gpu='rtx 3060').host == plan.host
+
+
+def test_fit_to_budget_offers_streamed_weights_when_only_they_fit():
+    from netlite_nb.offload import stream_weights_checkpointed
+    deep = lambda: nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(8)])
+    b = (torch.empty(16, 2048, device='meta'), torch.empty(16, 2048, device='meta'))
+    streamed = plan_memory(deep(), b, device_or_gpu='gtx 1650', transform=stream_weights_checkpointed)  # less than half-precision weights leave
+    changes = fit_to_budget(deep(), b, budget=streamed.total, device_or_gpu='gtx 1650')
+    fitting = [c for c in changes if c.fits]
+    assert fitting and all('stream_weights' in c.new_plan.transform for c in fitting), [str(c) for c in changes[:4]]
+    assert all(c.new_plan.breakdown['weights'] == 0 and c.slowdown > 0 for c in fitting)
+
+
+def test_streamed_bf16_weights_with_stochastic_rounding_train_to_the_same_weights():
+    "Chapter 03's bf16 weights with 8-bit state rounded stochastically, streamed: the host's update is the card's, bit for bit."
+    from netlite_nb.offload import stream_weights
+    from netlite_nb.optim import bf16_weights
+    def run(m, steps=3, accum=2):
+        o, g = make_optimizer('adamw8bit-bf16sr', m.parameters()), torch.Generator().manual_seed(1)
+        torch.manual_seed(5)  # the stochastic rounding's draws
+        for _ in range(steps):
+            for _ in range(accum):
+                x = torch.randn(4, 16, generator=g).bfloat16(); (F.mse_loss(m(x).float(), x.float()) / accum).backward()
+            o.step(); o.zero_grad()
+        return [p.detach().clone() for p in m.parameters()]
+    ref = run(checkpoint_every(bf16_weights(_stack()), k=1))
+    assert ref[0].dtype == torch.bfloat16 and _same(ref, run(stream_weights(checkpoint_every(bf16_weights(_stack()), k=1))))

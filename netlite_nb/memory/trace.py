@@ -23,9 +23,10 @@ from ..probe import GPUInfo, GPUSpec, LOW_PRECISION, UnknownGPUError, fmt_bytes,
 # %% auto #0
 __all__ = ['CONVS', 'AUTOGRAD_GRAPH_BYTES', 'GRAPH_KEY', 'OPTIMIZERS', 'KERNEL_MODELS', 'Allocation', 'kernel_spec',
            'AllocationTracker', 'is_traced', 'data_shares', 'PackedAtFullLength', 'two_packed_paths', 'graph_census',
-           'ShapeMismatchError', 'resize_batch', 'default_loss', 'register_optimizer', 'make_optimizer',
-           'saved_for_backward', 'UntraceableError', 'NothingToTrainError', 'CompiledModelWarning', 'DeviceKernels',
-           'register_kernels', 'device_kernels', 'Trace', 'trace_step', 'Target', 'resolve_target']
+           'ShapeMismatchError', 'resize_batch', 'default_loss', 'mark_host_resident', 'is_host_resident',
+           'register_optimizer', 'make_optimizer', 'saved_for_backward', 'UntraceableError', 'NothingToTrainError',
+           'CompiledModelWarning', 'DeviceKernels', 'register_kernels', 'device_kernels', 'Trace', 'trace_step',
+           'Target', 'resolve_target']
 
 # %% ../../nbs/01a_trace.ipynb #c007
 @dataclass(eq=False)
@@ -126,9 +127,16 @@ def track(self:AllocationTracker, t:torch.Tensor, category:str|None=None)->Alloc
     return rec
 
 @patch
-def _free(self:AllocationTracker, key:int, rec:Allocation, ref=None):
-    if self.live.get(key) is rec: del self.live[key]
+def untrack(self:AllocationTracker, t:torch.Tensor):
+    "Stop counting `t`'s storage as the device's from now on (it moved to the host), though the traced tensor lives on."
+    rec = self.live.pop(id(t.untyped_storage()), None)
+    if rec is not None: self._free(None, rec)
+
+@patch
+def _free(self:AllocationTracker, key:int|None, rec:Allocation, ref=None):
     if ref is not None and self.refs.get(key) is ref: del self.refs[key]
+    if rec.died is not None: return  # `untrack` ended it already
+    if self.live.get(key) is rec: del self.live[key]
     rec.died = len(self.events)
     self.events.append((-1, rec))
     self.current -= rec.nbytes
@@ -659,6 +667,16 @@ def default_loss(out, y):
     if y is None: return out.float().mean()
     return F.cross_entropy(out, y) if not y.is_floating_point() else F.mse_loss(out, y)
 
+# %% ../../nbs/01a_trace.ipynb #hr01
+def mark_host_resident(p:torch.Tensor)->torch.Tensor:
+    "Mark parameter `p` as kept in host memory (streamed to the device only while used): a plan counts it, its gradient and optimizer state as the host's, not the device's."
+    p._host_resident = True
+    return p
+
+def is_host_resident(t:torch.Tensor)->bool:
+    "Is `t` a parameter `mark_host_resident` marked?"
+    return bool(getattr(t, '_host_resident', False))
+
 # %% ../../nbs/01a_trace.ipynb #c014c
 def _tensor_attrs(model:nn.Module)->list[torch.Tensor]:
     "Tensors the layers of `model` keep as plain attributes, neither parameters nor buffers: a user's constant (`self.scale = torch.ones(n)`), a pruned weight. Not scalars: they stay real, since a forward may read their value (`int(self.k)`)."
@@ -671,7 +689,9 @@ def _fake_copy(model:nn.Module, fm:FakeTensorMode|None)->nn.Module:
         if fm is None: return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device='meta')
         with fm: return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device='cpu')
     memo = {}
-    for p in model.parameters(): memo[id(p)] = nn.Parameter(fake(p.detach()), requires_grad=p.requires_grad)
+    for p in model.parameters():
+        memo[id(p)] = nn.Parameter(fake(p.detach()), requires_grad=p.requires_grad)
+        if is_host_resident(p): mark_host_resident(memo[id(p)])
     for b in model.buffers(): memo[id(b)] = fake(b)
     owner = {id(t.untyped_storage()): memo[id(t)] for t in (*model.parameters(), *model.buffers())}
     for a in _tensor_attrs(model):  # a view of a weight stays a view of its copy (where the copy holds it); anything else gets a copy of its own
@@ -1051,6 +1071,12 @@ class Trace:
     param_count:int
     accum_steps:int            # micro-batches a real step has
 
+def _on_device(params:list, tr:AllocationTracker)->list:
+    "The parameters the device holds; each host-resident one's gradient leaves the device as soon as backward has completed it."
+    for p in params:
+        if is_host_resident(p): p.register_post_accumulate_grad_hook(lambda p: tr.untrack(p.grad))
+    return [p for p in params if not is_host_resident(p)]
+
 def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn, optimizer, precision, cuda, steps, kernels,
            ragged:bool=False, ema:bool=False, shares:list|None=None)->AllocationTracker:
     "Run `steps` steps of the fake copy `m` under a tracker (on FakeTensors of `fm`, else on 'meta'); `ragged`: packed sequences of unequal lengths (`PackedAtFullLength`)."
@@ -1068,15 +1094,18 @@ def _trace(m:nn.Module, x, y, fm:FakeTensorMode|None, mb:int, accum:int, loss_fn
             xb, yb = (tree_map_only(torch.Tensor, lambda t: _resized(t, b, mb, dev), z) for z in (x, y))
             ema_copy = [torch.empty_like(t, requires_grad=False) for t in (*m.parameters(), *m.buffers())] if ema else []  # AveragedModel(use_buffers=True): kept all run
             with tr:
-                for t in (*m.parameters(), *m.buffers(), *_tensor_attrs(m)): tr.track(t, 'weights')
+                for t in (*m.parameters(), *m.buffers(), *_tensor_attrs(m)):
+                    if not is_host_resident(t): tr.track(t, 'weights')
                 for t in ema_copy: tr.track(t, 'EMA weights')
                 for t in tree_flatten((xb, yb))[0]: tr.track(t, 'batch')
-                opt = _traced_optimizer(optimizer, params, cuda, fm)
+                card, tr.host_params, tr.optimizer = _on_device(params, tr), [p for p in params if is_host_resident(p)], optimizer
+                opt = _traced_optimizer(optimizer, card, cuda, fm) if card else None  # the host's parameters are updated on the host
                 scale = torch.full((), 2.0**16, device=dev) if precision == 'fp16' else None  # GradScaler's scale: one float
                 for step in range(steps):
                     tr.step = step
                     for _ in range(min(accum, 2)): _micro_step(m, xb, yb, tr, loss_fn or default_loss, precision, accum, scale)
-                    _optimizer_phase(opt, params, tr, scale)
+                    _optimizer_phase(opt, card, tr, scale)
+                    for p in tr.host_params: p.grad = None
                 tr.phase = 'end'
     except Exception as e:
         err = _untraceable(e, tr, m) or _shape_error(e, tr, m, x, y)
