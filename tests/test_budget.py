@@ -1748,6 +1748,28 @@ def test_the_memo_keeps_a_recurrent_trace():
         assert (plan.peak, plan.notes) == (ref_plan.peak, ref_plan.notes)
 
 
+def test_the_tracer_asks_for_a_pure_ops_scratch_once_per_key():
+    """A device's kernel path that calls an op `pure` (its outputs and scratch follow from its metadata: `CpuKernels` says which) is asked
+    about it once per memo key (`AllocationTracker.kernel_scratch`), where a loop over time runs the same ops a hundred times, and the
+    trace is the one a path asked about every op makes: the same allocations, frees and scratch, in order."""
+    import collections
+    from netlite_nb.memory.cpu import CpuKernels
+    class Counting(CpuKernels):
+        def __init__(self, pure:bool): super().__init__(); self.asked, self.pure = collections.Counter(), pure
+        def __call__(self, tr):
+            path = super().__call__(tr)
+            def counted(func, args, kwargs, out): self.asked[func] += 1; return path(func, args, kwargs, out)
+            if self.pure: counted.pure = getattr(path, 'pure', None)
+            return counted
+    model = nn.Sequential(nn.GRU(8, 16, batch_first=True, bidirectional=True))
+    loss = lambda out, y: out[0][:, -1].pow(2).mean()
+    batch = (torch.randn(4, 40, 8), torch.zeros(4))
+    once, every = Counting(True), Counting(False)
+    tr, ref = (trace_step(model, batch, loss, kernels=k).tracker for k in (once, every))
+    seen = lambda t: [(s, r.nbytes, r.category, r.phase, r.module, r.born, r.died) for s, r in t.events]
+    assert seen(tr) == seen(ref) and tr.kernels == ref.kernels and tr.peak == ref.peak
+    assert sum(once.asked.values()) * 10 < sum(every.asked.values())  # 40 steps each way, two traced steps: the same ops again and again
+
 def test_the_memo_answers_a_loop_over_time_whatever_its_step():
     """A loop over time reads `y[:, t]`, a view at another storage offset each step, as a GRU's own loop reads its input projection:
     the memo keys the ops on such views without the offset (`AllocationTracker.answer`), so it answers every step after the first

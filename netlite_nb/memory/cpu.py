@@ -484,6 +484,9 @@ def cpu_kernel_path(func, args, out,
     return out, cpu_conv_scratch(func, args, out) + conv_layout_copies(func, args)
 
 # %% ../../nbs/01c_cpu.ipynb #a1b4a18c
+_IMPURE = {*CONVS, torch.ops.aten.mkldnn_rnn_layer.default, torch.ops.aten.mkldnn_rnn_layer_backward.default,
+           torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default}  # laid out, calibrated or counted per call (`cpu_kernel_path`)
+
 class CpuKernels(DeviceKernels):
     "The CPU's kernels for `trace_step`: each op's scratch, oneDNN's LSTM workspace, fused attention's products, the autograd graph on the host heap."
     cpu_autocast = ragged_retrace = True
@@ -497,6 +500,8 @@ class CpuKernels(DeviceKernels):
             if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
                 tr.kernels.extend(flash_gemms(args, kwargs))  # oneDNN's primitives in half precision
             return cpu_kernel_path(func, args, out, measured=self.measured, missing=self.missing)
+        # ops whose outputs and scratch follow from their metadata, with nothing else to record: the tracer keeps their scratch
+        path.pure = lambda func: func not in _IMPURE and not (func in _MATMULS and self.measured is not None and self.missing is not None)
         return path
 
 register_kernels('cpu', CpuKernels)

@@ -30,7 +30,9 @@ __all__ = ['MALLOPT', 'TENSOR_OBJECTS', 'HEAP_HISTORIES', 'REPLAYED_EVENTS', 'PL
 _GLIBC_DEFAULT_MMAP_THRESHOLD, _GLIBC_MMAP_THRESHOLD_MAX = 128 * 1024, 32 * 2**20  # its default, and the most it raises it to (64-bit)
 _MINSIZE, _TCACHE_MAX, _TCACHE_COUNT, _FAST_MAX, _LARGE = 32, 1040, 7, 128, 1024  # glibc's limits on 64-bit (malloc/malloc.c)
 
-def _chunk(n:int)->int: return max(_MINSIZE, (n + 8 + 15) // 16 * 16)  # the chunk glibc carves for an n-byte request: header, 16-byte granule
+def _chunk(n:int)->int:  # the chunk glibc carves for an n-byte request: header, 16-byte granule
+    c = (n + 8 + 15) // 16 * 16
+    return c if c > _MINSIZE else _MINSIZE
 
 def _lead(a:int, align:int)->int:  # _int_memalign: from chunk `a` to the chunk whose block is aligned; a front piece is a whole chunk or none
     lead = -(a + 16) % align
@@ -55,7 +57,7 @@ class GlibcHeap:
         self.mmap_max, self.page = 65536 if mmap_max is None else mmap_max, page
         self.dynamic = all(v is None for v in (*settings, mmap_max))  # glibc moves its thresholds until one of them is set
         self.size, self.end = {}, {}     # every chunk in the heap: start -> size, end -> start
-        self.binned, self.bins = {}, {}  # free chunks: start -> bin (0 is the unsorted bin); bin -> deque (new on the left, taken from the right)
+        self.binned, self.bins = {}, {0: deque()}  # free chunks: start -> bin (0 is the unsorted bin); bin -> deque (new on the left, taken from the right)
         self.binmap = 0  # a bit per bin that may hold a chunk, cleared when a search finds it empty: glibc's binmap, so a search skips empty bins
         self.tcache, self.fast = {}, {}  # chunk size -> starts, last in first out; to the heap these chunks are still in use
         self.nfast, self.last_remainder = 0, None
@@ -67,6 +69,10 @@ class GlibcHeap:
     def _drop(self, a:int)->int:
         s = self.size.pop(a); del self.end[a + s]
         return s
+    def _cut(self, a:int, n:int)->int:  # chunk `a` becomes `n` bytes, the rest of it a chunk of its own: its start
+        s, r = self.size[a], a + n
+        self.size[a] = n; self.end[r] = a; self.size[r] = s - n; self.end[a + s] = r
+        return r
 
 # %% ../../nbs/01b_heap.ipynb #pr1b
 @patch
@@ -75,7 +81,7 @@ def _unlink(self:GlibcHeap, a:int):
     self.bins[self.binned.pop(a)].remove(a)
 
 @patch
-def _to_unsorted(self:GlibcHeap, a:int): self.binned[a] = 0; self.bins.setdefault(0, deque()).appendleft(a)
+def _to_unsorted(self:GlibcHeap, a:int): self.binned[a] = 0; self.bins[0].appendleft(a)
 
 # %% ../../nbs/01b_heap.ipynb #pr1c
 @patch
@@ -83,7 +89,8 @@ def _to_bin(self:GlibcHeap, a:int):
     "Sort free chunk `a` into its bin: a small bin in order of arrival, a large one by size, largest first (an equal size after the first of it)."
     s = self.size[a]
     i = _bin_index(s)
-    b = self.bins.setdefault(i, deque()); self.binned[a] = i
+    if (b := self.bins.get(i)) is None: b = self.bins[i] = deque()  # not setdefault: it would make a deque each time
+    self.binned[a] = i
     self.binmap |= 1 << i
     if s < _LARGE: b.appendleft(a); return
     if not b or self.size[b[-1]] > s: b.append(a); return  # the smallest yet, as most chunks sorted here are: no walk along the bin
@@ -97,19 +104,25 @@ def _split(self:GlibcHeap, a:int, nb:int)->int|None:
     "Cut `nb` bytes off the front of chunk `a` (out of its bin); the rest, if a chunk's worth, goes to the unsorted bin. The rest's start, or None."
     s = self.size[a]
     if s - nb < _MINSIZE: return None
-    self._drop(a); self._new(a, nb); self._new(a + nb, s - nb); self._to_unsorted(a + nb)
-    return a + nb
+    r = self._cut(a, nb); self.binned[r] = 0; self.bins[0].appendleft(r)
+    return r
 
 # %% ../../nbs/01b_heap.ipynb #pr1e
 @patch
 def _release(self:GlibcHeap, a:int)->int:
     "Merge chunk `a` with its free neighbours, into the top chunk (the size returned is then the top's) or the unsorted bin; the merged size."
-    s = self.size[a]
-    p = self.end.get(a)
-    if p is not None and p in self.binned: self._unlink(p); self._drop(a); s += self._drop(p); a = p; self._new(a, s)
-    if a + s == self.top: self._drop(a); self.top = a; return self.brk - a  # glibc tests the whole top chunk against the consolidation threshold
-    if a + s in self.binned: n = a + s; self._unlink(n); self._drop(a); s += self._drop(n); self._new(a, s)
-    self._to_unsorted(a)
+    size, end, binned, bins = self.size, self.end, self.binned, self.bins  # `_unlink`, `_drop`, `_new` written out: the replay's busiest path
+    s = size[a]
+    p = end.get(a)
+    if p is not None and p in binned:  # the free chunk before: the two become one at p
+        bins[binned.pop(p)].remove(p)
+        del size[a], end[a]; end[a + s] = p; s += size[p]; a = p; size[a] = s
+    n = a + s
+    if n == self.top: del size[a], end[n]; self.top = a; return self.brk - a  # glibc tests the whole top chunk against the consolidation threshold
+    if n in binned:  # the free chunk after
+        bins[binned.pop(n)].remove(n)
+        s += size.pop(n); del end[n]; end[a + s] = a; size[a] = s
+    binned[a] = 0; bins[0].appendleft(a)
     return s
 
 @patch
@@ -125,8 +138,9 @@ def free(self:GlibcHeap, a:int):
     "free(): a mapped block's pages go back; a chunk goes to the tcache, a fastbin, or is merged, and a big merge trims the heap's end."
     if a < 0: self._munmap(a); return
     s = self.size[a]
-    tc = self.tcache.setdefault(s, []) if s <= _TCACHE_MAX else None
-    if tc is not None and len(tc) < _TCACHE_COUNT: tc.append(a); return
+    if s <= _TCACHE_MAX:
+        if (tc := self.tcache.get(s)) is None: tc = self.tcache[s] = []
+        if len(tc) < _TCACHE_COUNT: tc.append(a); return
     if s <= _FAST_MAX: self.fast.setdefault(s, []).append(a); self.nfast += 1; return
     if self._release(a) >= 65536:  # FASTBIN_CONSOLIDATION_THRESHOLD
         if self.nfast: self._consolidate()
@@ -228,9 +242,8 @@ def malloc(self:GlibcHeap, n:int, # bytes asked for
     if a < 0:  # mapped: its pages start aligned, the aligned chunk `_lead` bytes into them, and the front stays with the pages
         m, _ = self.maps[a]; self.maps[a] = (m, m - _lead(0, align))
         return a
-    if lead := _lead(a, align):  # the user's block starts 16 bytes into its chunk
-        s = self._drop(a); self._new(a, lead); self._new(a + lead, s - lead); self.free(a); a += lead
-    if (s := self.size[a]) > nb + _MINSIZE: self._drop(a); self._new(a, nb); self._new(a + nb, s - nb); self.free(a + nb)
+    if lead := _lead(a, align): self._cut(a, lead); self.free(a); a += lead  # the user's block starts 16 bytes into its chunk
+    if self.size[a] > nb + _MINSIZE: self.free(self._cut(a, nb))
     return a
 
 # %% ../../nbs/01b_heap.ipynb #3caf89bc
@@ -313,13 +326,27 @@ def glibc_resident(tr:AllocationTracker, history:int=0, cut:bool=False):
             for a in blocks.pop(id(rec), ()): h.free(a)
         yield i, live, h.rss() - base
 
+# %% ../../nbs/01b_heap.ipynb #gp1
 def glibc_peak(tr:AllocationTracker, history:int=0, cut:bool=False)->tuple[int, int, int]:
     "(bytes resident, event index, bytes live) where the trace, replayed from `heap_history(history)`, peaks; resident -1: no allocation."
-    best = (-1, -1, 0)
-    for i, l, r in glibc_resident(tr, history, cut):
-        if r > best[0] and tr.events[i][0] > 0: best = (r, i, l)
+    # `glibc_resident`'s replay without a yield per event: a free never raises the resident set, so it is read after allocations
+    # only, and each record's blocks are cut once per (bytes, kind) (a long trace repeats a few sizes tens of thousands of times)
+    h, blocks, cuts, live, best = GlibcHeap(**glibc_settings()), {}, {}, 0, (-1, -1, 0)
+    heap_history(h.malloc, history)
+    base, malloc, free = h.rss(), h.malloc, h.free
+    for i, (sign, rec) in enumerate(tr.events):
+        if sign < 0:
+            live -= rec.nbytes
+            for a in blocks.pop(id(rec), ()): free(a)
+            continue
+        live += rec.nbytes
+        k = (rec.nbytes, rec.category == 'autograd graph')
+        if (bs := cuts.get(k)) is None: bs = cuts[k] = heap_blocks(rec, tr.graph, cut)
+        blocks[id(rec)] = [malloc(n, align) for n, align in bs]
+        if (r := h.mapped + h.resident - base) > best[0]: best = (r, i, live)
     return best
 
+# %% ../../nbs/01b_heap.ipynb #gp2
 def heap_replays(events:int|None=None, # events in the trace; None: every replay
                 )->list[tuple[int, bool]]:
     "The (history, cut) of every replay the plan makes: each heap history, with the graph's bytes cut each way; the first few only where `REPLAYED_EVENTS` would be passed."

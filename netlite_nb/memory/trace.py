@@ -75,6 +75,7 @@ class AllocationTracker(TorchDispatchMode):
         super().__init__()
         self.device_type = device_type
         self.live:dict[int, Allocation] = {}  # id(storage) -> record, only while the storage is alive
+        self.refs:dict[int, weakref.ref] = {}  # id(storage) -> the weak reference whose callback records its free
         self.allocs:list[Allocation] = []
         self.events:list[tuple[int,Allocation]] = []  # (+1 alloc | -1 free, record), in order
         self.current = self.peak = 0  # bytes of tracked storages alive now, and at most so far
@@ -97,6 +98,9 @@ class AllocationTracker(TorchDispatchMode):
         self.shared, self.cum = 0, (None, 0.0)  # data-shaped ops this micro-batch so far; (bound, shares of it so far) (`rows`)
         self.summed = 0      # gradients added in place where the tracker's presence would have made autograd add them out of place
         self.memo:dict = {}  # an op and its inputs' metadata -> what the FakeTensors made of them (`answer`)
+        self.key = None      # the running op's key in `memo`; None: it has none
+        self.made = None     # (outputs, the new ones among them) where the memo answered the running op
+        self.scratch:dict = {}  # `memo` key -> scratch bytes of an op whose kernels' scratch its metadata decides (`kernel_scratch`)
 
     def record_of(self, t:torch.Tensor)->Allocation|None:
         "The record of `t`'s storage while it is tracked and alive."
@@ -116,8 +120,9 @@ def track(self:AllocationTracker, t:torch.Tensor, category:str|None=None)->Alloc
         self.allocs.append(rec); self.events.append((1, rec))
         self.current += rec.nbytes
         if self.current > self.peak: self.peak, self.peak_at = self.current, rec.born
-        # the storage's Python object lives exactly as long as the storage itself, so its finalizer is the free
-        weakref.finalize(st, self._free, id(st), rec)
+        # the storage's Python object lives exactly as long as the storage itself, so a weak reference's callback is the free (the
+        # reference kept here until then: `weakref.finalize` costs as much again, for an exit hook a trace has no use for)
+        k = id(st); self.refs[k] = weakref.ref(st, lambda r, k=k, rec=rec: self._free(k, rec, r))
     if category: rec.category = category
     return rec
 
@@ -128,7 +133,8 @@ def untrack(self:AllocationTracker, t:torch.Tensor):
     if rec is not None: self._free(None, rec)
 
 @patch
-def _free(self:AllocationTracker, key:int|None, rec:Allocation):
+def _free(self:AllocationTracker, key:int|None, rec:Allocation, ref=None):
+    if ref is not None and self.refs.get(key) is ref: del self.refs[key]
     if rec.died is not None: return  # `untrack` ended it already
     if self.live.get(key) is rec: del self.live[key]
     rec.died = len(self.events)
@@ -346,10 +352,12 @@ _DEVICE = torch.ops.prim.device.default  # autograd asks each FakeTensor's devic
 
 class _NoKey(Exception): "An argument the memo leaves to FakeTensor."
 
+_LAYOUT = torch._C.TensorBase.layout.__get__  # a tensor's own layout: FakeTensor's property reads its dispatch keys first (mkldnn)
+
 def _meta_key(t:torch.Tensor):
-    "What an op's shape function reads of FakeTensor `t`, its storage offset aside (`_out_meta`); `_NoKey` for what the memo leaves to FakeTensor (0-dim, a value carried, not strided)."
-    if type(t) is not FakeTensor or t.dim() == 0 or t.constant is not None or t.layout != torch.strided: raise _NoKey()
-    return (t.shape, t.stride(), t.dtype, t.fake_device, t.is_neg(), t.is_conj())
+    "What an op's shape function reads of FakeTensor `t`, its storage offset aside (`_out_meta`); `_NoKey` for what the memo leaves to FakeTensor (0-dim, a value carried, not strided, dispatch keys of its own)."
+    if type(t) is not FakeTensor or t.constant is not None or t.dispatch_keys is not None or _LAYOUT(t) is not torch.strided or t.dim() == 0: raise _NoKey()
+    return (t.shape, t.stride(), t.dtype, t._fake_device, t.is_neg(), t.is_conj())
 
 def _value_key(a):
     if isinstance(a, torch.Tensor): return _meta_key(a)
@@ -360,6 +368,22 @@ def _op_key(func, args:tuple, kwargs:dict):
     "A key of `func` on `args`, `kwargs` (hashable, unless an argument is not); None where the memo may not answer it."
     try: return func, tuple(map(_value_key, args)), tuple((k, _value_key(v)) for k, v in kwargs.items())
     except _NoKey: return None
+
+# %% ../../nbs/01a_trace.ipynb #mm2f
+_FAKE_STATE = weakref.WeakKeyDictionary()  # fake mode -> {device: the attributes FakeTensor.__new__ gave a tensor of it}
+
+def _fake(fm, elem:torch.Tensor, device)->FakeTensor:
+    "`FakeTensor(fm, elem, device)` for a fresh 'meta' `elem` that needs no gradient: the attributes FakeTensor's constructor gave the first one, copied (a third of its cost)."
+    states = _FAKE_STATE.setdefault(fm, {})
+    if (st := states.get(device)) is None:  # the first: FakeTensor's own constructor, which checks the device and mode; its attributes kept
+        t = FakeTensor(fm, elem, device)
+        if not torch._subclasses.fake_tensor.FakeTensorConfig.debug and type(vars(t).get('fake_mode')) is type(fm): states[device] = dict(vars(t))
+        return t
+    t = torch.Tensor._make_subclass(FakeTensor, elem, False, dispatch_device=True, device_for_backend_keys=st['_fake_device'])
+    if fm._allow_unsafe_data_ptr_access: torch._C._set_warn_deprecated_on_mutable_data_ptr(t)
+    else: torch._C._set_throw_on_mutable_data_ptr(t)
+    vars(t).update(st)
+    return t
 
 # %% ../../nbs/01a_trace.ipynb #mm2
 # view ops whose outputs start at the input's offset plus what their other arguments say (not as_strided, which names its
@@ -400,18 +424,19 @@ def _view_of(fm, storage, shape, stride, offset:int, dtype, device)->FakeTensor:
     with torch._C._DisableTorchDispatch():
         t = torch.empty_strided(shape, stride, dtype=dtype, device='meta')
         t.set_(storage, offset, shape, stride)
-        return FakeTensor(fm, t, device)
+        return _fake(fm, t, device)
 
-def _made_like(entry, args:tuple):
-    "The outputs a memo entry of `_memo_entry` describes: new FakeTensors, or views of `args` (as FakeTensor's own cache makes them)."
+def _made_like(entry, args:tuple)->tuple:
+    "(the outputs a memo entry of `_memo_entry` describes: new FakeTensors, or views of `args` as FakeTensor's own cache makes them; the new ones)."
     fm, kind, metas = entry
-    outs = []
+    outs, news = [], []
     for m in metas:
         if m == 'none': outs.append(None)
         elif m[0] == 'view': a = args[m[1]]; outs.append(_view_of(fm, a.untyped_storage(), m[2], m[3], a.storage_offset() + m[4], *m[5:]))
         else:
-            with torch._C._DisableTorchDispatch(): outs.append(FakeTensor(fm, torch.empty_strided(m[1], m[2], dtype=m[3], device='meta'), m[4]))
-    return outs[0] if kind is None else kind(outs)
+            with torch._C._DisableTorchDispatch(): news.append(_fake(fm, torch.empty_strided(m[1], m[2], dtype=m[3], device='meta'), m[4]))
+            outs.append(news[-1])
+    return outs[0] if kind is None else kind(outs), news
 
 def _detached(t:torch.Tensor)->torch.Tensor:
     "`t.detach()` outside the tracker; a FakeTensor's made by `_view_of`, without the dispatch that costs FakeTensor more than the op."
@@ -426,8 +451,9 @@ def answer(self:AllocationTracker, func, args:tuple, kwargs:dict):
     key = _op_key(func, args, kwargs)
     try: hit = self.memo.get(key) if key is not None else None
     except TypeError: key = hit = None  # an argument that cannot be a key
-    if hit == 'self': return args[0]
-    if hit is not None and hit != 'no': return _made_like(hit, args)
+    self.key = key
+    if hit == 'self': self.made = args[0], []; return args[0]
+    if hit is not None and hit != 'no': self.made = _made_like(hit, args); return self.made[0]
     out = func(*args, **kwargs)
     if key is not None and hit is None: self.memo[key] = _memo_entry(func, args, kwargs, out, key[1][0] if args else None)
     return out
@@ -449,23 +475,28 @@ def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None
     if func is _A._local_scalar_dense.default and _stand_in(self, args[0]): return _item(self, func, args)
     if _sum_in_place(self, func, args, kwargs or {}):  # as a real backward adds it: in place, from the memo where it can
         self.summed += 1; torch.autograd.graph.increment_version(args[0])
-        return self.answer(_A.add_.Tensor, args, {})
+        out, self.made = self.answer(_A.add_.Tensor, args, {}), None
+        return out
     if func in _MATMULS and (wrong := _dtype_mismatch(func, args, self.cuda_autocast)): raise RuntimeError(wrong)  # what the real kernel says
     if func in _MATMULS or func in CONVS: self.kernels.append(kernel_spec(func, args))
     if func is torch.ops.aten._safe_softmax.default: self.decomposed = True
     # the nodes of the ops before this one; not in `prim.device`, which FakeTensors dispatch while autograd records an in-place op
     # on a view: reading the view's grad_fn there dropped the op from the graph (`relu_` on InstanceNorm's output left no CopySlices)
     if self.graph is not None and self.phase in ('forward', 'loss') and func.namespace == 'aten': self.count_nodes(args)
+    self.key = self.made = None
     out = _data_shaped(func, args, kwargs or {}, self.rows) if func in _DATA_SHAPED else _shaped_like(func, args) if func in _LIKE_INPUTS else NotImplemented
     if out is NotImplemented: out = self.answer(func, args, kwargs or {})
     elif func in _SIZED: self.bounded.append(func.__name__)  # a write through a mask (x[mask] = v) sizes nothing
     scratch = 0
-    if self.kernel_path is not None: out, scratch = self.kernel_path(func, args, kwargs or {}, out)
+    if self.kernel_path is not None: out, scratch = self.kernel_scratch(func, args, kwargs or {}, out)
     if func in _UNMODELLED and not scratch: self.unseen.append(func.overloadpacket.__name__)  # its scratch is not in the plan
-    new = [t for t in _tensors(out) if self.record_of(t) is None]
-    if new:  # an output sharing an input's storage (a view, an in-place or out= result) allocated nothing
-        ins = {id(a.untyped_storage()) for a in _tensors((args, kwargs))}
-        new = [t for t in new if id(t.untyped_storage()) not in ins]
+    made, self.made = self.made, None  # held no longer than this op: a tensor held here is one more use of its storage (`_dense`)
+    if made is not None and made[0] is out: new = made[1]  # the memo's answer: it knows which outputs are new storages
+    else:
+        new = [t for t in _tensors(out) if self.record_of(t) is None]
+        if new:  # an output sharing an input's storage (a view, an in-place or out= result) allocated nothing
+            ins = {id(a.untyped_storage()) for a in _tensors((args, kwargs))}
+            new = [t for t in new if id(t.untyped_storage()) not in ins]
     for t in new:
         rec = self.track(t)
         # autocast's low-precision copy of a weight: `_to_copy` of a parameter's storage
@@ -476,6 +507,15 @@ def __torch_dispatch__(self:AllocationTracker, func, types, args=(), kwargs=None
     return out
 
 # %% ../../nbs/01a_trace.ipynb #ks1
+@patch
+def kernel_scratch(self:AllocationTracker, func, args:tuple, kwargs:dict, out)->tuple:
+    "`kernel_path(func, args, kwargs, out)`: (out, scratch bytes); for an op the kernels call `pure`, the scratch the same `memo` key had before."
+    pure = getattr(self.kernel_path, 'pure', None) if self.key is not None else None  # pure(func): its outputs and scratch follow from the key
+    if pure is not None and (s := self.scratch.get(self.key)) is not None: return out, s
+    new, s = self.kernel_path(func, args, kwargs, out)
+    if pure is not None and new is out and pure(func): self.scratch[self.key] = s
+    return new, s
+
 @patch
 def transient(self:AllocationTracker, nbytes:int, # bytes the running op allocates and frees before it returns
               category:str='kernel scratch'):
