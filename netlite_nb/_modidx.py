@@ -1466,7 +1466,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'netlite_nb.strategies._BoundedLoader.compose_document': ( 'strategies.html#_boundedloader.compose_document',
                                                                                                   'netlite_nb/strategies.py'),
                                        'netlite_nb.strategies._alloc_items': ('strategies.html#_alloc_items', 'netlite_nb/strategies.py'),
-                                       'netlite_nb.strategies._and_then': ('strategies.html#_and_then', 'netlite_nb/strategies.py'),
                                        'netlite_nb.strategies._by_name': ('strategies.html#_by_name', 'netlite_nb/strategies.py'),
                                        'netlite_nb.strategies._cap_workers': ('strategies.html#_cap_workers', 'netlite_nb/strategies.py'),
                                        'netlite_nb.strategies._check': ('strategies.html#_check', 'netlite_nb/strategies.py'),

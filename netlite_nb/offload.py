@@ -772,9 +772,10 @@ def apply_offload(model:nn.Module, # changed in place
     for n in sorted(names, key=list(OFFLOADS).index, reverse=True): OFFLOADS[n](model)  # the weights converted before activations are hooked
     return [OFFLOADS[n] for n in sorted(names, key=list(OFFLOADS).index, reverse=True)]
 
-def offload_transform(transforms:list): # what `apply_offload` returned
-    "The transforms applied, as one named model transform (for a plan and `check_offload`); None for none."
-    if not transforms: return None
+def offload_transform(transforms:list): # what `apply_offload` returned, in order (None entries are skipped)
+    "The transforms applied, as one named model transform (for a plan and `check_offload`); a single one as it is (its attributes kept); None for none."
+    transforms = [t for t in transforms if t is not None]
+    if len(transforms) < 2: return transforms[0] if transforms else None
     def f(model):
         for t in transforms: model = t(model)
         return model

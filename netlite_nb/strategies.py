@@ -438,13 +438,6 @@ def split_batch(batch:int, # effective batch: samples per optimizer step
     return math.ceil(batch / lo), lo
 
 # %% ../nbs/06_strategies.ipynb #c043
-def _and_then(first, then):
-    "The model transform that applies `first`, then `then` (either may be None), named after both."
-    if first is None or then is None: return first or then
-    def both(m): return then(first(m))
-    both.__name__ = f"{first.__name__} + {then.__name__}"
-    return both
-
 def _max_fit(model, sample, limit:int, transform, target:int, kw:dict)->tuple[int, Exception|None]:
     "The most samples per micro-batch that fit (0 if not even one), and the planner's explanation when none does."
     try: return max_batch_size(model, sample, budget=limit, transform=transform, max_batch=target, **kw), None
@@ -455,10 +448,10 @@ def _most_that_fit(s:Strategy, model, sample, limit:int, target:int, kw:dict, mi
                   )->tuple[int, int|None, str]:
     "(samples per micro-batch that fit, the checkpointing they need, why); with 'auto', checkpointing only when too few fit without."
     ck = s.checkpointing if type(s.checkpointing) is int else None
-    n, err = _max_fit(model, sample, limit, _and_then(memory_transform(ck, s.chunk_size), extra), target, kw)
+    n, err = _max_fit(model, sample, limit, offload_transform([memory_transform(ck, s.chunk_size), extra]), target, kw)
     why = f"The planner fits {n if n < target else f'all {target}'} samples per micro-batch in {fmt_bytes(limit)}"
     if s.checkpointing == 'auto' and n < min(target, min_micro_batch):
-        n_ck, err_ck = _max_fit(model, sample, limit, _and_then(memory_transform(1, s.chunk_size), extra), target, kw)  # 1: checkpoint every module
+        n_ck, err_ck = _max_fit(model, sample, limit, offload_transform([memory_transform(1, s.chunk_size), extra]), target, kw)  # 1: checkpoint every module
         if n_ck > n:
             why += f" without activation checkpointing and {n_ck} with it, so checkpointing is on"
             n, ck, err = n_ck, 1, err_ck
@@ -473,7 +466,7 @@ def _sized(s:Strategy, model, sample, limit:int, target:int, kw:dict, min_micro_
     micro, accum = split_batch(target, n)
     sized = dataclasses.replace(s, micro_batch=micro, accum_steps=accum, checkpointing=ck)
     plan = plan_memory(model, resize_batch(sample, micro * accum), micro_batch=micro, budget=limit,
-                       transform=_and_then(sized.model_transform(), extra), **kw)
+                       transform=offload_transform([sized.model_transform(), extra]), **kw)
     return sized, plan, why + f" ({kw['precision']}, {kw['optimizer']}): micro-batch {micro} × {accum} = {micro * accum} per optimizer step."
 
 def _size_with_planner(s:Strategy, model, sample, hw, plan_gpu, precision, loss_fn, batch_size, budget, min_micro_batch,
@@ -503,7 +496,7 @@ def _host_bytes(plan)->int: return sum(v for k, v in plan.host.items() if k.star
 def _one_fits(s:Strategy, model, sample, limit:int, kw:dict, extra)->bool:
     "Does one sample fit with the offload transform `extra` (checkpointed, where the strategy may checkpoint)? One plan, before a search whose failure costs many."
     ck = 1 if s.checkpointing == 'auto' else s.checkpointing
-    try: return bool(plan_memory(model, resize_batch(sample, 1), budget=limit, transform=_and_then(memory_transform(ck, s.chunk_size), extra), **kw).fits)
+    try: return bool(plan_memory(model, resize_batch(sample, 1), budget=limit, transform=offload_transform([memory_transform(ck, s.chunk_size), extra]), **kw).fits)
     except IncompatibleStepError: return False
 
 def _sized_with_offload(s:Strategy, model, sample, hw, limit:int, target:int, kw:dict, min_micro_batch:int, clip_grad, err):
