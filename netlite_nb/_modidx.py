@@ -1160,6 +1160,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'netlite_nb.offload._is_weight': ('offload.html#_is_weight', 'netlite_nb/offload.py'),
                                     'netlite_nb.offload._master_dtype': ('offload.html#_master_dtype', 'netlite_nb/offload.py'),
                                     'netlite_nb.offload._moved': ('offload.html#_moved', 'netlite_nb/offload.py'),
+                                    'netlite_nb.offload._no_rnn': ('offload.html#_no_rnn', 'netlite_nb/offload.py'),
                                     'netlite_nb.offload._offload_check': ('offload.html#_offload_check', 'netlite_nb/offload.py'),
                                     'netlite_nb.offload._offload_lever': ('offload.html#_offload_lever', 'netlite_nb/offload.py'),
                                     'netlite_nb.offload._offload_terms': ('offload.html#_offload_terms', 'netlite_nb/offload.py'),

@@ -216,7 +216,7 @@ def _gib(s:str)->float:
     "`--host-ram` in GiB: a positive number."
     try: v = float(s)
     except ValueError: v = 0.0
-    if not v > 0: raise argparse.ArgumentTypeError(f"{s!r} is not an amount of RAM in GiB: write a positive number, e.g. 32")
+    if not 0 < v < 2**40: raise argparse.ArgumentTypeError(f"{s!r} is not an amount of RAM in GiB: write a positive number, e.g. 32")
     return v
 
 def _optimizer_name(s:str)->str:

@@ -453,6 +453,14 @@ def _blocks(model:nn.Module)->list[nn.Module]:
                                     "pass blocks=[...], the modules whose weights to fetch one at a time.")
     return [b for b in max(stacks, key=size) if size(b)]
 
+def _no_rnn(blocks:list):
+    "Refuse blocks holding a GRU/LSTM/RNN: those read their weights from a flattened list a hook's swap does not reach."
+    if (r := next((m for b in blocks for m in b.modules() if isinstance(m, nn.RNNBase)), None)) is not None:
+        raise ValueError(f"stream_weights cannot stream a {type(r).__name__}: recurrent layers read their weights from a flattened copy "
+                         "(`_flat_weights`) that swapping the parameters does not reach; pass blocks=[...] without it, or keep the weights on "
+                         "the card and offload the optimizer instead ('adamw-offload-grads').")
+    return blocks
+
 def _device_of(args, kwargs)->torch.device:
     "Where a block's inputs are, and so where its weights must go: the first tensor's device (the CPU when there is none)."
     return next((t.device for t in torch.utils._pytree.tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)), torch.device('cpu'))
@@ -461,16 +469,17 @@ def _device_of(args, kwargs)->torch.device:
 def _fetch(block:nn.Module, args, kwargs):
     "Forward pre-hook: each host-resident weight of `block` replaced by a differentiable copy on its inputs' device (in a plan: traced, and its crossings counted)."
     dev, tr, swapped = _device_of(args, kwargs), _tracker(), []
+    block.__dict__.setdefault('_streamed_now', []).append(swapped)  # before any swap: a copy that fails midway is undone by `_release`
     for mod in block.modules():
         for n, p in list(mod._parameters.items()):
-            if p is None or not is_host_resident(p): continue
+            # a marked weight, or one a copy of the model left on the host (`deepcopy` drops the marks: an EMA model's weights)
+            if p is None or not (is_host_resident(p) or p.device != dev): continue
             d = torch.empty_like(p, device=dev).copy_(p, non_blocking=True)  # differentiable; a real copy on the CPU too; from pinned memory, asynchronous
             if tr is not None:
                 tr.track(d, 'weight copies'); _moved('streamed weights', d.numel() * d.element_size())
                 if d.requires_grad: d.register_hook(lambda g: _moved('streamed gradients', g.numel() * g.element_size()))
             mod._parameters[n] = d  # the dict, not setattr: a copy is not a Parameter
             swapped.append((mod, n, p))
-    block.__dict__.setdefault('_streamed_now', []).append(swapped)
 
 def _release(block:nn.Module, args, kwargs, out):
     "Forward hook: the host parameters back in place; the copies die unless autograd saved them (without checkpointing it does)."
@@ -482,14 +491,17 @@ def stream_weights(model:nn.Module, # changed in place: the blocks' weights move
                    pin_memory:bool|None=None, # pinned host memory (fast, asynchronous copies); None: when CUDA is present
                   )->nn.Module:
     "Keep the weights of `model`'s blocks in host memory, copied to the device only while each block runs; gradients land on the host, where the optimizer updates them."
-    if getattr(model, '_weights_streamed', False): return model  # a plan's copy of a streamed model: hooks and marks came with it
-    blocks, pin = _blocks(model) if blocks is None else list(blocks), torch.cuda.is_available() if pin_memory is None else pin_memory
+    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    to_host = lambda p: None if is_traced(p) or (p.device.type == 'cpu' and not (pin and not p.is_pinned())) else setattr(  # a plan's weights have no data
+        p, 'data', p.data.to('cpu').pin_memory() if pin else p.data.to('cpu'))  # the same Parameter: an optimizer built over it still holds it
+    if getattr(model, '_weights_streamed', False):  # streamed before (a plan's copy, or a model `.to(device)` moved back): hooks in place
+        for p in model.parameters():
+            if is_host_resident(p): to_host(p)
+        return model
+    blocks = _no_rnn(_blocks(model) if blocks is None else list(blocks))
     if not any(is_traced(p) for p in model.parameters()): _refuse_distributed("Streaming weights from the host (stream_weights)")
     for b in blocks:
-        for p in b.parameters():
-            if not is_traced(p) and (p.device.type != 'cpu' or pin and not p.is_pinned()):  # a plan's weights have no data to move
-                p.data = p.data.to('cpu').pin_memory() if pin else p.data.to('cpu')  # the same Parameter: an optimizer built over it still holds it
-            mark_host_resident(p)
+        for p in b.parameters(): to_host(p); mark_host_resident(p)
         b.register_forward_pre_hook(_fetch, with_kwargs=True)
         b.register_forward_hook(_release, with_kwargs=True, always_call=True)  # also when forward raises
     model._weights_streamed = True
@@ -729,7 +741,7 @@ def offload_slowdown(model:nn.Module, batch, target:Target):
 # %% ../nbs/03a_offload.ipynb #fb1fb9b8
 def _stack(model:nn.Module)->bool:
     "Has `model` a stack of blocks `stream_weights` can fetch one at a time?"
-    try: return len(_blocks(model)) >= 2
+    try: return len(_no_rnn(_blocks(model))) >= 2
     except ValueError: return False
 
 @register_lever

@@ -147,7 +147,7 @@ def test_plan_calibrate_measures_on_this_machine_and_says_so(tmp_path):
     (['plan', '--input', '28x28'], 'CxHxW, e.g. 1x28x28'), (['plan', '--input', '3x32x30'], 'square'),
     (['plan', '--batch-size', '0'], 'at least 1'),
     (['plan', '--precision', 'fp8'], 'invalid choice'), (['export'], 'required'), (['nonsense'], 'invalid choice'),
-    (['plan', '--optimizer', 'adam-offload'], 'optionally followed by -offload'), (['plan', '--host-ram', '0'], 'positive number')])
+    (['plan', '--optimizer', 'adam-offload'], 'optionally followed by -offload'), (['plan', '--host-ram', '0'], 'positive number'), (['plan', '--host-ram', 'inf'], 'positive number')])
 def test_argparse_usage_errors_exit_2(args, says):
     rc, out, err = run_main(*args)
     assert rc == 2 and says in err and 'Traceback' not in err

@@ -470,3 +470,32 @@ def test_streamed_bf16_weights_with_stochastic_rounding_train_to_the_same_weight
         return [p.detach().clone() for p in m.parameters()]
     ref = run(checkpoint_every(bf16_weights(_stack()), k=1))
     assert ref[0].dtype == torch.bfloat16 and _same(ref, run(stream_weights(checkpoint_every(bf16_weights(_stack()), k=1))))
+
+
+def test_a_streamed_copy_that_fails_midway_leaves_the_host_weights_in_place(monkeypatch):
+    "A weight copy that raises (out of memory on the N-th weight) is undone: the block holds its host Parameters, and training then updates what forward uses."
+    from netlite_nb.offload import stream_weights
+    m = stream_weights(_stack())
+    real, calls = torch.empty_like, []
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) == 2: raise torch.OutOfMemoryError('simulated')
+        return real(*a, **k)
+    monkeypatch.setattr(torch, 'empty_like', failing)
+    with pytest.raises(torch.OutOfMemoryError): m(torch.randn(4, 16))
+    monkeypatch.setattr(torch, 'empty_like', real)
+    assert all(isinstance(p, nn.Parameter) for mod in m.modules() for p in mod._parameters.values())
+    assert _same(_stack_run(m), _stack_run(stream_weights(_stack())))
+
+
+def test_streaming_refuses_recurrent_layers_and_a_copy_of_a_streamed_model_still_fetches():
+    "A GRU's forward reads `_flat_weights`, which a swap does not reach: refused with a sentence (and not offered). A deepcopy (an EMA model) loses the marks but still fetches."
+    import copy
+    from netlite_nb.offload import stream_weights
+    rnn = nn.Sequential(nn.GRU(8, 8, batch_first=True), nn.GRU(8, 8, batch_first=True))
+    with pytest.raises(ValueError, match='cannot stream a GRU'): stream_weights(rnn)
+    m = stream_weights(_stack())
+    twin = copy.deepcopy(m)   # torch.optim.swa_utils.AveragedModel copies the model this way
+    x = torch.randn(4, 16, device='meta')   # inputs on another device than the host weights: each block must fetch them
+    assert twin(x).device.type == 'meta' and m(x).device.type == 'meta'
+    assert all(isinstance(p, nn.Parameter) and p.device.type == 'cpu' for p in twin.parameters())
