@@ -321,9 +321,14 @@ def _item(tr:AllocationTracker, func, args)->float:
 # %% ../../nbs/01a_trace.ipynb #sum2
 _SOLE = torch._C._storage_Use_Count(torch.empty(1, device='meta').untyped_storage()._cdata)  # a storage one tensor holds, seen from Python
 
+@functools.lru_cache(maxsize=4096)
+def _packed(shape:torch.Size, stride:tuple)->bool:
+    "Do these sizes and strides cover their elements once each, in some order of the dimensions? (PyTorch's check reads nothing else of a strided tensor, and costs more than the op it guards.)"
+    return torch._prims_common._is_non_overlapping_and_dense_or_false(shape, stride)
+
 def _dense(t:torch.Tensor)->bool:
     "Can autograd add into `t` in place (`can_accumulate_inplace`)? Dense, its storage held by this tensor alone, not a zero tensor, no lazy negation."
-    return (t.layout == torch.strided and torch._prims_common.is_non_overlapping_and_dense_or_false(t) and not t._is_zerotensor() and not t.is_neg()
+    return (t.layout == torch.strided and _packed(t.shape, t.stride()) and not t._is_zerotensor() and not t.is_neg()
             and not t.is_conj() and torch._C._storage_Use_Count(t.untyped_storage()._cdata) <= _SOLE)
 
 def _sum_in_place(tr:AllocationTracker, func, args:tuple, kwargs:dict)->bool:
@@ -356,8 +361,8 @@ _LAYOUT = torch._C.TensorBase.layout.__get__  # a tensor's own layout: FakeTenso
 
 def _meta_key(t:torch.Tensor):
     "What an op's shape function reads of FakeTensor `t`, its storage offset aside (`_out_meta`); `_NoKey` for what the memo leaves to FakeTensor (0-dim, a value carried, not strided, dispatch keys of its own)."
-    if type(t) is not FakeTensor or t.constant is not None or t.dispatch_keys is not None or _LAYOUT(t) is not torch.strided or t.dim() == 0: raise _NoKey()
-    return (t.shape, t.stride(), t.dtype, t._fake_device, t.is_neg(), t.is_conj())
+    if type(t) is not FakeTensor or t.constant is not None or t.dispatch_keys is not None or _LAYOUT(t) is not torch.strided or not (shape := t.shape): raise _NoKey()
+    return (shape, t.stride(), t.dtype, t._fake_device, t.is_neg(), t.is_conj())
 
 def _value_key(a):
     if isinstance(a, torch.Tensor): return _meta_key(a)
@@ -366,7 +371,7 @@ def _value_key(a):
 
 def _op_key(func, args:tuple, kwargs:dict):
     "A key of `func` on `args`, `kwargs` (hashable, unless an argument is not); None where the memo may not answer it."
-    try: return func, tuple(map(_value_key, args)), tuple((k, _value_key(v)) for k, v in kwargs.items())
+    try: return func, tuple(map(_value_key, args)), tuple((k, _value_key(v)) for k, v in kwargs.items()) if kwargs else ()
     except _NoKey: return None
 
 # %% ../../nbs/01a_trace.ipynb #mm2f
@@ -374,7 +379,7 @@ _FAKE_STATE = weakref.WeakKeyDictionary()  # fake mode -> {device: the attribute
 
 def _fake(fm, elem:torch.Tensor, device)->FakeTensor:
     "`FakeTensor(fm, elem, device)` for a fresh 'meta' `elem` that needs no gradient: the attributes FakeTensor's constructor gave the first one, copied (a third of its cost)."
-    states = _FAKE_STATE.setdefault(fm, {})
+    if (states := _FAKE_STATE.get(fm)) is None: states = _FAKE_STATE.setdefault(fm, {})  # `get` first: `setdefault` makes a weak reference each call
     if (st := states.get(device)) is None:  # the first: FakeTensor's own constructor, which checks the device and mode; its attributes kept
         t = FakeTensor(fm, elem, device)
         if not torch._subclasses.fake_tensor.FakeTensorConfig.debug and type(vars(t).get('fake_mode')) is type(fm): states[device] = dict(vars(t))
@@ -404,7 +409,7 @@ def _out_meta(t, tops:dict, ins:set):
     with torch._C._DisableTorchDispatch(): n = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device='meta').untyped_storage().nbytes()
     return ('new', t.shape, t.stride(), t.dtype, t.fake_device) if n == t.untyped_storage().nbytes() else None  # no spare room in its storage
 
-def _memo_entry(func, args:tuple, kwargs:dict, out, before):
+def _memo_entry(func, args:tuple, kwargs:dict, out, before, shift:int=0): # shift: elements this call's views start further than the entry's (`_select_shift`)
     "How the memo answers `func` next time: 'self' (its first argument, changed in place), (fake mode, type, each output's `_out_meta`), or 'no'."
     first = args[0] if args else None
     if isinstance(first, FakeTensor) and out is first: return 'self' if _meta_key(first) == before else 'no'  # `t.unsqueeze_()` changes its shape
@@ -417,45 +422,53 @@ def _memo_entry(func, args:tuple, kwargs:dict, out, before):
     stores = [t.untyped_storage()._cdata for t, m in zip(outs, metas) if m != 'none' and m[0] == 'new']
     if len(set(stores)) < len(stores) or all(m == 'none' for m in metas): return 'no'  # new outputs sharing a storage: FakeTensor's answer
     fm = next(t.fake_mode for t in outs if t is not None)
+    metas = [(*m[:4], m[4] - shift, *m[5:]) if m != 'none' and m[0] == 'view' else m for m in metas]
     return fm, type(out) if isinstance(out, (tuple, list)) else None, metas
 
 def _view_of(fm, storage, shape, stride, offset:int, dtype, device)->FakeTensor:
-    "A FakeTensor on `storage` with this geometry, made as FakeTensor's own cache makes a view."
-    with torch._C._DisableTorchDispatch():
-        t = torch.empty_strided(shape, stride, dtype=dtype, device='meta')
-        t.set_(storage, offset, shape, stride)
-        return _fake(fm, t, device)
+    "A FakeTensor on `storage` with this geometry, made as FakeTensor's own cache makes a view (torch dispatch off: the caller's `_DisableTorchDispatch`)."
+    return _fake(fm, torch.empty_strided(shape, stride, dtype=dtype, device='meta').set_(storage, offset, shape, stride), device)
 
-def _made_like(entry, args:tuple)->tuple:
+def _made_like(entry, args:tuple, shift:int=0)->tuple: # shift: elements this call's views start further than the entry's
     "(the outputs a memo entry of `_memo_entry` describes: new FakeTensors, or views of `args` as FakeTensor's own cache makes them; the new ones)."
     fm, kind, metas = entry
     outs, news = [], []
-    for m in metas:
-        if m == 'none': outs.append(None)
-        elif m[0] == 'view': a = args[m[1]]; outs.append(_view_of(fm, a.untyped_storage(), m[2], m[3], a.storage_offset() + m[4], *m[5:]))
-        else:
-            with torch._C._DisableTorchDispatch(): news.append(_fake(fm, torch.empty_strided(m[1], m[2], dtype=m[3], device='meta'), m[4]))
-            outs.append(news[-1])
+    with torch._C._DisableTorchDispatch():  # once for all the outputs: entering it costs as much as a small op
+        for m in metas:
+            if m == 'none': outs.append(None)
+            elif m[0] == 'view': a = args[m[1]]; outs.append(_view_of(fm, a.untyped_storage(), m[2], m[3], a.storage_offset() + m[4] + shift, *m[5:]))
+            else: news.append(_fake(fm, torch.empty_strided(m[1], m[2], dtype=m[3], device='meta'), m[4])); outs.append(news[-1])
     return outs[0] if kind is None else kind(outs), news
 
 def _detached(t:torch.Tensor)->torch.Tensor:
     "`t.detach()` outside the tracker; a FakeTensor's made by `_view_of`, without the dispatch that costs FakeTensor more than the op."
-    if type(t) is not FakeTensor or t.constant is not None or t.is_neg() or t.is_conj() or t.layout != torch.strided:
+    if type(t) is not FakeTensor or t.constant is not None or t.is_neg() or t.is_conj() or _LAYOUT(t) is not torch.strided or t.is_mkldnn:  # FakeTensor's `layout`, read cheaper
         with _disable_current_modes(): return t.detach()
-    return _view_of(t.fake_mode, t.untyped_storage(), t.shape, t.stride(), t.storage_offset(), t.dtype, t.fake_device)
+    with torch._C._DisableTorchDispatch(): return _view_of(t.fake_mode, t.untyped_storage(), t.shape, t.stride(), t.storage_offset(), t.dtype, t.fake_device)
 
 # %% ../../nbs/01a_trace.ipynb #mm3
+_SELECT = _A.select.int
+
+def _select_shift(args:tuple)->int|None:
+    "Elements past its input's start where `x.select(dim, index)` starts, for an int `dim` and `index` in range; None: FakeTensor answers it (or raises)."
+    if len(args) != 3 or not isinstance(args[0], torch.Tensor) or type(args[1]) is not int or type(args[2]) is not int: return None
+    x, dim, i = args
+    if not -x.dim() <= dim < x.dim() or not -(n := x.shape[dim]) <= i < n: return None
+    return (i + n if i < 0 else i) * x.stride(dim)
+
 @patch
 def answer(self:AllocationTracker, func, args:tuple, kwargs:dict):
     "`func(*args, **kwargs)`, from the memo where the same op met the same metadata before (`_op_key`)."
-    key = _op_key(func, args, kwargs)
+    # a loop over time selects step t of a tensor: keyed without the index, placed by it (FakeTensor's select costs a millisecond)
+    shift = _select_shift(args) if func is _SELECT and not kwargs else None
+    key = _op_key(func, args if shift is None else args[:2], kwargs)
     try: hit = self.memo.get(key) if key is not None else None
     except TypeError: key = hit = None  # an argument that cannot be a key
     self.key = key
     if hit == 'self': self.made = args[0], []; return args[0]
-    if hit is not None and hit != 'no': self.made = _made_like(hit, args); return self.made[0]
+    if hit is not None and hit != 'no': self.made = _made_like(hit, args, shift or 0); return self.made[0]
     out = func(*args, **kwargs)
-    if key is not None and hit is None: self.memo[key] = _memo_entry(func, args, kwargs, out, key[1][0] if args else None)
+    if key is not None and hit is None: self.memo[key] = _memo_entry(func, args, kwargs, out, key[1][0] if args else None, shift or 0)
     return out
 
 # %% ../../nbs/01a_trace.ipynb #at7
@@ -557,7 +570,7 @@ def _saved_values(node)->int:
 @patch
 def count_nodes(self:AllocationTracker, out):
     "Hold the heap bytes of the autograd nodes behind `out` that were not counted yet; they live until `free_graph`."
-    todo = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
+    todo = [t.grad_fn for t in _tensors(out)]  # None among them is passed over below: reading grad_fn twice cost more
     n = values = 0
     while todo:
         node = todo.pop()
