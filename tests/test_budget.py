@@ -1799,6 +1799,29 @@ def test_the_memo_answers_a_loop_over_time_whatever_its_step():
     seen = lambda t: [(s, r.nbytes, r.category, r.phase, r.module, r.born) for s, r in t.events]
     assert seen(tr) == seen(ref) and tr.kernels == ref.kernels and tr.peak == ref.peak and tr.summed == ref.summed > 0
 
+def test_the_memo_answers_select_at_every_step_from_one_entry():
+    """A loop over time that selects step t of a tensor (`y[:, t]`, and from the other end `y[:, -1 - t]`) has select keyed without its
+    index (`AllocationTracker.answer`): the memo's select entries do not grow with the steps, each view is placed at its own step, and the
+    trace is the one FakeTensor's own dispatch of every op makes."""
+    import collections
+    from unittest import mock
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    class Both(nn.Module):
+        def __init__(self): super().__init__(); self.gru, self.rec, self.head = nn.GRU(8, 16, batch_first=True), nn.Linear(16, 16), nn.Linear(16, 10)
+        def forward(self, x):
+            y, h = self.gru(x)[0], x.new_zeros(x.shape[0], 16)
+            for t in range(x.shape[1]): h = torch.tanh(self.rec(h) + y[:, t] * y[:, -1 - t])
+            return self.head(h)
+    batch = lambda steps: (torch.randn(4, steps, 8), torch.randint(0, 10, (4,)))
+    selects = lambda steps: sum(k[0] is torch.ops.aten.select.int for k in trace_step(Both(), batch(steps), kernels='cpu').tracker.memo)
+    assert selects(6) == selects(12)
+    model = Both()
+    FakeTensorMode.cache_clear(); tr = trace_step(model, batch(12), kernels='cpu').tracker
+    FakeTensorMode.cache_clear()
+    with mock.patch.object(AllocationTracker, 'answer', lambda self, func, args, kwargs: func(*args, **kwargs)): ref = trace_step(model, batch(12), kernels='cpu').tracker
+    seen = lambda t: [(s, r.nbytes, r.category, r.phase, r.module, r.born) for s, r in t.events]
+    assert seen(tr) == seen(ref) and tr.kernels == ref.kernels and tr.peak == ref.peak and tr.summed == ref.summed
+
 class _SparseGCN(nn.Module):
     "Graph convolutions over a fixed 300-node ring whose adjacency is a sparse COO buffer; a batch is several signals on the graph."
     def __init__(self, n=300, d=16):
