@@ -321,10 +321,12 @@ def _item(tr:AllocationTracker, func, args)->float:
 # %% ../../nbs/01a_trace.ipynb #sum2
 _SOLE = torch._C._storage_Use_Count(torch.empty(1, device='meta').untyped_storage()._cdata)  # a storage one tensor holds, seen from Python
 
-@functools.lru_cache(maxsize=4096)
+_packed_sizes = functools.lru_cache(maxsize=4096)(torch._prims_common._is_non_overlapping_and_dense_or_false)
+
 def _packed(shape:torch.Size, stride:tuple)->bool:
-    "Do these sizes and strides cover their elements once each, in some order of the dimensions? (PyTorch's check reads nothing else of a strided tensor, and costs more than the op it guards.)"
-    return torch._prims_common._is_non_overlapping_and_dense_or_false(shape, stride)
+    "Do these sizes and strides cover their elements once each, in some order of the dimensions? PyTorch's check, which reads nothing else of a strided tensor and costs more than the op it guards, cached by them (symbolic sizes, which hash no value, are checked each time)."
+    try: return _packed_sizes(shape, stride)
+    except TypeError: return torch._prims_common._is_non_overlapping_and_dense_or_false(shape, stride)
 
 def _dense(t:torch.Tensor)->bool:
     "Can autograd add into `t` in place (`can_accumulate_inplace`)? Dense, its storage held by this tensor alone, not a zero tensor, no lazy negation."
