@@ -511,6 +511,9 @@ def stream_weights_checkpointed(model:nn.Module)->nn.Module:
     "`stream_weights`, then activation checkpointing of each block (chapter 02): a block's copies die when it returns, only the last block's (not checkpointed: its backward comes first) wait for backward."
     return memory_transform(1)(stream_weights(model))
 
+# they move the weights to the host: a `Trainer` builds its optimizer again, for where they now live (8-bit AdamW picks its kernels by device)
+stream_weights.replaces_parameters = stream_weights_checkpointed.replaces_parameters = True
+
 # %% ../nbs/03a_offload.ipynb #st04
 def _streamed_state_bytes(params:list, optimizer)->int:
     "Bytes of the state `optimizer` keeps for the host-resident `params`, from data-less copies (an 8-bit state made without an update)."

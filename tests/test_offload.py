@@ -423,6 +423,19 @@ def test_trainer_streams_weights_by_name():
     with pytest.raises(ValueError, match='already live on the host'): _trainer_run(offload='stream-weights', optimizer='adamw-offload-grads')
 
 
+def test_trainer_builds_its_optimizer_over_the_streamed_weights(monkeypatch):
+    "The optimizer is built after streaming moved the weights to the host, so it is chosen for where they live (8-bit AdamW picks its kernels by device)."
+    import netlite_nb.train as T
+    from netlite_nb.memory.trace import is_host_resident
+    seen, real = [], T.make_optimizer
+    def spy(spec, params, **kw):
+        params = list(params); seen.append(any(is_host_resident(p) for p in params))
+        return real(spec, params, **kw)
+    monkeypatch.setattr(T, 'make_optimizer', spy)
+    _trainer_run(offload='stream-weights', optimizer='adamw8bit')
+    assert seen and seen[-1], seen
+
+
 def test_plan_of_streamed_weights_matches_a_real_cpu_run():
     from netlite_nb.offload import stream_weights, stream_weights_checkpointed
     from netlite_nb.memory.trace import is_host_resident
