@@ -293,7 +293,26 @@ def _refuse_emulated_bf16(optimizer, target:Target):
                      f"({_optimizer_name(optimizer)}) would run every operation emulated, far slower than fp32. Bf16 needs "
                      "compute capability 8.0 (Ampere) or newer; here use 'adamw8bit' with fp32 weights, and fp16 mixed precision.")
 
+# %% ../nbs/01_budget.ipynb #mp23a
+_GC_PAUSED = [0]  # plans running now (`max_batch_size` and `fit_to_budget` plan inside plans): the outermost restores the thresholds
+
+def _young_collections_only(f:Callable)->Callable:
+    "`f` run without Python's full garbage collections: each walks every object the process holds (half a second with torch loaded), and a long trace triggers several."
+    @functools.wraps(f)
+    def run(*args, **kwargs):
+        # the young generations are still collected as often as in a real step, so a tensor in a reference cycle (its free
+        # recorded when the collector finds it) dies as soon as it would there; only what survived two collections waits
+        th = gc.get_threshold()
+        if not _GC_PAUSED[0]: gc.set_threshold(th[0], th[1], max(th[2], 10**6))
+        _GC_PAUSED[0] += 1
+        try: return f(*args, **kwargs)
+        finally:
+            _GC_PAUSED[0] -= 1
+            if not _GC_PAUSED[0]: gc.set_threshold(*th)
+    return run
+
 # %% ../nbs/01_budget.ipynb #mp23
+@_young_collections_only
 def plan_memory(model:nn.Module, # the model to plan for; never run, moved or changed
                 batch, # (x, y), x, or a dict the model takes as keywords (labels too), a real batch or one on the 'meta' device; its first dimension is the batch size
                 loss_fn:Callable|None=None, # loss_fn(output, y); default: cross-entropy / MSE / mean output

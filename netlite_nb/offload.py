@@ -446,12 +446,13 @@ def load_state_dict(self:StepInBackward, state_dict:dict):
 
 # %% ../nbs/03a_offload.ipynb #st01
 def _blocks(model:nn.Module)->list[nn.Module]:
-    "The blocks to stream one at a time: the children with weights of the `ModuleList` or `Sequential` (of 2 or more) holding the most parameters."
+    "The blocks to stream one at a time: the children with weights of the `ModuleList` or `Sequential` (of 2 or more) that leaves the fewest weights on the device at once."
     size = lambda m: sum(p.numel() for p in m.parameters())
+    on_device = lambda s: size(model) - size(s) + max(map(size, s))  # the weights outside the stack, and its biggest block while it runs
     stacks = [m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2]
     if not stacks: raise ValueError(f"stream_weights found no stack of blocks (an nn.ModuleList or nn.Sequential) in `{type(model).__name__}`: "
                                     "pass blocks=[...], the modules whose weights to fetch one at a time.")
-    return [b for b in max(stacks, key=size) if size(b)]
+    return [b for b in min(stacks, key=on_device) if size(b)]  # of equals the first: the outermost
 
 def _no_rnn(blocks:list):
     "Refuse blocks holding a GRU/LSTM/RNN: those read their weights from a flattened list a hook's swap does not reach."
@@ -462,13 +463,16 @@ def _no_rnn(blocks:list):
     return blocks
 
 def _device_of(args, kwargs)->torch.device:
-    "Where a block's inputs are, and so where its weights must go: the first tensor's device (the CPU when there is none)."
-    return next((t.device for t in torch.utils._pytree.tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)), torch.device('cpu'))
+    "Where a block's inputs are, and so where its weights must go: the first tensor's device not the CPU (lengths and masks often stay there), else the CPU."
+    devs = [t.device for t in torch.utils._pytree.tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    return next((d for d in devs if d.type != 'cpu'), torch.device('cpu'))
 
 # %% ../nbs/03a_offload.ipynb #st02
 def _fetch(block:nn.Module, args, kwargs):
     "Forward pre-hook: each host-resident weight of `block` replaced by a differentiable copy on its inputs' device (in a plan: traced, and its crossings counted)."
     dev, tr, swapped = _device_of(args, kwargs), _tracker(), []
+    # a forward interrupted by Ctrl-C left its copies in place: `always_call` hooks run on an Exception, not a KeyboardInterrupt
+    while block.__dict__.get('_streamed_now'): _release(block, args, kwargs, None)
     block.__dict__.setdefault('_streamed_now', []).append(swapped)  # before any swap: a copy that fails midway is undone by `_release`
     for mod in block.modules():
         for n, p in list(mod._parameters.items()):
@@ -510,6 +514,9 @@ def stream_weights(model:nn.Module, # changed in place: the blocks' weights move
 def stream_weights_checkpointed(model:nn.Module)->nn.Module:
     "`stream_weights`, then activation checkpointing of each block (chapter 02): a block's copies die when it returns, only the last block's (not checkpointed: its backward comes first) wait for backward."
     return memory_transform(1)(stream_weights(model))
+
+# they move the weights to the host: a `Trainer` builds its optimizer again, for where they now live (8-bit AdamW picks its kernels by device)
+stream_weights.replaces_parameters = stream_weights_checkpointed.replaces_parameters = True
 
 # %% ../nbs/03a_offload.ipynb #st04
 def _streamed_state_bytes(params:list, optimizer)->int:

@@ -1896,3 +1896,14 @@ def test_too_small_names_the_budget_given_and_the_margin_kept():
     budget = need + 2**19                                  # fits the step, not the 1 MiB and more the margin keeps
     with pytest.raises(BudgetTooSmallError) as e: max_batch_size(m, one, budget=budget, device_or_gpu='cpu')
     assert f"of the budget of {fmt_bytes(budget)}" in str(e.value) and 'kept free' in str(e.value), str(e.value)
+
+
+def test_a_plan_pauses_full_garbage_collections_and_restores_them():
+    "A full collection walks every object the process holds (a long trace adds ~10^5): a plan pauses those, keeps the young ones, and restores the thresholds, also when it raises."
+    import gc
+    before, seen = gc.get_threshold(), []
+    def loss(out, y): seen.append(gc.get_threshold()); return nn.functional.cross_entropy(out, y)
+    plan_memory(nn.Linear(4, 3), (torch.randn(2, 4), torch.tensor([0, 1])), loss_fn=loss)
+    assert seen and all(t[:2] == before[:2] and t[2] >= 10**6 for t in seen) and gc.get_threshold() == before, (seen, before)
+    with pytest.raises(Exception): plan_memory(nn.Linear(4, 3), (torch.randn(2, 5), torch.tensor([0, 1])))
+    assert gc.get_threshold() == before

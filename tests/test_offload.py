@@ -423,6 +423,19 @@ def test_trainer_streams_weights_by_name():
     with pytest.raises(ValueError, match='already live on the host'): _trainer_run(offload='stream-weights', optimizer='adamw-offload-grads')
 
 
+def test_trainer_builds_its_optimizer_over_the_streamed_weights(monkeypatch):
+    "The optimizer is built after streaming moved the weights to the host, so it is chosen for where they live (8-bit AdamW picks its kernels by device)."
+    import netlite_nb.train as T
+    from netlite_nb.memory.trace import is_host_resident
+    seen, real = [], T.make_optimizer
+    def spy(spec, params, **kw):
+        params = list(params); seen.append(any(is_host_resident(p) for p in params))
+        return real(spec, params, **kw)
+    monkeypatch.setattr(T, 'make_optimizer', spy)
+    _trainer_run(offload='stream-weights', optimizer='adamw8bit')
+    assert seen and seen[-1], seen
+
+
 def test_plan_of_streamed_weights_matches_a_real_cpu_run():
     from netlite_nb.offload import stream_weights, stream_weights_checkpointed
     from netlite_nb.memory.trace import is_host_resident
@@ -499,3 +512,41 @@ def test_streaming_refuses_recurrent_layers_and_a_copy_of_a_streamed_model_still
     x = torch.randn(4, 16, device='meta')   # inputs on another device than the host weights: each block must fetch them
     assert twin(x).device.type == 'meta' and m(x).device.type == 'meta'
     assert all(isinstance(p, nn.Parameter) and p.device.type == 'cpu' for p in twin.parameters())
+
+
+def test_streamed_block_interrupted_by_ctrl_c_fetches_again():
+    "Ctrl-C inside a block's forward skips its `always_call` hook (it runs on an Exception only): the next forward puts the host Parameters back and fetches afresh."
+    from netlite_nb.offload import stream_weights
+    def run(interrupted:bool):
+        m = stream_weights(_stack()); o, g = make_optimizer('adamw', m.parameters()), torch.Generator().manual_seed(1)  # as a Trainer: built before
+        if interrupted:
+            h = m[1][1].register_forward_pre_hook(lambda mod, args: (_ for _ in ()).throw(KeyboardInterrupt))  # inside block 1, its weights fetched
+            with pytest.raises(KeyboardInterrupt): m(torch.randn(4, 16))
+            h.remove()
+        for _ in range(3):
+            x = torch.randn(4, 16, generator=g); F.mse_loss(m(x), x).backward(); o.step(); o.zero_grad()
+        return m, [p.detach().clone() for p in o.param_groups[0]['params']]
+    (m, after), (_, clean) = run(True), run(False)
+    assert _same(after, clean)  # else block 1 ran on its stale copies while AdamW updated the host weights
+    assert all(isinstance(p, nn.Parameter) for mod in m.modules() for p in mod._parameters.values())
+
+
+def test_streaming_picks_the_stack_that_leaves_least_on_the_device_and_fetches_to_the_inputs_device():
+    "Sequential(Embedding, Sequential(8 blocks), Linear): the inner blocks stream one at a time, not the inner stack as one block; a CPU index tensor before the activations does not decide where weights go."
+    from netlite_nb.memory.trace import is_host_resident
+    from netlite_nb.offload import stream_weights
+    torch.manual_seed(0)
+    inner = nn.Sequential(*[nn.Linear(64, 64) for _ in range(8)])
+    m = stream_weights(nn.Sequential(nn.Embedding(100, 64), inner, nn.Linear(64, 10)))
+    assert all(is_host_resident(p) for p in inner.parameters()) and not is_host_resident(m[0].weight) and not is_host_resident(m[2].weight)
+    assert sum(len(b._forward_pre_hooks) for b in inner) == 8 and not inner._forward_pre_hooks
+    class Gated(nn.Module):  # a block called with (mask on the CPU, activations elsewhere)
+        def __init__(s): super().__init__(); s.lin = nn.Linear(8, 8)
+        def forward(s, mask, x): return s.lin(x) * mask.to(x.device)
+    class Net(nn.Module):
+        def __init__(s): super().__init__(); s.blocks = nn.ModuleList([Gated(), Gated()])
+        def forward(s, x):
+            mask = torch.ones(8)
+            for b in s.blocks: x = b(mask, x)
+            return x
+    assert stream_weights(Net())(torch.randn(2, 8, device='meta')).device.type == 'meta'

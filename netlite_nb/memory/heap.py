@@ -23,8 +23,8 @@ from .trace import Allocation, AllocationTracker
 
 # %% auto #0
 __all__ = ['MALLOPT', 'TENSOR_OBJECTS', 'HEAP_HISTORIES', 'REPLAYED_EVENTS', 'PLUGS', 'GlibcHeap', 'on_glibc', 'glibc_settings',
-           'heap_blocks', 'heap_history', 'glibc_resident', 'glibc_peak', 'heap_replays', 'glibc_replay', 'replay_note',
-           'libc_handle', 'plug_heap', 'fix_glibc_thresholds', 'messy_heap']
+           'heap_blocks', 'heap_history', 'glibc_resident', 'replay_ops', 'glibc_peak', 'heap_replays', 'glibc_replay',
+           'replay_note', 'libc_handle', 'plug_heap', 'fix_glibc_thresholds', 'messy_heap']
 
 # %% ../../nbs/01b_heap.ipynb #pr1
 _GLIBC_DEFAULT_MMAP_THRESHOLD, _GLIBC_MMAP_THRESHOLD_MAX = 128 * 1024, 32 * 2**20  # its default, and the most it raises it to (64-bit)
@@ -63,6 +63,7 @@ class GlibcHeap:
         self.nfast, self.last_remainder = 0, None
         self.top = self.brk = self.resident = 0  # start of the top chunk, end of the heap, end of its pages touched and not given back
         self.mapped, self.maps = 0, {}           # bytes of mapped blocks; key (negative) -> (bytes, its chunk's size)
+        self.next_map = -1                       # the next mapped block's key
 
     def rss(self)->int: return self.mapped + self.resident  # the bytes of the process these blocks keep resident
     def _new(self, a:int, s:int): self.size[a] = s; self.end[a + s] = a
@@ -159,7 +160,7 @@ def _from_top(self:GlibcHeap, nb:int)->int:
 @patch
 def _mmap(self:GlibcHeap, nb:int)->int:
     "A block of whole pages of its own (header included); its key is negative."
-    key = min(self.maps, default=0) - 1
+    key = self.next_map; self.next_map -= 1  # not min(maps) - 1: a walk over every block mapped, at each one
     m = -(-(nb + 8) // self.page) * self.page
     self.maps[key] = (m, m); self.mapped += m
     return key
@@ -180,12 +181,17 @@ def _from_bins(self:GlibcHeap, nb:int)->int|None:
         a = u[-1]; s = self.size[a]
         if nb < _LARGE and len(u) == 1 and a == self.last_remainder and s > nb + _MINSIZE:
             u.pop(); del self.binned[a]; self.last_remainder = self._split(a, nb); return a
-        u.pop(); del self.binned[a]
+        u.pop()
         if s == nb:
+            del self.binned[a]
             tc = self.tcache.setdefault(nb, []) if nb <= _TCACHE_MAX else None
             if tc is not None and len(tc) < _TCACHE_COUNT: tc.append(a); cached = True; continue  # exact fits fill the tcache first
             return a
-        self._to_bin(a)
+        if s < _LARGE:  # `_to_bin` of a small chunk, written out: most chunks sorted here are small
+            i = s >> 4
+            if (b := self.bins.get(i)) is None: b = self.bins[i] = deque()
+            self.binned[a] = i; self.binmap |= 1 << i; b.appendleft(a)
+        else: self._to_bin(a)  # it sets the chunk's bin
     if cached: return self.tcache[nb].pop()
     if nb >= _LARGE and (b := self.bins.get(_bin_index(nb))) and self.size[b[0]] >= nb:  # best fit in its own large bin
         key = lambda c: -self.size[c]  # the bin is sorted largest first
@@ -238,6 +244,12 @@ def malloc(self:GlibcHeap, n:int, # bytes asked for
     if align <= 16:
         tc = self.tcache.get(nb)
         return tc.pop() if tc else self._int_malloc(nb)
+    return self._memalign(nb, align)
+
+@patch
+def _memalign(self:GlibcHeap, nb:int, # the chunk's bytes (`_chunk` of the request)
+              align:int)->int:
+    "_int_memalign: a chunk of `nb` bytes whose block starts on an `align` boundary."
     a = self._int_malloc(_chunk(nb + align + _MINSIZE))  # _int_memalign asks _int_malloc for room to align; the slack before and after is freed
     if a < 0:  # mapped: its pages start aligned, the aligned chunk `_lead` bytes into them, and the front stays with the pages
         m, _ = self.maps[a]; self.maps[a] = (m, m - _lead(0, align))
@@ -327,24 +339,37 @@ def glibc_resident(tr:AllocationTracker, history:int=0, cut:bool=False):
         yield i, live, h.rss() - base
 
 # %% ../../nbs/01b_heap.ipynb #gp1
-def glibc_peak(tr:AllocationTracker, history:int=0, cut:bool=False)->tuple[int, int, int]:
-    "(bytes resident, event index, bytes live) where the trace, replayed from `heap_history(history)`, peaks; resident -1: no allocation."
-    # `glibc_resident`'s replay without a yield per event: a free never raises the resident set, so it is read after allocations
-    # only, and each record's blocks are cut once per (bytes, kind) (a long trace repeats a few sizes tens of thousands of times)
-    h, blocks, cuts, live, best = GlibcHeap(**glibc_settings()), {}, {}, 0, (-1, -1, 0)
-    heap_history(h.malloc, history)
-    base, malloc, free = h.rss(), h.malloc, h.free
+def replay_ops(tr:AllocationTracker, cut:bool=False)->list[tuple]:
+    "The trace as `glibc_peak` replays it: (event index, record key, the blocks (chunk bytes, alignment) it asks for; None: it frees its blocks)."
+    cuts, ops = {}, []
     for i, (sign, rec) in enumerate(tr.events):
-        if sign < 0:
-            live -= rec.nbytes
-            for a in blocks.pop(id(rec), ()): free(a)
+        if sign < 0: ops.append((i, id(rec), None)); continue
+        k = (rec.nbytes, rec.category == 'autograd graph')  # a long trace repeats a few sizes tens of thousands of times: each cut once
+        if (bs := cuts.get(k)) is None: bs = cuts[k] = tuple((_chunk(n), align) for n, align in heap_blocks(rec, tr.graph, cut))
+        ops.append((i, id(rec), bs))
+    return ops
+
+def glibc_peak(tr:AllocationTracker, history:int=0, cut:bool=False,
+               ops:list|None=None, # `replay_ops(tr, cut)`, made once for every heap a plan replays from; None: made here
+              )->tuple[int, int, int]:
+    "(bytes resident, event index, bytes live) where the trace, replayed from `heap_history(history)`, peaks; resident -1: no allocation."
+    # `glibc_resident`'s replay without a yield per event: a free never raises the resident set, so it is read after allocations only
+    h, blocks = GlibcHeap(**glibc_settings()), {}
+    heap_history(h.malloc, history)
+    base = h.rss()
+    best, at, tcache, int_malloc, memalign, free = base - 1, -1, h.tcache, h._int_malloc, h._memalign, h.free
+    for i, key, bs in replay_ops(tr, cut) if ops is None else ops:
+        if bs is None:
+            for a in blocks.pop(key, ()): free(a)
             continue
-        live += rec.nbytes
-        k = (rec.nbytes, rec.category == 'autograd graph')
-        if (bs := cuts.get(k)) is None: bs = cuts[k] = heap_blocks(rec, tr.graph, cut)
-        blocks[id(rec)] = [malloc(n, align) for n, align in bs]
-        if (r := h.mapped + h.resident - base) > best[0]: best = (r, i, live)
-    return best
+        got = blocks[key] = []
+        for nb, align in bs:  # `malloc` written out, its chunk sizes worked out once
+            if align > 16: got.append(memalign(nb, align))
+            else: got.append(tc.pop() if (tc := tcache.get(nb)) else int_malloc(nb))
+        if h.mapped + h.resident > best: best, at = h.mapped + h.resident, i
+    if at < 0: return -1, -1, 0
+    return best - base, at, sum(sign * rec.nbytes for sign, rec in tr.events[:at + 1])
+
 
 # %% ../../nbs/01b_heap.ipynb #gp2
 def heap_replays(events:int|None=None, # events in the trace; None: every replay
@@ -357,7 +382,8 @@ def glibc_replay(tr:AllocationTracker)->tuple[int, int, int]:
     "(bytes live, event index, bytes glibc adds: mapped blocks' pages, the heap's holes) where the trace peaks, replayed from the heap that holds most."
     if not on_glibc(): return tr.peak, tr.peak_at, 0
     tr.replays = heap_replays(len(tr.events))  # the note says when they are fewer than every one (`replay_note`)
-    best, at, at_live = max((glibc_peak(tr, s, cut) for s, cut in tr.replays), key=lambda p: p[0])
+    ops = {cut: replay_ops(tr, cut) for cut in {c for _, c in tr.replays}}  # each cut's blocks worked out once, for every heap
+    best, at, at_live = max((glibc_peak(tr, s, cut, ops[cut]) for s, cut in tr.replays), key=lambda p: p[0])
     return (at_live, at, best - at_live) if at >= 0 else (tr.peak, tr.peak_at, 0)
 
 def replay_note(tr:AllocationTracker)->list[str]:
