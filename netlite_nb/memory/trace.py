@@ -452,11 +452,13 @@ def _detached(t:torch.Tensor)->torch.Tensor:
 _SELECT = _A.select.int
 
 def _select_shift(args:tuple)->int|None:
-    "Elements past its input's start where `x.select(dim, index)` starts, for an int `dim` and `index` in range; None: FakeTensor answers it (or raises)."
-    if len(args) != 3 or not isinstance(args[0], torch.Tensor) or type(args[1]) is not int or type(args[2]) is not int: return None
-    x, dim, i = args
-    if not -x.dim() <= dim < x.dim() or not -(n := x.shape[dim]) <= i < n: return None
-    return (i + n if i < 0 else i) * x.stride(dim)
+    "Elements past its input's start where `x.select(dim, index)` starts, for a tensor the memo keys (`_meta_key`) and an int `dim` and `index` in range; None: FakeTensor answers it (or raises)."
+    if len(args) != 3 or type(args[1]) is not int or type(args[2]) is not int: return None
+    try: shape, stride = _meta_key(args[0])[:2]
+    except _NoKey: return None  # e.g. a sparse tensor, which has no strides
+    dim, i = args[1:]
+    if not -len(shape) <= dim < len(shape) or not -(n := shape[dim]) <= i < n: return None
+    return (i + n if i < 0 else i) * stride[dim]
 
 @patch
 def answer(self:AllocationTracker, func, args:tuple, kwargs:dict):
