@@ -6,7 +6,8 @@ reads `time.process_time` around `budget_accuracy.predicted` (the 'cpu' target, 
 netlite_nb on PYTHONPATH) in the same rounds, each right after this one, so the two are measured side by side on a machine others
 share, and checks that both made the same plan.
 
-    python bench/plan_time.py [--models bigru_100 gru bigru lstm selective_scan] [--rounds 3] [--against ../old-checkout]
+    python bench/plan_time.py [--models bigru_100 gru bigru lstm selective_scan] [--families] [--rounds 3] [--against ../old-checkout]
+    (--families adds the other models of bench/sets/families.py: a plan should take a few seconds on each)
 """
 import argparse, json, os, statistics, subprocess, sys, time
 from pathlib import Path
@@ -17,6 +18,7 @@ if os.environ.get('PLAN_TIME_CHECKOUT'): sys.path.insert(0, os.path.join(os.envi
 from budget_accuracy import machine, _git, _slug, save_result, ROOT
 
 MODELS = ['bigru_100', 'gru', 'bigru', 'lstm', 'selective_scan']  # issue 42's recurrent case (twelfth), the families' recurrent ones, a Python loop over time
+FAMILIES = ['resnet18', 'mobilenet_v2', 'squeezenet', 'densenet121', 'encdec', 'mha', 'mha_fused', 'hand_attn', 'conv1d', 'tied_lm', 'ln_mlp']  # the rest of --families
 
 def measure(names:list[str])->dict:
     "Per model: (plan CPU-s, trace CPU-s, events traced, planned peak) in this process, after a warm-up plan."
@@ -75,7 +77,9 @@ if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--models', nargs='+', default=MODELS); ap.add_argument('--rounds', type=int, default=3)
     ap.add_argument('--against', help='another checkout of this repository, timed in the same rounds'); ap.add_argument('--child', nargs='+')
+    ap.add_argument('--families', action='store_true', help='also the other models of the families set')
     a = ap.parse_args()
+    if a.families: a.models = a.models + [n for n in FAMILIES if n not in a.models]
     if a.child: print(json.dumps(measure(a.child))); sys.exit(0)
     res = run(a.models, a.rounds, a.against)
     m = res['machine']
