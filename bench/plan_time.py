@@ -1,15 +1,15 @@
 """How long `plan_memory` takes on one core: CPU seconds of the whole plan and of its trace, per model; writes bench/results/plan_time/<machine>.json.
 
 Each round runs every model in a fresh process (after one warm-up plan there, so imports and first-call caches are not counted) and
-reads `time.process_time` around `budget_accuracy.predicted` (the 'cpu' target, the bench's glibc settings) and around its trace
-(`trace_step`); the figure is the median over the rounds. `--against DIR` times another checkout of this repository (its
+reads `time.process_time` around `budget_accuracy.predicted` (the 'cpu' target, the bench's glibc settings) and around the trace
+(`trace_step`) the plan makes, after collecting the garbage earlier plans left; the figure is the median over the rounds. `--against DIR` times another checkout of this repository (its
 netlite_nb on PYTHONPATH) in the same rounds, each right after this one, so the two are measured side by side on a machine others
 share, and checks that both made the same plan.
 
     python bench/plan_time.py [--models bigru_100 gru bigru lstm selective_scan] [--families] [--rounds 3] [--against ../old-checkout]
     (--families adds the other models of bench/sets/families.py: a plan should take a few seconds on each)
 """
-import argparse, json, os, statistics, subprocess, sys, time
+import argparse, gc, json, os, statistics, subprocess, sys, time
 from pathlib import Path
 os.environ.setdefault('OMP_NUM_THREADS', '1')
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -28,14 +28,17 @@ def measure(names:list[str])->dict:
     assert B.ROOT.resolve() == Path(os.environ.get('PLAN_TIME_CHECKOUT', B.ROOT)).resolve(), 'timing the wrong checkout'
     out = {'_netlite_nb': str(Path(sys.modules['netlite_nb'].__file__).parent.parent)}
     import netlite_nb.memory.cpu  # registers the CPU's kernels
+    import netlite_nb.budget as budget
+    traces = []  # (CPU-s, events) of each trace the plan makes, timed where `plan_memory` calls it: the trace's own share of the plan
+    def timed(*a, **k):
+        t = time.process_time(); r = trace_step(*a, **k); traces.append((time.process_time() - t, len(r.tracker.events))); return r
+    budget.trace_step = timed
     for name in names:
         bs = ALL[name][2][0]
         B.predicted(name, bs)
+        gc.collect(); traces.clear()  # the garbage earlier plans left is collected before the clock starts, for both checkouts alike
         t = time.process_time(); peak = B.predicted(name, bs); plan_s = time.process_time() - t
-        model, batch = B.make(name, bs)
-        with B._as_measured():
-            t = time.process_time(); tr = trace_step(model, batch, B._loss(name), kernels='cpu').tracker; trace_s = time.process_time() - t
-        out[name] = dict(batch=bs, plan_s=plan_s, trace_s=trace_s, events=len(tr.events), peak=peak)
+        out[name] = dict(batch=bs, plan_s=plan_s, trace_s=sum(s for s, _ in traces), events=traces[-1][1], peak=peak)
     return out
 
 def child(path:str|None, names:list[str])->dict:
