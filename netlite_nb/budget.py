@@ -294,7 +294,7 @@ def _refuse_emulated_bf16(optimizer, target:Target):
                      "compute capability 8.0 (Ampere) or newer; here use 'adamw8bit' with fp32 weights, and fp16 mixed precision.")
 
 # %% ../nbs/01_budget.ipynb #mp23a
-_GC_PAUSED = [0]  # plans running now (`max_batch_size` and `fit_to_budget` plan inside plans): the outermost restores the thresholds
+_GC_PAUSE = dict(plans=0, saved=None, lock=threading.Lock())  # plans running now, in any thread; the thresholds the first one found
 
 def _young_collections_only(f:Callable)->Callable:
     "`f` run without Python's full garbage collections: each walks every object the process holds (half a second with torch loaded), and a long trace triggers several."
@@ -302,13 +302,17 @@ def _young_collections_only(f:Callable)->Callable:
     def run(*args, **kwargs):
         # the young generations are still collected as often as in a real step, so a tensor in a reference cycle (its free
         # recorded when the collector finds it) dies as soon as it would there; only what survived two collections waits
-        th = gc.get_threshold()
-        if not _GC_PAUSED[0]: gc.set_threshold(th[0], th[1], max(th[2], 10**6))
-        _GC_PAUSED[0] += 1
-        try: return f(*args, **kwargs)
+        entered, st = False, _GC_PAUSE
+        try:
+            with st['lock']:
+                if not st['plans']: th = st['saved'] = gc.get_threshold(); gc.set_threshold(th[0], th[1], max(th[2], 10**6))
+                st['plans'] += 1; entered = True  # plans inside plans (`max_batch_size`, `fit_to_budget`) and other threads' share the pause
+            return f(*args, **kwargs)
         finally:
-            _GC_PAUSED[0] -= 1
-            if not _GC_PAUSED[0]: gc.set_threshold(*th)
+            if entered:
+                with st['lock']:
+                    st['plans'] -= 1
+                    if not st['plans']: gc.set_threshold(*st['saved'])  # the last plan out restores what the first found
     return run
 
 # %% ../nbs/01_budget.ipynb #mp23

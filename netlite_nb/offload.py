@@ -20,9 +20,9 @@ from .optim import AdamW8bit, bf16_weights, state_bytes
 __all__ = ['HALF', 'IN_BACKWARD', 'GRADS_OFFLOADED', 'STATE_OFFLOADED', 'OFFLOAD_BASES', 'PCIE_LANE_GBS', 'PCIE_EFFICIENCY',
            'HOST_SHARE', 'OFFLOADS', 'pinned_bytes', 'offload_hooks', 'offload_activations', 'HostOptimizer',
            'host_optimizer_backend', 'LossScale', 'half_weights', 'half_weights_fp16', 'half_weights_bf16',
-           'StepInBackward', 'stream_weights', 'stream_weights_checkpointed', 'offloads', 'check_offload',
-           'nvml_pcie_link', 'pcie_link', 'pcie_gbs', 'host_bandwidth', 'offload_seconds', 'host_budget',
-           'step_seconds', 'offload_slowdown', 'apply_offload', 'offload_transform']
+           'StepInBackward', 'restore_host_weights', 'stream_weights', 'stream_weights_checkpointed', 'offloads',
+           'check_offload', 'nvml_pcie_link', 'pcie_link', 'pcie_gbs', 'host_bandwidth', 'offload_seconds',
+           'host_budget', 'step_seconds', 'offload_slowdown', 'apply_offload', 'offload_transform']
 
 # %% ../nbs/03a_offload.ipynb #o007
 def _tracker()->AllocationTracker|None:
@@ -446,12 +446,12 @@ def load_state_dict(self:StepInBackward, state_dict:dict):
 
 # %% ../nbs/03a_offload.ipynb #st01
 def _blocks(model:nn.Module)->list[nn.Module]:
-    "The blocks to stream one at a time: the children with weights of the `ModuleList` or `Sequential` (of 2 or more) that leaves the fewest weights on the device at once."
+    "The blocks to stream one at a time: the children with weights of the `ModuleList` or `Sequential` (two of them or more) that leaves the fewest weights on the device at once."
     size = lambda m: sum(p.numel() for p in m.parameters())
     on_device = lambda s: size(model) - size(s) + max(map(size, s))  # the weights outside the stack, and its biggest block while it runs
-    stacks = [m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) and len(m) >= 2]
-    if not stacks: raise ValueError(f"stream_weights found no stack of blocks (an nn.ModuleList or nn.Sequential) in `{type(model).__name__}`: "
-                                    "pass blocks=[...], the modules whose weights to fetch one at a time.")
+    stacks = [m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) and sum(size(c) > 0 for c in m) >= 2]
+    if not stacks: raise ValueError(f"stream_weights found no stack of blocks (an nn.ModuleList or nn.Sequential with two or more blocks that hold "
+                                    f"weights) in `{type(model).__name__}`: pass blocks=[...], the modules whose weights to fetch one at a time.")
     return [b for b in min(stacks, key=on_device) if size(b)]  # of equals the first: the outermost
 
 def _no_rnn(blocks:list):
@@ -471,8 +471,6 @@ def _device_of(args, kwargs)->torch.device:
 def _fetch(block:nn.Module, args, kwargs):
     "Forward pre-hook: each host-resident weight of `block` replaced by a differentiable copy on its inputs' device (in a plan: traced, and its crossings counted)."
     dev, tr, swapped = _device_of(args, kwargs), _tracker(), []
-    # a forward interrupted by Ctrl-C left its copies in place: `always_call` hooks run on an Exception, not a KeyboardInterrupt
-    while block.__dict__.get('_streamed_now'): _release(block, args, kwargs, None)
     block.__dict__.setdefault('_streamed_now', []).append(swapped)  # before any swap: a copy that fails midway is undone by `_release`
     for mod in block.modules():
         for n, p in list(mod._parameters.items()):
@@ -488,6 +486,14 @@ def _fetch(block:nn.Module, args, kwargs):
 def _release(block:nn.Module, args, kwargs, out):
     "Forward hook: the host parameters back in place; the copies die unless autograd saved them (without checkpointing it does)."
     for mod, n, p in (block.__dict__.get('_streamed_now') or [[]]).pop(): mod._parameters[n] = p
+
+def restore_host_weights(model:nn.Module)->nn.Module:
+    "Every streamed block's host weights back in place of the copies a forward interrupted by Ctrl-C left (`always_call` hooks run on an Exception, not a KeyboardInterrupt)."
+    for m in model.modules():
+        while m.__dict__.get('_streamed_now'): _release(m, (), {}, None)
+    return model
+
+def _restore_first(model:nn.Module, args): restore_host_weights(model)  # the model's forward pre-hook: a block may call itself, the model does not
 
 # %% ../nbs/03a_offload.ipynb #st03
 def stream_weights(model:nn.Module, # changed in place: the blocks' weights moved to host memory, two hooks on each block
@@ -508,6 +514,7 @@ def stream_weights(model:nn.Module, # changed in place: the blocks' weights move
         for p in b.parameters(): to_host(p); mark_host_resident(p)
         b.register_forward_pre_hook(_fetch, with_kwargs=True)
         b.register_forward_hook(_release, with_kwargs=True, always_call=True)  # also when forward raises
+    if not any(b is model for b in blocks): model.register_forward_pre_hook(_restore_first, prepend=True)
     model._weights_streamed = True
     return model
 

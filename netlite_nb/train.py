@@ -19,7 +19,7 @@ from .budget import TrainingStep, fit_to_budget, plan_memory
 from .memory.trace import make_optimizer, resize_batch
 from .layers import CheckpointedSequential, memory_transform
 import netlite_nb.optim  # registers 'adamw8bit' with `make_optimizer`
-from .offload import HostOptimizer, apply_offload, check_offload, offload_transform  # and registers 'adamw-offload', 'adamw-in-backward', ...
+from .offload import HostOptimizer, apply_offload, check_offload, offload_transform, restore_host_weights  # and registers 'adamw-offload', 'adamw-in-backward', ...
 from .strategies import apply_allocator_settings, load_strategy, pick_strategy, save_config
 from .checkpoint import (find_checkpoint, load_checkpoint, loader_generators, read_state, rng_state, save_checkpoint,
                                    seed_everything, set_rng_state, read_run_config, write_metrics)
@@ -1414,6 +1414,7 @@ def _fit(self:Trainer, epochs, steps, resume)->Trainer:
         self._save_best()
     except KeyboardInterrupt:
         self.interrupted, self.stop_signal = True, self.stop_signal or 'SIGINT'
+        restore_host_weights(self.model)  # a Ctrl-C inside a streamed block's forward left its device copies where its weights go
         self.opt.zero_grad(set_to_none=True)
         ck = self.save_checkpoint()
         what = 'interrupted' if self.stop_signal == 'SIGINT' else f"stopped by {self.stop_signal}"

@@ -531,6 +531,44 @@ def test_streamed_block_interrupted_by_ctrl_c_fetches_again():
     assert all(isinstance(p, nn.Parameter) for mod in m.modules() for p in mod._parameters.values())
 
 
+def test_host_weights_are_back_right_after_a_ctrl_c_and_a_block_may_call_itself():
+    "`restore_host_weights` (which the Trainer calls on Ctrl-C) puts the host Parameters back at once, so an optimizer built next holds them; a block calling itself inside its forward keeps its copies."
+    from netlite_nb.offload import restore_host_weights, stream_weights
+    m = stream_weights(_stack())
+    h = m[1][1].register_forward_pre_hook(lambda mod, args: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt): m(torch.randn(4, 16))
+    h.remove()
+    assert not all(isinstance(p, nn.Parameter) for p in m.parameters())  # the copies block 1 fetched are still in place
+    make_optimizer('adamw', restore_host_weights(m).parameters())  # before: "can't optimize a non-leaf Tensor"
+    assert all(isinstance(p, nn.Parameter) and p.device.type == 'cpu' for p in m.parameters())
+    class Deep(nn.Module):  # a block that runs itself again, one level down, before its own layer
+        def __init__(s): super().__init__(); s.lin = nn.Linear(8, 8)
+        def forward(s, x, depth=1): return s.lin(s(x, depth - 1) if depth else x)
+    net = stream_weights(nn.Sequential(Deep(), Deep()))
+    assert net(torch.randn(2, 8, device='meta')).device.type == 'meta'  # the inner call must not put the outer call's copies back
+
+
+def test_trainer_interrupted_inside_a_streamed_block_keeps_training_the_host_weights():
+    "Ctrl-C during `fit` inside a streamed block's forward: the Trainer puts the host weights back before it saves, and a second fit trains what the optimizer holds."
+    from netlite_nb.train import Trainer
+    g = torch.Generator().manual_seed(0)
+    X, Y = torch.randn(64, 32, generator=g), torch.randint(0, 10, (64,), generator=g)
+    dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=16)
+    m = _mlp()
+    t = Trainer(m, (dl, None), device='cpu', precision='fp32', verbose=False, progress=False, plan=False, lr_schedule=None, warmup=0,
+                threads=None, check_data=False, offload='stream-weights')
+    calls = []
+    def ctrl_c(mod, args):
+        calls.append(1)
+        if len(calls) == 3: raise KeyboardInterrupt
+    h = m[2].register_forward_pre_hook(ctrl_c)
+    t.fit(1)
+    h.remove()
+    assert t.interrupted and all(isinstance(p, nn.Parameter) for p in m.parameters())
+    held = {id(p) for g in t.opt.param_groups for p in g['params']}
+    assert {id(p) for p in m.parameters()} == held
+
+
 def test_streaming_picks_the_stack_that_leaves_least_on_the_device_and_fetches_to_the_inputs_device():
     "Sequential(Embedding, Sequential(8 blocks), Linear): the inner blocks stream one at a time, not the inner stack as one block; a CPU index tensor before the activations does not decide where weights go."
     from netlite_nb.memory.trace import is_host_resident
@@ -550,3 +588,7 @@ def test_streaming_picks_the_stack_that_leaves_least_on_the_device_and_fetches_t
             for b in s.blocks: x = b(mask, x)
             return x
     assert stream_weights(Net())(torch.randn(2, 8, device='meta')).device.type == 'meta'
+    class PreBody(nn.Module):  # a stack without weights, then one whose single block holds them all: nothing to take turns
+        def __init__(s): super().__init__(); s.pre, s.body = nn.Sequential(nn.Dropout(), nn.ReLU()), nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+        def forward(s, x): return s.body(s.pre(x))
+    with pytest.raises(ValueError, match='two or more blocks that hold weights'): stream_weights(PreBody())  # not: nothing streamed, silently
