@@ -448,7 +448,7 @@ def load_state_dict(self:StepInBackward, state_dict:dict):
 def _blocks(model:nn.Module)->list[nn.Module]:
     "The blocks to stream one at a time: the children with weights of the `ModuleList` or `Sequential` (two of them or more) that leaves the fewest weights on the device at once."
     size = lambda m: sum(p.numel() for p in m.parameters())
-    on_device = lambda s: size(model) - size(s) + max(map(size, s))  # the weights outside the stack, and its biggest block while it runs
+    on_device = lambda s: max(map(size, s)) - size(s)  # its biggest block while it runs, plus the weights outside it (less the model's, the same for every stack)
     stacks = [m for m in model.modules() if isinstance(m, (nn.ModuleList, nn.Sequential)) and sum(size(c) > 0 for c in m) >= 2]
     if not stacks: raise ValueError(f"stream_weights found no stack of blocks (an nn.ModuleList or nn.Sequential with two or more blocks that hold "
                                     f"weights) in `{type(model).__name__}`: pass blocks=[...], the modules whose weights to fetch one at a time.")
@@ -502,8 +502,9 @@ def stream_weights(model:nn.Module, # changed in place: the blocks' weights move
                   )->nn.Module:
     "Keep the weights of `model`'s blocks in host memory, copied to the device only while each block runs; gradients land on the host, where the optimizer updates them."
     pin = torch.cuda.is_available() if pin_memory is None else pin_memory
-    to_host = lambda p: None if is_traced(p) or (p.device.type == 'cpu' and not (pin and not p.is_pinned())) else setattr(  # a plan's weights have no data
-        p, 'data', p.data.to('cpu').pin_memory() if pin else p.data.to('cpu'))  # the same Parameter: an optimizer built over it still holds it
+    def to_host(p):
+        if is_traced(p) or p.device.type == 'cpu' and (p.is_pinned() or not pin): return  # a plan's weights have no data; these are in place
+        p.data = p.data.to('cpu').pin_memory() if pin else p.data.to('cpu')  # the same Parameter: an optimizer built over it still holds it
     if getattr(model, '_weights_streamed', False):  # streamed before (a plan's copy, or a model `.to(device)` moved back): hooks in place
         for p in model.parameters():
             if is_host_resident(p): to_host(p)
